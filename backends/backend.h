@@ -1,0 +1,94 @@
+// The backend interface: what a kernel under test implements. A backend states
+// its capabilities and answers supports() from the same function that selects
+// its kernel, so "unsupported" has one source. Shapes are given at each entry.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cases/case_spec.h"
+#include "cases/paged_cache.h"
+#include "cases/tensor.h"
+
+namespace mlagate {
+
+enum class Op : std::uint8_t { kDecode, kPrefill, kLayer, kCacheWrite };
+std::string_view op_name(Op op);
+Op parse_op(std::string_view s);  // throws InputError
+
+// How a backend's decode kernel accepts query lengths (vLLM's QueryLenSupport).
+enum class QueryLenSupport : std::uint8_t { kSingleOnly, kUniform, kVarlen };
+std::string_view query_len_support_name(QueryLenSupport q);
+
+struct Support {
+  bool ok = true;
+  std::string reason;  // why not, in the kernel's own words ("block size 16 not in {64}")
+  static Support yes() { return {}; }
+  static Support no(std::string why) { return {false, std::move(why)}; }
+};
+
+struct Capabilities {
+  std::vector<Op> ops;                 // kernel-level ops implemented (decode, prefill)
+  std::vector<int> block_sizes;        // first is the preferred one ("bs=auto")
+  QueryLenSupport query_len_support = QueryLenSupport::kSingleOnly;
+  int reorder_threshold = 1;           // requests with q_len <= threshold are decodes
+  std::vector<DType> dtypes;           // model dtypes
+  std::vector<KvCacheDtype> kv_dtypes;
+};
+
+// Kernel-level decode (absorbed MQA over the paged cache), MLA_SPEC section 6.
+struct DecodeArgs {
+  TensorView q_lat;   // [T, N, L] model dtype (q_nope absorbed through W_UK)
+  TensorView q_pe;    // [T, N, R] model dtype
+  const PagedCache* cache = nullptr;       // block size = the backend's, for this run
+  std::span<const std::int32_t> seq_lens;  // [B] keys visible to each request's last token
+  std::span<const std::int32_t> query_start_loc;  // [B+1]
+  std::span<const std::int32_t> block_table_rows; // [B] row of the cache's block table per request
+  double scale = 0;     // softmax scale
+  float k_scale = 1.f;  // fp8 caches
+  TensorView o_lat;     // out [T, N, L] model dtype
+  TensorView lse;       // out [T, N] float32, natural log; -inf (or +inf) for rows with no key
+};
+
+// Kernel-level prefill: ordinary attention over contiguous varlen k/v with the
+// bottom-right causal rule (query u of a request with q, k lengths sees keys
+// 0 .. k - q + u).
+struct PrefillArgs {
+  TensorView q;  // [T, N, P+R] model dtype
+  TensorView k;  // [Sk, N, P+R] model dtype
+  TensorView v;  // [Sk, N, V] model dtype
+  std::span<const std::int32_t> cu_seqlens_q;  // [B+1]
+  std::span<const std::int32_t> cu_seqlens_k;  // [B+1]
+  bool causal = true;  // false: every query sees every key (chunked context)
+  double scale = 0;
+  TensorView o;    // out [T, N, V] model dtype
+  TensorView lse;  // out [T, N] float32
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  virtual std::string_view description() const = 0;
+  virtual Capabilities capabilities() const = 0;
+  // (optional) defaults to checking capabilities(); override to add kernel rules.
+  virtual Support supports(const CaseSpec& spec, Op op) const;
+  // (optional) kernel-level ops; the defaults throw NotSupportedError.
+  virtual void decode(const DecodeArgs& args);
+  virtual void prefill(const PrefillArgs& args);
+  // (optional) writes new tokens into the cache; defaults to the reference writer.
+  // kv_c: [n, L], k_pe: [n, R] model dtype.
+  virtual void cache_write(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,
+                           std::span<const std::int64_t> slots);
+};
+
+// Capability checks shared by every backend's supports().
+Support check_capabilities(const Capabilities& caps, const CaseSpec& spec, Op op);
+// The block size this backend runs a case with (the case's, or the preferred one).
+int resolve_block_size(const Capabilities& caps, const CaseSpec& spec);
+
+}  // namespace mlagate

@@ -1,0 +1,254 @@
+// The attention core of the CPU backends and the decode plumbing they share:
+// argument checks, the key gather through the block table, row blocking.
+// Eigen float GEMMs for Q K^T and P V; OpenMP is used by the callers.
+#include "backends/cpu/attention_core.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include <Eigen/Core>
+
+#include "cases/encoding.h"
+#include "cases/errors.h"
+
+namespace mlagate::detail {
+namespace {
+
+using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using MatMap = Eigen::Map<RowMat, 0, Eigen::OuterStride<>>;
+using ConstMatMap = Eigen::Map<const RowMat, 0, Eigen::OuterStride<>>;
+using AlignedArrMap = Eigen::Map<Eigen::ArrayXf, Eigen::Aligned64>;
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr std::size_t kAlignBytes = 64;
+constexpr std::int64_t kAlignFloats = kAlignBytes / sizeof(float);
+// Rows per decode block: enough to make the GEMMs efficient, small enough for
+// every thread to get work. Fixed, never from the thread count: Eigen's GEMM
+// sums a row differently when it falls in the row remainder of a block.
+constexpr int kRowsPerBlock = 128;
+
+// fp16 -> fp32 for all 65536 bit patterns, from the project's own conversion.
+const float* f16_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (std::uint32_t i = 0; i < 65536; ++i) t[i] = f16_to_f32(static_cast<std::uint16_t>(i));
+    return t;
+  }();
+  return table.data();
+}
+
+[[noreturn]] void bad_arg(const std::string& what) { throw std::invalid_argument("decode: " + what); }
+
+void expect_shape(const TensorView& t, const Shape& want, const char* name) {
+  if (t.shape != want) bad_arg(std::string(name) + " has shape " + shape_str(t.shape) + ", expected " + shape_str(want));
+  if (t.data == nullptr && t.numel() > 0) bad_arg(std::string(name) + " has no data");
+}
+
+}  // namespace
+
+void widen(const std::uint16_t* src, float* dst, std::int64_t n, DType dt) {
+  if (dt == DType::kBF16) {
+    // bf16 is the top half of an fp32: the shift is the exact conversion.
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = std::bit_cast<float>(std::uint32_t{src[i]} << 16);
+  } else {
+    const float* table = f16_table();
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = table[src[i]];
+  }
+}
+
+void narrow(const float* src, std::uint16_t* dst, std::int64_t n, DType dt) {
+  if (dt == DType::kBF16) {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = f32_to_f16(src[i]);
+  }
+}
+
+void round_to_model_dtype(float* x, std::int64_t n, DType dt) {
+  if (dt == DType::kBF16) {
+    // f32_to_bf16 inlined so the loop vectorizes: it runs once per probability.
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::uint32_t u = std::bit_cast<std::uint32_t>(x[i]);
+      const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+      const std::uint32_t r = nan ? (u | 0x00400000u) : u + 0x7FFFu + ((u >> 16) & 1u);
+      x[i] = std::bit_cast<float>(r & 0xFFFF0000u);
+    }
+  } else {
+    const float* table = f16_table();
+    for (std::int64_t i = 0; i < n; ++i) x[i] = table[f32_to_f16(x[i])];
+  }
+}
+
+void check_model_dtype(DType dt, const char* what) {
+  if (dt != DType::kBF16 && dt != DType::kF16) {
+    throw std::invalid_argument(std::string(what) + ": dtype " + std::string(dtype_name(dt)) +
+                                " is not a 16-bit model dtype");
+  }
+}
+
+void gather_keys(const DecodeArgs& a, const KernelFaults& faults, GatheredKeys& keys) {
+  if (a.cache == nullptr) bad_arg("no cache");
+  const PagedCache& cache = *a.cache;
+  if (cache.kv_dtype != KvCacheDtype::kAuto) {
+    throw NotSupportedError("kv cache dtype " + std::string(kv_cache_dtype_name(cache.kv_dtype)) +
+                            " not in {auto}");
+  }
+  if (a.q_lat.shape.size() != 3) bad_arg("q_lat must be [T, N, L], got " + shape_str(a.q_lat.shape));
+  if (a.q_pe.shape.size() != 3) bad_arg("q_pe must be [T, N, R], got " + shape_str(a.q_pe.shape));
+  const std::int64_t t = a.q_lat.shape[0], n = a.q_lat.shape[1], l = a.q_lat.shape[2];
+  const std::int64_t r = a.q_pe.shape[2];
+  const DType dt = a.q_lat.dtype;
+  check_model_dtype(dt, "decode q_lat");
+  if (a.q_pe.dtype != dt || a.o_lat.dtype != dt || cache.elem_dtype != dt) {
+    bad_arg("q_lat, q_pe, o_lat and the cache entries must share one model dtype");
+  }
+  if (a.lse.dtype != DType::kF32) bad_arg("lse must be float32");
+  expect_shape(a.q_lat, {t, n, l}, "q_lat");
+  expect_shape(a.q_pe, {t, n, r}, "q_pe");
+  expect_shape(a.o_lat, {t, n, l}, "o_lat");
+  expect_shape(a.lse, {t, n}, "lse");
+  if (cache.entry_bytes != static_cast<int>(2 * (l + r))) {
+    bad_arg("cache entry of " + std::to_string(cache.entry_bytes) + " bytes, expected 2 * (L + R) = " +
+            std::to_string(2 * (l + r)));
+  }
+
+  const std::size_t b = a.seq_lens.size();
+  if (a.query_start_loc.size() != b + 1) bad_arg("query_start_loc must have B + 1 entries");
+  if (a.block_table_rows.size() != b) bad_arg("block_table_rows must have B entries");
+  if (a.query_start_loc[0] != 0 || a.query_start_loc[b] != t) bad_arg("query_start_loc must run from 0 to T");
+  const int bs = cache.block_size;
+  const std::int64_t table_rows = cache.block_table.dim(0);
+  const std::int64_t width = cache.block_table.dim(1);
+  const std::int32_t* table = cache.block_table.data<std::int32_t>();
+
+  keys.width = static_cast<int>(l + r);
+  keys.start.assign(b + 1, 0);
+  for (std::size_t i = 0; i < b; ++i) {
+    if (a.query_start_loc[i + 1] < a.query_start_loc[i]) bad_arg("query_start_loc must not decrease");
+    if (a.seq_lens[i] < 0) bad_arg("negative seq_len");
+    keys.start[i + 1] = keys.start[i] + a.seq_lens[i];
+  }
+
+  // Slots first, serially: a bad block id must throw here, not inside a parallel loop.
+  std::vector<std::int64_t> slots(static_cast<std::size_t>(keys.start[b]));
+  for (std::size_t i = 0; i < b; ++i) {
+    const int row = a.block_table_rows[i];
+    if (row < 0 || row >= table_rows) bad_arg("block table row " + std::to_string(row) + " out of range");
+    const int s = a.seq_lens[i];
+    for (int p = 0; p < s; ++p) {
+      if (p / bs >= width) bad_arg("seq_len " + std::to_string(s) + " exceeds the block table width");
+      std::int64_t block = table[row * width + p / bs];
+      if (faults.last_key_from_null_block && p == s - 1) block = 0;
+      if (block < 0 || block >= cache.num_blocks) {
+        throw std::out_of_range("decode: request " + std::to_string(i) + " key " + std::to_string(p) +
+                                " maps to block " + std::to_string(block) + " of " +
+                                std::to_string(cache.num_blocks));
+      }
+      slots[keys.start[i] + p] = block * bs + p % bs;
+    }
+  }
+
+  if (keys.data.size() < slots.size() * keys.width) keys.data.resize(slots.size() * keys.width);
+  const std::int64_t total = static_cast<std::int64_t>(slots.size());
+#pragma omp parallel for schedule(static)
+  for (std::int64_t j = 0; j < total; ++j) {
+    widen(reinterpret_cast<const std::uint16_t*>(cache.entry(slots[j])), keys.data.data() + j * keys.width,
+          keys.width, dt);
+  }
+}
+
+std::vector<RowBlock> plan_row_blocks(std::span<const std::int32_t> query_start_loc, int num_heads) {
+  std::vector<RowBlock> blocks;
+  for (std::size_t b = 0; b + 1 < query_start_loc.size(); ++b) {
+    const int rows = (query_start_loc[b + 1] - query_start_loc[b]) * num_heads;
+    for (int r = 0; r < rows; r += kRowsPerBlock) {
+      blocks.push_back({static_cast<int>(b), r, std::min(kRowsPerBlock, rows - r)});
+    }
+  }
+  return blocks;
+}
+
+void load_decode_rows(const DecodeArgs& a, const RowBlock& blk, const KernelFaults& faults,
+                      std::vector<float>& q, std::vector<int>& visible) {
+  const int n = static_cast<int>(a.q_lat.shape[1]);
+  const int l = static_cast<int>(a.q_lat.shape[2]);
+  const int r = static_cast<int>(a.q_pe.shape[2]);
+  const int d = l + r;
+  const int b = blk.request;
+  const int q_len = a.query_start_loc[b + 1] - a.query_start_loc[b];
+  const std::uint16_t* q_lat = a.q_lat.as<std::uint16_t>();
+  const std::uint16_t* q_pe = a.q_pe.as<std::uint16_t>();
+  q.resize(static_cast<std::size_t>(blk.rows) * d);
+  visible.resize(blk.rows);
+  for (int i = 0; i < blk.rows; ++i) {
+    const int row = blk.first_row + i;
+    const std::int64_t flat = static_cast<std::int64_t>(a.query_start_loc[b]) * n + row;
+    widen(q_lat + flat * l, q.data() + static_cast<std::size_t>(i) * d, l, a.q_lat.dtype);
+    widen(q_pe + flat * r, q.data() + static_cast<std::size_t>(i) * d + l, r, a.q_lat.dtype);
+    visible[i] = visible_keys(a.seq_lens[b], q_len, row / n, faults.extra_visible_keys);
+  }
+}
+
+float* AttendScratch::floats(std::size_t n) {
+  buf_.resize(n + kAlignFloats);
+  const auto addr = reinterpret_cast<std::uintptr_t>(buf_.data());
+  const std::uintptr_t pad = (kAlignBytes - addr % kAlignBytes) % kAlignBytes;
+  return buf_.data() + pad / sizeof(float);
+}
+
+void attend(const AttendInput& in, float* o, float* lse, AttendScratch& scratch) {
+  MatMap out(o, in.rows, in.dv, Eigen::OuterStride<>(in.dv));
+  int nk = 0;
+  for (int i = 0; i < in.rows; ++i) nk = std::max(nk, std::min(in.visible[i], in.nk));
+  if (nk == 0) {
+    out.setZero();
+    std::fill(lse, lse + in.rows, kNegInf);
+    return;
+  }
+
+  // [rows, nk] scores with aligned rows (then P in place), followed by the row sums.
+  const std::int64_t stride = (nk + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+  float* logits = scratch.floats(static_cast<std::size_t>(in.rows * stride + in.rows));
+  float* sums = logits + in.rows * stride;
+  MatMap s(logits, in.rows, nk, Eigen::OuterStride<>(stride));
+  const ConstMatMap q(in.q, in.rows, in.dqk, Eigen::OuterStride<>(in.dqk));
+  const ConstMatMap k(in.k, nk, in.dqk, Eigen::OuterStride<>(in.k_stride));
+  s.noalias() = q * k.transpose();
+
+  for (int i = 0; i < in.rows; ++i) {
+    float* row = logits + i * stride;
+    const int vis = std::min(in.visible[i], in.nk);
+    std::fill(row + vis, row + nk, 0.f);
+    if (vis == 0) {
+      sums[i] = 0;
+      lse[i] = kNegInf;
+      continue;
+    }
+    AlignedArrMap p(row, vis);
+    p *= in.scale;
+    const float m = p.maxCoeff();
+    p = (p - m).exp();
+    sums[i] = p.sum();
+    lse[i] = m + std::log(sums[i]);
+    // The sum above is of the unrounded probabilities; P@V sees them rounded,
+    // as a GPU kernel feeding P to a 16-bit tensor-core MMA does.
+    round_to_model_dtype(row, vis, in.p_dtype);
+  }
+
+  const ConstMatMap v(in.v, nk, in.dv, Eigen::OuterStride<>(in.v_stride));
+  out.noalias() = s * v;
+  for (int i = 0; i < in.rows; ++i) {
+    // Rows without keys are set, not computed: 0 * NaN from a V row must not leak.
+    if (sums[i] == 0) {
+      out.row(i).setZero();
+    } else {
+      out.row(i) /= sums[i];
+    }
+  }
+}
+
+}  // namespace mlagate::detail

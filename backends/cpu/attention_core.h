@@ -1,0 +1,101 @@
+// Internals shared by the CPU backends: exact widening of 16-bit inputs, the
+// key gather through the block table, and an attention core with a GPU
+// kernel's precision (fp32 logits and sums, P rounded to the model dtype).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backends/backend.h"
+
+namespace mlagate::detail {
+
+// Deliberate faults for the planted-bug backends of the tests. Production
+// backends always run with the defaults.
+struct KernelFaults {
+  int extra_visible_keys = 0;             // keys seen past the causal limit, clamped to the sequence
+  bool last_key_from_null_block = false;  // decode reads each request's last key from block 0
+};
+
+// cpu.paged with faults planted (tests only); make_cpu_paged() is this with none.
+std::unique_ptr<Backend> make_cpu_paged_with_faults(const KernelFaults& faults);
+
+// Keys seen by query u of a request with q_len queries over kv_len keys: the
+// bottom-right causal rule, keys 0 .. kv_len - q_len + u, clamped to [0, kv_len].
+inline int visible_keys(int kv_len, int q_len, int u, int extra = 0) {
+  const int v = kv_len - q_len + u + 1 + extra;
+  return v < 0 ? 0 : (v > kv_len ? kv_len : v);
+}
+
+// 16-bit model-dtype bits -> fp32 (exact). dt: kBF16 or kF16.
+void widen(const std::uint16_t* src, float* dst, std::int64_t n, DType dt);
+// fp32 -> model-dtype bits, round to nearest even (cases/encoding.h).
+void narrow(const float* src, std::uint16_t* dst, std::int64_t n, DType dt);
+// Rounds fp32 values in place to the nearest model-dtype value (RNE), exactly
+// as narrow() then widen() would.
+void round_to_model_dtype(float* x, std::int64_t n, DType dt);
+// Throws std::invalid_argument unless dt is a 16-bit model dtype.
+void check_model_dtype(DType dt, const char* what);
+
+// Every key of every request of a decode call, widened to fp32 in request
+// order: [sum seq_lens, L+R], request b from row start[b]. A backend keeps one
+// across calls: the buffer only grows, so a large case does not pay the
+// first-touch page faults of a fresh ~100 MB allocation on every call.
+struct GatheredKeys {
+  std::vector<float> data;
+  std::vector<std::int64_t> start;  // [B+1]
+  int width = 0;                    // L + R
+};
+// Validates the decode arguments (shapes, dtypes, block ids; throws
+// std::invalid_argument / std::out_of_range) and gathers the keys into `keys`.
+void gather_keys(const DecodeArgs& args, const KernelFaults& faults, GatheredKeys& keys);
+
+// A block of decode rows of one request: rows r of the request are (token u,
+// head n) with r = u * N + n, i.e. flat index query_start_loc[b] * N + r.
+struct RowBlock {
+  int request = 0;
+  int first_row = 0;
+  int rows = 0;
+};
+// Cuts every request's rows into blocks small enough to share among threads.
+std::vector<RowBlock> plan_row_blocks(std::span<const std::int32_t> query_start_loc, int num_heads);
+
+// Stacks the [q_lat, q_pe] rows of a block into q [rows, L+R] and sets, per
+// row, how many of the request's keys it sees.
+void load_decode_rows(const DecodeArgs& args, const RowBlock& blk, const KernelFaults& faults,
+                      std::vector<float>& q, std::vector<int>& visible);
+
+// One block of query rows attending to a range of keys.
+struct AttendInput {
+  const float* q = nullptr;  // [rows, dqk], contiguous
+  int rows = 0;
+  int dqk = 0;
+  const float* k = nullptr;  // [nk, dqk], row stride k_stride
+  std::int64_t k_stride = 0;
+  const float* v = nullptr;  // [nk, dv], row stride v_stride
+  std::int64_t v_stride = 0;
+  int dv = 0;
+  int nk = 0;
+  const int* visible = nullptr;  // [rows]: row r sees keys 0 .. visible[r]-1 of the range
+  float scale = 0;
+  DType p_dtype = DType::kBF16;  // P is rounded to this before P@V, as GPU kernels do
+};
+
+// Scratch of attend(), reused across calls by one thread. Its rows start on
+// 64-byte boundaries: Eigen's vectorized exp and sum peel an unaligned head
+// with scalar code, which would make the bits depend on the allocation.
+class AttendScratch {
+ public:
+  float* floats(std::size_t n);  // 64-byte aligned, valid until the next call
+
+ private:
+  std::vector<float> buf_;
+};
+
+// Outputs o [rows, dv] fp32, normalized; lse [rows]. Rows that see no key get
+// o = 0 and lse = -inf.
+void attend(const AttendInput& in, float* o, float* lse, AttendScratch& scratch);
+
+}  // namespace mlagate::detail

@@ -1,0 +1,22 @@
+// The CPU backends: GPU-kernel precision on the host. They run without a GPU
+// and are the same-precision baseline other backends are measured against.
+#pragma once
+
+#include <memory>
+
+#include "backends/backend.h"
+
+namespace mlagate {
+
+// "cpu.paged": decode through the block table in one pass over the keys, and
+// ordinary varlen prefill.
+std::unique_ptr<Backend> make_cpu_paged();
+
+// "cpu.splitkv": flash-decoding; each request's keys are cut into splits of
+// 256 keys whose partial (o, lse) are merged through their LSEs.
+std::unique_ptr<Backend> make_cpu_splitkv();
+// The same with exactly num_splits splits per request (>= 1), for tests;
+// splits past a short request's keys stay empty.
+std::unique_ptr<Backend> make_cpu_splitkv_forced(int num_splits);
+
+}  // namespace mlagate

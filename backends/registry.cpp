@@ -1,0 +1,68 @@
+// The in-tree backends: one line each. Test-only planted-bug backends live in
+// tests/ and are never listed here.
+#include "backends/registry.h"
+
+#include "backends/cpu/cpu_backends.h"
+#include "cases/errors.h"
+
+namespace mlagate {
+
+const std::vector<BackendEntry>& backend_registry() {
+  static const std::vector<BackendEntry> kRegistry = {
+      {"cpu.paged", make_cpu_paged},
+      {"cpu.splitkv", make_cpu_splitkv},
+  };
+  return kRegistry;
+}
+
+bool glob_match(std::string_view p, std::string_view t) {
+  // Iterative '*' / '?' matcher with backtracking to the last star.
+  std::size_t pi = 0, ti = 0, star = std::string_view::npos, mark = 0;
+  while (ti < t.size()) {
+    if (pi < p.size() && (p[pi] == '?' || p[pi] == t[ti])) {
+      ++pi, ++ti;
+    } else if (pi < p.size() && p[pi] == '*') {
+      star = pi++;
+      mark = ti;
+    } else if (star != std::string_view::npos) {
+      pi = star + 1;
+      ti = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (pi < p.size() && p[pi] == '*') ++pi;
+  return pi == p.size();
+}
+
+std::vector<std::unique_ptr<Backend>> select_backends(const std::string& globs) {
+  std::vector<std::string> patterns;
+  std::size_t start = 0;
+  while (start <= globs.size()) {
+    const std::size_t comma = globs.find(',', start);
+    const std::string p = globs.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!p.empty()) patterns.push_back(p);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (patterns.empty()) patterns.push_back("*");
+  std::vector<std::unique_ptr<Backend>> out;
+  for (const auto& p : patterns) {
+    bool any = false;
+    for (const auto& e : backend_registry())
+      if (glob_match(p, e.name)) {
+        any = true;
+        bool dup = false;
+        for (const auto& b : out) dup = dup || b->name() == e.name;
+        if (!dup) out.push_back(e.make());
+      }
+    if (!any) {
+      std::string known;
+      for (const auto& e : backend_registry()) known += (known.empty() ? "" : ", ") + e.name;
+      throw InputError("--backend '" + p + "' matches no backend (available: " + known + ")");
+    }
+  }
+  return out;
+}
+
+}  // namespace mlagate

@@ -1,0 +1,62 @@
+// Draws a case's inputs from the counter-based generator. Values depend only on
+// (seed, tensor name, element index), so the loop order and thread count are free.
+#include "cases/case.h"
+
+#include <cmath>
+
+#include "cases/encoding.h"
+#include "cases/generator.h"
+
+namespace mlagate {
+
+namespace {
+
+void fill_normal(Tensor& t, std::uint64_t seed, const char* name, double factor) {
+  const std::uint64_t st = gen::stream(seed, gen::tensor_key(name));
+  const std::int64_t n = t.numel();
+  // Model dtypes are 16-bit: round through our own RNE conversion.
+  std::uint16_t (*round)(float) = t.dtype() == DType::kBF16 ? f32_to_bf16 : f32_to_f16;
+  std::uint16_t* out = t.data<std::uint16_t>();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < n; ++i)
+    out[i] = round(static_cast<float>(gen::normal_at(st, static_cast<std::uint64_t>(i)) * factor));
+}
+
+}  // namespace
+
+Case generate_case(const CaseSpec& spec) {
+  spec.validate();
+  Case c;
+  c.spec = spec;
+  c.num_requests = spec.num_requests();
+  c.num_tokens = spec.num_tokens();
+  c.num_kv_tokens = spec.num_kv_tokens();
+  c.query_start_loc.assign(1, 0);
+  c.kv_start_loc.assign(1, 0);
+  for (int i = 0; i < c.num_requests; ++i) {
+    const int s = spec.batch.seq_lens[static_cast<std::size_t>(i)];
+    const int q = spec.batch.query_lens[static_cast<std::size_t>(i)];
+    c.seq_lens.push_back(s);
+    c.query_lens.push_back(q);
+    c.context_lens.push_back(s - q);  // -q for padding requests (seq_len 0): nothing visible
+    c.query_start_loc.push_back(c.query_start_loc.back() + q);
+    c.kv_start_loc.push_back(c.kv_start_loc.back() + s);
+  }
+  const Dims& d = spec.dims;
+  const std::int64_t N = spec.num_heads();
+  c.q = Tensor(spec.dtype, {c.num_tokens, N, d.nope_dim + d.rope_dim});
+  c.kv_c = Tensor(spec.dtype, {c.num_kv_tokens, d.kv_lora_rank});
+  c.k_pe = Tensor(spec.dtype, {c.num_kv_tokens, d.rope_dim});
+  c.w_uk = Tensor(spec.dtype, {d.kv_lora_rank, N, d.nope_dim});
+  c.w_uv = Tensor(spec.dtype, {d.kv_lora_rank, N, d.v_head_dim});
+  // Weights scaled by 1/sqrt(L): unit-scale outputs, and LSE merging stays finite.
+  const double w = 1.0 / std::sqrt(static_cast<double>(d.kv_lora_rank));
+  fill_normal(c.q, spec.seed, "q", spec.q_magnitude);
+  fill_normal(c.kv_c, spec.seed, "kv_c", 1.0);
+  fill_normal(c.k_pe, spec.seed, "k_pe", 1.0);
+  fill_normal(c.w_uk, spec.seed, "w_uk", w);
+  fill_normal(c.w_uv, spec.seed, "w_uv", w);
+  return c;
+}
+
+}  // namespace mlagate

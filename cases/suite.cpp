@@ -1,0 +1,346 @@
+// Suite files: YAML parsing with file:line errors, the built-in (embedded)
+// suites and batch specs, and command-line sweeps.
+#include "cases/suite.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "cases/errors.h"
+
+namespace mlagate {
+namespace detail {
+const std::vector<std::pair<std::string_view, std::string_view>>& embedded_files();
+}  // namespace detail
+
+namespace {
+
+std::string where(const std::string& source, const YAML::Node& n) {
+  const YAML::Mark m = n.Mark();
+  return m.line >= 0 ? source + ":" + std::to_string(m.line + 1) : source;
+}
+
+[[noreturn]] void fail_at(const std::string& source, const YAML::Node& n, const std::string& why) {
+  throw InputError(where(source, n) + ": " + why);
+}
+
+template <class T>
+T scalar(const std::string& source, const YAML::Node& n, const char* what) {
+  if (!n.IsScalar()) fail_at(source, n, std::string(what) + " must be a scalar");
+  try {
+    return n.as<T>();
+  } catch (const YAML::Exception&) {
+    fail_at(source, n, std::string("bad value '") + n.Scalar() + "' for " + what);
+  }
+}
+
+// A list of ints, or {repeat: X, times: N}.
+std::vector<int> int_list(const std::string& source, const YAML::Node& n, const char* what) {
+  std::vector<int> out;
+  if (n.IsMap()) {
+    const int x = scalar<int>(source, n["repeat"], what);
+    const int times = scalar<int>(source, n["times"], what);
+    if (times < 1 || times > 1'000'000) fail_at(source, n, std::string(what) + ": times out of range");
+    out.assign(static_cast<std::size_t>(times), x);
+    return out;
+  }
+  if (!n.IsSequence()) fail_at(source, n, std::string(what) + " must be a list");
+  for (const auto& e : n) out.push_back(scalar<int>(source, e, what));
+  return out;
+}
+
+std::vector<std::string> str_list(const std::string& source, const YAML::Node& n, const char* what) {
+  std::vector<std::string> out;
+  if (n.IsScalar()) return {n.Scalar()};
+  if (!n.IsSequence()) fail_at(source, n, std::string(what) + " must be a list");
+  for (const auto& e : n) out.push_back(scalar<std::string>(source, e, what));
+  return out;
+}
+
+struct SpecTable {
+  std::vector<BatchSpec> specs;
+  std::vector<std::vector<std::string>> tags;  // parallel to specs
+};
+
+void parse_specs(const std::string& source, const YAML::Node& map, SpecTable& table) {
+  if (!map.IsMap()) fail_at(source, map, "specs must be a map of name -> {seq_lens, query_lens}");
+  for (const auto& kv : map) {
+    BatchSpec b;
+    b.name = scalar<std::string>(source, kv.first, "spec name");
+    const YAML::Node& v = kv.second;
+    if (!v.IsMap()) fail_at(source, v, "spec " + b.name + " must be a map");
+    for (const auto& f : v) {
+      const std::string key = f.first.Scalar();
+      if (key != "seq_lens" && key != "query_lens" && key != "spec_decode" && key != "tags" && key != "note")
+        fail_at(source, f.first, "unknown key '" + key + "' in spec " + b.name);
+    }
+    if (!v["seq_lens"] || !v["query_lens"]) fail_at(source, v, "spec " + b.name + " needs seq_lens and query_lens");
+    b.seq_lens = int_list(source, v["seq_lens"], "seq_lens");
+    b.query_lens = int_list(source, v["query_lens"], "query_lens");
+    if (v["spec_decode"]) b.spec_decode = scalar<bool>(source, v["spec_decode"], "spec_decode");
+    if (v["note"]) b.note = scalar<std::string>(source, v["note"], "note");
+    std::vector<std::string> tags;
+    if (v["tags"]) tags = str_list(source, v["tags"], "tags");
+    for (const auto& existing : table.specs)
+      if (existing.name == b.name) fail_at(source, kv.first, "spec " + b.name + " defined twice");
+    table.specs.push_back(std::move(b));
+    table.tags.push_back(std::move(tags));
+  }
+}
+
+YAML::Node load_yaml(const std::string& text, const std::string& source) {
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    throw InputError(source + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
+  }
+}
+
+std::string_view embedded(std::string_view name) {
+  for (const auto& [file, text] : detail::embedded_files())
+    if (file == name) return text;
+  return {};
+}
+
+const SpecTable& builtin_specs() {
+  static const SpecTable table = [] {
+    SpecTable t;
+    const YAML::Node root = load_yaml(std::string(embedded("specs.yaml")), "specs.yaml");
+    parse_specs("specs.yaml", root["specs"], t);
+    return t;
+  }();
+  return table;
+}
+
+const BatchSpec* lookup(const SpecTable& t, const std::string& name) {
+  for (const auto& s : t.specs)
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+template <class T>
+void dedupe_by_id(std::vector<T>& cases) {
+  std::set<std::string> seen;
+  std::vector<T> out;
+  for (auto& c : cases)
+    if (seen.insert(c.id()).second) out.push_back(std::move(c));
+  cases = std::move(out);
+}
+
+}  // namespace
+
+const std::vector<BatchSpec>& batch_specs() { return builtin_specs().specs; }
+
+const BatchSpec& find_batch_spec(const std::string& name) {
+  if (const BatchSpec* b = lookup(builtin_specs(), name)) return *b;
+  std::string known;
+  for (const auto& s : batch_specs()) known += (known.empty() ? "" : ", ") + s.name;
+  throw InputError("unknown batch spec '" + name + "' (known: " + known + ")");
+}
+
+std::vector<std::string> builtin_suite_names() {
+  std::vector<std::string> names;
+  for (const auto& [file, text] : detail::embedded_files()) {
+    std::string f(file);
+    if (f != "specs.yaml" && f.ends_with(".yaml")) names.push_back(f.substr(0, f.size() - 5));
+  }
+  return names;
+}
+
+Suite parse_suite_yaml(const std::string& text, const std::string& source) {
+  const YAML::Node root = load_yaml(text, source);
+  if (!root.IsMap()) throw InputError(source + ": a suite file must be a YAML map with name and groups");
+  for (const auto& kv : root) {
+    const std::string key = kv.first.Scalar();
+    if (key != "name" && key != "description" && key != "groups" && key != "specs")
+      fail_at(source, kv.first, "unknown top-level key '" + key + "' (expected name, description, specs, groups)");
+  }
+  Suite suite;
+  suite.source = source;
+  if (!root["name"]) throw InputError(source + ": suite has no name");
+  suite.name = scalar<std::string>(source, root["name"], "name");
+  if (suite.name.empty() || suite.name.find('/') != std::string::npos)
+    fail_at(source, root["name"], "suite name must be non-empty and contain no '/'");
+  if (root["description"]) suite.description = scalar<std::string>(source, root["description"], "description");
+  // A suite file may define its own batch specs beside the built-in ones.
+  SpecTable local = builtin_specs();
+  if (root["specs"]) parse_specs(source, root["specs"], local);
+  const YAML::Node groups = root["groups"];
+  if (!groups) throw InputError(source + ": suite needs a non-empty 'groups' list");
+  if (!groups.IsSequence() || groups.size() == 0) fail_at(source, groups, "suite needs a non-empty 'groups' list");
+
+  static const std::set<std::string> kKeys = {"specs", "spec_tags", "tp", "dtype", "kv_cache_dtype", "block_size",
+                                              "seed", "dims", "q_magnitude", "scale", "total_heads", "k_scale", "note"};
+  for (const auto& g : groups) {
+    if (!g.IsMap()) fail_at(source, g, "each group must be a map");
+    for (const auto& kv : g)
+      if (!kKeys.count(kv.first.Scalar())) fail_at(source, kv.first, "unknown group key '" + kv.first.Scalar() + "'");
+    std::vector<const BatchSpec*> specs;
+    if (g["specs"])
+      for (const auto& name : str_list(source, g["specs"], "specs")) {
+        const BatchSpec* b = lookup(local, name);
+        if (!b) fail_at(source, g["specs"], "unknown batch spec '" + name + "'");
+        specs.push_back(b);
+      }
+    if (g["spec_tags"])
+      for (const auto& tag : str_list(source, g["spec_tags"], "spec_tags")) {
+        bool any = false;
+        for (std::size_t i = 0; i < local.specs.size(); ++i)
+          for (const auto& t : local.tags[i])
+            if (t == tag) specs.push_back(&local.specs[i]), any = true;
+        if (!any) fail_at(source, g["spec_tags"], "no batch spec has tag '" + tag + "'");
+      }
+    if (specs.empty()) fail_at(source, g, "group selects no batch spec (give specs or spec_tags)");
+
+    auto ints = [&](const char* key, std::vector<int> dflt) { return g[key] ? int_list(source, g[key], key) : dflt; };
+    auto doubles = [&](const char* key, std::vector<double> dflt) {
+      if (!g[key]) return dflt;
+      std::vector<double> out;
+      if (!g[key].IsSequence()) fail_at(source, g[key], std::string(key) + " must be a list");
+      for (const auto& e : g[key]) out.push_back(scalar<double>(source, e, key));
+      return out;
+    };
+    const std::vector<int> tps = ints("tp", {1});
+    const std::vector<int> heads = ints("total_heads", {128});
+    std::vector<int> block_sizes;
+    for (const auto& s : g["block_size"] ? str_list(source, g["block_size"], "block_size") : std::vector<std::string>{"auto"}) {
+      if (s == "auto") {
+        block_sizes.push_back(0);
+        continue;
+      }
+      // Parsed from the string (a fresh node has no mark): report the list's line.
+      try {
+        block_sizes.push_back(YAML::Node(s).as<int>());
+      } catch (const YAML::Exception&) {
+        fail_at(source, g["block_size"], "bad value '" + s + "' for block_size");
+      }
+    }
+    std::vector<std::uint64_t> seeds;
+    for (int s : ints("seed", {0})) {
+      if (s < 0) fail_at(source, g["seed"], "seed must be >= 0");
+      seeds.push_back(static_cast<std::uint64_t>(s));
+    }
+    std::vector<DType> dtypes;
+    try {
+      for (const auto& s : g["dtype"] ? str_list(source, g["dtype"], "dtype") : std::vector<std::string>{"bf16"})
+        dtypes.push_back(parse_model_dtype(s));
+    } catch (const InputError& e) { fail_at(source, g["dtype"], e.what()); }
+    std::vector<KvCacheDtype> kvs;
+    try {
+      for (const auto& s : g["kv_cache_dtype"] ? str_list(source, g["kv_cache_dtype"], "kv_cache_dtype") : std::vector<std::string>{"auto"})
+        kvs.push_back(parse_kv_cache_dtype(s));
+    } catch (const InputError& e) { fail_at(source, g["kv_cache_dtype"], e.what()); }
+    std::vector<Dims> dims;
+    try {
+      for (const auto& s : g["dims"] ? str_list(source, g["dims"], "dims") : std::vector<std::string>{"deepseek"})
+        dims.push_back(dims_preset(s));
+    } catch (const InputError& e) { fail_at(source, g["dims"], e.what()); }
+    const std::vector<double> qmags = doubles("q_magnitude", {1.0});
+    const std::vector<double> scales = doubles("scale", {0.0});  // 0: the default 1/sqrt(D)
+    const std::vector<double> kscales = doubles("k_scale", {1.0});
+
+    for (const BatchSpec* b : specs)
+      for (int tp : tps) for (int th : heads) for (DType dt : dtypes) for (KvCacheDtype kv : kvs)
+        for (int bs : block_sizes) for (std::uint64_t seed : seeds) for (const Dims& dm : dims)
+          for (double qm : qmags) for (double sc : scales) for (double ks : kscales) {
+            CaseSpec c;
+            c.suite = suite.name;
+            c.batch = *b;
+            c.tp = tp;
+            c.total_heads = th;
+            c.dtype = dt;
+            c.kv_cache_dtype = kv;
+            c.block_size = bs;
+            c.seed = seed;
+            c.dims = dm;
+            c.q_magnitude = qm;
+            if (sc != 0.0) c.scale = sc;
+            c.k_scale = static_cast<float>(ks);
+            try {
+              c.validate();
+            } catch (const InvalidCase& e) {
+              fail_at(source, g, "impossible case " + c.id() + ": " + e.what());
+            }
+            suite.cases.push_back(std::move(c));
+          }
+  }
+  const std::size_t before = suite.cases.size();
+  dedupe_by_id(suite.cases);
+  if (suite.cases.size() != before)
+    throw InputError(source + ": " + std::to_string(before - suite.cases.size()) + " duplicate case id(s) across groups");
+  return suite;
+}
+
+Suite load_suite(const std::string& name_or_path) {
+  const std::string_view text = embedded(name_or_path + ".yaml");
+  if (!text.empty() && name_or_path.find('/') == std::string::npos && !name_or_path.ends_with(".yaml")) {
+    Suite s = parse_suite_yaml(std::string(text), name_or_path + ".yaml");
+    s.source = name_or_path;
+    return s;
+  }
+  std::ifstream in(name_or_path);
+  if (!in) {
+    std::string known;
+    for (const auto& n : builtin_suite_names()) known += (known.empty() ? "" : ", ") + n;
+    throw InputError("no suite '" + name_or_path + "': not a built-in suite (" + known + ") nor a readable file");
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_suite_yaml(ss.str(), name_or_path);
+}
+
+bool Sweep::empty() const {
+  return specs.empty() && tps.empty() && dtypes.empty() && kv_dtypes.empty() && block_sizes.empty() && seeds.empty();
+}
+
+std::vector<CaseSpec> apply_sweep(const Sweep& sw, const std::optional<Suite>& base) {
+  std::vector<CaseSpec> seeds_in;
+  if (base) {
+    seeds_in = base->cases;
+    if (!sw.specs.empty()) {
+      // --spec with a suite narrows it to those batch specs.
+      std::erase_if(seeds_in, [&](const CaseSpec& c) {
+        return std::find(sw.specs.begin(), sw.specs.end(), c.batch.name) == sw.specs.end();
+      });
+      if (seeds_in.empty()) throw InputError("--spec selects no case of suite " + base->name);
+    }
+  } else {
+    if (sw.specs.empty()) throw InputError("give --suite or --spec");
+    for (const auto& name : sw.specs) {
+      CaseSpec c;
+      c.suite = "sweep";
+      c.batch = find_batch_spec(name);
+      seeds_in.push_back(std::move(c));
+    }
+  }
+  std::vector<CaseSpec> out;
+  for (const CaseSpec& s : seeds_in) {
+    std::vector<CaseSpec> cur{s};
+    auto axis = [&](const auto& values, auto setter) {
+      if (values.empty()) return;
+      std::vector<CaseSpec> next;
+      for (const auto& c : cur)
+        for (const auto& v : values) {
+          CaseSpec n = c;
+          setter(n, v);
+          next.push_back(std::move(n));
+        }
+      cur = std::move(next);
+    };
+    axis(sw.tps, [](CaseSpec& c, int v) { c.tp = v; });
+    axis(sw.dtypes, [](CaseSpec& c, DType v) { c.dtype = v; });
+    axis(sw.kv_dtypes, [](CaseSpec& c, KvCacheDtype v) { c.kv_cache_dtype = v; });
+    axis(sw.block_sizes, [](CaseSpec& c, int v) { c.block_size = v; });
+    axis(sw.seeds, [](CaseSpec& c, std::uint64_t v) { c.seed = v; });
+    for (auto& c : cur) {
+      c.validate();
+      out.push_back(std::move(c));
+    }
+  }
+  dedupe_by_id(out);
+  return out;
+}
+
+}  // namespace mlagate

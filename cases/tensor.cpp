@@ -1,0 +1,65 @@
+// Host tensor storage and element access by dtype.
+#include "cases/tensor.h"
+
+#include <cstring>
+#include <stdexcept>
+
+#include "cases/encoding.h"
+
+namespace mlagate {
+
+std::int64_t shape_numel(const Shape& s) {
+  std::int64_t n = 1;
+  for (std::int64_t d : s) {
+    if (d < 0) throw std::invalid_argument("negative dimension in shape " + shape_str(s));
+    n *= d;
+  }
+  return n;
+}
+
+std::string shape_str(const Shape& s) {
+  std::string r = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)) {
+  bytes_.assign(static_cast<std::size_t>(shape_numel(shape_)) * dtype_size(dtype_), std::byte{0});
+}
+
+double TensorView::get(std::int64_t i) const {
+  const std::byte* p = static_cast<const std::byte*>(data) + i * static_cast<std::int64_t>(dtype_size(dtype));
+  switch (dtype) {
+    case DType::kF64: { double v; std::memcpy(&v, p, 8); return v; }
+    case DType::kF32: { float v; std::memcpy(&v, p, 4); return v; }
+    case DType::kBF16: { std::uint16_t v; std::memcpy(&v, p, 2); return bf16_to_f32(v); }
+    case DType::kF16: { std::uint16_t v; std::memcpy(&v, p, 2); return f16_to_f32(v); }
+    case DType::kI32: { std::int32_t v; std::memcpy(&v, p, 4); return v; }
+    case DType::kI64: { std::int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
+    case DType::kU8: { std::uint8_t v; std::memcpy(&v, p, 1); return v; }
+  }
+  return 0;
+}
+
+void TensorView::set(std::int64_t i, double v) const {
+  std::byte* p = static_cast<std::byte*>(data) + i * static_cast<std::int64_t>(dtype_size(dtype));
+  switch (dtype) {
+    case DType::kF64: std::memcpy(p, &v, 8); return;
+    case DType::kF32: { float f = static_cast<float>(v); std::memcpy(p, &f, 4); return; }
+    // fp64 -> fp32 is IEEE round-to-nearest; then our own RNE to 16 bits.
+    case DType::kBF16: { std::uint16_t b = f32_to_bf16(static_cast<float>(v)); std::memcpy(p, &b, 2); return; }
+    case DType::kF16: { std::uint16_t b = f32_to_f16(static_cast<float>(v)); std::memcpy(p, &b, 2); return; }
+    case DType::kI32: { std::int32_t x = static_cast<std::int32_t>(v); std::memcpy(p, &x, 4); return; }
+    case DType::kI64: { std::int64_t x = static_cast<std::int64_t>(v); std::memcpy(p, &x, 8); return; }
+    case DType::kU8: { std::uint8_t x = static_cast<std::uint8_t>(v); std::memcpy(p, &x, 1); return; }
+  }
+}
+
+std::vector<double> Tensor::to_f64() const {
+  std::vector<double> out(static_cast<std::size_t>(numel()));
+  const TensorView v = view();
+  for (std::int64_t i = 0; i < numel(); ++i) out[static_cast<std::size_t>(i)] = v.get(i);
+  return out;
+}
+
+}  // namespace mlagate

@@ -1,0 +1,85 @@
+// Host tensors: an owning, contiguous row-major Tensor and a non-owning
+// TensorView handed to backends. Values of 16-bit dtypes are stored as bits.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cases/dtype.h"
+
+namespace mlagate {
+
+using Shape = std::vector<std::int64_t>;
+
+std::int64_t shape_numel(const Shape& s);
+std::string shape_str(const Shape& s);  // "[2, 16, 576]"
+
+// Non-owning view of contiguous row-major data (host or, later, device).
+struct TensorView {
+  DType dtype = DType::kF32;
+  Shape shape;
+  void* data = nullptr;
+
+  std::int64_t numel() const { return shape_numel(shape); }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype); }
+  template <class T>
+  T* as() const {
+    if (sizeof(T) != dtype_size(dtype)) throw std::logic_error("TensorView::as: element size mismatch");
+    return static_cast<T*>(data);
+  }
+  // Element i converted to double (any dtype).
+  double get(std::int64_t i) const;
+  // Store v into element i, rounding to the dtype (RNE for bf16/fp16).
+  void set(std::int64_t i, double v) const;
+};
+
+// Owning tensor, zero-filled on construction.
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(DType dtype, Shape shape);
+
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  std::int64_t dim(std::size_t i) const { return shape_.at(i); }
+  std::int64_t numel() const { return shape_numel(shape_); }
+  std::size_t nbytes() const { return bytes_.size(); }
+  bool empty() const { return bytes_.empty(); }
+
+  std::byte* bytes() { return bytes_.data(); }
+  const std::byte* bytes() const { return bytes_.data(); }
+  template <class T>
+  T* data() {
+    check_elem(sizeof(T));
+    return reinterpret_cast<T*>(bytes_.data());
+  }
+  template <class T>
+  const T* data() const {
+    check_elem(sizeof(T));
+    return reinterpret_cast<const T*>(bytes_.data());
+  }
+
+  TensorView view() { return {dtype_, shape_, bytes_.data()}; }
+  TensorView view() const { return {dtype_, shape_, const_cast<std::byte*>(bytes_.data())}; }
+  double get(std::int64_t i) const { return view().get(i); }
+  void set(std::int64_t i, double v) { view().set(i, v); }
+
+  // All elements as double (the golden reference reads inputs this way).
+  std::vector<double> to_f64() const;
+
+ private:
+  void check_elem(std::size_t s) const {
+    if (s != dtype_size(dtype_)) throw std::logic_error("Tensor::data: element size mismatch");
+  }
+  DType dtype_ = DType::kF32;
+  Shape shape_;
+  // Over-aligned storage is not needed: every element type is <= 8 bytes and
+  // std::vector<std::byte> from operator new is 16-byte aligned.
+  std::vector<std::byte> bytes_;
+};
+
+}  // namespace mlagate

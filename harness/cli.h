@@ -1,0 +1,15 @@
+// The command-line interface (CLI11): subcommands list and run. Exceptions
+// become exit codes here and nowhere else: 0 all passed, 1 a verdict failed,
+// 2 usage or input error, 3 internal error.
+#pragma once
+
+namespace mlagate {
+
+inline constexpr int kExitPassed = 0;
+inline constexpr int kExitFailed = 1;
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitInternal = 3;
+
+int cli_main(int argc, char** argv);
+
+}  // namespace mlagate

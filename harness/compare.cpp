@@ -1,0 +1,204 @@
+// Metrics and verdicts for one output against the fp64 golden.
+#include "harness/compare.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "cases/errors.h"
+
+namespace mlagate {
+
+namespace {
+
+std::string fmt(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.4g", v);
+  return b;
+}
+
+const char* nonfinite_kind(double v) {
+  if (std::isnan(v)) return "NaN";
+  return v > 0 ? "+inf" : "-inf";
+}
+
+}  // namespace
+
+std::string Policy::describe() const {
+  switch (kind) {
+    case Kind::kVllm: return "vllm(atol=" + fmt(atol) + ", rtol=" + fmt(rtol) + ", output only)";
+    case Kind::kFixed: return "fixed(atol=" + fmt(atol) + ", rtol=" + fmt(rtol) + ")";
+  }
+  return "?";
+}
+
+std::string Policy::cli_args() const {
+  if (kind == Kind::kVllm) return "--policy vllm";
+  return "--policy fixed --atol " + fmt(atol) + " --rtol " + fmt(rtol);
+}
+
+bool Policy::gates(const std::string& output) const {
+  // The seed test only compares the layer output; lse and o_lat are extra.
+  if (kind == Kind::kVllm) return output == "out" || output == "o" || output == "o_lat";
+  return true;
+}
+
+Policy make_policy(const std::string& name, double atol, double rtol) {
+  Policy p;
+  if (name == "vllm") {
+    p.kind = Policy::Kind::kVllm;
+    p.atol = 0.5;
+    p.rtol = 1e-2;
+  } else if (name == "fixed") {
+    if (!(atol >= 0) || !(rtol >= 0)) throw InputError("--atol and --rtol must be >= 0");
+    p.kind = Policy::Kind::kFixed;
+    p.atol = atol;
+    p.rtol = rtol;
+  } else {
+    throw InputError("unknown policy '" + name + "' (expected vllm or fixed)");
+  }
+  return p;
+}
+
+Location Layout::locate(std::int64_t flat) const {
+  Location l;
+  l.flat = flat;
+  if (flat < 0) return l;
+  const std::int64_t per_token = heads * dim;
+  const std::int64_t t = flat / per_token;
+  l.head = static_cast<int>((flat / dim) % heads);
+  l.dim = static_cast<int>(flat % dim);
+  l.token = static_cast<int>(t);
+  for (std::size_t r = 0; r + 1 < query_start_loc.size(); ++r)
+    if (t >= query_start_loc[r] && t < query_start_loc[r + 1]) {
+      l.request = static_cast<int>(r);
+      l.token = static_cast<int>(t - query_start_loc[r]);
+      break;
+    }
+  return l;
+}
+
+double ulp_of(double y, DType d) {
+  int mant_bits, min_exp;  // precision (incl. implicit bit) and smallest normal exponent
+  switch (d) {
+    case DType::kBF16: mant_bits = 8; min_exp = -126; break;
+    case DType::kF16: mant_bits = 11; min_exp = -14; break;
+    case DType::kF32: mant_bits = 24; min_exp = -126; break;
+    default: mant_bits = 53; min_exp = -1022; break;
+  }
+  int e = 0;
+  std::frexp(std::fabs(y), &e);  // |y| in [2^(e-1), 2^e); 0 gives e = 0
+  const int exp = y == 0 ? min_exp : std::max(e - 1, min_exp);
+  return std::ldexp(1.0, exp - (mant_bits - 1));
+}
+
+Status compare_output(const OutputCheck& c, const Policy& p, Metrics& m) {
+  m = Metrics{};
+  m.output = c.name;
+  m.numel = shape_numel(c.expected_shape);
+  // 1. Shape and dtype first: a wrong axis must not be hidden by broadcasting.
+  if (c.got.shape != c.expected_shape || c.got.dtype != c.expected_dtype) {
+    m.message = c.name + ": produced " + shape_str(c.got.shape) + " " + std::string(dtype_name(c.got.dtype)) +
+                ", expected " + shape_str(c.expected_shape) + " " + std::string(dtype_name(c.expected_dtype));
+    return Status::kIncorrect;
+  }
+  const std::vector<double>& y = *c.golden;
+  if (static_cast<std::int64_t>(y.size()) != m.numel)
+    throw std::logic_error("compare_output: golden size mismatch for " + c.name);
+
+  // 3. Non-finite positions must match the reference's (an empty row's lse may
+  // be either infinity; anything else non-finite is a mismatch).
+  int plus_inf_rows = 0;
+  for (std::int64_t i = 0; i < m.numel; ++i) {
+    const double x = c.got.get(i), r = y[static_cast<std::size_t>(i)];
+    const bool xf = std::isfinite(x), rf = std::isfinite(r);
+    if (xf && rf) continue;
+    bool ok = false;
+    if (!xf && !rf) ok = c.is_lse ? std::isinf(x) && std::isinf(r) : (std::isnan(x) == std::isnan(r) && x == r);
+    if (ok && c.is_lse && x > 0) ++plus_inf_rows;
+    if (!ok) {
+      if (m.nonfinite_mismatches == 0) {
+        m.first_nonfinite = c.layout.locate(i);
+        m.message = c.name + ": " + (xf ? fmt(x) : nonfinite_kind(x)) + " where the reference has " +
+                    (rf ? fmt(r) : nonfinite_kind(r)) + " at " + m.first_nonfinite.str();
+      }
+      ++m.nonfinite_mismatches;
+    }
+  }
+
+  // 4. Metrics over positions where both are finite.
+  // lse is a logarithm: an absolute error e scales every probability by e^e,
+  // whatever lse's size, so it is judged on atol alone.
+  const double rtol = c.is_lse ? 0.0 : p.rtol;
+  double sum_abs = 0, sum_d2 = 0, sum_y2 = 0, sum_x2 = 0, sum_xy = 0, max_abs_y = 0;
+  std::int64_t n = 0, worst = -1;
+  m.max_abs = 0;
+  m.max_ulp = 0;
+  m.min_atol = 0;
+  for (std::int64_t i = 0; i < m.numel; ++i) {
+    const double x = c.got.get(i), r = y[static_cast<std::size_t>(i)];
+    if (!std::isfinite(x) || !std::isfinite(r)) continue;
+    const double d = std::fabs(x - r);
+    ++n;
+    sum_abs += d;
+    sum_d2 += d * d;
+    sum_y2 += r * r;
+    sum_x2 += x * x;
+    sum_xy += x * r;
+    max_abs_y = std::max(max_abs_y, std::fabs(r));
+    if (d > m.max_abs || worst < 0) {
+      m.max_abs = d;
+      worst = i;
+    }
+    m.max_ulp = std::max(m.max_ulp, d / ulp_of(r, c.expected_dtype));
+    m.min_atol = std::max(m.min_atol, d - rtol * std::fabs(r));
+  }
+  m.ref_norm = std::sqrt(sum_y2);
+  m.out_norm = std::sqrt(sum_x2);
+  if (n > 0) {
+    m.mean_abs = sum_abs / static_cast<double>(n);
+    m.nmse = sum_y2 > 0 ? sum_d2 / sum_y2 : (sum_d2 > 0 ? INFINITY : 0.0);
+    const double denom = sum_x2 + sum_y2;
+    m.cos_diff = denom > 0 ? 1.0 - 2.0 * sum_xy / denom : 0.0;
+    // Relative error with a floor at 1% of the reference's RMS, so near-zero
+    // reference elements do not dominate.
+    m.rel_floor = std::max(1e-2 * std::sqrt(sum_y2 / static_cast<double>(n)), 1e-30);
+    m.max_rel = 0;
+    for (std::int64_t i = 0; i < m.numel; ++i) {
+      const double x = c.got.get(i), r = y[static_cast<std::size_t>(i)];
+      if (std::isfinite(x) && std::isfinite(r))
+        m.max_rel = std::max(m.max_rel, std::fabs(x - r) / std::max(std::fabs(r), m.rel_floor));
+    }
+    m.worst = c.layout.locate(worst);
+  } else {
+    m.max_abs = kNaN;
+    m.max_ulp = kNaN;
+  }
+  (void)max_abs_y;
+
+  if (m.nonfinite_mismatches > 0) {
+    m.min_atol = INFINITY;
+    m.passed = false;
+    return Status::kNonfinite;
+  }
+  if (c.is_lse && plus_inf_rows > 0) m.message = c.name + ": " + std::to_string(plus_inf_rows) + " empty row(s) returned +inf";
+
+  // 5. The policy, on the outputs it gates.
+  if (p.gates(c.name) && m.min_atol > p.atol) {
+    m.passed = false;
+    m.message = c.name + ": max abs err " + fmt(m.max_abs) + " at " + m.worst.str() + " exceeds " + p.describe() +
+                " (needs atol " + fmt(m.min_atol) + ")";
+    return Status::kIncorrect;
+  }
+  // 6. Sanity: an all-zero output cannot pass against a non-zero reference,
+  // and a reference of norm 0 proves nothing.
+  if (p.gates(c.name) && !c.is_lse && (m.ref_norm == 0 || m.out_norm == 0)) {
+    m.passed = false;
+    m.message = c.name + ": zero norm (reference " + fmt(m.ref_norm) + ", output " + fmt(m.out_norm) + ")";
+    return Status::kIncorrect;
+  }
+  m.passed = true;
+  return Status::kPassed;
+}
+
+}  // namespace mlagate

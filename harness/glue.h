@@ -1,0 +1,36 @@
+// The layer's glue around a backend's kernels, done by the harness the same
+// way for every backend, in a GPU framework's precision (model-dtype inputs,
+// fp32 accumulation, model-dtype results): W_UK absorption, up-projection of
+// latent keys, W_UV projection of latent outputs, and LSE merging.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "cases/case.h"
+#include "cases/tensor.h"
+
+namespace mlagate {
+
+// Latent queries of the given tokens: q_lat[i, n, :] = q_nope[t_i, n, :] @ W_UK[:, n, :]^T.
+// q_lat: [n, N, L], q_pe: [n, N, R], model dtype.
+void absorb_queries(const Case& c, std::span<const int> tokens, Tensor& q_lat, Tensor& q_pe);
+
+// out[i, n*V + v] = o_lat[i, n, :] @ W_UV[:, n, v] written to rows rows[i] of out [T, N*V].
+void project_latent_output(const Case& c, const TensorView& o_lat, std::span<const int> rows, Tensor& out);
+
+// Up-projected keys and values of latent rows kv_c [s, L] with k_pe [s, R]:
+// k [s, N, P+R] = [kv_c @ W_UK[:, n, :], k_pe], v [s, N, V] = kv_c @ W_UV[:, n, :].
+void up_project_kv(const Case& c, const TensorView& kv_c, const TensorView& k_pe, Tensor& k, Tensor& v);
+
+// Running LSE merge of partial attention results in fp32 (vLLM's
+// merge_attn_states): acc_o [rows, N, V] / acc_lse [rows, N] absorb part.
+// Either side may be an empty row (lse = +-inf, weight 0) without NaN.
+void merge_states(std::vector<float>& acc_o, std::vector<float>& acc_lse, const TensorView& part_o,
+                  const TensorView& part_lse, std::int64_t rows, std::int64_t heads, std::int64_t dim);
+
+// Tensor rows [first, first+count) of a 2-D model-dtype tensor as a view.
+TensorView row_view(const Tensor& t, std::int64_t first, std::int64_t count);
+
+}  // namespace mlagate

@@ -1,0 +1,57 @@
+// Runs one op of one backend on one case: the layer op composed from the
+// backend's kernels as vLLM's MLAAttention does (MLA_SPEC section 6), or a
+// kernel-level decode / prefill op. Outputs come back in guarded buffers.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "cases/case.h"
+#include "cases/paged_cache.h"
+#include "harness/guarded.h"
+
+namespace mlagate {
+
+struct ExecOptions {
+  Poison poison = Poison::kNaN;     // outputs, workspaces and unused cache regions
+  bool poison_block_table = false;  // unused block-table entries = an invalid huge id
+  int prefill_chunk = 2048;         // context tokens per chunk of the MHA prefill path
+};
+
+// Which requests take the decode path: q_len <= reorder threshold, with
+// UNIFORM decodes sharing the first decode's q_len and SINGLE_ONLY decodes
+// having q_len 1; spec-decode batches raise the threshold to the longest
+// query for backends that are not SINGLE_ONLY (as the seed test does).
+struct Routing {
+  Support support;
+  std::vector<bool> is_decode;  // [B]
+};
+Routing route_requests(const Capabilities& caps, const CaseSpec& spec);
+
+struct ProducedOutput {
+  std::string name;  // "out", "lse", "o_lat", "o"
+  GuardedBuffer buf;
+  std::int64_t heads = 1, dim = 1;  // for locating elements
+  bool is_lse = false;
+};
+
+struct OpRun {
+  std::vector<ProducedOutput> outputs;
+  std::vector<std::string> paths;  // layer: per request
+  std::string guard_violation;     // first out-of-bounds write into a kernel output
+  double run_ms = 0;               // time inside the backend's kernels
+};
+
+// Layer op. base_cache: the case's cache for the backend's block size, built
+// with write_new_tokens = false (the backend's cache_write fills them).
+// Throws NotSupportedError when the routing needs a kernel the backend lacks.
+OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const ExecOptions& opt);
+// Kernel-level decode of every request on absorbed queries (q_lat [T,N,L], q_pe [T,N,R]).
+// cache: built with write_new_tokens = true.
+OpRun run_decode_op(Backend& b, const Case& c, const PagedCache& cache, const Tensor& q_lat, const Tensor& q_pe,
+                    const ExecOptions& opt);
+// Kernel-level prefill of every request over the up-projected keys (k [S,N,P+R], v [S,N,V]).
+OpRun run_prefill_op(Backend& b, const Case& c, const Tensor& k, const Tensor& v, const ExecOptions& opt);
+
+}  // namespace mlagate

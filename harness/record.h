@@ -1,0 +1,77 @@
+// One result: a case x backend x op, its status, metrics per output, the
+// smallest tolerance that would have passed, timings and a repro command.
+// Reports (JSON, JUnit, Markdown) are written from these alone.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mlagate {
+
+// MLA_SPEC section 8. Never report "not run" as a pass.
+enum class Status : std::uint8_t {
+  kPassed,
+  kIncorrect,     // wrong shape/dtype, guard band touched, or error beyond tolerance
+  kNonfinite,     // NaN/Inf where the reference has none (or the reverse)
+  kCrashed,       // the backend threw, aborted or faulted
+  kTimeout,
+  kNotSupported,  // with the backend's reason
+  kSkipped,       // e.g. no GPU
+  kInvalidCase,
+};
+std::string_view status_name(Status s);  // "PASSED", "INCORRECT", ...
+bool status_is_failure(Status s);        // INCORRECT, NONFINITE, CRASHED, TIMEOUT, INVALID_CASE
+
+inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Where an element sits, for messages: request, token within request, head, dim.
+struct Location {
+  std::int64_t flat = -1;
+  int request = -1, token = -1, head = -1, dim = -1;
+  std::string str() const;  // "request 2, token 3, head 17, dim 100"
+};
+
+// Metrics of one output against the fp64 golden (MLA_SPEC 8.4).
+struct Metrics {
+  std::string output;           // "out", "lse", "o_lat"
+  std::int64_t numel = 0;
+  double max_abs = kNaN;
+  double max_rel = kNaN;        // |x-y| / max(|y|, rel_floor)
+  double rel_floor = 0;
+  double mean_abs = kNaN;
+  double nmse = kNaN;           // sum (x-y)^2 / sum y^2
+  double cos_diff = kNaN;       // 1 - 2 sum xy / sum (x^2 + y^2)
+  double max_ulp = kNaN;        // in the output dtype
+  double ref_norm = kNaN, out_norm = kNaN;  // L2 norms over finite elements
+  Location worst;               // of max_abs
+  std::int64_t nonfinite_mismatches = 0;
+  Location first_nonfinite;
+  // Smallest tolerances that would have passed this output.
+  double min_atol = kNaN;       // with rtol = the policy's rtol (fixed/vllm policies)
+  double min_fudge = kNaN;      // baseline policy (when it exists)
+  bool passed = false;
+  std::string message;          // why it failed, empty when it passed
+};
+
+struct Timings {
+  double generate_ms = 0, golden_ms = 0, cache_ms = 0, run_ms = 0, compare_ms = 0;
+};
+
+struct Record {
+  std::string case_id;
+  std::string backend;
+  std::string op;           // "layer", "decode", "prefill"
+  Status status = Status::kSkipped;
+  std::string message;      // reason / first failure, one line
+  std::string policy;       // tolerance policy name and parameters
+  int block_size = 0;       // the block size actually used (0 when not run)
+  std::vector<std::string> paths;  // layer: "decode" | "prefill" per request
+  std::vector<Metrics> metrics;
+  Timings timings;
+  std::string repro;        // one-line command that reruns exactly this record
+};
+
+}  // namespace mlagate

@@ -1,0 +1,211 @@
+// The JUnit XML report, for CI test views (GitHub, GitLab, Jenkins): backends are suites,
+// records are test cases, and the status picks <failure>, <error> or <skipped>.
+#include <sstream>
+#include <unordered_map>
+
+#include "reports/report.h"
+#include "reports/text.h"
+
+namespace mlagate {
+namespace {
+
+// XML 1.0 cannot hold most control characters even as character references, nor invalid
+// UTF-8: printable_text() writes those bytes as "\xNN" before the markup is escaped.
+std::string xml_text(std::string_view s) {
+  std::string out;
+  for (char c : detail::printable_text(s)) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '\r': out += "&#13;"; break;  // a raw CR would be normalized away by parsers
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+// Attribute values also need quotes escaped, and whitespace as references because parsers
+// turn raw tabs and newlines in attributes into spaces.
+std::string xml_attr(std::string_view s) {
+  std::string out;
+  for (char c : detail::printable_text(s)) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&apos;"; break;
+      case '\t': out += "&#9;"; break;
+      case '\n': out += "&#10;"; break;
+      case '\r': out += "&#13;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+// JUnit times are seconds; microsecond resolution keeps fast kernels from showing 0.
+std::string seconds(double ms) { return detail::format_fixed(ms / 1000.0, 6); }
+
+enum class Outcome { kPass, kFailure, kError, kSkipped };
+
+// JUnit separates a wrong answer (failure) from a test that could not produce one (error).
+Outcome outcome(Status s) {
+  switch (s) {
+    case Status::kPassed: return Outcome::kPass;
+    case Status::kIncorrect:
+    case Status::kNonfinite: return Outcome::kFailure;
+    case Status::kCrashed:
+    case Status::kTimeout:
+    case Status::kInvalidCase: return Outcome::kError;
+    case Status::kNotSupported:
+    case Status::kSkipped: return Outcome::kSkipped;
+  }
+  return Outcome::kError;  // an out-of-range value is a bug upstream: never a pass
+}
+
+struct SuiteCounts {
+  std::int64_t tests = 0, failures = 0, errors = 0, skipped = 0;
+  double run_ms = 0;
+
+  void add(const Record& r) {
+    ++tests;
+    switch (outcome(r.status)) {
+      case Outcome::kPass: break;
+      case Outcome::kFailure: ++failures; break;
+      case Outcome::kError: ++errors; break;
+      case Outcome::kSkipped: ++skipped; break;
+    }
+    run_ms += r.timings.run_ms;
+  }
+};
+
+void write_counts(std::ostream& os, const SuiteCounts& c) {
+  os << " tests=\"" << c.tests << "\" failures=\"" << c.failures << "\" errors=\"" << c.errors
+     << "\" skipped=\"" << c.skipped << "\"";
+}
+
+void write_property(std::ostream& os, std::string_view indent, std::string_view name,
+                    std::string_view value) {
+  os << indent << "<property name=\"" << xml_attr(name) << "\" value=\"" << xml_attr(value)
+     << "\"/>\n";
+}
+
+// Multi-line detail of one output, for the body of a <failure>.
+std::string describe(const Metrics& m) {
+  std::ostringstream os;
+  os << (m.output.empty() ? "output" : m.output) << " (numel " << m.numel << "): "
+     << (m.passed ? "passed" : "FAILED");
+  if (!m.message.empty()) os << ": " << m.message;
+  os << "\n  max_abs=" << detail::format_g(m.max_abs);
+  if (m.worst.flat >= 0) os << " at " << m.worst.str();
+  os << "\n  max_rel=" << detail::format_g(m.max_rel)
+     << " (rel_floor=" << detail::format_g(m.rel_floor) << ")"
+     << " mean_abs=" << detail::format_g(m.mean_abs) << " nmse=" << detail::format_g(m.nmse)
+     << " cos_diff=" << detail::format_g(m.cos_diff) << " max_ulp=" << detail::format_g(m.max_ulp)
+     << "\n  ref_norm=" << detail::format_g(m.ref_norm)
+     << " out_norm=" << detail::format_g(m.out_norm)
+     << "\n  min_atol=" << detail::format_g(m.min_atol)
+     << " min_fudge=" << detail::format_g(m.min_fudge);
+  if (m.nonfinite_mismatches > 0) {
+    os << "\n  nonfinite_mismatches=" << m.nonfinite_mismatches;
+    if (m.first_nonfinite.flat >= 0) os << ", first at " << m.first_nonfinite.str();
+  }
+  os << '\n';
+  return os.str();
+}
+
+std::string body(const Record& r, bool with_metrics) {
+  std::string out = std::string(status_name(r.status)) + ": " + r.message + '\n';
+  if (with_metrics) {
+    for (const Metrics& m : r.metrics) out += describe(m);
+  }
+  if (!r.repro.empty()) out += "repro: " + r.repro + '\n';
+  return out;
+}
+
+void write_testcase(std::ostream& os, const Record& r) {
+  os << "    <testcase classname=\"" << xml_attr(r.backend + "." + r.op) << "\" name=\""
+     << xml_attr(r.case_id) << "\" time=\"" << seconds(r.timings.run_ms) << "\">\n";
+
+  constexpr std::string_view kIndent = "        ";
+  os << "      <properties>\n";
+  write_property(os, kIndent, "backend", r.backend);
+  write_property(os, kIndent, "op", r.op);
+  write_property(os, kIndent, "block_size", std::to_string(r.block_size));
+  write_property(os, kIndent, "policy", r.policy);
+  // One set per output ("out.max_abs", "lse.max_abs"): outputs have different scales.
+  for (const Metrics& m : r.metrics) {
+    const std::string prefix = m.output.empty() ? "" : m.output + ".";
+    write_property(os, kIndent, prefix + "max_abs", detail::format_g(m.max_abs));
+    write_property(os, kIndent, prefix + "min_atol", detail::format_g(m.min_atol));
+    write_property(os, kIndent, prefix + "min_fudge", detail::format_g(m.min_fudge));
+  }
+  write_property(os, kIndent, "repro", r.repro);
+  os << "      </properties>\n";
+
+  const std::string type = std::string(status_name(r.status));
+  switch (outcome(r.status)) {
+    case Outcome::kPass: break;
+    case Outcome::kFailure:
+      os << "      <failure message=\"" << xml_attr(r.message) << "\" type=\"" << type << "\">"
+         << xml_text(body(r, true)) << "</failure>\n";
+      break;
+    case Outcome::kError:
+      os << "      <error message=\"" << xml_attr(r.message) << "\" type=\"" << type << "\">"
+         << xml_text(body(r, !r.metrics.empty())) << "</error>\n";
+      break;
+    case Outcome::kSkipped:
+      os << "      <skipped message=\"" << xml_attr(type + ": " + r.message) << "\"/>\n";
+      break;
+  }
+  os << "    </testcase>\n";
+}
+
+}  // namespace
+
+void write_junit(std::ostream& os, const RunInfo& run, std::span<const Record> records) {
+  // Backends in order of first appearance, each with its records in run order.
+  std::vector<std::string> backends;
+  std::unordered_map<std::string, std::vector<const Record*>> by_backend;
+  SuiteCounts all;
+  for (const Record& r : records) {
+    auto [it, inserted] = by_backend.try_emplace(r.backend);
+    if (inserted) backends.push_back(r.backend);
+    it->second.push_back(&r);
+    all.add(r);
+  }
+
+  os << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  os << "<testsuites name=\"mlagate\"";
+  write_counts(os, all);
+  os << " time=\"" << detail::format_fixed(run.wall_seconds, 6) << "\">\n";
+  for (const std::string& backend : backends) {
+    const std::vector<const Record*>& cases = by_backend.at(backend);
+    SuiteCounts counts;
+    for (const Record* r : cases) counts.add(*r);
+
+    os << "  <testsuite name=\"" << xml_attr(backend) << "\"";
+    write_counts(os, counts);
+    os << " time=\"" << seconds(counts.run_ms) << "\"";
+    if (!run.started_at.empty()) os << " timestamp=\"" << xml_attr(run.started_at) << "\"";
+    os << ">\n";
+
+    constexpr std::string_view kIndent = "      ";
+    os << "    <properties>\n";
+    write_property(os, kIndent, "tool_version", run.tool_version);
+    write_property(os, kIndent, "git_commit", run.git_commit);
+    write_property(os, kIndent, "command_line", run.command_line);
+    write_property(os, kIndent, "suite", run.suite);
+    write_property(os, kIndent, "policy", run.policy);
+    write_property(os, kIndent, "generator_version", std::to_string(run.generator_version));
+    os << "    </properties>\n";
+
+    for (const Record* r : cases) write_testcase(os, *r);
+    os << "  </testsuite>\n";
+  }
+  os << "</testsuites>\n";
+}
+
+}  // namespace mlagate

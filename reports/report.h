@@ -1,0 +1,87 @@
+// Report writers: a run's Records rendered as JSON (the full record), JUnit XML
+// (for CI test views), Markdown (a CI job summary) and a console table.
+// Every writer is deterministic: the only times in the output come from RunInfo and Timings.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <ostream>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "harness/record.h"
+
+namespace mlagate {
+
+struct RunInfo {
+  std::string tool_version, git_commit;  // from the generated config header
+  std::string command_line;              // the mlagate invocation
+  std::string suite, policy;             // suite name(s), policy description
+  std::string started_at;                // ISO 8601 UTC
+  double wall_seconds = 0;
+  int generator_version = 0;
+};
+
+// Every Status in enum order, so that counts can be indexed by the enum value.
+// record.h holds no such list; the static_assert catches a status appended to the enum.
+inline constexpr std::array kAllStatuses = {
+    Status::kPassed,  Status::kIncorrect,    Status::kNonfinite, Status::kCrashed,
+    Status::kTimeout, Status::kNotSupported, Status::kSkipped,   Status::kInvalidCase,
+};
+static_assert(static_cast<std::size_t>(Status::kInvalidCase) + 1 == kAllStatuses.size());
+
+struct StatusCounts {
+  std::array<std::int64_t, kAllStatuses.size()> by_status{};  // indexed by the Status value
+  std::int64_t total = 0;
+  std::int64_t failures = 0;  // records whose status_is_failure()
+
+  std::int64_t operator[](Status s) const { return by_status[static_cast<std::size_t>(s)]; }
+  void add(Status s);
+};
+
+// Counts and the sum of every timing phase for one backend, in milliseconds.
+struct BackendSummary {
+  std::string backend;
+  StatusCounts counts;
+  double total_ms = 0;
+};
+
+StatusCounts count_statuses(std::span<const Record> records);
+
+// One entry per backend, in the order backends first appear in `records`
+// (the runner's order, which follows the registry).
+std::vector<BackendSummary> summarize_by_backend(std::span<const Record> records);
+
+// "FAIL" when any record failed, "PASS" when none failed and at least one passed,
+// "NOTHING RAN" when every record was skipped or unsupported: never report "not run" as a pass.
+std::string_view overall_verdict(const StatusCounts& counts);
+
+// {"schema": "mlagate.report", "schema_version": 1, "run", "summary", "records"}: every field
+// of every Record. Pretty-printed with 2-space indentation; invalid UTF-8 becomes U+FFFD.
+void write_json(std::ostream& os, const RunInfo& run, std::span<const Record> records);
+
+// <testsuites> with one <testsuite> per backend and one <testcase> per record:
+// INCORRECT/NONFINITE -> <failure>, CRASHED/TIMEOUT/INVALID_CASE -> <error>,
+// NOT_SUPPORTED/SKIPPED -> <skipped>. Testcase time is the run phase only.
+void write_junit(std::ostream& os, const RunInfo& run, std::span<const Record> records);
+
+// A GitHub-flavoured Markdown job summary: verdict, run info, backend x status counts, and at
+// most kMarkdownMaxFailureRows failures. Stays well under 1 MiB for any number of records.
+inline constexpr std::size_t kMarkdownMaxFailureRows = 200;
+void write_markdown(std::ostream& os, const RunInfo& run, std::span<const Record> records);
+
+// Console table, one row per backend plus a TOTAL row; "time" sums every phase.
+std::string summary_table(std::span<const Record> records);
+
+// Writes `path` atomically: `writer` fills a temporary file in the same directory, which is
+// flushed to disk and renamed over `path`, so readers see the old file or the whole new one.
+// Throws std::runtime_error (with the path and errno text) on failure, leaving no temp file;
+// an exception from `writer` propagates after the temp file is removed.
+void write_report_file(const std::string& path,
+                       const std::function<void(std::ostream&)>& writer);
+
+}  // namespace mlagate

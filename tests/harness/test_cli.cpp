@@ -1,0 +1,120 @@
+// The CLI edge: exit codes (0 pass, 1 verdict failed, 2 usage/input error) and
+// the report files, driven through cli_main as a user would.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <pugixml.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "harness/cli.h"
+
+namespace mlagate {
+namespace {
+
+namespace fs = std::filesystem;
+
+int cli(std::initializer_list<std::string> args) {
+  std::vector<std::string> store{"mlagate"};
+  store.insert(store.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : store) argv.push_back(s.data());
+  return cli_main(static_cast<int>(argv.size()), argv.data());
+}
+
+fs::path temp_dir() {
+  const fs::path d = fs::temp_directory_path() / ("mlagate_cli_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+
+void write(const fs::path& p, const std::string& text) { std::ofstream(p) << text; }
+
+TEST(Cli, PassingRunExitsZeroAndWritesReports) {
+  const fs::path d = temp_dir();
+  const int rc = cli({"run", "--suite", "smoke", "--spec", "small_decode,mixed_small", "--backend", "cpu.*", "--json",
+                      (d / "r.json").string(), "--junit", (d / "r.xml").string(), "--markdown", (d / "r.md").string(),
+                      "--no-progress"});
+  EXPECT_EQ(rc, kExitPassed);
+  std::ifstream js(d / "r.json");
+  const auto j = nlohmann::json::parse(js);
+  // smoke has small_decode once and mixed_small twice (bf16 tp16, fp16 tp8), on 2 backends.
+  EXPECT_EQ(j["records"].size(), 6u);
+  for (const auto& r : j["records"]) EXPECT_EQ(r["status"], "PASSED");
+  pugi::xml_document doc;
+  ASSERT_TRUE(doc.load_file((d / "r.xml").c_str()));
+  EXPECT_EQ(doc.select_nodes("//testcase").size(), 6u);
+  EXPECT_EQ(doc.select_nodes("//failure").size(), 0u);
+  EXPECT_TRUE(fs::file_size(d / "r.md") > 0);
+}
+
+TEST(Cli, FailingVerdictExitsOneWithReproInJunit) {
+  const fs::path d = temp_dir();
+  // A zero tolerance fails any bf16 backend: a verdict failure, not an error.
+  const int rc = cli({"run", "--spec", "small_decode", "--tp", "16", "--backend", "cpu.paged", "--policy", "fixed",
+                      "--atol", "0", "--rtol", "0", "--junit", (d / "f.xml").string(), "--no-progress"});
+  EXPECT_EQ(rc, kExitFailed);
+  pugi::xml_document doc;
+  ASSERT_TRUE(doc.load_file((d / "f.xml").c_str()));
+  const auto failure = doc.select_node("//failure").node();
+  ASSERT_TRUE(failure);
+  EXPECT_NE(std::string(failure.child_value()).find("mlagate run --spec small_decode --tp 16"), std::string::npos);
+}
+
+TEST(Cli, ReproCommandRerunsExactlyThatRecord) {
+  const fs::path d = temp_dir();
+  EXPECT_EQ(cli({"run", "--suite", "edges", "--filter", "edge_padding/tp16/bf16/kv=auto/bs=64", "--backend",
+                 "cpu.splitkv", "--policy", "fixed", "--atol", "0", "--rtol", "0", "--json", (d / "a.json").string(),
+                 "--no-progress"}),
+            kExitFailed);
+  std::ifstream js(d / "a.json");
+  const auto j = nlohmann::json::parse(js);
+  ASSERT_EQ(j["records"].size(), 1u);
+  const std::string repro = j["records"][0]["repro"];
+  EXPECT_NE(repro.find("--filter '^edges\\/edge_padding\\/tp16\\/bf16\\/kv=auto\\/bs=64\\/seed=0$'"), std::string::npos)
+      << repro;
+}
+
+TEST(Cli, UsageAndInputErrorsExitTwo) {
+  const fs::path d = temp_dir();
+  EXPECT_EQ(cli({"run", "--suite", "no_such_suite"}), kExitUsage);
+  EXPECT_EQ(cli({"run", "--suite", "smoke", "--backend", "gpu.nothing"}), kExitUsage);
+  EXPECT_EQ(cli({"run", "--suite", "smoke", "--filter", "(unclosed"}), kExitUsage);
+  EXPECT_EQ(cli({"run", "--suite", "smoke", "--filter", "matches-nothing"}), kExitUsage);
+  EXPECT_EQ(cli({"run", "--spec", "small_decode", "--tp", "3"}), kExitUsage);  // 128 heads not divisible by 3
+  EXPECT_EQ(cli({"run", "--spec", "small_decode", "--block-size", "sixteen"}), kExitUsage);
+  EXPECT_EQ(cli({"run", "--policy", "lenient"}), kExitUsage);
+  EXPECT_EQ(cli({"run", "--no-such-flag"}), kExitUsage);
+  EXPECT_EQ(cli({}), kExitUsage);
+  write(d / "bad.yaml", "name: bad\ngroups:\n  - specs: [small_decode]\n    tp: [abc]\n");
+  EXPECT_EQ(cli({"run", "--suite", (d / "bad.yaml").string()}), kExitUsage);
+  write(d / "broken.yaml", "name: broken\ngroups: [ {specs: [small_decode]\n");
+  EXPECT_EQ(cli({"run", "--suite", (d / "broken.yaml").string()}), kExitUsage);
+  // A report path in a missing directory: an input error, and nothing is left behind.
+  EXPECT_EQ(cli({"run", "--spec", "small_decode", "--tp", "16", "--backend", "cpu.paged", "--json",
+                 (d / "missing" / "r.json").string(), "--no-progress"}),
+            kExitUsage);
+  EXPECT_FALSE(fs::exists(d / "missing"));
+}
+
+TEST(Cli, CustomSuiteFileWithItsOwnSpec) {
+  const fs::path d = temp_dir();
+  write(d / "mine.yaml",
+        "name: mine\nspecs:\n  tiny: {seq_lens: [5, 9], query_lens: [2, 1]}\ngroups:\n  - specs: [tiny]\n    tp: [32]\n");
+  EXPECT_EQ(cli({"run", "--suite", (d / "mine.yaml").string(), "--backend", "cpu.*", "--no-progress"}), kExitPassed);
+}
+
+TEST(Cli, ListingsSucceed) {
+  EXPECT_EQ(cli({"list", "suites"}), kExitPassed);
+  EXPECT_EQ(cli({"list", "specs"}), kExitPassed);
+  EXPECT_EQ(cli({"list", "backends"}), kExitPassed);
+  EXPECT_EQ(cli({"list", "cases", "--suite", "vllm", "--filter", "tp8"}), kExitPassed);
+  EXPECT_EQ(cli({"list", "matrix", "--spec", "spec_decode_small", "--block-size", "8,16"}), kExitPassed);
+  EXPECT_EQ(cli({"list", "everything"}), kExitUsage);
+}
+
+}  // namespace
+}  // namespace mlagate

@@ -1,0 +1,135 @@
+// compare_output: each rule of MLA_SPEC section 8 in isolation, on hand-made
+// outputs, so a regression in one rule cannot hide behind another.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "harness/compare.h"
+#include "harness/guarded.h"
+
+namespace mlagate {
+namespace {
+
+struct Fixture {
+  std::vector<std::int32_t> qsl{0, 1, 3};  // request 0: 1 token, request 1: 2 tokens
+  std::vector<double> golden;
+  Tensor got;
+  OutputCheck check;
+  Fixture() : got(DType::kBF16, {3, 2, 4}) {
+    golden.resize(24);
+    for (int i = 0; i < 24; ++i) {
+      golden[i] = 0.25 * (i % 7) - 0.5;
+      got.set(i, golden[i]);  // exactly representable in bf16
+    }
+    check.name = "out";
+    check.got = got.view();
+    check.expected_shape = {3, 2, 4};
+    check.expected_dtype = DType::kBF16;
+    check.golden = &golden;
+    check.layout = Layout{qsl, 2, 4};
+  }
+};
+
+TEST(Compare, ExactOutputPassesWithZeroError) {
+  Fixture f;
+  Metrics m;
+  EXPECT_EQ(compare_output(f.check, make_policy("fixed", 0, 0), m), Status::kPassed);
+  EXPECT_EQ(m.max_abs, 0);
+  EXPECT_EQ(m.min_atol, 0);
+  EXPECT_EQ(m.nmse, 0);
+  EXPECT_NEAR(m.cos_diff, 0, 1e-15);
+}
+
+TEST(Compare, ShapeIsCheckedBeforeValues) {
+  Fixture f;
+  f.check.got.shape = {2, 3, 4};  // same element count, wrong axes
+  Metrics m;
+  EXPECT_EQ(compare_output(f.check, make_policy("vllm", 0, 0), m), Status::kIncorrect);
+  EXPECT_NE(m.message.find("produced [2, 3, 4]"), std::string::npos) << m.message;
+}
+
+TEST(Compare, NanIsLocatedByRequestTokenHeadDim) {
+  Fixture f;
+  f.got.set(1 * 8 + 1 * 4 + 2, std::nan(""));  // token 1 = request 1 token 0, head 1, dim 2
+  Metrics m;
+  EXPECT_EQ(compare_output(f.check, make_policy("vllm", 0, 0), m), Status::kNonfinite);
+  EXPECT_EQ(m.nonfinite_mismatches, 1);
+  EXPECT_EQ(m.first_nonfinite.request, 1);
+  EXPECT_EQ(m.first_nonfinite.token, 0);
+  EXPECT_EQ(m.first_nonfinite.head, 1);
+  EXPECT_EQ(m.first_nonfinite.dim, 2);
+  EXPECT_NE(m.message.find("NaN"), std::string::npos);
+}
+
+TEST(Compare, EmptyRowLseMayBeEitherInfinity) {
+  std::vector<std::int32_t> qsl{0, 2};
+  std::vector<double> golden{1.5, -std::numeric_limits<double>::infinity()};
+  Tensor got(DType::kF32, {2, 1});
+  got.set(0, 1.5);
+  got.set(1, std::numeric_limits<double>::infinity());  // FlashMLA's convention
+  OutputCheck c{"lse", got.view(), {2, 1}, DType::kF32, &golden, Layout{qsl, 1, 1}, true};
+  Metrics m;
+  EXPECT_EQ(compare_output(c, make_policy("fixed", 1e-6, 0), m), Status::kPassed);
+  EXPECT_NE(m.message.find("+inf"), std::string::npos);
+  got.set(1, std::nan(""));
+  EXPECT_EQ(compare_output(c, make_policy("fixed", 1e-6, 0), m), Status::kNonfinite);
+  // A finite value where the reference row is empty is a mismatch too.
+  got.set(1, 0.0);
+  EXPECT_EQ(compare_output(c, make_policy("fixed", 1e-6, 0), m), Status::kNonfinite);
+}
+
+TEST(Compare, ToleranceAndSmallestPassingAtol) {
+  Fixture f;
+  f.got.set(5, f.golden[5] + 0.125);  // |ref| = 0.75 at index 5
+  Metrics m;
+  const Policy p = make_policy("fixed", 0.1, 0.01);
+  EXPECT_EQ(compare_output(f.check, p, m), Status::kIncorrect);
+  EXPECT_DOUBLE_EQ(m.max_abs, 0.125);
+  EXPECT_DOUBLE_EQ(m.min_atol, 0.125 - 0.01 * std::fabs(f.golden[5]));
+  EXPECT_EQ(m.worst.flat, 5);
+  // The smallest passing atol does pass.
+  EXPECT_EQ(compare_output(f.check, make_policy("fixed", m.min_atol, 0.01), m), Status::kPassed);
+}
+
+TEST(Compare, VllmPolicyGatesOnlyTheOutput) {
+  Fixture f;
+  f.check.name = "lse";
+  f.got.set(0, 100.0);
+  Metrics m;
+  EXPECT_EQ(compare_output(f.check, make_policy("vllm", 0, 0), m), Status::kPassed);
+  EXPECT_GT(m.max_abs, 50);  // measured, not gated
+  EXPECT_EQ(compare_output(f.check, make_policy("fixed", 0.5, 0.01), m), Status::kIncorrect);
+}
+
+TEST(Compare, AllZeroOutputCannotPass) {
+  Fixture f;
+  for (int i = 0; i < 24; ++i) {
+    f.golden[i] = 1e-3;
+    f.got.set(i, 0.0);
+  }
+  Metrics m;
+  EXPECT_EQ(compare_output(f.check, make_policy("vllm", 0, 0), m), Status::kIncorrect);
+  EXPECT_NE(m.message.find("zero norm"), std::string::npos);
+}
+
+TEST(Compare, UlpOfBf16) {
+  EXPECT_DOUBLE_EQ(ulp_of(1.0, DType::kBF16), 1.0 / 128);
+  EXPECT_DOUBLE_EQ(ulp_of(3.0, DType::kBF16), 2.0 / 128);
+  EXPECT_DOUBLE_EQ(ulp_of(1.0, DType::kF16), 1.0 / 1024);
+  EXPECT_DOUBLE_EQ(ulp_of(0.0, DType::kF16), std::ldexp(1.0, -24));
+}
+
+TEST(Guarded, DetectsWritesPastEitherEnd) {
+  GuardedBuffer b(DType::kF32, {4}, Poison::kNaN);
+  EXPECT_TRUE(std::isnan(b.view().get(3)));
+  EXPECT_EQ(b.check_guards("x"), "");
+  static_cast<float*>(b.view().data)[4] = 1.f;  // one element past the end
+  EXPECT_NE(b.check_guards("x").find("past the end of x"), std::string::npos);
+  GuardedBuffer c(DType::kBF16, {4}, Poison::kZero);
+  static_cast<std::uint16_t*>(c.view().data)[-1] = 0;
+  EXPECT_NE(c.check_guards("y").find("before y"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mlagate

@@ -1,0 +1,158 @@
+// Layer routing (decode vs prefill, as vLLM's QueryLenSupport rules) and the
+// runner's handling of misbehaving backends: out-of-bounds writes, exceptions,
+// missing kernels.
+#include <gtest/gtest.h>
+
+#include "backends/cpu/cpu_backends.h"
+#include "cases/errors.h"
+#include "cases/suite.h"
+#include "harness/layer.h"
+#include "harness/runner.h"
+
+namespace mlagate {
+namespace {
+
+CaseSpec spec_of(const std::string& batch, int tp = 16) {
+  CaseSpec s;
+  s.batch = find_batch_spec(batch);
+  s.tp = tp;
+  return s;
+}
+
+Capabilities caps(QueryLenSupport q, int threshold, bool prefill = true) {
+  Capabilities c;
+  c.ops = {Op::kDecode};
+  if (prefill) c.ops.push_back(Op::kPrefill);
+  c.block_sizes = {16};
+  c.query_len_support = q;
+  c.reorder_threshold = threshold;
+  c.dtypes = {DType::kBF16};
+  c.kv_dtypes = {KvCacheDtype::kAuto};
+  return c;
+}
+
+TEST(Routing, MixedBatchSplitsByThreshold) {
+  const Routing r = route_requests(caps(QueryLenSupport::kSingleOnly, 1), spec_of("mixed_small"));
+  ASSERT_TRUE(r.support.ok);
+  EXPECT_EQ(r.is_decode, (std::vector<bool>{true, true, false, false}));
+}
+
+TEST(Routing, UniformDecodesShareTheFirstQueryLength) {
+  // q = 3, 1, 4, 2 with threshold 4: UNIFORM keeps only q == 3 as decodes.
+  CaseSpec s = spec_of("edge_spec_nonuniform");
+  s.batch.spec_decode = false;
+  const Routing r = route_requests(caps(QueryLenSupport::kUniform, 4), s);
+  EXPECT_EQ(r.is_decode, (std::vector<bool>{true, false, false, false}));
+  const Routing v = route_requests(caps(QueryLenSupport::kVarlen, 4), s);
+  EXPECT_EQ(v.is_decode, (std::vector<bool>{true, true, true, true}));
+}
+
+TEST(Routing, SpecDecodeRaisesThresholdAndRejectsSingleOnly) {
+  const Routing r = route_requests(caps(QueryLenSupport::kUniform, 1), spec_of("spec_decode_small"));
+  EXPECT_EQ(r.is_decode, (std::vector<bool>{true, true, true, true}));
+  const Routing s = route_requests(caps(QueryLenSupport::kSingleOnly, 1), spec_of("spec_decode_small"));
+  EXPECT_FALSE(s.support.ok);
+  EXPECT_NE(s.support.reason.find("SINGLE_ONLY"), std::string::npos);
+}
+
+TEST(Routing, PrefillWithoutPrefillKernelIsNotSupported) {
+  const Routing r = route_requests(caps(QueryLenSupport::kVarlen, 1, false), spec_of("small_prefill"));
+  EXPECT_FALSE(r.support.ok);
+  EXPECT_NE(r.support.reason.find("no prefill kernel"), std::string::npos);
+}
+
+// Wraps cpu.paged and breaks it in one controlled way.
+class Misbehaving : public Backend {
+ public:
+  enum class Mode { kOutOfBounds, kThrow, kStaleRow };
+  explicit Misbehaving(Mode m) : mode_(m), inner_(make_cpu_paged()) {}
+  std::string_view name() const override { return "test.misbehaving"; }
+  std::string_view description() const override { return "test backend"; }
+  Capabilities capabilities() const override { return inner_->capabilities(); }
+  void decode(const DecodeArgs& a) override {
+    if (mode_ == Mode::kThrow) throw std::runtime_error("kernel launch failed: invalid argument");
+    inner_->decode(a);
+    if (mode_ == Mode::kOutOfBounds) static_cast<std::uint16_t*>(a.o_lat.data)[a.o_lat.numel()] = 0x3F80;
+    // Forget the last token's output: it keeps the poison a fresh buffer holds.
+    if (mode_ == Mode::kStaleRow) {
+      const std::int64_t row = a.o_lat.numel() / a.o_lat.shape[0];
+      poison_row(a.o_lat, a.o_lat.shape[0] - 1, row);
+    }
+  }
+  void prefill(const PrefillArgs& a) override { inner_->prefill(a); }
+
+ private:
+  static void poison_row(const TensorView& v, std::int64_t r, std::int64_t row) {
+    for (std::int64_t i = 0; i < row; ++i) static_cast<std::uint16_t*>(v.data)[r * row + i] = 0x7FC0;
+  }
+  Mode mode_;
+  std::unique_ptr<Backend> inner_;
+};
+
+std::vector<Record> run_with(std::unique_ptr<Backend> b, const std::string& batch) {
+  std::vector<std::unique_ptr<Backend>> bs;
+  bs.push_back(std::move(b));
+  RunConfig cfg;
+  cfg.cases = {spec_of(batch)};
+  return run_cases(cfg, bs);
+}
+
+TEST(Runner, OutOfBoundsWriteIsIncorrect) {
+  const auto recs = run_with(std::make_unique<Misbehaving>(Misbehaving::Mode::kOutOfBounds), "small_decode");
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_EQ(recs[0].status, Status::kIncorrect);
+  EXPECT_NE(recs[0].message.find("out-of-bounds write"), std::string::npos) << recs[0].message;
+}
+
+TEST(Runner, ThrowingBackendIsCrashedWithItsMessage) {
+  const auto recs = run_with(std::make_unique<Misbehaving>(Misbehaving::Mode::kThrow), "small_decode");
+  EXPECT_EQ(recs[0].status, Status::kCrashed);
+  EXPECT_NE(recs[0].message.find("kernel launch failed"), std::string::npos);
+}
+
+TEST(Runner, UnwrittenOutputShowsAsNonfinite) {
+  const auto recs = run_with(std::make_unique<Misbehaving>(Misbehaving::Mode::kStaleRow), "small_decode");
+  EXPECT_EQ(recs[0].status, Status::kNonfinite);
+  EXPECT_NE(recs[0].message.find("request 1"), std::string::npos) << recs[0].message;
+}
+
+TEST(Runner, RecordsThePathOfEachRequest) {
+  const auto recs = run_with(make_cpu_paged(), "mixed_small");
+  ASSERT_EQ(recs[0].status, Status::kPassed) << recs[0].message;
+  EXPECT_EQ(recs[0].paths, (std::vector<std::string>{"decode", "decode", "prefill", "prefill"}));
+  EXPECT_EQ(recs[0].block_size, 16);
+}
+
+TEST(Runner, ChunkedPrefillMatchesUnchunked) {
+  // Chunks of 7 context tokens force several LSE merges; the result must stay
+  // within bf16 noise of the golden.
+  std::vector<std::unique_ptr<Backend>> bs;
+  bs.push_back(make_cpu_paged());
+  RunConfig cfg;
+  cfg.cases = {spec_of("small_prefill")};
+  cfg.policy = make_policy("fixed", 2e-2, 2e-2);
+  cfg.exec.prefill_chunk = 7;
+  const auto recs = run_cases(cfg, bs);
+  EXPECT_EQ(recs[0].status, Status::kPassed) << recs[0].message;
+}
+
+TEST(Runner, KernelLevelOpsPass) {
+  std::vector<std::unique_ptr<Backend>> bs;
+  bs.push_back(make_cpu_paged());
+  bs.push_back(make_cpu_splitkv());
+  RunConfig cfg;
+  cfg.cases = {spec_of("spec_decode_small"), spec_of("edge_padding")};
+  cfg.ops = {Op::kDecode, Op::kPrefill};
+  cfg.policy = make_policy("fixed", 2e-2, 2e-2);
+  for (const Record& r : run_cases(cfg, bs)) {
+    SCOPED_TRACE(r.case_id + " " + r.backend + " " + r.op);
+    if (r.backend == "cpu.splitkv" && r.op == "prefill") {
+      EXPECT_EQ(r.status, Status::kNotSupported);
+    } else {
+      EXPECT_EQ(r.status, Status::kPassed) << r.message;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mlagate
