@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One-step set-up for a fresh Debian 12 machine: installs the missing packages
+# (apt), configures and builds the `cpu` preset, then either runs the default
+# suite on every available backend (`run`) or runs every test (`test`).
+# Usage: scripts/bootstrap.sh run|test [extra mlagate run arguments]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+mode="${1:-}"
+case "$mode" in
+  run|test) shift ;;
+  *) echo "usage: scripts/bootstrap.sh run|test [mlagate run arguments]" >&2; exit 2 ;;
+esac
+
+# Debian 12 packages the build needs; the list lives here and in the README.
+packages=(build-essential cmake ninja-build git libeigen3-dev libcli11-dev nlohmann-json3-dev
+          libyaml-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libpugixml-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "bootstrap: installing ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+cmake --preset cpu
+cmake --build --preset cpu -j"$(nproc)"
+
+if [ "$mode" = run ]; then
+  exec build/cpu/harness/mlagate run "$@"
+else
+  exec ctest --preset cpu "$@"
+fi
