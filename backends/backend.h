@@ -69,6 +69,8 @@ struct PrefillArgs {
   TensorView lse;  // out [T, N] float32
 };
 
+// One instance runs one call at a time (the runner is sequential); backends
+// may keep workspaces between calls.
 class Backend {
  public:
   virtual ~Backend() = default;

@@ -121,6 +121,7 @@ void gather_keys(const DecodeArgs& a, const KernelFaults& faults, GatheredKeys& 
   if (a.block_table_rows.size() != b) bad_arg("block_table_rows must have B entries");
   if (a.query_start_loc[0] != 0 || a.query_start_loc[b] != t) bad_arg("query_start_loc must run from 0 to T");
   const int bs = cache.block_size;
+  if (bs < 1) bad_arg("cache block size " + std::to_string(bs));
   const std::int64_t table_rows = cache.block_table.dim(0);
   const std::int64_t width = cache.block_table.dim(1);
   const std::int32_t* table = cache.block_table.data<std::int32_t>();
