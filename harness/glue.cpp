@@ -17,11 +17,21 @@ using Stride = Eigen::OuterStride<>;
 
 // Rounds fp32 to the 16-bit model dtype (hot loops avoid TensorView::set).
 using Round16 = std::uint16_t (*)(float);
+using Load16 = float (*)(std::uint16_t);
 Round16 rounder(DType d) { return d == DType::kBF16 ? f32_to_bf16 : f32_to_f16; }
+Load16 loader(DType d) { return d == DType::kBF16 ? bf16_to_f32 : f16_to_f32; }
 
 std::vector<float> to_f32(const TensorView& v) {
   std::vector<float> out(static_cast<std::size_t>(v.numel()));
-  for (std::int64_t i = 0; i < v.numel(); ++i) out[static_cast<std::size_t>(i)] = static_cast<float>(v.get(i));
+  const std::int64_t n = v.numel();
+  if (v.dtype == DType::kBF16 || v.dtype == DType::kF16) {
+    const Load16 load = loader(v.dtype);
+    const auto* src = static_cast<const std::uint16_t*>(v.data);
+#pragma omp parallel for schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = load(src[i]);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = static_cast<float>(v.get(i));
+  }
   return out;
 }
 
@@ -42,18 +52,22 @@ void absorb_queries(const Case& c, std::span<const int> tokens, Tensor& q_lat, T
   q_lat = Tensor(c.spec.dtype, {n, N, L});
   q_pe = Tensor(c.spec.dtype, {n, N, R});
   const std::vector<float> w = to_f32(c.w_uk.view());  // [L, N*P]
-  const TensorView qv = c.q.view(), lv = q_lat.view(), pv = q_pe.view();
+  const Load16 load = loader(c.spec.dtype);
+  const Round16 round = rounder(c.spec.dtype);
+  const std::uint16_t* q = c.q.data<std::uint16_t>();
+  std::uint16_t* lat = q_lat.data<std::uint16_t>();
+  std::uint16_t* pe = q_pe.data<std::uint16_t>();
   const std::int64_t QD = P + R;
 #pragma omp parallel for schedule(static)
   for (std::int64_t h = 0; h < N; ++h) {
     MatF qn(n, P);
     for (std::int64_t i = 0; i < n; ++i)
-      for (std::int64_t k = 0; k < P; ++k) qn(i, k) = static_cast<float>(qv.get((tokens[i] * N + h) * QD + k));
+      for (std::int64_t k = 0; k < P; ++k) qn(i, k) = load(q[(tokens[i] * N + h) * QD + k]);
     Eigen::Map<const MatF, 0, Stride> wh(w.data() + h * P, L, P, Stride(N * P));
     const MatF ql = qn * wh.transpose();  // [n, L]
     for (std::int64_t i = 0; i < n; ++i) {
-      for (std::int64_t l = 0; l < L; ++l) lv.set((i * N + h) * L + l, ql(i, l));
-      for (std::int64_t r = 0; r < R; ++r) pv.set((i * N + h) * R + r, qv.get((tokens[i] * N + h) * QD + P + r));
+      for (std::int64_t l = 0; l < L; ++l) lat[(i * N + h) * L + l] = round(ql(i, l));
+      for (std::int64_t r = 0; r < R; ++r) pe[(i * N + h) * R + r] = q[(tokens[i] * N + h) * QD + P + r];
     }
   }
 }
@@ -63,16 +77,16 @@ void project_latent_output(const Case& c, const TensorView& o_lat, std::span<con
   const std::int64_t N = c.spec.num_heads(), L = d.kv_lora_rank, V = d.v_head_dim;
   const std::int64_t n = static_cast<std::int64_t>(rows.size());
   const std::vector<float> w = to_f32(c.w_uv.view());  // [L, N*V]
-  const TensorView ov = out.view();
+  const std::vector<float> o_all = to_f32(o_lat);      // [n, N, L], any dtype the backend wrote
+  const Round16 round = rounder(c.spec.dtype);
+  std::uint16_t* dst = out.data<std::uint16_t>();
 #pragma omp parallel for schedule(static)
   for (std::int64_t h = 0; h < N; ++h) {
-    MatF o(n, L);
-    for (std::int64_t i = 0; i < n; ++i)
-      for (std::int64_t l = 0; l < L; ++l) o(i, l) = static_cast<float>(o_lat.get((i * N + h) * L + l));
+    Eigen::Map<const MatF, 0, Stride> o(o_all.data() + h * L, n, L, Stride(N * L));
     Eigen::Map<const MatF, 0, Stride> wh(w.data() + h * V, L, V, Stride(N * V));
     const MatF r = o * wh;  // [n, V]
     for (std::int64_t i = 0; i < n; ++i)
-      for (std::int64_t v = 0; v < V; ++v) ov.set(rows[i] * N * V + h * V + v, r(i, v));
+      for (std::int64_t v = 0; v < V; ++v) dst[rows[i] * N * V + h * V + v] = round(r(i, v));
   }
 }
 
