@@ -21,7 +21,7 @@ std::string_view op_name(Op op) {
 Op parse_op(std::string_view s) {
   for (Op op : {Op::kDecode, Op::kPrefill, Op::kLayer, Op::kCacheWrite})
     if (s == op_name(op)) return op;
-  throw InputError("unknown op '" + std::string(s) + "' (expected layer, decode or prefill)");
+  throw InputError("unknown op '" + std::string(s) + "' (expected layer, decode, prefill or cache_write)");
 }
 
 std::string_view query_len_support_name(QueryLenSupport q) {
@@ -56,7 +56,7 @@ Support check_capabilities(const Capabilities& caps, const CaseSpec& spec, Op op
     return Support::no("model dtype " + std::string(dtype_short(spec.dtype)) + " not in " +
                        join(caps.dtypes, [](DType t) { return dtype_short(t); }));
   if (std::find(caps.kv_dtypes.begin(), caps.kv_dtypes.end(), spec.kv_cache_dtype) == caps.kv_dtypes.end())
-    return Support::no("kv cache dtype " + std::string(kv_cache_dtype_name(spec.kv_cache_dtype)) + " not in " +
+    return Support::no("kv cache dtype " + kv_cache_format_name(spec.kv_format()) + " not in " +
                        join(caps.kv_dtypes, [](KvCacheDtype t) { return kv_cache_dtype_name(t); }));
   const int bs = resolve_block_size(caps, spec);
   if (std::find(caps.block_sizes.begin(), caps.block_sizes.end(), bs) == caps.block_sizes.end())
@@ -64,8 +64,11 @@ Support check_capabilities(const Capabilities& caps, const CaseSpec& spec, Op op
                        join(caps.block_sizes, [](int b) { return std::to_string(b); }));
   switch (op) {
     case Op::kLayer:
-    case Op::kCacheWrite:
       return Support::yes();  // the layer's own routing checks come from the harness
+    case Op::kCacheWrite:
+      // Only a backend's own writer is worth a conformance check; without one
+      // the layer op uses the reference writer.
+      return has_op(caps, Op::kCacheWrite) ? Support::yes() : Support::no("no cache_write kernel");
     case Op::kDecode: {
       if (!has_op(caps, Op::kDecode)) return Support::no("no decode kernel");
       // The kernel-level decode op sends every request to the decode kernel.

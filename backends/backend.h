@@ -32,12 +32,17 @@ struct Support {
 };
 
 struct Capabilities {
-  std::vector<Op> ops;                 // kernel-level ops implemented (decode, prefill)
+  std::vector<Op> ops;                 // kernel-level ops implemented (decode, prefill, cache_write)
   std::vector<int> block_sizes;        // first is the preferred one ("bs=auto")
   QueryLenSupport query_len_support = QueryLenSupport::kSingleOnly;
   int reorder_threshold = 1;           // requests with q_len <= threshold are decodes
   std::vector<DType> dtypes;           // model dtypes
-  std::vector<KvCacheDtype> kv_dtypes;
+  std::vector<KvCacheDtype> kv_dtypes;  // cache dtypes the kernels read (and cache_write writes)
+};
+
+// Run-wide settings handed to backend factories by the registry (CLI flags).
+struct BackendOptions {
+  int num_splits = 0;  // split-KV backends: 0 chooses from the work; N > 0 forces N splits (--splits)
 };
 
 // Kernel-level decode (absorbed MQA over the paged cache), MLA_SPEC section 6.
@@ -49,7 +54,7 @@ struct DecodeArgs {
   std::span<const std::int32_t> query_start_loc;  // [B+1]
   std::span<const std::int32_t> block_table_rows; // [B] row of the cache's block table per request
   double scale = 0;     // softmax scale
-  float k_scale = 1.f;  // fp8 caches
+  float k_scale = 1.f;  // fp8, fp8_e4m3 caches: x = e4m3 * k_scale (fp8_ds_mla ignores it)
   TensorView o_lat;     // out [T, N, L] model dtype
   TensorView lse;       // out [T, N] float32, natural log; -inf (or +inf) for rows with no key
 };
@@ -82,8 +87,11 @@ class Backend {
   // (optional) kernel-level ops; the defaults throw NotSupportedError.
   virtual void decode(const DecodeArgs& args);
   virtual void prefill(const PrefillArgs& args);
-  // (optional) writes new tokens into the cache; defaults to the reference writer.
-  // kv_c: [n, L], k_pe: [n, R] model dtype.
+  // (optional) writes new tokens into the cache in its format (cache.kv_dtype,
+  // cache.k_scale, cache.scale_rule; layouts in cases/fp8.h); defaults to the
+  // reference writer. List Op::kCacheWrite in capabilities().ops to have the
+  // cache_write op check it byte for byte against the reference writer.
+  // kv_c: [n, L], k_pe: [n, R] model dtype; slots [n], negative = skip.
   virtual void cache_write(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,
                            std::span<const std::int64_t> slots);
 };

@@ -4,13 +4,37 @@
 
 #include "backends/cpu/cpu_backends.h"
 #include "cases/errors.h"
+#include "mlagate/config.h"
+#if MLAGATE_HAS_CUDA
+#include "backends/cuda/cuda_backends.h"
+#endif
+#if MLAGATE_HAS_TORCH_SDPA
+#include "backends/torch/torch_backends.h"
+#endif
 
 namespace mlagate {
+
+namespace {
+// --splits N forces cpu.splitkv's splits too, so it can be compared with cuda.splitkv.
+std::unique_ptr<Backend> make_cpu_splitkv_with(const BackendOptions& o) {
+  return o.num_splits > 0 ? make_cpu_splitkv_forced(o.num_splits) : make_cpu_splitkv();
+}
+}  // namespace
 
 const std::vector<BackendEntry>& backend_registry() {
   static const std::vector<BackendEntry> kRegistry = {
       {"cpu.paged", make_cpu_paged},
-      {"cpu.splitkv", make_cpu_splitkv},
+      {"cpu.splitkv", make_cpu_splitkv_with},
+#if MLAGATE_HAS_CUDA
+      {"cuda.ref", make_cuda_ref},
+      {"cuda.splitkv", make_cuda_splitkv},
+#endif
+#if MLAGATE_HAS_TORCH_SDPA
+      {"torch.sdpa.flash", make_torch_sdpa_flash},
+      {"torch.sdpa.efficient", make_torch_sdpa_efficient},
+      {"torch.sdpa.cudnn", make_torch_sdpa_cudnn},
+      {"torch.sdpa.math", make_torch_sdpa_math},
+#endif
   };
   return kRegistry;
 }
@@ -35,7 +59,15 @@ bool glob_match(std::string_view p, std::string_view t) {
   return pi == p.size();
 }
 
-std::vector<std::unique_ptr<Backend>> select_backends(const std::string& globs) {
+std::vector<std::unique_ptr<Backend>> select_backends(const std::string& globs, const BackendOptions& options,
+                                                      std::span<const BackendEntry> extra) {
+  std::vector<const BackendEntry*> entries;
+  for (const auto& e : backend_registry()) entries.push_back(&e);
+  for (const auto& e : extra) {
+    for (const BackendEntry* o : entries)
+      if (o->name == e.name) throw InputError("backend name '" + e.name + "' is taken twice (--plugin, --exec or in-tree)");
+    entries.push_back(&e);
+  }
   std::vector<std::string> patterns;
   std::size_t start = 0;
   while (start <= globs.size()) {
@@ -49,16 +81,16 @@ std::vector<std::unique_ptr<Backend>> select_backends(const std::string& globs) 
   std::vector<std::unique_ptr<Backend>> out;
   for (const auto& p : patterns) {
     bool any = false;
-    for (const auto& e : backend_registry())
-      if (glob_match(p, e.name)) {
+    for (const BackendEntry* e : entries)
+      if (glob_match(p, e->name)) {
         any = true;
         bool dup = false;
-        for (const auto& b : out) dup = dup || b->name() == e.name;
-        if (!dup) out.push_back(e.make());
+        for (const auto& b : out) dup = dup || b->name() == e->name;
+        if (!dup) out.push_back(e->make(options));
       }
     if (!any) {
       std::string known;
-      for (const auto& e : backend_registry()) known += (known.empty() ? "" : ", ") + e.name;
+      for (const BackendEntry* e : entries) known += (known.empty() ? "" : ", ") + e->name;
       throw InputError("--backend '" + p + "' matches no backend (available: " + known + ")");
     }
   }

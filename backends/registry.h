@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -12,14 +13,24 @@
 namespace mlagate {
 
 struct BackendEntry {
+  using Factory = std::unique_ptr<Backend> (*)();
+  using FactoryWithOptions = std::unique_ptr<Backend> (*)(const BackendOptions&);
+  BackendEntry(std::string n, Factory f) : name(std::move(n)), make([f](const BackendOptions&) { return f(); }) {}
+  using Make = std::function<std::unique_ptr<Backend>(const BackendOptions&)>;
+  BackendEntry(std::string n, FactoryWithOptions f) : name(std::move(n)), make(f) {}
+  BackendEntry(std::string n, Make f) : name(std::move(n)), make(std::move(f)) {}  // out-of-tree (plugin, exec)
+
   std::string name;
-  std::function<std::unique_ptr<Backend>()> make;
+  Make make;
 };
 
 const std::vector<BackendEntry>& backend_registry();
-// Backends whose name matches any of the comma-separated globs ("cpu.*,cuda.ref").
-// Throws InputError if a glob matches nothing.
-std::vector<std::unique_ptr<Backend>> select_backends(const std::string& globs);
+// Backends whose name matches any of the comma-separated globs ("cpu.*,cuda.ref"),
+// made with the given options. Throws InputError if a glob matches nothing.
+// `extra`: out-of-tree backends (--plugin, --exec), matched like the registry's;
+// a name taken twice (in-tree or out-of-tree) is an InputError.
+std::vector<std::unique_ptr<Backend>> select_backends(const std::string& globs, const BackendOptions& options = {},
+                                                      std::span<const BackendEntry> extra = {});
 bool glob_match(std::string_view pattern, std::string_view text);
 
 }  // namespace mlagate

@@ -3,8 +3,11 @@
 #include "cases/case.h"
 
 #include <cmath>
+#include <cstdio>
 
 #include "cases/encoding.h"
+#include "cases/errors.h"
+#include "cases/fp8.h"
 #include "cases/generator.h"
 
 namespace mlagate {
@@ -22,7 +25,67 @@ void fill_normal(Tensor& t, std::uint64_t seed, const char* name, double factor)
     out[i] = round(static_cast<float>(gen::normal_at(st, static_cast<std::uint64_t>(i)) * factor));
 }
 
+// kv_c_cache / k_pe_cache: every token through the reference encoding and back.
+void fill_cache_values(Case& c) {
+  if (!is_fp8(c.spec.kv_cache_dtype)) {
+    c.kv_c_cache = Tensor();
+    c.k_pe_cache = Tensor();
+    return;
+  }
+  const Dims& d = c.spec.dims;
+  const EntryFormat f = make_entry_format(c.spec.kv_format(), c.spec.dtype, d.kv_lora_rank, d.rope_dim, c.spec.k_scale);
+  const std::int64_t S = c.num_kv_tokens, L = d.kv_lora_rank, R = d.rope_dim;
+  c.kv_c_cache = Tensor(DType::kF32, {S, L});
+  c.k_pe_cache = Tensor(DType::kF32, {S, R});
+  const std::uint16_t* kv = c.kv_c.data<std::uint16_t>();
+  const std::uint16_t* pe = c.k_pe.data<std::uint16_t>();
+  float* kv_out = c.kv_c_cache.data<float>();
+  float* pe_out = c.k_pe_cache.data<float>();
+#pragma omp parallel
+  {
+    std::vector<std::byte> entry(static_cast<std::size_t>(f.bytes));
+#pragma omp for schedule(static)
+    for (std::int64_t j = 0; j < S; ++j) {
+      encode_entry(f, kv + j * L, pe + j * R, entry.data());
+      decode_entry(f, entry.data(), kv_out + j * L, pe_out + j * R);
+    }
+  }
+}
+
 }  // namespace
+
+std::string inputs_key(const CaseSpec& spec) {
+  CaseSpec k = spec;
+  k.suite.clear();
+  k.kv_cache_dtype = KvCacheDtype::kAuto;
+  k.scale_rule = ScaleRule::kPow2;
+  k.k_scale = 1.0f;
+  k.block_size = 0;
+  return k.id();
+}
+
+std::string cache_values_key(const CaseSpec& spec) {
+  std::string k = inputs_key(spec) + "|";
+  switch (spec.kv_cache_dtype) {
+    case KvCacheDtype::kAuto: return k + "auto";
+    case KvCacheDtype::kFp8:
+    case KvCacheDtype::kFp8E4m3: {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%a", static_cast<double>(spec.k_scale));
+      return k + "e4m3/k_scale=" + buf;
+    }
+    case KvCacheDtype::kFp8DsMla: return k + kv_cache_format_name(spec.kv_format());
+  }
+  return k;
+}
+
+void retarget_case(Case& c, const CaseSpec& spec) {
+  if (inputs_key(spec) != inputs_key(c.spec))
+    throw std::logic_error("retarget_case: " + spec.id() + " does not share the inputs of " + c.spec.id());
+  spec.validate();
+  c.spec = spec;
+  fill_cache_values(c);
+}
 
 Case generate_case(const CaseSpec& spec) {
   spec.validate();
@@ -56,6 +119,7 @@ Case generate_case(const CaseSpec& spec) {
   fill_normal(c.k_pe, spec.seed, "k_pe", 1.0);
   fill_normal(c.w_uk, spec.seed, "w_uk", w);
   fill_normal(c.w_uv, spec.seed, "w_uv", w);
+  fill_cache_values(c);
   return c;
 }
 

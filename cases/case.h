@@ -26,9 +26,26 @@ struct Case {
   Tensor k_pe;  // [S, R]
   Tensor w_uk;  // [L, N, P]    N(0,1)/sqrt(L)
   Tensor w_uv;  // [L, N, V]    N(0,1)/sqrt(L)
+
+  // fp8 caches only (empty for auto): kv_c and k_pe as a correct reader sees
+  // them in the cache, decode(encode(x)) with the reference writer's encoding
+  // (cases/fp8.h), in fp32. The golden attends over these (MLA_SPEC section 7).
+  Tensor kv_c_cache;  // [S, L] float32
+  Tensor k_pe_cache;  // [S, R] float32
 };
 
 // Validates the spec (InvalidCase) and draws the inputs.
 Case generate_case(const CaseSpec& spec);
+
+// The inputs depend on neither the kv cache dtype, its scale rule, k_scale nor
+// the block size: cases with equal keys draw identical tensors.
+std::string inputs_key(const CaseSpec& spec);
+// Cases with equal keys have equal inputs and equal cache values (kv_c_cache,
+// k_pe_cache), hence equal references: fp8 and fp8_e4m3 are the same format,
+// and k_scale only matters to fp8 and fp8_e4m3.
+std::string cache_values_key(const CaseSpec& spec);
+// Turns a generated case into the case of `spec`, whose inputs_key must be the
+// same: the spec and the cache values change, the drawn inputs are kept.
+void retarget_case(Case& c, const CaseSpec& spec);
 
 }  // namespace mlagate

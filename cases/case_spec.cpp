@@ -45,7 +45,7 @@ int CaseSpec::num_kv_tokens() const { return std::accumulate(batch.seq_lens.begi
 
 std::string CaseSpec::id() const {
   std::string s = suite + "/" + batch.name + "/tp" + std::to_string(tp) + "/" + std::string(dtype_short(dtype)) +
-                  "/kv=" + std::string(kv_cache_dtype_name(kv_cache_dtype)) + "/bs=" +
+                  "/kv=" + kv_cache_format_name(kv_format()) + "/bs=" +
                   (block_size == 0 ? std::string("auto") : std::to_string(block_size)) + "/seed=" + std::to_string(seed);
   if (!(dims == Dims{})) s += "/dims=" + dims_label(dims);
   if (total_heads != 128) s += "/heads=" + std::to_string(total_heads);
@@ -86,6 +86,13 @@ void CaseSpec::validate() const {
   if (!(q_magnitude > 0) || !std::isfinite(q_magnitude)) fail("q magnitude must be positive and finite");
   if (scale && (!(*scale > 0) || !std::isfinite(*scale))) fail("scale must be positive and finite");
   if (!(k_scale > 0) || !std::isfinite(k_scale)) fail("k_scale must be positive and finite");
+  if (scale_rule != ScaleRule::kPow2 && kv_cache_dtype != KvCacheDtype::kFp8DsMla)
+    fail("scale rule " + std::string(scale_rule_name(scale_rule)) + " applies to fp8_ds_mla caches only");
+  if (kv_cache_dtype == KvCacheDtype::kFp8DsMla) {
+    // The entry quantizes the latent in tiles of 128 and stores the RoPE part as bf16 verbatim.
+    if (L % 128 != 0) fail("fp8_ds_mla needs kv_lora_rank a multiple of 128, got " + std::to_string(L));
+    if (dtype != DType::kBF16) fail("fp8_ds_mla stores RoPE as bf16 verbatim: the model dtype must be bf16");
+  }
   const double n = num_heads();
   if (total_t * n * (P + R) > kMaxElements || total_s * (L + R) > kMaxElements || double(L) * n * (P + V) > kMaxElements)
     fail("case too large (more than 4e9 elements in one tensor)");

@@ -40,18 +40,23 @@ struct CaseSpec {
   int tp = 1;
   DType dtype = DType::kBF16;  // model dtype: bf16 | fp16
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
+  ScaleRule scale_rule = ScaleRule::kPow2;  // fp8_ds_mla tile scales; must stay kPow2 for other dtypes
   int block_size = 0;  // 0: each backend uses its preferred block size ("bs=auto")
   std::uint64_t seed = 0;
   double q_magnitude = 1.0;      // q is drawn N(0, q_magnitude^2)
   std::optional<double> scale;   // softmax scale; default 1/sqrt(L+R)
-  float k_scale = 1.0f;          // fp8 per-tensor cache scale (used by fp8 caches)
+  float k_scale = 1.0f;          // per-tensor cache scale: fp8 and fp8_e4m3 store x / k_scale
+                                 // (auto ignores it; fp8_ds_mla must ignore it, its scales are per tile)
+
+  KvCacheFormat kv_format() const { return {kv_cache_dtype, scale_rule}; }
 
   int num_heads() const { return total_heads / tp; }
   double softmax_scale() const;
   int num_requests() const { return static_cast<int>(batch.seq_lens.size()); }
   int num_tokens() const;     // T = sum q_i
   int num_kv_tokens() const;  // S = sum s_i
-  // "vllm/mixed_small/tp1/bf16/kv=auto/bs=16/seed=0" [+ "/dims=glm" "/qmag=8" "/scale=0.1"]
+  // "vllm/mixed_small/tp1/bf16/kv=auto/bs=16/seed=0" [+ "/dims=glm" "/qmag=8" "/scale=0.1"];
+  // the kv part is kv_cache_format_name(): "kv=fp8", "kv=fp8_ds_mla:raw".
   std::string id() const;
   // Throws InvalidCase with the reason if the parameters cannot form a problem.
   void validate() const;

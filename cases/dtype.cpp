@@ -58,14 +58,20 @@ DType parse_model_dtype(std::string_view s) {
 std::string_view kv_cache_dtype_name(KvCacheDtype t) {
   switch (t) {
     case KvCacheDtype::kAuto: return "auto";
+    case KvCacheDtype::kFp8: return "fp8";
+    case KvCacheDtype::kFp8E4m3: return "fp8_e4m3";
+    case KvCacheDtype::kFp8DsMla: return "fp8_ds_mla";
   }
   return "?";
 }
 
 std::span<const KvCacheDtype> kv_cache_dtypes() {
-  static constexpr std::array<KvCacheDtype, 1> kList{KvCacheDtype::kAuto};
+  static constexpr std::array<KvCacheDtype, 4> kList{KvCacheDtype::kAuto, KvCacheDtype::kFp8,
+                                                     KvCacheDtype::kFp8E4m3, KvCacheDtype::kFp8DsMla};
   return kList;
 }
+
+bool is_fp8(KvCacheDtype t) { return t != KvCacheDtype::kAuto; }
 
 KvCacheDtype parse_kv_cache_dtype(std::string_view s) {
   for (KvCacheDtype t : kv_cache_dtypes())
@@ -73,6 +79,37 @@ KvCacheDtype parse_kv_cache_dtype(std::string_view s) {
   std::string known;
   for (KvCacheDtype t : kv_cache_dtypes()) known += (known.empty() ? "" : ", ") + std::string(kv_cache_dtype_name(t));
   throw InputError("unknown or unsupported kv cache dtype '" + std::string(s) + "' (available: " + known + ")");
+}
+
+std::string_view scale_rule_name(ScaleRule r) {
+  switch (r) {
+    case ScaleRule::kPow2: return "pow2";
+    case ScaleRule::kRaw: return "raw";
+  }
+  return "?";
+}
+
+std::string kv_cache_format_name(KvCacheFormat f) {
+  std::string s(kv_cache_dtype_name(f.dtype));
+  if (f.dtype == KvCacheDtype::kFp8DsMla) s += ":" + std::string(scale_rule_name(f.scale_rule));
+  return s;
+}
+
+KvCacheFormat parse_kv_cache_format(std::string_view s) {
+  const std::size_t colon = s.find(':');
+  KvCacheFormat f;
+  f.dtype = parse_kv_cache_dtype(s.substr(0, colon));
+  if (colon == std::string_view::npos) return f;
+  const std::string_view rule = s.substr(colon + 1);
+  if (f.dtype != KvCacheDtype::kFp8DsMla)
+    throw InputError("kv cache dtype '" + std::string(s) + "': only fp8_ds_mla takes a scale rule");
+  if (rule == scale_rule_name(ScaleRule::kPow2)) return f;
+  if (rule == scale_rule_name(ScaleRule::kRaw)) {
+    f.scale_rule = ScaleRule::kRaw;
+    return f;
+  }
+  throw InputError("kv cache dtype '" + std::string(s) + "': unknown scale rule '" + std::string(rule) +
+                   "' (expected pow2 or raw)");
 }
 
 }  // namespace mlagate

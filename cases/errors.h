@@ -23,4 +23,28 @@ struct NotSupportedError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The device a backend needs is absent (a CUDA backend on a machine without a
+// GPU): the record is SKIPPED, never a pass and never a crash.
+struct DeviceUnavailableError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A backend found that a kernel wrote outside its output (device-side guard
+// bands): the record is INCORRECT with this message ("out-of-bounds write: ...").
+struct OutOfBoundsWriteError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A backend's own checks found an output of the wrong shape or dtype (the exec
+// backend reading a program's outputs file): the record is INCORRECT.
+struct WrongOutputError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A backend ran past its time limit (the exec backend's --exec-timeout): the
+// record is TIMEOUT with this message.
+struct BackendTimeoutError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 }  // namespace mlagate

@@ -1,5 +1,5 @@
 // Builds the randomized paged KV cache of MLA_SPEC section 5 and implements the
-// reference cache writer for the auto (model dtype) entry layout.
+// reference cache writer and reader for every kv cache dtype (cases/fp8.h).
 #include "cases/paged_cache.h"
 
 #include <algorithm>
@@ -47,22 +47,124 @@ std::int64_t PagedCache::slot_of(int request, int pos) const {
   return static_cast<std::int64_t>(block) * block_size + pos % block_size;
 }
 
+EntryFormat PagedCache::format() const {
+  return make_entry_format({kv_dtype, scale_rule}, elem_dtype, kv_lora_rank, rope_dim, k_scale);
+}
+
 void reference_cache_write(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,
                            std::span<const std::int64_t> slots) {
-  if (cache.kv_dtype != KvCacheDtype::kAuto) throw NotSupportedError("reference_cache_write: only kv dtype auto");
   if (kv_c.dtype != cache.elem_dtype || k_pe.dtype != cache.elem_dtype)
     throw std::invalid_argument("reference_cache_write: kv_c/k_pe dtype differs from the cache's");
   const std::int64_t L = kv_c.shape.at(1), R = k_pe.shape.at(1);
-  if (2 * (L + R) != cache.entry_bytes) throw std::invalid_argument("reference_cache_write: entry size mismatch");
+  if (L != cache.kv_lora_rank || R != cache.rope_dim)
+    throw std::invalid_argument("reference_cache_write: kv_c/k_pe widths differ from the cache's L, R");
+  const EntryFormat f = cache.format();
+  if (f.bytes != cache.entry_bytes) throw std::invalid_argument("reference_cache_write: entry size mismatch");
+  if (kv_c.shape.at(0) < static_cast<std::int64_t>(slots.size()) || k_pe.shape.at(0) < static_cast<std::int64_t>(slots.size()))
+    throw std::invalid_argument("reference_cache_write: fewer rows than slots");
   const std::int64_t capacity = static_cast<std::int64_t>(cache.num_blocks) * cache.block_size;
+  const auto* kv = static_cast<const std::uint16_t*>(kv_c.data);
+  const auto* pe = static_cast<const std::uint16_t*>(k_pe.data);
   for (std::size_t t = 0; t < slots.size(); ++t) {
     const std::int64_t slot = slots[t];
     if (slot < 0) continue;
     if (slot >= capacity) throw std::out_of_range("reference_cache_write: slot " + std::to_string(slot) + " out of range");
-    std::byte* e = cache.entry(slot);
-    std::memcpy(e, static_cast<const std::byte*>(kv_c.data) + t * L * 2, static_cast<std::size_t>(L * 2));
-    std::memcpy(e + L * 2, static_cast<const std::byte*>(k_pe.data) + t * R * 2, static_cast<std::size_t>(R * 2));
+    encode_entry(f, kv + static_cast<std::int64_t>(t) * L, pe + static_cast<std::int64_t>(t) * R, cache.entry(slot));
   }
+}
+
+void reference_cache_read(const PagedCache& cache, std::int64_t slot, float* kv_c, float* k_pe) {
+  const std::int64_t capacity = static_cast<std::int64_t>(cache.num_blocks) * cache.block_size;
+  if (slot < 0 || slot >= capacity) throw std::out_of_range("reference_cache_read: slot " + std::to_string(slot) + " out of range");
+  decode_entry(cache.format(), cache.entry(slot), kv_c, k_pe);
+}
+
+void poison_entry(const EntryFormat& f, Poison p, std::byte* entry) {
+  std::memset(entry, 0, static_cast<std::size_t>(f.bytes));
+  if (p == Poison::kZero || p == Poison::kNone) return;
+  const bool nan = p == Poison::kNaN;
+  auto fill16 = [&](int offset, int count, std::uint16_t bits) {
+    for (int i = 0; i < count; ++i) std::memcpy(entry + offset + 2 * i, &bits, 2);
+  };
+  const int L = f.kv_lora_rank, R = f.rope_dim;
+  if (f.kv.dtype == KvCacheDtype::kAuto) {
+    fill16(0, L + R, poison_bits16(p, f.model));
+    return;
+  }
+  // e4m3: NaN, or 448 (the largest finite) as the sentinel.
+  const std::uint8_t e4m3 = nan ? kE4m3NaN : 0x7E;
+  std::memset(entry, e4m3, static_cast<std::size_t>(L));
+  if (f.kv.dtype != KvCacheDtype::kFp8DsMla) {
+    std::memset(entry + f.k_pe_offset, e4m3, static_cast<std::size_t>(R));
+    return;
+  }
+  const std::uint32_t scale = nan ? 0x7FC00000u : 0x7F000000u;  // quiet NaN or 2^127
+  for (int t = 0; t < f.scale_count; ++t) std::memcpy(entry + f.scale_offset + 4 * t, &scale, 4);
+  fill16(f.k_pe_offset, R, poison_bits16(p, DType::kBF16));
+}
+
+namespace {
+
+std::string hex_byte(std::byte b) {
+  static const char* digits = "0123456789abcdef";
+  const auto v = static_cast<unsigned>(b);
+  return std::string("0x") + digits[v >> 4] + digits[v & 15];
+}
+
+// Which token a slot holds: a new token (by the slot mapping), a request's
+// context token (by the block table), or none.
+std::string describe_slot(const PagedCache& c, std::int64_t slot, std::span<const std::int64_t> new_slots,
+                          std::span<const std::int32_t> query_start_loc) {
+  for (std::size_t t = 0; t < new_slots.size(); ++t) {
+    if (new_slots[t] != slot) continue;
+    const auto token = static_cast<std::int64_t>(t);
+    int r = 0;
+    while (r + 2 < static_cast<int>(query_start_loc.size()) && query_start_loc[r + 1] <= token) ++r;
+    // Position of the token within its request: read back from the block table.
+    const std::int64_t block = slot / c.block_size;
+    const std::int32_t* row = c.block_table.data<std::int32_t>() + static_cast<std::int64_t>(r) * c.table_width;
+    int pos = -1;
+    for (int j = 0; j < c.table_width; ++j)
+      if (row[j] == block) pos = j * c.block_size + static_cast<int>(slot % c.block_size);
+    return "token " + std::to_string(t) + " (request " + std::to_string(r) + ", position " + std::to_string(pos) + ")";
+  }
+  const std::int64_t block = slot / c.block_size, offset = slot % c.block_size;
+  const std::int32_t* bt = c.block_table.data<std::int32_t>();
+  for (std::int64_t i = 0; i < c.block_table.dim(0); ++i)
+    for (int j = 0; j < c.table_width; ++j)
+      if (bt[i * c.table_width + j] == block && block != 0)
+        return "slot " + std::to_string(slot) + " (request " + std::to_string(i) + ", position " +
+               std::to_string(j * c.block_size + offset) + ", not a new token)";
+  return "slot " + std::to_string(slot) + " (block " + std::to_string(block) + ", offset " + std::to_string(offset) +
+         ", owned by no request)";
+}
+
+}  // namespace
+
+std::string first_cache_difference(const PagedCache& got, const PagedCache& expected,
+                                   std::span<const std::int64_t> new_slots, std::span<const std::int32_t> query_start_loc) {
+  if (got.data.nbytes() != expected.data.nbytes() || got.entry_bytes != expected.entry_bytes)
+    return "cache shape changed: " + shape_str(got.data.shape()) + ", expected " + shape_str(expected.data.shape());
+  const std::byte* a = got.data.bytes();
+  const std::byte* b = expected.data.bytes();
+  const std::size_t n = got.data.nbytes();
+  std::size_t first = n, bytes = 0, entries = 0;
+  std::int64_t last_entry = -1;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (a[i] == b[i]) continue;
+    if (first == n) first = i;
+    ++bytes;
+    const auto e = static_cast<std::int64_t>(i / static_cast<std::size_t>(got.entry_bytes));
+    if (e != last_entry) ++entries, last_entry = e;
+  }
+  if (first == n) return {};
+  const std::int64_t slot = static_cast<std::int64_t>(first / static_cast<std::size_t>(got.entry_bytes));
+  const int offset = static_cast<int>(first % static_cast<std::size_t>(got.entry_bytes));
+  const EntryField field = entry_field(expected.format(), offset);
+  return "first differing byte: " + describe_slot(expected, slot, new_slots, query_start_loc) + ", field " + field.name +
+         ", element " + std::to_string(field.element) + ", got " + hex_byte(a[first]) + " expected " + hex_byte(b[first]) +
+         " (" + std::to_string(bytes) + " byte(s) in " + std::to_string(entries) + " entr" + (entries == 1 ? "y" : "ies") +
+         " differ)";
 }
 
 PagedCache build_paged_cache(const Case& c, int block_size, const CacheOptions& opt) {
@@ -75,7 +177,12 @@ PagedCache build_paged_cache(const Case& c, int block_size, const CacheOptions& 
   pc.elem_dtype = c.spec.dtype;
   pc.block_size = block_size;
   pc.options = opt;
-  pc.entry_bytes = static_cast<int>(dtype_size(c.spec.dtype)) * d.head_size();
+  pc.scale_rule = c.spec.scale_rule;
+  pc.k_scale = c.spec.k_scale;
+  pc.kv_lora_rank = d.kv_lora_rank;
+  pc.rope_dim = d.rope_dim;
+  const EntryFormat format = pc.format();
+  pc.entry_bytes = format.bytes;
 
   // Logical blocks: request i takes ceil(s_i / bs) consecutive blocks from 1.
   std::vector<int> first_block(static_cast<std::size_t>(c.num_requests));
@@ -113,10 +220,17 @@ PagedCache build_paged_cache(const Case& c, int block_size, const CacheOptions& 
 
   // Everything starts poisoned; writes below leave only unused regions poisoned.
   pc.data = Tensor(DType::kU8, {pc.num_blocks, block_size, pc.entry_bytes});
-  const std::uint16_t pb = poison_bits16(opt.poison, pc.elem_dtype);
-  if (pb != 0) {
-    auto* p16 = reinterpret_cast<std::uint16_t*>(pc.data.bytes());
-    std::fill(p16, p16 + pc.data.nbytes() / 2, pb);
+  if (pc.kv_dtype == KvCacheDtype::kAuto) {
+    const std::uint16_t pb = poison_bits16(opt.poison, pc.elem_dtype);
+    if (pb != 0) {
+      auto* p16 = reinterpret_cast<std::uint16_t*>(pc.data.bytes());
+      std::fill(p16, p16 + pc.data.nbytes() / 2, pb);
+    }
+  } else if (opt.poison != Poison::kZero && opt.poison != Poison::kNone) {
+    std::vector<std::byte> pattern(static_cast<std::size_t>(pc.entry_bytes));
+    poison_entry(format, opt.poison, pattern.data());
+    const std::int64_t entries = static_cast<std::int64_t>(pc.num_blocks) * block_size;
+    for (std::int64_t e = 0; e < entries; ++e) std::memcpy(pc.entry(e), pattern.data(), pattern.size());
   }
 
   // Context tokens (and, for kernel-level ops, the new tokens) go in through the

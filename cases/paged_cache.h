@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cases/case.h"
+#include "cases/fp8.h"
 #include "cases/tensor.h"
 
 namespace mlagate {
@@ -29,11 +30,15 @@ struct CacheOptions {
 
 struct PagedCache {
   KvCacheDtype kv_dtype = KvCacheDtype::kAuto;
-  DType elem_dtype = DType::kBF16;  // element type of an "auto" entry (the model dtype)
+  DType elem_dtype = DType::kBF16;  // the model dtype (of an "auto" entry's elements)
+  // Format facts writers and readers share (cases/fp8.h has the byte layouts).
+  ScaleRule scale_rule = ScaleRule::kPow2;  // fp8_ds_mla tile scales
+  float k_scale = 1.f;                      // fp8, fp8_e4m3: entries hold e4m3(x / k_scale)
+  int kv_lora_rank = 0, rope_dim = 0;       // L, R
   int block_size = 0;
   int num_blocks = 0;        // used + 1 (null) + spare
   int used_blocks = 0;       // blocks assigned to requests
-  int entry_bytes = 0;       // bytes per token entry (auto: 2 * (L + R))
+  int entry_bytes = 0;       // bytes per token entry (auto: 2 * (L + R); fp8: L + R; fp8_ds_mla: 656)
   int table_width = 0;       // block-table columns (multiple of 128 / bs)
   Tensor data;               // [num_blocks, block_size, entry_bytes] uint8
   Tensor block_table;        // [B, table_width] int32
@@ -44,18 +49,34 @@ struct PagedCache {
   const std::byte* entry(std::int64_t slot) const { return data.bytes() + slot * entry_bytes; }
   // Physical slot of token p of request i, through the block table.
   std::int64_t slot_of(int request, int pos) const;
+  EntryFormat format() const;
 };
 
 // Builds the cache for one block size; context tokens are always written.
 PagedCache build_paged_cache(const Case& c, int block_size, const CacheOptions& opt = {});
 
-// The reference cache writer (bit-exact by definition): token rows kv_c[row],
-// k_pe[row] to the given slots; negative slots are skipped.
+// The reference cache writer (bit-exact by definition) for every kv cache
+// dtype: token rows kv_c[row], k_pe[row] to the given slots, encoded as
+// cases/fp8.h's encode_entry; negative slots are skipped.
 // kv_c: [n, L], k_pe: [n, R] in the model dtype.
 void reference_cache_write(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,
                            std::span<const std::int64_t> slots);
 
+// The reference reader: entry at `slot` as fp32 kv_c [L], k_pe [R] (decode_entry).
+void reference_cache_read(const PagedCache& cache, std::int64_t slot, float* kv_c, float* k_pe);
+
 // Poison pattern for one element of the given dtype (raw bits, little endian).
 std::uint16_t poison_bits16(Poison p, DType elem);
+// One entry's worth of poison for a format: each field gets its own type's
+// pattern (NaN: e4m3 0x7F, fp32 and bf16 quiet NaN; sentinel: the largest
+// finite values; zero and none: 0).
+void poison_entry(const EntryFormat& f, Poison p, std::byte* entry);
+
+// Where two caches of the same shape first differ, in the words of the
+// cache_write conformance check: "first differing byte: token 5 (request 2,
+// position 45), field kv_c, element 17, got 0x3a expected 0x3b". new_slots
+// [T] maps new tokens to slots (the slot mapping). Empty when identical.
+std::string first_cache_difference(const PagedCache& got, const PagedCache& expected,
+                                   std::span<const std::int64_t> new_slots, std::span<const std::int32_t> query_start_loc);
 
 }  // namespace mlagate

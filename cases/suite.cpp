@@ -227,10 +227,10 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
       for (const auto& s : g["dtype"] ? str_list(source, g["dtype"], "dtype") : std::vector<std::string>{"bf16"})
         dtypes.push_back(parse_model_dtype(s));
     } catch (const InputError& e) { fail_at(source, g["dtype"], e.what()); }
-    std::vector<KvCacheDtype> kvs;
+    std::vector<KvCacheFormat> kvs;
     try {
       for (const auto& s : g["kv_cache_dtype"] ? str_list(source, g["kv_cache_dtype"], "kv_cache_dtype") : std::vector<std::string>{"auto"})
-        kvs.push_back(parse_kv_cache_dtype(s));
+        kvs.push_back(parse_kv_cache_format(s));
     } catch (const InputError& e) { fail_at(source, g["kv_cache_dtype"], e.what()); }
     std::vector<Dims> dims;
     try {
@@ -242,7 +242,7 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
     const std::vector<double> kscales = doubles("k_scale", {1.0});
 
     for (const BatchSpec* b : specs)
-      for (int tp : tps) for (int th : heads) for (DType dt : dtypes) for (KvCacheDtype kv : kvs)
+      for (int tp : tps) for (int th : heads) for (DType dt : dtypes) for (KvCacheFormat kv : kvs)
         for (int bs : block_sizes) for (std::uint64_t seed : seeds) for (const Dims& dm : dims)
           for (double qm : qmags) for (double sc : scales) for (double ks : kscales) {
             CaseSpec c;
@@ -251,7 +251,8 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
             c.tp = tp;
             c.total_heads = th;
             c.dtype = dt;
-            c.kv_cache_dtype = kv;
+            c.kv_cache_dtype = kv.dtype;
+            c.scale_rule = kv.scale_rule;
             c.block_size = bs;
             c.seed = seed;
             c.dims = dm;
@@ -331,7 +332,10 @@ std::vector<CaseSpec> apply_sweep(const Sweep& sw, const std::optional<Suite>& b
     };
     axis(sw.tps, [](CaseSpec& c, int v) { c.tp = v; });
     axis(sw.dtypes, [](CaseSpec& c, DType v) { c.dtype = v; });
-    axis(sw.kv_dtypes, [](CaseSpec& c, KvCacheDtype v) { c.kv_cache_dtype = v; });
+    axis(sw.kv_dtypes, [](CaseSpec& c, KvCacheFormat v) {
+      c.kv_cache_dtype = v.dtype;
+      c.scale_rule = v.scale_rule;
+    });
     axis(sw.block_sizes, [](CaseSpec& c, int v) { c.block_size = v; });
     axis(sw.seeds, [](CaseSpec& c, std::uint64_t v) { c.seed = v; });
     for (auto& c : cur) {

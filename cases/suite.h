@@ -34,7 +34,7 @@ struct Sweep {
   std::vector<std::string> specs;
   std::vector<int> tps;
   std::vector<DType> dtypes;
-  std::vector<KvCacheDtype> kv_dtypes;
+  std::vector<KvCacheFormat> kv_dtypes;  // "fp8", "fp8_ds_mla:raw", ... (parse_kv_cache_format)
   std::vector<int> block_sizes;
   std::vector<std::uint64_t> seeds;
   bool empty() const;

@@ -1,5 +1,6 @@
-// CLI: case selection (suite, filter, sweeps), list and run subcommands,
-// progress and console output, report files, and the exit-code mapping.
+// CLI: case selection (suite, filter, sweeps), the list, run, export, replay
+// and compare subcommands, progress and console output, report files, and the
+// exit-code mapping.
 #include "harness/cli.h"
 
 #include <CLI/CLI.hpp>
@@ -15,14 +16,22 @@
 #include <regex>
 #include <sstream>
 
+#include "backends/exec/exec_backend.h"
+#include "backends/plugin/plugin_backends.h"
 #include "backends/registry.h"
 #include "cases/errors.h"
 #include "cases/generator.h"
 #include "cases/suite.h"
+#include "golden/golden_run.h"
 #include "harness/layer.h"
 #include "harness/runner.h"
+#include "reference/torch/torch_reference.h"
 #include "mlagate/config.h"
 #include "reports/report.h"
+#if MLAGATE_HAS_CUDA
+#include "backends/cuda/cuda_backends.h"
+#include "backends/cuda/cuda_reference.h"
+#endif
 
 namespace mlagate {
 
@@ -42,7 +51,8 @@ struct Selection {
     app->add_option("--spec", specs, "batch specs to sweep (comma-separated); narrows --suite")->delimiter(',');
     app->add_option("--tp", tps, "TP degrees: heads = 128 / tp (comma-separated)")->delimiter(',');
     app->add_option("--dtype", dtypes, "model dtypes: bf16, fp16")->delimiter(',');
-    app->add_option("--kv-cache-dtype", kv_dtypes, "kv cache dtypes: auto")->delimiter(',');
+    app->add_option("--kv-cache-dtype", kv_dtypes,
+                    "kv cache dtypes: auto, fp8, fp8_e4m3, fp8_ds_mla[:pow2|:raw] (scale rule)")->delimiter(',');
     app->add_option("--block-size", block_sizes, "block sizes, or auto (each backend's preferred)")->delimiter(',');
     app->add_option("--seed", seeds, "seeds (comma-separated)")->delimiter(',');
   }
@@ -52,7 +62,7 @@ struct Selection {
     sw.specs = specs;
     sw.tps = tps;
     for (const auto& d : dtypes) sw.dtypes.push_back(parse_model_dtype(d));
-    for (const auto& k : kv_dtypes) sw.kv_dtypes.push_back(parse_kv_cache_dtype(k));
+    for (const auto& k : kv_dtypes) sw.kv_dtypes.push_back(parse_kv_cache_format(k));
     for (const auto& b : block_sizes) {
       if (b == "auto") {
         sw.block_sizes.push_back(0);
@@ -143,7 +153,60 @@ std::string caps_str(const Capabilities& caps) {
          " reorder_threshold=" + std::to_string(caps.reorder_threshold);
 }
 
-int cmd_list(const std::string& what, const Selection& sel, const std::string& backend_globs) {
+// Out-of-tree backends (--plugin, --exec): made from flags, matched by --backend
+// globs like in-tree ones, and named again in every repro command.
+struct OutOfTree {
+  std::vector<std::string> plugins, exec_commands, exec_names, exec_caps;
+  double exec_timeout = 60;
+
+  void add_options(CLI::App* app) {
+    app->add_option("--plugin", plugins, "backend library built against include/mlagate/plugin.h (repeatable)")
+        ->allow_extra_args(false);
+    app->add_option("--exec", exec_commands,
+                    "a program as a backend, run per kernel call: 'CMD {in} {out}' (repeatable; backends/exec/SCHEMA.md)")
+        ->allow_extra_args(false);
+    app->add_option("--exec-name", exec_names, "name of the i-th --exec backend (default exec.0, exec.1, ...)")
+        ->allow_extra_args(false);
+    app->add_option("--exec-caps", exec_caps,
+                    "capabilities of the i-th --exec backend, e.g. 'ops=decode,prefill block_sizes=16,64 "
+                    "query_len=VARLEN reorder_threshold=1 dtypes=bf16,fp16 kv_dtypes=auto'")
+        ->allow_extra_args(false);
+    app->add_option("--exec-timeout", exec_timeout, "seconds per --exec invocation")->capture_default_str();
+  }
+
+  std::vector<BackendEntry> entries() const {
+    if (exec_names.size() > exec_commands.size()) throw InputError("more --exec-name than --exec options");
+    if (exec_caps.size() > exec_commands.size()) throw InputError("more --exec-caps than --exec options");
+    std::vector<BackendEntry> out;
+    for (const auto& path : plugins)
+      for (auto& e : load_plugin(path)) out.push_back(std::move(e));
+    for (std::size_t i = 0; i < exec_commands.size(); ++i) {
+      ExecConfig c;
+      c.name = i < exec_names.size() ? exec_names[i] : "exec." + std::to_string(i);
+      c.command = exec_commands[i];
+      c.caps = i < exec_caps.size() ? parse_exec_caps(exec_caps[i]) : default_exec_caps();
+      c.timeout_s = exec_timeout;
+      out.push_back(exec_backend_entry(c));
+    }
+    return out;
+  }
+
+  std::string args() const {
+    std::string s;
+    for (const auto& p : plugins) s += " --plugin " + Selection::quote(p);
+    for (const auto& c : exec_commands) s += " --exec " + Selection::quote(c);
+    for (const auto& n : exec_names) s += " --exec-name " + Selection::quote(n);
+    for (const auto& c : exec_caps) s += " --exec-caps " + Selection::quote(c);
+    if (!exec_commands.empty() && exec_timeout != 60) {
+      std::ostringstream o;
+      o << exec_timeout;
+      s += " --exec-timeout " + o.str();
+    }
+    return s;
+  }
+};
+
+int cmd_list(const std::string& what, const Selection& sel, const std::string& backend_globs, const OutOfTree& ot) {
   if (what == "suites") {
     for (const auto& n : builtin_suite_names()) {
       const Suite s = load_suite(n);
@@ -164,7 +227,8 @@ int cmd_list(const std::string& what, const Selection& sel, const std::string& b
     return kExitPassed;
   }
   if (what == "backends") {
-    for (const auto& b : select_backends(backend_globs))
+    const std::vector<BackendEntry> extra = ot.entries();
+    for (const auto& b : select_backends(backend_globs, {}, extra))
       std::printf("%-12s %s\n             %s\n", std::string(b->name()).c_str(), std::string(b->description()).c_str(),
                   caps_str(b->capabilities()).c_str());
     return kExitPassed;
@@ -175,7 +239,8 @@ int cmd_list(const std::string& what, const Selection& sel, const std::string& b
     return kExitPassed;
   }
   if (what == "matrix") {
-    auto backends = select_backends(backend_globs);
+    const std::vector<BackendEntry> extra = ot.entries();
+    auto backends = select_backends(backend_globs, {}, extra);
     std::printf("%-64s", "case (layer op)");
     for (const auto& b : backends) std::printf(" %-14s", std::string(b->name()).c_str());
     std::printf("\n");
@@ -199,33 +264,93 @@ int cmd_list(const std::string& what, const Selection& sel, const std::string& b
 struct RunArgs {
   std::string backends = "*";
   std::vector<std::string> ops{"layer"};
-  std::string policy = "vllm";
+  std::string policy = "baseline";
   double atol = 1e-2, rtol = 1e-2;
+  double fudge = kDefaultFudge;
+  std::string baseline = "emulated";  // err_baseline's reference: emulated | torch
   std::string poison = "nan";
   bool poison_block_table = false;
   int prefill_chunk = 2048;
+  int splits = 0;                     // --splits: forced splits of split-KV backends (0: from the work)
+  std::string reference = "eigen";    // --reference: where the golden is computed
   std::string json, junit, markdown;
   bool quiet = false, no_progress = false;
   int threads = 0;
+  // Golden files (golden/): run --golden F, replay F [--case ID], --save-results R.
+  std::string golden, replay, save_results;
+  std::vector<std::string> case_ids;
+  std::uint64_t max_bytes = kDefaultMaxBytes;
+  OutOfTree extra;  // --plugin, --exec
 };
+
+// --baseline: where err_baseline comes from.
+BaselineImpl make_baseline(const std::string& name) {
+  BaselineImpl b;
+  b.always = true;  // min_fudge in every verdict, whatever the policy
+  if (name == "emulated") return b;
+  if (name == "none") {
+    b.name = "none";
+    b.always = false;
+    return b;
+  }
+  if (name == "torch") {
+    if (!torch_reference_available())
+      throw InputError("--baseline torch: this build has no libtorch (" + torch_reference_info() + ")");
+    b.name = "torch";
+    const TorchReferenceOptions options{.cuda = torch_cuda_available()};  // the GPU when there is one
+    b.layer = [options](const Case& c, SdpaForm form, std::span<const int> requests) {
+      return torch_sdpa_layer(c, form, requests, options);
+    };
+    return b;
+  }
+  throw InputError("--baseline '" + name + "' (expected emulated, torch or none)");
+}
+
+// --reference: the fp64 golden on the CPU (Eigen) or on the GPU.
+ReferenceImpl make_reference(const std::string& name) {
+  ReferenceImpl r;
+  if (name == "eigen") return r;
+  if (name == "cuda") {
+#if MLAGATE_HAS_CUDA
+    if (!cuda_device_info().available) throw InputError("--reference cuda: " + cuda_device_info().error);
+    r.name = "cuda";
+    r.absorbed = cuda_golden_absorbed;
+    r.mqa = cuda_reference_mqa;
+    return r;
+#else
+    throw InputError("--reference cuda: this build has no CUDA");
+#endif
+  }
+  throw InputError("--reference '" + name + "' (expected eigen or cuda)");
+}
 
 int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_line) {
   const auto wall0 = std::chrono::steady_clock::now();
   if (ra.threads > 0) omp_set_num_threads(ra.threads);
   RunConfig cfg;
-  cfg.cases = sel.resolve();
+  // Golden files: replay takes the file's cases, so does run --golden when no
+  // selection flag is given; stored references replace the recomputed ones.
+  std::optional<GoldenRun> golden;
+  if (!ra.golden.empty() || !ra.replay.empty() || !ra.save_results.empty())
+    golden.emplace(GoldenRunOptions{ra.golden, ra.replay, ra.case_ids, ra.save_results, ra.max_bytes, command_line});
+  const bool from_file = !ra.replay.empty() || (!ra.golden.empty() && sel.args().empty());
+  cfg.cases = from_file ? golden->file_cases(sel.filter) : sel.resolve();
   cfg.ops.clear();
   for (const auto& o : ra.ops) {
-    const Op op = parse_op(o);
-    if (op == Op::kCacheWrite) throw InputError("--op cache_write arrives with the fp8 cache work");
-    cfg.ops.push_back(op);
+    cfg.ops.push_back(parse_op(o));
   }
-  cfg.policy = make_policy(ra.policy, ra.atol, ra.rtol);
+  cfg.policy = make_policy(ra.policy, ra.atol, ra.rtol, ra.fudge);
+  cfg.baseline = make_baseline(ra.baseline);
+  if (cfg.baseline.name == "none" && cfg.policy.kind == Policy::Kind::kBaseline)
+    throw InputError("--baseline none: the baseline policy needs err_baseline (choose --policy vllm or fixed)");
   cfg.exec.poison = parse_poison(ra.poison);
   cfg.exec.poison_block_table = ra.poison_block_table;
   if (ra.prefill_chunk < 1) throw InputError("--prefill-chunk must be >= 1");
   cfg.exec.prefill_chunk = ra.prefill_chunk;
-  auto backends = select_backends(ra.backends);
+  if (ra.splits < 0) throw InputError("--splits must be >= 1 (or 0: chosen from the work)");
+  cfg.reference = make_reference(ra.reference);
+  const std::vector<BackendEntry> extra = ra.extra.entries();
+  auto backends = select_backends(ra.backends, BackendOptions{ra.splits}, extra);
   // Report paths are checked before anything runs: a typo must not cost a run.
   for (const std::string* path : {&ra.json, &ra.junit, &ra.markdown}) {
     if (path->empty()) continue;
@@ -238,11 +363,17 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
   if (ra.poison != "nan") exec_args += " --poison " + ra.poison;
   if (ra.poison_block_table) exec_args += " --poison-block-table";
   if (ra.prefill_chunk != 2048) exec_args += " --prefill-chunk " + std::to_string(ra.prefill_chunk);
+  if (ra.splits != 0) exec_args += " --splits " + std::to_string(ra.splits);
+  if (ra.reference != "eigen") exec_args += " --reference " + ra.reference;
   const std::string sel_args = sel.args();
   const std::string policy_args = cfg.policy.cli_args();
+  const std::string golden_args = ra.golden.empty() ? "" : " --golden " + Selection::quote(ra.golden);
+  const std::string extra_args = ra.extra.args();
   cfg.repro = [&](const CaseSpec& c, const std::string& backend, Op op) {
-    return "mlagate run" + sel_args + " --filter " + Selection::quote("^" + regex_escape(c.id()) + "$") + " --backend " +
-           backend + " --op " + std::string(op_name(op)) + " " + policy_args + exec_args;
+    const std::string tail =
+        extra_args + " --backend " + backend + " --op " + std::string(op_name(op)) + " " + policy_args + exec_args;
+    if (!ra.replay.empty()) return "mlagate replay " + Selection::quote(ra.replay) + " --case " + Selection::quote(c.id()) + tail;
+    return "mlagate run" + sel_args + golden_args + " --filter " + Selection::quote("^" + regex_escape(c.id()) + "$") + tail;
   };
   const bool tty = isatty(STDERR_FILENO) && !ra.no_progress && !ra.quiet;
   std::size_t failed_so_far = 0;
@@ -263,13 +394,16 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
       std::fflush(stderr);
     }
   };
+  if (golden) golden->attach(cfg);
   const std::vector<Record> records = run_cases(cfg, backends);
+  const std::string results_file = golden ? golden->finish() : std::string();
 
   RunInfo info;
   info.tool_version = MLAGATE_VERSION;
   info.git_commit = MLAGATE_GIT_COMMIT;
   info.command_line = command_line;
   info.suite = sel.suite.empty() ? (sel.specs.empty() ? "smoke" : "sweep") : sel.suite;
+  if (from_file) info.suite = ra.replay.empty() ? ra.golden : ra.replay;
   info.policy = cfg.policy.describe();
   info.started_at = iso_now();
   info.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
@@ -284,8 +418,52 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
     std::printf("%s: %lld records, %lld failed, policy %s, %.1f s\n", std::string(overall_verdict(counts)).c_str(),
                 static_cast<long long>(counts.total), static_cast<long long>(counts.failures), info.policy.c_str(),
                 info.wall_seconds);
+    if (!results_file.empty()) std::printf("results: %s\n", results_file.c_str());
   }
   return counts.failures > 0 ? kExitFailed : kExitPassed;
+}
+
+struct ExportArgs {
+  std::string out, backends = "*", policy = "baseline", poison = "nan";
+  std::vector<std::string> ops{"layer"};
+  double atol = 1e-2, rtol = 1e-2, fudge = kDefaultFudge;
+  bool poison_block_table = false;
+};
+
+int cmd_export(const Selection& sel, const ExportArgs& ea, const std::string& command_line) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<CaseSpec> cases = sel.resolve();
+  ExportOptions opt;
+  opt.ops.clear();
+  for (const auto& o : ea.ops) {
+    const Op op = parse_op(o);
+    if (op != Op::kLayer && op != Op::kDecode && op != Op::kPrefill) throw InputError("export --op: layer, decode, prefill");
+    opt.ops.push_back(op);
+  }
+  opt.policy = make_policy(ea.policy, ea.atol, ea.rtol, ea.fudge);
+  opt.cache.poison = parse_poison(ea.poison);
+  opt.cache.poison_block_table = ea.poison_block_table;
+  opt.command_line = command_line;
+  // bs=auto: a cache for the block size each selected backend runs the case with.
+  const auto backends = select_backends(ea.backends);
+  opt.block_sizes = [&backends](const CaseSpec& spec) {
+    std::vector<int> sizes;
+    for (const auto& b : backends) {
+      const int bs = resolve_block_size(b->capabilities(), spec);
+      if (std::find(sizes.begin(), sizes.end(), bs) == sizes.end()) sizes.push_back(bs);
+    }
+    return sizes;
+  };
+  const ExportSummary s = export_golden(cases, ea.out, opt);
+  std::printf("exported %zu cases (%zu caches) to %s: %.1f MiB, %.1f s\n", s.cases, s.caches, ea.out.c_str(),
+              static_cast<double>(s.file_bytes) / (1 << 20),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return kExitPassed;
+}
+
+int cmd_compare(const std::string& a, const std::string& b, const FileCompareOptions& opt) {
+  if (!(opt.atol >= 0) || !(opt.rtol >= 0)) throw InputError("--atol and --rtol must be >= 0");
+  return compare_results_files(a, b, opt, stdout).failed(opt) ? kExitFailed : kExitPassed;
 }
 
 }  // namespace
@@ -301,15 +479,22 @@ int cli_main(int argc, char** argv) {
   list->add_option("what", list_what, "suites | specs | cases | backends | matrix")->capture_default_str();
   list->add_option("--backend", list_backends, "backend globs (comma-separated)");
   list_sel.add_options(list);
+  OutOfTree list_extra;
+  list_extra.add_options(list);
 
   RunArgs ra;
   CLI::App* run = app.add_subcommand("run", "run cases on backends and compare against the fp64 golden");
   run_sel.add_options(run);
   run->add_option("--backend", ra.backends, "backend globs, comma-separated (e.g. 'cpu.*')")->capture_default_str();
-  run->add_option("--op", ra.ops, "ops: layer, decode, prefill (comma-separated)")->delimiter(',')->capture_default_str();
-  run->add_option("--policy", ra.policy, "tolerance policy: vllm | fixed")->capture_default_str();
+  ra.extra.add_options(run);
+  run->add_option("--op", ra.ops, "ops: layer, decode, prefill, cache_write (comma-separated)")->delimiter(',')->capture_default_str();
+  run->add_option("--policy", ra.policy, "tolerance policy: baseline | vllm | fixed")->capture_default_str();
   run->add_option("--atol", ra.atol, "absolute tolerance (fixed policy)")->capture_default_str();
   run->add_option("--rtol", ra.rtol, "relative tolerance (fixed policy)")->capture_default_str();
+  run->add_option("--fudge", ra.fudge, "baseline policy: pass when err <= fudge * err_baseline + floor")->capture_default_str();
+  run->add_option("--baseline", ra.baseline,
+                  "err_baseline from: emulated (CPU emulation) | torch (libtorch SDPA, layer output) | none (no min_fudge)")
+      ->capture_default_str();
   run->add_option("--poison", ra.poison, "poison for outputs and unused cache: nan | sentinel | zero | none")->capture_default_str();
   run->add_flag("--poison-block-table", ra.poison_block_table, "unused block-table entries hold an invalid huge id");
   run->add_option("--prefill-chunk", ra.prefill_chunk, "context tokens per chunk of the prefill path")->capture_default_str();
@@ -317,8 +502,67 @@ int cli_main(int argc, char** argv) {
   run->add_option("--junit", ra.junit, "write a JUnit XML report here");
   run->add_option("--markdown", ra.markdown, "write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)");
   run->add_option("--threads", ra.threads, "OpenMP threads (results do not depend on it)");
+  run->add_option("--splits", ra.splits, "split-KV backends (cpu.splitkv, cuda.splitkv): force N splits per request");
+  run->add_option("--reference", ra.reference, "where the fp64 golden is computed: eigen (CPU) | cuda (GPU)")
+      ->capture_default_str();
   run->add_flag("--quiet,-q", ra.quiet, "print only failures");
   run->add_flag("--no-progress", ra.no_progress, "no progress bar");
+  run->add_option("--golden", ra.golden, "compare against this golden file's stored references (inputs checked by hash)");
+  run->add_option("--save-results", ra.save_results, "write every backend's outputs and metrics to this HDF5 file");
+  run->add_option("--max-bytes", ra.max_bytes, "memory budget per case read from a file (e.g. 8GiB)")
+      ->transform(CLI::AsSizeValue(false));
+
+  // Golden files (golden/SCHEMA.md): export, replay, compare.
+  Selection export_sel, replay_sel;
+  ExportArgs ea;
+  CLI::App* exp = app.add_subcommand("export", "write a golden file: inputs, paged caches and fp64 references");
+  export_sel.add_options(exp);
+  exp->add_option("--out", ea.out, "the HDF5 file to write")->required();
+  exp->add_option("--backend", ea.backends, "bs=auto: store the cache of each matching backend's block size")
+      ->capture_default_str();
+  exp->add_option("--op", ea.ops, "ops to store references for: layer, decode, prefill")->delimiter(',')->capture_default_str();
+  exp->add_option("--policy", ea.policy, "tolerance policy recorded with the cases: baseline | vllm | fixed")
+      ->capture_default_str();
+  exp->add_option("--fudge", ea.fudge, "baseline policy's fudge (recorded)")->capture_default_str();
+  exp->add_option("--atol", ea.atol, "absolute tolerance (fixed policy)")->capture_default_str();
+  exp->add_option("--rtol", ea.rtol, "relative tolerance (fixed policy)")->capture_default_str();
+  exp->add_option("--poison", ea.poison, "poison of unused cache regions: nan | sentinel | zero | none")->capture_default_str();
+  exp->add_flag("--poison-block-table", ea.poison_block_table, "unused block-table entries hold an invalid huge id");
+
+  RunArgs rp;
+  CLI::App* replay = app.add_subcommand("replay", "run a golden file's stored inputs and caches (no regeneration)");
+  replay->add_option("file", rp.replay, "golden file")->required();
+  replay->add_option("--case", rp.case_ids, "exact case id (repeatable); default every case");
+  replay->add_option("--filter", replay_sel.filter, "keep cases whose id matches this regex");
+  replay->add_option("--backend", rp.backends, "backend globs, comma-separated")->capture_default_str();
+  replay->add_option("--op", rp.ops, "ops: layer, decode, prefill (comma-separated)")->delimiter(',')->capture_default_str();
+  replay->add_option("--policy", rp.policy, "tolerance policy: baseline | vllm | fixed")->capture_default_str();
+  replay->add_option("--atol", rp.atol, "absolute tolerance (fixed policy)")->capture_default_str();
+  replay->add_option("--rtol", rp.rtol, "relative tolerance (fixed policy)")->capture_default_str();
+  replay->add_option("--fudge", rp.fudge, "baseline policy: pass when err <= fudge * err_baseline + floor")->capture_default_str();
+  replay->add_option("--poison", rp.poison, "poison of output buffers: nan | sentinel | zero | none")->capture_default_str();
+  replay->add_option("--prefill-chunk", rp.prefill_chunk, "context tokens per chunk of the prefill path")->capture_default_str();
+  replay->add_option("--json", rp.json, "write the JSON report here");
+  replay->add_option("--junit", rp.junit, "write a JUnit XML report here");
+  replay->add_option("--markdown", rp.markdown, "write a Markdown summary here");
+  replay->add_option("--save-results", rp.save_results, "write every backend's outputs and metrics to this HDF5 file");
+  replay->add_option("--max-bytes", rp.max_bytes, "memory budget per case read from the file (e.g. 8GiB)")
+      ->transform(CLI::AsSizeValue(false));
+  replay->add_option("--threads", rp.threads, "OpenMP threads");
+  replay->add_flag("--quiet,-q", rp.quiet, "print only failures");
+  replay->add_flag("--no-progress", rp.no_progress, "no progress bar");
+
+  std::string cmp_a, cmp_b;
+  FileCompareOptions cmp;
+  CLI::App* compare = app.add_subcommand("compare", "compare two results files: bit-identical, or how far apart");
+  compare->add_option("a", cmp_a, "results file A (before)")->required();
+  compare->add_option("b", cmp_b, "results file B (after)")->required();
+  compare->add_option("--atol", cmp.atol, "exit 1 when |a - b| > atol + rtol * |a| anywhere")->capture_default_str();
+  compare->add_option("--rtol", cmp.rtol, "relative part of the tolerance")->capture_default_str();
+  compare->add_flag("--ignore-missing", cmp.ignore_missing, "cases or records in one file only do not fail");
+  compare->add_flag("--verbose,-v", cmp.verbose, "list identical records too");
+  compare->add_option("--max-bytes", cmp.max_bytes, "memory budget per case pair (e.g. 8GiB)")
+      ->transform(CLI::AsSizeValue(false));
 
   std::string command_line;
   for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + Selection::quote(argv[i]);
@@ -329,8 +573,11 @@ int cli_main(int argc, char** argv) {
     return rc == 0 ? kExitPassed : kExitUsage;
   }
   try {
-    if (list->parsed()) return cmd_list(list_what, list_sel, list_backends);
+    if (list->parsed()) return cmd_list(list_what, list_sel, list_backends, list_extra);
     if (run->parsed()) return cmd_run(run_sel, ra, command_line);
+    if (exp->parsed()) return cmd_export(export_sel, ea, command_line);
+    if (replay->parsed()) return cmd_run(replay_sel, rp, command_line);
+    if (compare->parsed()) return cmd_compare(cmp_a, cmp_b, cmp);
   } catch (const InputError& e) {
     std::fprintf(stderr, "mlagate: error: %s\n", e.what());
     return kExitUsage;

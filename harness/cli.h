@@ -1,6 +1,7 @@
-// The command-line interface (CLI11): subcommands list and run. Exceptions
-// become exit codes here and nowhere else: 0 all passed, 1 a verdict failed,
-// 2 usage or input error, 3 internal error.
+// The command-line interface (CLI11): subcommands list, run, and for golden
+// files (golden/) export, replay and compare. Exceptions become exit codes
+// here and nowhere else: 0 all passed, 1 a verdict failed (compare: the files
+// differ), 2 usage or input error, 3 internal error.
 #pragma once
 
 namespace mlagate {

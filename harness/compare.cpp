@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <stdexcept>
 
 #include "cases/errors.h"
 
@@ -28,12 +29,14 @@ std::string Policy::describe() const {
   switch (kind) {
     case Kind::kVllm: return "vllm(atol=" + fmt(atol) + ", rtol=" + fmt(rtol) + ", output only)";
     case Kind::kFixed: return "fixed(atol=" + fmt(atol) + ", rtol=" + fmt(rtol) + ")";
+    case Kind::kBaseline: return "baseline(fudge=" + fmt(fudge) + ")";
   }
   return "?";
 }
 
 std::string Policy::cli_args() const {
   if (kind == Kind::kVllm) return "--policy vllm";
+  if (kind == Kind::kBaseline) return "--policy baseline --fudge " + fmt(fudge);
   return "--policy fixed --atol " + fmt(atol) + " --rtol " + fmt(rtol);
 }
 
@@ -43,7 +46,7 @@ bool Policy::gates(const std::string& output) const {
   return true;
 }
 
-Policy make_policy(const std::string& name, double atol, double rtol) {
+Policy make_policy(const std::string& name, double atol, double rtol, double fudge) {
   Policy p;
   if (name == "vllm") {
     p.kind = Policy::Kind::kVllm;
@@ -54,10 +57,21 @@ Policy make_policy(const std::string& name, double atol, double rtol) {
     p.kind = Policy::Kind::kFixed;
     p.atol = atol;
     p.rtol = rtol;
+  } else if (name == "baseline") {
+    if (!(fudge >= 0) || !std::isfinite(fudge)) throw InputError("--fudge must be finite and >= 0");
+    p.kind = Policy::Kind::kBaseline;
+    p.atol = 0;
+    p.rtol = 0;
+    p.fudge = fudge;
   } else {
-    throw InputError("unknown policy '" + name + "' (expected vllm or fixed)");
+    throw InputError("unknown policy '" + name + "' (expected baseline, vllm or fixed)");
   }
   return p;
+}
+
+double baseline_floor(double max_abs_ref, DType out_dtype, bool is_lse, int dqk) {
+  if (is_lse) return std::max(dqk, 1) * 0.5 * ulp_of(std::max(1.0, max_abs_ref), DType::kF32);
+  return 0.5 * ulp_of(max_abs_ref, out_dtype);
 }
 
 Location Layout::locate(std::int64_t flat) const {
@@ -174,17 +188,35 @@ Status compare_output(const OutputCheck& c, const Policy& p, Metrics& m) {
     m.max_abs = kNaN;
     m.max_ulp = kNaN;
   }
-  (void)max_abs_y;
+  // The baseline policy's terms, and the smallest fudge that would have passed.
+  m.err_baseline = c.err_baseline;
+  if (std::isfinite(c.err_baseline) || p.kind == Policy::Kind::kBaseline)
+    m.baseline_floor = baseline_floor(max_abs_y, c.expected_dtype, c.is_lse, c.dqk);
+  if (n > 0 && std::isfinite(c.err_baseline)) {
+    const double excess = std::max(0.0, m.max_abs - m.baseline_floor);
+    m.min_fudge = excess == 0 ? 0.0 : (c.err_baseline > 0 ? excess / c.err_baseline : INFINITY);
+  }
 
   if (m.nonfinite_mismatches > 0) {
     m.min_atol = INFINITY;
+    if (std::isfinite(c.err_baseline)) m.min_fudge = INFINITY;
     m.passed = false;
     return Status::kNonfinite;
   }
   if (c.is_lse && plus_inf_rows > 0) m.message = c.name + ": " + std::to_string(plus_inf_rows) + " empty row(s) returned +inf";
 
   // 5. The policy, on the outputs it gates.
-  if (p.gates(c.name) && m.min_atol > p.atol) {
+  if (p.gates(c.name) && p.kind == Policy::Kind::kBaseline) {
+    if (!std::isfinite(c.err_baseline)) throw std::logic_error("compare_output: baseline policy without err_baseline for " + c.name);
+    const double limit = p.fudge * c.err_baseline + m.baseline_floor;
+    if (m.max_abs > limit) {
+      m.passed = false;
+      m.message = c.name + ": max abs err " + fmt(m.max_abs) + " at " + m.worst.str() + " exceeds " + p.describe() +
+                  ": " + fmt(p.fudge) + " x err_baseline " + fmt(c.err_baseline) + " + floor " + fmt(m.baseline_floor) +
+                  " = " + fmt(limit) + " (needs fudge " + fmt(m.min_fudge) + ")";
+      return Status::kIncorrect;
+    }
+  } else if (p.gates(c.name) && m.min_atol > p.atol) {
     m.passed = false;
     m.message = c.name + ": max abs err " + fmt(m.max_abs) + " at " + m.worst.str() + " exceeds " + p.describe() +
                 " (needs atol " + fmt(m.min_atol) + ")";

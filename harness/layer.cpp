@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "cases/encoding.h"
 #include "cases/errors.h"
 #include "harness/glue.h"
 
@@ -33,10 +34,25 @@ Tensor gather_rows(const Tensor& t, std::span<const std::int64_t> rows) {
 }
 
 // Reads latent rows of request r, positions [from, to), back out of the paged
-// cache through the block table (the context a chunked prefill gathers).
+// cache through the block table (the context a chunked prefill gathers). fp8
+// entries are dequantized by the reference reader and rounded to the model
+// dtype, as vLLM's gather-and-upconvert into a bf16 workspace does.
 void gather_from_cache(const Case& c, const PagedCache& cache, int r, int from, int to, Tensor& kv, Tensor& pe,
                        std::int64_t out_row) {
   const std::int64_t L = c.spec.dims.kv_lora_rank, R = c.spec.dims.rope_dim;
+  if (is_fp8(cache.kv_dtype)) {
+    std::vector<float> kv_f(static_cast<std::size_t>(L)), pe_f(static_cast<std::size_t>(R));
+    std::uint16_t (*round)(float) = c.spec.dtype == DType::kBF16 ? f32_to_bf16 : f32_to_f16;
+    for (int p = from; p < to; ++p) {
+      reference_cache_read(cache, cache.slot_of(r, p), kv_f.data(), pe_f.data());
+      const std::int64_t row = out_row + p - from;
+      std::uint16_t* kv_out = kv.data<std::uint16_t>() + row * L;
+      std::uint16_t* pe_out = pe.data<std::uint16_t>() + row * R;
+      for (std::int64_t k = 0; k < L; ++k) kv_out[k] = round(kv_f[static_cast<std::size_t>(k)]);
+      for (std::int64_t k = 0; k < R; ++k) pe_out[k] = round(pe_f[static_cast<std::size_t>(k)]);
+    }
+    return;
+  }
   for (int p = from; p < to; ++p) {
     const std::byte* e = cache.entry(cache.slot_of(r, p));
     std::memcpy(kv.bytes() + (out_row + p - from) * L * 2, e, static_cast<std::size_t>(L * 2));
@@ -195,7 +211,17 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
     };
 
     {
-      const Tensor kv = gather_rows(c.kv_c, new_kv_rows), pe = gather_rows(c.k_pe, new_kv_rows);
+      Tensor kv = gather_rows(c.kv_c, new_kv_rows), pe = gather_rows(c.k_pe, new_kv_rows);
+      if (is_fp8(cache.kv_dtype)) {
+        // fp8 caches: the new tokens too are read back from the cache the
+        // backend's cache_write filled, so the golden (over the dequantized
+        // cache) is one function of the cache and a writer's error shows here.
+        std::int64_t row = 0;
+        for (int i : pre_req) {
+          if (c.seq_lens[i] > 0) gather_from_cache(c, cache, i, c.context_lens[i], c.seq_lens[i], kv, pe, row);
+          row += c.query_lens[i];
+        }
+      }
       GuardedBuffer o(c.spec.dtype, {Tp, N, V}, opt.poison), l(DType::kF32, {Tp, N}, opt.poison);
       const auto cu = cumsum(qlens);
       call_prefill(q_all, kv, pe, cu, cu, true, "prefill", o, l);

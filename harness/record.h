@@ -51,7 +51,11 @@ struct Metrics {
   Location first_nonfinite;
   // Smallest tolerances that would have passed this output.
   double min_atol = kNaN;       // with rtol = the policy's rtol (fixed/vllm policies)
-  double min_fudge = kNaN;      // baseline policy (when it exists)
+  double min_fudge = kNaN;      // baseline: (max_abs - baseline_floor) / err_baseline, at least 0
+  // The baseline policy's terms: max abs error of the model-dtype SDPA
+  // reference on this case, op and paths (NaN when not computed), and the floor.
+  double err_baseline = kNaN;
+  double baseline_floor = kNaN;
   bool passed = false;
   std::string message;          // why it failed, empty when it passed
 };

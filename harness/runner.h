@@ -4,27 +4,80 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "backends/backend.h"
+#include "cases/case.h"
 #include "cases/case_spec.h"
+#include "cases/paged_cache.h"
 #include "harness/compare.h"
 #include "harness/layer.h"
 #include "harness/record.h"
+#include "reference/golden.h"
+#include "reference/sdpa_emulation.h"
 
 namespace mlagate {
+
+// Where the golden comes from (--reference): an empty member means the fp64
+// Eigen reference of reference/golden.h; `cuda` puts the same math on the GPU.
+struct ReferenceImpl {
+  std::string name = "eigen";
+  std::function<Golden(const Case&)> absorbed;  // as golden_absorbed
+  std::function<void(const Case&, const TensorView& q_lat, std::vector<double>& o_lat, std::vector<double>& lse)>
+      mqa;  // as reference_mqa
+};
+
+// Where err_baseline comes from (--baseline; MLA_SPEC 8.5): the seed test's
+// SDPA reference in the model dtype, per case and op, on the paths the backend
+// took. Default: the CPU emulation (reference/sdpa_emulation.h); `layer` may
+// replace it for the layer op's output (the libtorch reference; lse and the
+// kernel-level ops keep the emulation).
+struct BaselineImpl {
+  std::string name = "emulated";
+  // err_baseline is computed when the policy is baseline, or for every record
+  // when `always` (min_fudge in every verdict: the CLI's default).
+  bool always = false;
+  std::function<SdpaResult(const Case&, SdpaForm, std::span<const int> requests)> layer;
+};
+
+// A case made outside the runner (golden/: read from a golden file, or
+// regenerated and checked against one). What is left empty is computed as in a
+// plain run.
+struct PreparedCase {
+  Case c;
+  std::optional<Golden> golden;  // absorbed path: out [T, N*V], lse [T, N] (o_lat may be empty)
+  // Kernel-level decode: the absorbed queries and the fp64 reference on exactly them.
+  struct DecodeReference {
+    Tensor q_lat, q_pe;               // [T, N, L], [T, N, R] model dtype
+    std::vector<double> o_lat, lse;   // [T, N, L], [T, N]
+  };
+  std::optional<DecodeReference> decode;
+  std::map<int, PagedCache> caches;  // block size -> cache without the new tokens (write_new_tokens = false)
+  // false: a backend whose block size has no cache here is SKIPPED (replay runs stored caches only).
+  bool build_missing_caches = true;
+};
 
 struct RunConfig {
   std::vector<CaseSpec> cases;
   std::vector<Op> ops{Op::kLayer};
   Policy policy;
   ExecOptions exec;
+  ReferenceImpl reference;
+  BaselineImpl baseline;
   // One-line command that reruns exactly (case, backend, op); set by the CLI.
   std::function<std::string(const CaseSpec&, const std::string& backend, Op op)> repro;
   // Called after every record (progress, console lines).
   std::function<void(const Record&, std::size_t done, std::size_t total)> on_record;
+  // (optional) makes each case instead of generate_case (golden files); InvalidCase
+  // gives INVALID_CASE records, any other exception ends the run.
+  std::function<PreparedCase(const CaseSpec&)> prepare;
+  // (optional) each record that ran, with its outputs, before they are freed (results files).
+  std::function<void(const Case&, const Record&, std::span<const ProducedOutput>)> on_outputs;
 };
 
 std::vector<Record> run_cases(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& backends);

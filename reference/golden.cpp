@@ -116,8 +116,17 @@ Layout layout_of(const Case& c) {
   check_shape(c.k_pe, {x.S, x.R}, "k_pe");
   check_shape(c.w_uk, {x.L, x.N, x.P}, "w_uk");
   check_shape(c.w_uv, {x.L, x.N, x.V}, "w_uv");
+  if (!c.kv_c_cache.empty() || !c.k_pe_cache.empty()) {
+    check_shape(c.kv_c_cache, {x.S, x.L}, "kv_c_cache");
+    check_shape(c.k_pe_cache, {x.S, x.R}, "k_pe_cache");
+  }
   return x;
 }
+
+// The keys as the cache holds them: for fp8 caches the dequantized values a
+// correct reader sees (MLA_SPEC section 7), else the inputs themselves.
+TensorView cached_kv_c(const Case& c) { return c.kv_c_cache.empty() ? c.kv_c.view() : c.kv_c_cache.view(); }
+TensorView cached_k_pe(const Case& c) { return c.k_pe_cache.empty() ? c.k_pe.view() : c.k_pe_cache.view(); }
 
 // Keys query token u of request i sees: 0 .. c_i + u, clipped to the request
 // (a seq_len-0 padding request has c_i < 0 and sees none).
@@ -178,7 +187,7 @@ void mqa_core(const Case& c, const Layout& x, const double* q_full, double* o_la
   const Index D = x.L + x.R;
   const Index N = x.N;
   const double scale = c.spec.softmax_scale();
-  const TensorView kv_c = c.kv_c.view(), k_pe = c.k_pe.view();
+  const TensorView kv_c = cached_kv_c(c), k_pe = cached_k_pe(c);
   std::vector<RowChunk> chunks;
   Index logits_size = 0, keys_size = 0;
   for (int i = 0; i < x.B; ++i) {
@@ -269,8 +278,8 @@ Golden golden_mha(const Case& c) {
   const Index N = x.N, QW = x.P + x.R, KW = x.P + x.V;
   const double scale = c.spec.softmax_scale();
   const Buffer q = to_f64(c.q.view());
-  const Buffer kv_c = to_f64(c.kv_c.view());
-  const Buffer k_pe = to_f64(c.k_pe.view());
+  const Buffer kv_c = to_f64(cached_kv_c(c));
+  const Buffer k_pe = to_f64(cached_k_pe(c));
 
   Golden g;
   g.out.assign(static_cast<std::size_t>(x.T) * N * x.V, 0.0);

@@ -2,7 +2,8 @@
 // rounded inputs, and the attention core on given latent queries for the
 // kernel-level decode op. Visibility: query u of request i (position c_i + u)
 // sees keys 0 .. c_i + u of that request; a request with no visible key gives
-// output 0 and lse -inf.
+// output 0 and lse -inf. Keys are read from c.kv_c_cache / c.k_pe_cache when
+// the case has them (fp8 caches: the dequantized cache), else c.kv_c / c.k_pe.
 #pragma once
 
 #include <vector>

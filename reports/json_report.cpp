@@ -48,6 +48,8 @@ Json metrics(const Metrics& m) {
       {"first_nonfinite", location(m.first_nonfinite)},
       {"min_atol", number(m.min_atol)},
       {"min_fudge", number(m.min_fudge)},
+      {"err_baseline", number(m.err_baseline)},
+      {"baseline_floor", number(m.baseline_floor)},
       {"passed", m.passed},
       {"message", m.message},
   };

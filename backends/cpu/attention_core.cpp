@@ -1,11 +1,14 @@
 // The attention core of the CPU backends and the decode plumbing they share:
-// argument checks, the key gather through the block table, row blocking.
+// argument checks, the key gather through the block table (dequantizing fp8
+// caches on load), row blocking.
 // Eigen float GEMMs for Q K^T and P V; OpenMP is used by the callers.
 #include "backends/cpu/attention_core.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -14,6 +17,7 @@
 
 #include "cases/encoding.h"
 #include "cases/errors.h"
+#include "cases/fp8.h"
 
 namespace mlagate::detail {
 namespace {
@@ -42,6 +46,69 @@ const float* f16_table() {
 }
 
 [[noreturn]] void bad_arg(const std::string& what) { throw std::invalid_argument("decode: " + what); }
+
+// e4m3fn -> fp32 for all 256 codes.
+const float* e4m3_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[static_cast<std::size_t>(i)] = e4m3_to_f32(static_cast<std::uint8_t>(i));
+    return t;
+  }();
+  return table.data();
+}
+
+// Where the fields of one token's entry sit, for the dtypes these kernels read.
+struct EntryLayout {
+  KvCacheDtype dtype = KvCacheDtype::kAuto;
+  int l = 0, r = 0;
+  int tiles = 0;         // fp8_ds_mla: fp32 scales of 128-element NoPE tiles at byte l
+  int rope_offset = 0;   // byte offset of k_pe
+  int bytes = 0;
+};
+
+EntryLayout entry_layout(KvCacheDtype dtype, int l, int r) {
+  EntryLayout e{dtype, l, r};
+  switch (dtype) {
+    case KvCacheDtype::kAuto:
+      e.rope_offset = 2 * l;
+      e.bytes = 2 * (l + r);
+      break;
+    case KvCacheDtype::kFp8:
+    case KvCacheDtype::kFp8E4m3:
+      e.rope_offset = l;
+      e.bytes = l + r;
+      break;
+    case KvCacheDtype::kFp8DsMla:
+      if (l % 128 != 0) bad_arg("fp8_ds_mla needs L a multiple of 128, got " + std::to_string(l));
+      e.tiles = l / 128;
+      e.rope_offset = l + 4 * e.tiles;
+      e.bytes = e.rope_offset + 2 * r;
+      break;
+  }
+  return e;
+}
+
+// One fp8 entry dequantized on load into dst [l + r] fp32.
+void dequantize_entry(const EntryLayout& e, const std::uint8_t* src, float* dst, float k_scale, const KernelFaults& faults) {
+  const float* table = e4m3_table();
+  if (e.dtype != KvCacheDtype::kFp8DsMla) {
+    for (int i = 0; i < e.l + e.r; ++i) dst[i] = table[src[i]] * k_scale;
+    return;
+  }
+  for (int t = 0; t < e.tiles; ++t) {
+    std::uint32_t bits;
+    std::memcpy(&bits, src + e.l + 4 * t, 4);
+    // The planted fault: a reader written for power-of-two (UE8M0-style) scales keeps only the exponent.
+    if (faults.reader_pow2_scales) bits &= 0xFF800000u;
+    const float scale = std::bit_cast<float>(bits);
+    for (int i = t * 128; i < (t + 1) * 128; ++i) dst[i] = table[src[i]] * scale;
+  }
+  for (int i = 0; i < e.r; ++i) {
+    std::uint16_t b;
+    std::memcpy(&b, src + e.rope_offset + 2 * i, 2);
+    dst[e.l + i] = std::bit_cast<float>(std::uint32_t{b} << 16);
+  }
+}
 
 void expect_shape(const TensorView& t, const Shape& want, const char* name) {
   if (t.shape != want) bad_arg(std::string(name) + " has shape " + shape_str(t.shape) + ", expected " + shape_str(want));
@@ -93,10 +160,6 @@ void check_model_dtype(DType dt, const char* what) {
 void gather_keys(const DecodeArgs& a, const KernelFaults& faults, GatheredKeys& keys) {
   if (a.cache == nullptr) bad_arg("no cache");
   const PagedCache& cache = *a.cache;
-  if (cache.kv_dtype != KvCacheDtype::kAuto) {
-    throw NotSupportedError("kv cache dtype " + std::string(kv_cache_dtype_name(cache.kv_dtype)) +
-                            " not in {auto}");
-  }
   if (a.q_lat.shape.size() != 3) bad_arg("q_lat must be [T, N, L], got " + shape_str(a.q_lat.shape));
   if (a.q_pe.shape.size() != 3) bad_arg("q_pe must be [T, N, R], got " + shape_str(a.q_pe.shape));
   const std::int64_t t = a.q_lat.shape[0], n = a.q_lat.shape[1], l = a.q_lat.shape[2];
@@ -111,10 +174,13 @@ void gather_keys(const DecodeArgs& a, const KernelFaults& faults, GatheredKeys& 
   expect_shape(a.q_pe, {t, n, r}, "q_pe");
   expect_shape(a.o_lat, {t, n, l}, "o_lat");
   expect_shape(a.lse, {t, n}, "lse");
-  if (cache.entry_bytes != static_cast<int>(2 * (l + r))) {
-    bad_arg("cache entry of " + std::to_string(cache.entry_bytes) + " bytes, expected 2 * (L + R) = " +
-            std::to_string(2 * (l + r)));
+  const EntryLayout layout = entry_layout(cache.kv_dtype, static_cast<int>(l), static_cast<int>(r));
+  if (cache.entry_bytes != layout.bytes) {
+    bad_arg("cache entry of " + std::to_string(cache.entry_bytes) + " bytes, expected " + std::to_string(layout.bytes) +
+            " for kv cache dtype " + std::string(kv_cache_dtype_name(cache.kv_dtype)) + " with L = " +
+            std::to_string(l) + ", R = " + std::to_string(r));
   }
+  if (is_fp8(cache.kv_dtype) && !(a.k_scale > 0 && std::isfinite(a.k_scale))) bad_arg("k_scale must be positive and finite");
 
   const std::size_t b = a.seq_lens.size();
   if (a.query_start_loc.size() != b + 1) bad_arg("query_start_loc must have B + 1 entries");
@@ -155,10 +221,19 @@ void gather_keys(const DecodeArgs& a, const KernelFaults& faults, GatheredKeys& 
 
   if (keys.data.size() < slots.size() * keys.width) keys.data.resize(slots.size() * keys.width);
   const std::int64_t total = static_cast<std::int64_t>(slots.size());
+  if (cache.kv_dtype == KvCacheDtype::kAuto) {
+#pragma omp parallel for schedule(static)
+    for (std::int64_t j = 0; j < total; ++j) {
+      widen(reinterpret_cast<const std::uint16_t*>(cache.entry(slots[j])), keys.data.data() + j * keys.width,
+            keys.width, dt);
+    }
+    return;
+  }
+  const float k_scale = faults.reader_ignores_k_scale ? 1.f : a.k_scale;
 #pragma omp parallel for schedule(static)
   for (std::int64_t j = 0; j < total; ++j) {
-    widen(reinterpret_cast<const std::uint16_t*>(cache.entry(slots[j])), keys.data.data() + j * keys.width,
-          keys.width, dt);
+    dequantize_entry(layout, reinterpret_cast<const std::uint8_t*>(cache.entry(slots[j])),
+                     keys.data.data() + j * keys.width, k_scale, faults);
   }
 }
 

@@ -17,6 +17,11 @@ namespace mlagate::detail {
 struct KernelFaults {
   int extra_visible_keys = 0;             // keys seen past the causal limit, clamped to the sequence
   bool last_key_from_null_block = false;  // decode reads each request's last key from block 0
+  // fp8 readers (decode's key gather) and cpu.paged's cache writer.
+  bool reader_ignores_k_scale = false;    // fp8/fp8_e4m3 read as e4m3 alone, without * k_scale
+  bool reader_pow2_scales = false;        // fp8_ds_mla tile scales read as 2^exponent (mantissa dropped)
+  bool writer_truncates = false;          // e4m3 rounded toward zero instead of to nearest even
+  bool writer_saturates_240 = false;      // e4m3 clamped to +-240 (the e4m3fnuz range) instead of 448
 };
 
 // cpu.paged with faults planted (tests only); make_cpu_paged() is this with none.
@@ -39,8 +44,9 @@ void round_to_model_dtype(float* x, std::int64_t n, DType dt);
 // Throws std::invalid_argument unless dt is a 16-bit model dtype.
 void check_model_dtype(DType dt, const char* what);
 
-// Every key of every request of a decode call, widened to fp32 in request
-// order: [sum seq_lens, L+R], request b from row start[b]. A backend keeps one
+// Every key of every request of a decode call, widened (auto) or dequantized
+// on load (fp8: e4m3 * k_scale; fp8_ds_mla: e4m3 * tile scale, bf16 RoPE) to
+// fp32 in request order: [sum seq_lens, L+R], request b from row start[b]. A backend keeps one
 // across calls: the buffer only grows, so a large case does not pay the
 // first-touch page faults of a fresh ~100 MB allocation on every call.
 struct GatheredKeys {
@@ -59,6 +65,12 @@ struct RowBlock {
   int first_row = 0;
   int rows = 0;
 };
+// cpu.paged's cache writer for every kv cache dtype: its own quantization
+// code (not the reference writer's), so the cache_write op checks something.
+// kv_c: [n, L], k_pe: [n, R] model dtype; negative slots are skipped.
+void write_cache(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,
+                 std::span<const std::int64_t> slots, const KernelFaults& faults);
+
 // Cuts every request's rows into blocks small enough to share among threads.
 std::vector<RowBlock> plan_row_blocks(std::span<const std::int32_t> query_start_loc, int num_heads);
 

@@ -1,6 +1,7 @@
 // cpu.paged: decode through the block table in one pass over each request's
 // keys, and ordinary varlen prefill, both with a GPU kernel's precision
-// (attention_core.h). Parallel over blocks of (token, head) rows.
+// (attention_core.h), and its own cache writer for every kv cache dtype
+// (cache_writer.cpp). Parallel over blocks of (token, head) rows.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -156,15 +157,19 @@ class PagedBackend final : public Backend {
   }
   Capabilities capabilities() const override {
     Capabilities caps;
-    caps.ops = {Op::kDecode, Op::kPrefill};
+    caps.ops = {Op::kDecode, Op::kPrefill, Op::kCacheWrite};
     caps.block_sizes = {16, 1, 32, 64, 128};
     caps.query_len_support = QueryLenSupport::kUniform;
     caps.reorder_threshold = 1;
     caps.dtypes = {DType::kBF16, DType::kF16};
-    caps.kv_dtypes = {KvCacheDtype::kAuto};
+    caps.kv_dtypes = {KvCacheDtype::kAuto, KvCacheDtype::kFp8, KvCacheDtype::kFp8E4m3, KvCacheDtype::kFp8DsMla};
     return caps;
   }
   void decode(const DecodeArgs& args) override { paged_decode(args, faults_, keys_); }
+  void cache_write(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,
+                   std::span<const std::int64_t> slots) override {
+    detail::write_cache(cache, kv_c, k_pe, slots, faults_);
+  }
   void prefill(const PrefillArgs& args) override { dense_prefill(args, faults_); }
 
  private:

@@ -62,7 +62,7 @@ class SplitKvBackend final : public Backend {
     // Every request is a decode: the layer op sends prefills through decode too.
     caps.reorder_threshold = 1 << 16;
     caps.dtypes = {DType::kBF16, DType::kF16};
-    caps.kv_dtypes = {KvCacheDtype::kAuto};
+    caps.kv_dtypes = {KvCacheDtype::kAuto, KvCacheDtype::kFp8, KvCacheDtype::kFp8E4m3, KvCacheDtype::kFp8DsMla};
     return caps;
   }
   void decode(const DecodeArgs& args) override;

@@ -12,12 +12,19 @@
 namespace mlagate {
 namespace {
 
-enum class Bug { kCausalOffByOne, kScale1Pct, kNullBlockLastToken, kHeadsSwapped, kOneNaN, kLseWrongAxis };
+enum class Bug {
+  kCausalOffByOne, kScale1Pct, kNullBlockLastToken, kHeadsSwapped, kOneNaN, kLseWrongAxis,
+  kFp8ReaderPow2Scales, kFp8WriterTruncates, kFp8ReaderIgnoresKScale, kFp8WriterSaturates240
+};
 
 detail::KernelFaults faults_for(Bug bug) {
   detail::KernelFaults f;
   if (bug == Bug::kCausalOffByOne) f.extra_visible_keys = 1;
   if (bug == Bug::kNullBlockLastToken) f.last_key_from_null_block = true;
+  if (bug == Bug::kFp8ReaderPow2Scales) f.reader_pow2_scales = true;
+  if (bug == Bug::kFp8WriterTruncates) f.writer_truncates = true;
+  if (bug == Bug::kFp8ReaderIgnoresKScale) f.reader_ignores_k_scale = true;
+  if (bug == Bug::kFp8WriterSaturates240) f.writer_saturates_240 = true;
   return f;
 }
 
@@ -43,6 +50,10 @@ class PlantedBackend final : public Backend {
     if (bug_ == Bug::kScale1Pct) a.scale *= 1.01;
     inner_->prefill(a);
     corrupt(a.o, a.lse);
+  }
+  void cache_write(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,
+                   std::span<const std::int64_t> slots) override {
+    inner_->cache_write(cache, kv_c, k_pe, slots);
   }
 
  private:
@@ -100,6 +111,37 @@ const std::vector<PlantedBug>& planted_bugs() {
     add("bug.lse_wrong_axis",
         "lse written as [N, T] into the [T, N] buffer; invisible when T == 1",
         Status::kIncorrect, Bug::kLseWrongAxis);
+    return v;
+  }();
+  return bugs;
+}
+
+const std::vector<PlantedBug>& planted_fp8_bugs() {
+  static const std::vector<PlantedBug> bugs = [] {
+    std::vector<PlantedBug> v;
+    auto add = [&v](std::string name, std::string description, Bug bug, std::function<bool(const CaseSpec&)> exposed_by) {
+      v.push_back({name, description, Status::kIncorrect,
+                   [=] { return std::make_unique<PlantedBackend>(name, description, bug); }, std::move(exposed_by)});
+    };
+    const auto ds_mla = [](const CaseSpec& c) { return c.kv_cache_dtype == KvCacheDtype::kFp8DsMla; };
+    add("bug.fp8_reader_pow2_scales",
+        "decode reads each fp8_ds_mla tile scale as a power of two (its exponent bits only), as a reader "
+        "written for UE8M0/pow2 scales does; exact on pow2-rule caches, wrong on raw-rule ones",
+        Bug::kFp8ReaderPow2Scales,
+        [](const CaseSpec& c) { return c.kv_cache_dtype == KvCacheDtype::kFp8DsMla && c.scale_rule == ScaleRule::kRaw; });
+    add("bug.fp8_writer_truncates", "cache_write rounds e4m3 toward zero instead of to nearest even",
+        Bug::kFp8WriterTruncates, [](const CaseSpec& c) { return is_fp8(c.kv_cache_dtype); });
+    add("bug.fp8_reader_ignores_k_scale", "decode reads fp8/fp8_e4m3 entries as e4m3 without multiplying by k_scale",
+        Bug::kFp8ReaderIgnoresKScale, [](const CaseSpec& c) {
+          return (c.kv_cache_dtype == KvCacheDtype::kFp8 || c.kv_cache_dtype == KvCacheDtype::kFp8E4m3) && c.k_scale != 1.f;
+        });
+    add("bug.fp8_writer_saturates_240",
+        "cache_write clamps e4m3 to +-240 (the e4m3fnuz range) instead of +-448: every fp8_ds_mla tile's "
+        "amax, and fp8 values beyond 240 * k_scale",
+        Bug::kFp8WriterSaturates240, [ds_mla](const CaseSpec& c) {
+          return ds_mla(c) || ((c.kv_cache_dtype == KvCacheDtype::kFp8 || c.kv_cache_dtype == KvCacheDtype::kFp8E4m3) &&
+                               c.k_scale < 0.02f);
+        });
     return v;
   }();
   return bugs;

@@ -18,11 +18,21 @@ struct PlantedBug {
   std::string description;
   Status expected;          // the verdict on a case that exposes the bug
   std::function<std::unique_ptr<Backend>()> make;
+  // fp8 bugs: the cases that expose the bug (on the others it must pass);
+  // empty for the bugs every detection case may expose.
+  std::function<bool(const CaseSpec&)> exposed_by;
 };
 
 // bug.causal_off_by_one, bug.scale_1pct, bug.null_block_last_token,
 // bug.heads_swapped, bug.one_nan, bug.lse_wrong_axis. Each keeps cpu.paged's
 // capabilities, so it runs on the same cases.
 const std::vector<PlantedBug>& planted_bugs();
+
+// fp8 cache bugs (MLA_SPEC sections 7 and 9: writers and readers disagreeing
+// about scales and rounding), a separate list because only fp8 cases expose
+// them: bug.fp8_reader_pow2_scales, bug.fp8_writer_truncates,
+// bug.fp8_reader_ignores_k_scale, bug.fp8_writer_saturates_240. The writer
+// bugs live in cpu.paged's cache_write, which the planted backends keep.
+const std::vector<PlantedBug>& planted_fp8_bugs();
 
 }  // namespace mlagate

@@ -93,6 +93,7 @@ Outputs run_decode(Backend& be, const Case& c, const DecodeInputs& in, const Pag
   a.query_start_loc = c.query_start_loc;
   a.block_table_rows = rows;
   a.scale = c.spec.softmax_scale();
+  a.k_scale = c.spec.k_scale;
   a.o_lat = out.o.view();
   a.lse = out.lse.view();
   be.decode(a);
@@ -513,6 +514,95 @@ TEST(PlantedBugs, OutputBugsAlsoChangeThePrefillOutput) {
     auto be = bug.make();
     const Outputs out = run_prefill(*be, c, in, true);
     EXPECT_FALSE(bit_identical(out.o, good.o) && bit_identical(out.lse, good.lse)) << bug.name;
+  }
+}
+
+// fp8 caches (MLA_SPEC section 7). Every fp8 format with a k_scale of 1 (many
+// bf16 values tie in e4m3), 3 (divisions), and 0.01 (values beyond 240 and 448).
+struct Fp8Format {
+  KvCacheDtype dtype;
+  ScaleRule rule;
+  float k_scale;
+};
+const Fp8Format kFp8Formats[] = {
+    {KvCacheDtype::kFp8, ScaleRule::kPow2, 1.f},       {KvCacheDtype::kFp8, ScaleRule::kPow2, 3.f},
+    {KvCacheDtype::kFp8, ScaleRule::kPow2, 0.01f},     {KvCacheDtype::kFp8E4m3, ScaleRule::kPow2, 3.f},
+    {KvCacheDtype::kFp8DsMla, ScaleRule::kPow2, 1.f},  {KvCacheDtype::kFp8DsMla, ScaleRule::kRaw, 1.f},
+    {KvCacheDtype::kFp8DsMla, ScaleRule::kRaw, 3.f},
+};
+
+CaseSpec fp8_spec(const Fp8Format& f, std::vector<int> seq_lens, std::vector<int> query_lens, DType dt = DType::kBF16) {
+  CaseSpec s = make_spec(std::move(seq_lens), std::move(query_lens), 16, dt);
+  s.kv_cache_dtype = f.dtype;
+  s.scale_rule = f.rule;
+  s.k_scale = f.k_scale;
+  return s;
+}
+
+// Every token of the case written into an empty cache by `be` and by the
+// reference writer: the two caches, byte for byte.
+bool writes_like_reference(Backend& be, const Case& c, int block_size, std::string* where = nullptr) {
+  CacheOptions opt;
+  opt.write_new_tokens = false;
+  const PagedCache base = build_paged_cache(c, block_size, opt);
+  PagedCache got = base, want = base;
+  std::vector<std::int64_t> slots;
+  for (int i = 0; i < c.num_requests; ++i)
+    for (int p = 0; p < c.seq_lens[i]; ++p) slots.push_back(base.slot_of(i, p));
+  reference_cache_write(want, c.kv_c.view(), c.k_pe.view(), slots);
+  be.cache_write(got, c.kv_c.view(), c.k_pe.view(), slots);
+  const std::string diff = first_cache_difference(got, want, {}, c.query_start_loc);
+  if (where) *where = diff;
+  return diff.empty();
+}
+
+TEST(CpuBackendsFp8, PagedCacheWriteIsBitExactForEveryFormat) {
+  auto paged = make_cpu_paged();
+  for (const Fp8Format& f : kFp8Formats) {
+    const Case c = generate_case(fp8_spec(f, {300, 41, 1}, {1, 1, 1}));
+    std::string where;
+    EXPECT_TRUE(writes_like_reference(*paged, c, 16, &where)) << c.spec.id() << ": " << where;
+  }
+  const Case h = generate_case(fp8_spec(kFp8Formats[1], {77}, {1}, DType::kF16));
+  EXPECT_TRUE(writes_like_reference(*paged, h, 32)) << h.spec.id();
+  const Case a = generate_case(make_spec({50}, {1}, 16, DType::kF16));
+  EXPECT_TRUE(writes_like_reference(*paged, a, 16)) << "auto";
+}
+
+// Both backends dequantize on load: against the reference over the
+// dequantized cache they are as close as on an auto cache.
+TEST(CpuBackendsFp8, DecodeMatchesReferenceOverTheDequantizedCache) {
+  for (const Fp8Format& f : kFp8Formats) {
+    const Case c = generate_case(fp8_spec(f, {32, 300, 1, 129}, {1, 2, 1, 1}));
+    auto paged = make_cpu_paged();
+    auto split = make_cpu_splitkv_forced(3);
+    expect_matches_reference(*paged, c, 16);
+    expect_matches_reference(*split, c, 64);
+  }
+  const Case h = generate_case(fp8_spec(kFp8Formats[3], {40, 9}, {1, 1}, DType::kF16));
+  auto paged = make_cpu_paged();
+  expect_matches_reference(*paged, h, 32);
+}
+
+TEST(PlantedFp8Bugs, EachChangesItsOwnPartOnExposingCasesOnly) {
+  ASSERT_EQ(planted_fp8_bugs().size(), 4u);
+  auto paged = make_cpu_paged();
+  for (const PlantedBug& bug : planted_fp8_bugs()) {
+    auto be = bug.make();
+    EXPECT_EQ(be->name(), bug.name);
+    EXPECT_EQ(be->capabilities().kv_dtypes, paged->capabilities().kv_dtypes);
+    const bool writer = bug.name.find("writer") != std::string::npos;
+    for (const Fp8Format& f : kFp8Formats) {
+      const Case c = generate_case(fp8_spec(f, {40, 57}, {1, 1}));
+      const bool exposed = bug.exposed_by(c.spec);
+      SCOPED_TRACE(bug.name + " on " + c.spec.id() + (exposed ? " (exposed)" : ""));
+      // A writer bug changes the bytes written; a reader bug the decode output.
+      EXPECT_EQ(writes_like_reference(*be, c, 16), !(writer && exposed));
+      const DecodeInputs in = absorb(c);
+      const PagedCache cache = build_paged_cache(c, 16, CacheOptions{});
+      const Outputs good = run_decode(*paged, c, in, cache), out = run_decode(*be, c, in, cache);
+      EXPECT_EQ(bit_identical(out.o, good.o), writer || !exposed);
+    }
   }
 }
 

@@ -66,6 +66,10 @@ TEST(CaseSpec, IdDistinguishesEveryParameter) {
       [](CaseSpec& s) { s.q_magnitude = 1.5; },
       [](CaseSpec& s) { s.scale = 0.125; },
       [](CaseSpec& s) { s.k_scale = 0.5f; },
+      [](CaseSpec& s) { s.kv_cache_dtype = KvCacheDtype::kFp8; },
+      [](CaseSpec& s) { s.kv_cache_dtype = KvCacheDtype::kFp8E4m3; },
+      [](CaseSpec& s) { s.kv_cache_dtype = KvCacheDtype::kFp8DsMla; },
+      [](CaseSpec& s) { s.kv_cache_dtype = KvCacheDtype::kFp8DsMla, s.scale_rule = ScaleRule::kRaw; },
   };
   std::set<std::string> ids = {base.id()};
   for (const auto& change : changes) {

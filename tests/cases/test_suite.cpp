@@ -51,7 +51,7 @@ void expect_unique_ids(const std::vector<CaseSpec>& cases) {
 
 TEST(Suites, BuiltinNames) {
   const std::vector<std::string> names = builtin_suite_names();
-  for (const char* n : {"vllm", "smoke", "edges"})
+  for (const char* n : {"vllm", "smoke", "edges", "fp8"})
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
   EXPECT_EQ(std::find(names.begin(), names.end(), "specs"), names.end()) << "specs.yaml is not a suite";
 }
@@ -59,9 +59,10 @@ TEST(Suites, BuiltinNames) {
 TEST(Suites, VllmIsTheSeedSweep) {
   const Suite s = load_suite("vllm");
   EXPECT_EQ(s.name, "vllm");
-  ASSERT_EQ(s.cases.size(), 48u);  // 12 specs x TP {1, 4, 8, 16}
+  ASSERT_EQ(s.cases.size(), 144u);  // 12 specs x TP {1, 4, 8, 16} x kv {auto, fp8, fp8_e4m3}
   expect_unique_ids(s.cases);
   std::map<std::string, std::set<int>> tps;
+  std::map<std::string, std::set<std::string>> kvs;
   for (const CaseSpec& c : s.cases) {
     SCOPED_TRACE(c.id());
     const auto it = vllm_table().find(c.batch.name);
@@ -71,7 +72,8 @@ TEST(Suites, VllmIsTheSeedSweep) {
     EXPECT_EQ(c.batch.spec_decode, c.batch.name.starts_with("spec_decode"));
     EXPECT_EQ(c.block_size, 0) << "each backend picks its block size, as in the seed";
     EXPECT_EQ(c.dtype, DType::kBF16);
-    EXPECT_EQ(c.kv_cache_dtype, KvCacheDtype::kAuto);
+    kvs[c.batch.name + "/tp" + std::to_string(c.tp)].insert(kv_cache_format_name(c.kv_format()));
+    EXPECT_EQ(c.k_scale, 1.0f);
     EXPECT_EQ(c.dims, Dims{});
     EXPECT_EQ(c.total_heads, 128);
     EXPECT_EQ(c.seed, 0u);
@@ -81,6 +83,7 @@ TEST(Suites, VllmIsTheSeedSweep) {
   }
   ASSERT_EQ(tps.size(), 12u);
   for (const auto& [name, t] : tps) EXPECT_EQ(t, (std::set<int>{1, 4, 8, 16})) << name;
+  for (const auto& [name, k] : kvs) EXPECT_EQ(k, (std::set<std::string>{"auto", "fp8", "fp8_e4m3"})) << name;
   // The same table through the spec registry.
   for (const auto& [name, lens] : vllm_table()) {
     EXPECT_EQ(find_batch_spec(name).seq_lens, lens.first) << name;
@@ -90,7 +93,7 @@ TEST(Suites, VllmIsTheSeedSweep) {
 }
 
 TEST(Suites, SmokeAndEdgesLoadAndValidate) {
-  for (const char* name : {"smoke", "edges"}) {
+  for (const char* name : {"smoke", "edges", "fp8"}) {
     const Suite s = load_suite(name);
     EXPECT_EQ(s.name, name);
     EXPECT_FALSE(s.cases.empty());

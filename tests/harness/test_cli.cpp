@@ -100,6 +100,26 @@ TEST(Cli, UsageAndInputErrorsExitTwo) {
   EXPECT_FALSE(fs::exists(d / "missing"));
 }
 
+// fp8 cache formats on the command line: the kv token carries the
+// fp8_ds_mla scale rule into the id, and the cache_write op runs.
+TEST(Cli, Fp8FormatsAndTheCacheWriteOp) {
+  const fs::path d = temp_dir();
+  EXPECT_EQ(cli({"run", "--spec", "small_decode", "--tp", "16", "--kv-cache-dtype", "fp8,fp8_ds_mla:raw", "--backend",
+                 "cpu.paged", "--op", "layer,cache_write", "--json", (d / "fp8.json").string(), "--no-progress"}),
+            kExitPassed);
+  std::ifstream js(d / "fp8.json");
+  const auto j = nlohmann::json::parse(js);
+  ASSERT_EQ(j["records"].size(), 4u);
+  EXPECT_EQ(j["records"][2]["id"], "sweep/small_decode/tp16/bf16/kv=fp8_ds_mla:raw/bs=auto/seed=0");
+  EXPECT_EQ(j["records"][3]["op"], "cache_write");
+  EXPECT_EQ(j["records"][3]["status"], "PASSED");
+  EXPECT_EQ(j["records"][2]["metrics"].back()["output"], "quant_error");
+  EXPECT_EQ(cli({"run", "--spec", "small_decode", "--kv-cache-dtype", "fp8:raw"}), kExitUsage);
+  EXPECT_EQ(cli({"run", "--spec", "small_decode", "--kv-cache-dtype", "fp8_ds_mla:ue8m0"}), kExitUsage);
+  EXPECT_EQ(cli({"run", "--spec", "small_decode", "--dtype", "fp16", "--kv-cache-dtype", "fp8_ds_mla"}), kExitUsage);
+  EXPECT_EQ(cli({"list", "cases", "--suite", "fp8", "--filter", "kv=fp8_ds_mla:raw/.*kscale=3"}), kExitPassed);
+}
+
 TEST(Cli, CustomSuiteFileWithItsOwnSpec) {
   const fs::path d = temp_dir();
   write(d / "mine.yaml",

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "cases/errors.h"
 #include "harness/compare.h"
 #include "harness/guarded.h"
 
@@ -129,6 +130,62 @@ TEST(Guarded, DetectsWritesPastEitherEnd) {
   GuardedBuffer c(DType::kBF16, {4}, Poison::kZero);
   static_cast<std::uint16_t*>(c.view().data)[-1] = 0;
   EXPECT_NE(c.check_guards("y").find("before y"), std::string::npos);
+}
+
+// The baseline policy: err <= fudge * err_baseline + floor, the floor half a
+// bf16 ulp at max |ref| (1.0 here: 2^-8), min_fudge the fudge that just passes.
+TEST(Compare, BaselinePolicyAndSmallestPassingFudge) {
+  Fixture f;
+  f.check.err_baseline = 0.01;
+  f.got.set(5, f.golden[5] + 0.03125);  // exactly representable: err 2^-5
+  const double floor = std::ldexp(1.0, -8);
+  Metrics m;
+  EXPECT_EQ(compare_output(f.check, make_policy("baseline", 0, 0, 2.0), m), Status::kIncorrect);
+  EXPECT_DOUBLE_EQ(m.baseline_floor, floor);
+  EXPECT_DOUBLE_EQ(m.err_baseline, 0.01);
+  EXPECT_DOUBLE_EQ(m.min_fudge, (0.03125 - floor) / 0.01);
+  EXPECT_NE(m.message.find("baseline(fudge=2)"), std::string::npos) << m.message;
+  EXPECT_NE(m.message.find("needs fudge 2.734"), std::string::npos) << m.message;
+  EXPECT_EQ(compare_output(f.check, make_policy("baseline", 0, 0, m.min_fudge), m), Status::kPassed);
+  EXPECT_EQ(compare_output(f.check, make_policy("baseline", 0, 0, 3.0), m), Status::kPassed);
+  // Every policy reports min_fudge when err_baseline is known.
+  EXPECT_EQ(compare_output(f.check, make_policy("fixed", 1, 0), m), Status::kPassed);
+  EXPECT_DOUBLE_EQ(m.min_fudge, (0.03125 - floor) / 0.01);
+  // Within the floor: min_fudge 0, whatever err_baseline (even 0).
+  f.got.set(5, f.golden[5]);
+  f.check.err_baseline = 0;
+  EXPECT_EQ(compare_output(f.check, make_policy("baseline", 0, 0, 2.0), m), Status::kPassed);
+  EXPECT_EQ(m.min_fudge, 0);
+}
+
+TEST(Compare, BaselinePolicyJudgesLseWithItsOwnFloor) {
+  std::vector<std::int32_t> qsl{0, 2};
+  std::vector<double> golden{4.5, -std::numeric_limits<double>::infinity()};
+  Tensor got(DType::kF32, {2, 1});
+  got.set(0, 4.5 + 1e-4);
+  got.set(1, -std::numeric_limits<double>::infinity());
+  OutputCheck c{"lse", got.view(), {2, 1}, DType::kF32, &golden, Layout{qsl, 1, 1}, true};
+  c.err_baseline = 1e-7;
+  c.dqk = 576;
+  Metrics m;
+  // floor = 576 * 0.5 ulp_f32(4.5) = 576 * 2^-22 = 1.37e-4: a 1e-4 error passes.
+  EXPECT_EQ(compare_output(c, make_policy("baseline", 0, 0, 2.0), m), Status::kPassed);
+  EXPECT_DOUBLE_EQ(m.baseline_floor, 576 * std::ldexp(1.0, -22));
+  got.set(0, 4.5 + 1e-3);  // the size of a 1% softmax-scale error's shift
+  EXPECT_EQ(compare_output(c, make_policy("baseline", 0, 0, 2.0), m), Status::kIncorrect);
+}
+
+TEST(Compare, BaselinePolicyNeedsErrBaselineAndAValidFudge) {
+  Fixture f;
+  Metrics m;
+  EXPECT_THROW(compare_output(f.check, make_policy("baseline", 0, 0), m), std::logic_error);
+  EXPECT_THROW(make_policy("baseline", 0, 0, -1), InputError);
+  EXPECT_THROW(make_policy("baseline", 0, 0, INFINITY), InputError);
+  const Policy p = make_policy("baseline", 0, 0, 2.5);
+  EXPECT_EQ(p.describe(), "baseline(fudge=2.5)");
+  EXPECT_EQ(p.cli_args(), "--policy baseline --fudge 2.5");
+  EXPECT_TRUE(p.gates("lse"));
+  EXPECT_EQ(make_policy("baseline", 0, 0).fudge, kDefaultFudge);
 }
 
 }  // namespace

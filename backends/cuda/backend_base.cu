@@ -1,0 +1,291 @@
+// The CUDA backends' shared host flow (validation, uploads, guarded outputs,
+// timing, copy back) and the device cache writer.
+#include "backends/cuda/backend_base.cuh"
+
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "backends/cuda/cache_store.h"
+#include "cases/errors.h"
+#include "cases/fp8.h"
+
+namespace mlagate::gpu {
+namespace {
+
+[[noreturn]] void bad_arg(const std::string& what) { throw std::invalid_argument("decode: " + what); }
+
+void expect_shape(const TensorView& t, const Shape& want, const char* name) {
+  if (t.shape != want) bad_arg(std::string(name) + " has shape " + shape_str(t.shape) + ", expected " + shape_str(want));
+  if (t.data == nullptr && t.numel() > 0) bad_arg(std::string(name) + " has no data");
+}
+
+bool is_model_dtype(DType d) { return d == DType::kBF16 || d == DType::kF16; }
+
+// The checks of the CPU backends' gather_keys, on the host before any launch:
+// a bad block id must throw here, not fault inside a kernel (a fault would
+// leave the CUDA context unusable for every later record).
+void validate_decode(const DecodeArgs& a) {
+  if (a.cache == nullptr) bad_arg("no cache");
+  const PagedCache& cache = *a.cache;
+  if (a.q_lat.shape.size() != 3) bad_arg("q_lat must be [T, N, L], got " + shape_str(a.q_lat.shape));
+  if (a.q_pe.shape.size() != 3) bad_arg("q_pe must be [T, N, R], got " + shape_str(a.q_pe.shape));
+  const std::int64_t t = a.q_lat.shape[0], n = a.q_lat.shape[1], l = a.q_lat.shape[2], r = a.q_pe.shape[2];
+  const DType dt = a.q_lat.dtype;
+  if (!is_model_dtype(dt)) bad_arg("q_lat dtype " + std::string(dtype_name(dt)) + " is not a 16-bit model dtype");
+  if (a.q_pe.dtype != dt || a.o_lat.dtype != dt || cache.elem_dtype != dt)
+    bad_arg("q_lat, q_pe, o_lat and the cache entries must share one model dtype");
+  if (a.lse.dtype != DType::kF32) bad_arg("lse must be float32");
+  expect_shape(a.q_lat, {t, n, l}, "q_lat");
+  expect_shape(a.q_pe, {t, n, r}, "q_pe");
+  expect_shape(a.o_lat, {t, n, l}, "o_lat");
+  expect_shape(a.lse, {t, n}, "lse");
+  const std::size_t b = a.seq_lens.size();
+  if (a.query_start_loc.size() != b + 1) bad_arg("query_start_loc must have B + 1 entries");
+  if (a.block_table_rows.size() != b) bad_arg("block_table_rows must have B entries");
+  if (a.query_start_loc[0] != 0 || a.query_start_loc[b] != t) bad_arg("query_start_loc must run from 0 to T");
+  const int bs = cache.block_size;
+  if (bs < 1) bad_arg("cache block size " + std::to_string(bs));
+  const std::int64_t table_rows = cache.block_table.dim(0), width = cache.block_table.dim(1);
+  const std::int32_t* table = cache.block_table.data<std::int32_t>();
+  for (std::size_t i = 0; i < b; ++i) {
+    if (a.query_start_loc[i + 1] < a.query_start_loc[i]) bad_arg("query_start_loc must not decrease");
+    if (a.seq_lens[i] < 0) bad_arg("negative seq_len");
+    const int row = a.block_table_rows[i];
+    if (row < 0 || row >= table_rows) bad_arg("block table row " + std::to_string(row) + " out of range");
+    const int s = a.seq_lens[i];
+    if (s > 0 && (s - 1) / bs >= width) bad_arg("seq_len " + std::to_string(s) + " exceeds the block table width");
+    for (int blk = 0; blk * bs < s; ++blk) {
+      const std::int64_t id = table[row * width + blk];
+      if (id < 0 || id >= cache.num_blocks)
+        throw std::out_of_range("decode: request " + std::to_string(i) + " key " + std::to_string(blk * bs) +
+                                " maps to block " + std::to_string(id) + " of " + std::to_string(cache.num_blocks));
+    }
+  }
+}
+
+// e4m3fn by the hardware's conversion (cvt.rn.satfinite: round to nearest
+// even, +-448 for anything larger), not the reference writer's bit code: the
+// cache_write op compares two implementations of one contract.
+__device__ __forceinline__ unsigned char to_e4m3(float x) {
+  return static_cast<unsigned char>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+}
+
+// fp8_ds_mla tile scale from the tile's amax (cases/fp8.h's two rules), in fp32.
+__device__ __forceinline__ float ds_mla_scale(float amax, bool pow2) {
+  const float s = __fdiv_rn(amax, 448.f);
+  if (!pow2) return fmaxf(s, 1.17549435e-38f);  // FLT_MIN
+  const float t = fmaxf(s, 1e-4f);
+  int e = 0;
+  const float m = frexpf(t, &e);  // t = m * 2^e, m in [0.5, 1): a power of two stays, else the next one up
+  return m == 0.5f ? t : ldexpf(1.f, e);
+}
+
+// New tokens into their slots, one block of kWriteThreads per token, in the
+// entry layout of the cache's kv dtype (cases/fp8.h): auto copies the model
+// dtype bits; fp8 stores e4m3(x / k_scale); fp8_ds_mla stores e4m3(x / tile
+// scale) per 128-element tile, the fp32 scales, and k_pe as bf16 verbatim.
+constexpr int kWriteThreads = 128;  // one thread per element of an fp8_ds_mla tile
+__global__ void __launch_bounds__(kWriteThreads)
+    write_entries_kernel(unsigned char* cache, KvFormat f, bool pow2, int R, const std::uint16_t* kv_c,
+                         const std::uint16_t* k_pe, const long long* slots) {
+  const long long t = blockIdx.x;
+  const long long slot = slots[t];
+  if (slot < 0) return;  // the whole block leaves together
+  const int L = f.L, tid = threadIdx.x;
+  unsigned char* e = cache + slot * f.entry_bytes;
+  switch (f.kind) {
+    case KvKind::kModel16: {
+      std::uint16_t* d = reinterpret_cast<std::uint16_t*>(e);
+      for (int i = tid; i < L + R; i += kWriteThreads) d[i] = i < L ? kv_c[t * L + i] : k_pe[t * R + (i - L)];
+      return;
+    }
+    case KvKind::kFp8E4M3: {
+      for (int i = tid; i < L + R; i += kWriteThreads) {
+        const float x = model_to_float(i < L ? kv_c[t * L + i] : k_pe[t * R + (i - L)], f.bf16);
+        e[i] = to_e4m3(__fdiv_rn(x, f.k_scale));
+      }
+      return;
+    }
+    case KvKind::kFp8DsMla: {
+      __shared__ float warp_max[kWriteThreads / 32];
+      for (int tile = 0; tile < L / 128; ++tile) {
+        const float x = model_to_float(kv_c[t * L + tile * 128 + tid], true);
+        float a = fabsf(x);
+        for (int o = 16; o > 0; o /= 2) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+        if (tid % 32 == 0) warp_max[tid / 32] = a;
+        __syncthreads();
+        float amax = warp_max[0];
+        for (int w = 1; w < kWriteThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
+        __syncthreads();  // warp_max is rewritten by the next tile
+        const float scale = ds_mla_scale(amax, pow2);
+        e[tile * 128 + tid] = to_e4m3(__fdiv_rn(x, scale));
+        if (tid == 0) reinterpret_cast<float*>(e + f.scale_offset)[tile] = scale;
+      }
+      std::uint16_t* pe = reinterpret_cast<std::uint16_t*>(e + f.k_pe_offset);
+      for (int i = tid; i < R; i += kWriteThreads) pe[i] = k_pe[t * R + i];
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<RowGroup> decode_row_groups(std::span<const std::int32_t> query_start, int heads) {
+  std::vector<RowGroup> groups;
+  for (std::size_t b = 0; b + 1 < query_start.size(); ++b) {
+    const int rows = (query_start[b + 1] - query_start[b]) * heads;
+    for (int r = 0; r < rows; r += kGroupRows)
+      groups.push_back({static_cast<int>(b), r, std::min(kGroupRows, rows - r), 0});
+  }
+  return groups;
+}
+
+KvFormat kv_format_of(const PagedCache& cache, float k_scale) {
+  const EntryFormat ef = cache.format();  // throws InvalidCase for impossible layouts
+  if (ef.bytes != cache.entry_bytes)
+    throw std::invalid_argument("cache entry of " + std::to_string(cache.entry_bytes) + " bytes, its format has " +
+                                std::to_string(ef.bytes));
+  KvFormat f;
+  f.entry_bytes = cache.entry_bytes;
+  f.L = cache.kv_lora_rank;
+  f.bf16 = cache.elem_dtype == DType::kBF16;
+  f.k_scale = k_scale;
+  f.scale_offset = ef.scale_offset;
+  f.k_pe_offset = ef.k_pe_offset;
+  switch (cache.kv_dtype) {
+    case KvCacheDtype::kAuto: f.kind = KvKind::kModel16; return f;
+    case KvCacheDtype::kFp8:
+    case KvCacheDtype::kFp8E4m3: f.kind = KvKind::kFp8E4M3; return f;
+    case KvCacheDtype::kFp8DsMla: f.kind = KvKind::kFp8DsMla; return f;
+  }
+  throw NotSupportedError("kv cache dtype " + std::string(kv_cache_dtype_name(cache.kv_dtype)) +
+                          " is not read by the CUDA kernels");
+}
+
+cudaStream_t CudaBackend::stream() {
+  if (!stream_) stream_ = std::make_unique<Stream>();
+  return stream_->get();
+}
+
+void CudaBackend::decode(const DecodeArgs& a) {
+  require_device();
+  validate_decode(a);
+  const PagedCache& cache = *a.cache;
+  const KvFormat kv = kv_format_of(cache, a.k_scale);
+  const int T = static_cast<int>(a.q_lat.shape[0]), N = static_cast<int>(a.q_lat.shape[1]);
+  const int L = static_cast<int>(a.q_lat.shape[2]), R = static_cast<int>(a.q_pe.shape[2]);
+  if (cache.kv_lora_rank != L || cache.rope_dim != R)
+    bad_arg("the cache holds L = " + std::to_string(cache.kv_lora_rank) + ", R = " + std::to_string(cache.rope_dim) +
+            ", the queries L = " + std::to_string(L) + ", R = " + std::to_string(R));
+  const cudaStream_t s = stream();
+
+  const std::shared_ptr<const DeviceCache> dc = DeviceCacheStore::instance().get(cache, s);
+  const DeviceBuffer q_lat = upload_array(static_cast<const std::uint16_t*>(a.q_lat.data), a.q_lat.numel(), s);
+  const DeviceBuffer q_pe = upload_array(static_cast<const std::uint16_t*>(a.q_pe.data), a.q_pe.numel(), s);
+  const std::size_t B = a.seq_lens.size();
+  std::vector<std::int32_t> meta;  // seq_lens [B] | query_start [B + 1] | table rows [B]
+  meta.insert(meta.end(), a.seq_lens.begin(), a.seq_lens.end());
+  meta.insert(meta.end(), a.query_start_loc.begin(), a.query_start_loc.end());
+  meta.insert(meta.end(), a.block_table_rows.begin(), a.block_table_rows.end());
+  const DeviceBuffer d_meta = upload_array(meta.data(), meta.size(), s);
+  const std::vector<RowGroup> groups = decode_row_groups(a.query_start_loc, N);
+  const DeviceBuffer d_groups = upload_array(groups.data(), groups.size(), s);
+  GuardedDeviceOutput o(a.o_lat, "o_lat", s), lse(a.lse, "lse", s);
+
+  DecodeCall call;
+  PagedDecodeProblem& pb = call.pb;
+  pb.q_lat = q_lat.as<std::uint16_t>();
+  pb.q_pe = q_pe.as<std::uint16_t>();
+  pb.cache = dc->data.as<unsigned char>();
+  pb.block_table = dc->block_table.as<std::int32_t>();
+  pb.seq_lens = d_meta.as<std::int32_t>();
+  pb.query_start = pb.seq_lens + B;
+  pb.table_rows = pb.query_start + B + 1;
+  pb.table_width = cache.table_width;
+  pb.block_size = cache.block_size;
+  pb.kv = kv;
+  pb.heads = N;
+  pb.L = L;
+  pb.R = R;
+  pb.dk = L + R;
+  pb.dv = L;
+  pb.scale = a.scale;
+  pb.bf16 = a.q_lat.dtype == DType::kBF16;
+  call.groups = d_groups.as<RowGroup>();
+  call.num_groups = static_cast<int>(groups.size());
+  call.rows = static_cast<long long>(T) * N;
+  call.max_seq_len = B ? *std::max_element(a.seq_lens.begin(), a.seq_lens.end()) : 0;
+  call.o_lat = &o;
+  call.lse = &lse;
+  call.stream = s;
+
+  Event start, stop;
+  start.record(s);
+  launch_decode(call);
+  stop.record(s);
+  MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));  // execution errors of the kernels surface here
+  last_kernel_ms_ = stop.elapsed_since(start);
+  check_guards_or_throw({&o, &lse}, s);
+  o.download_to(a.o_lat, s);
+  lse.download_to(a.lse, s);
+}
+
+void CudaBackend::cache_write(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,
+                              std::span<const std::int64_t> slots) {
+  require_device();
+  // The reference writer's checks, in its words.
+  if (kv_c.dtype != cache.elem_dtype || k_pe.dtype != cache.elem_dtype)
+    throw std::invalid_argument("cache_write: kv_c/k_pe dtype differs from the cache's");
+  if (kv_c.shape.size() != 2 || k_pe.shape.size() != 2)
+    throw std::invalid_argument("cache_write: kv_c must be [n, L] and k_pe [n, R]");
+  const std::int64_t L = kv_c.shape[1], R = k_pe.shape[1];
+  if (L != cache.kv_lora_rank || R != cache.rope_dim)
+    throw std::invalid_argument("cache_write: kv_c/k_pe widths differ from the cache's L, R");
+  const KvFormat f = kv_format_of(cache, cache.k_scale);
+  if (f.kind == KvKind::kFp8DsMla && L % 128 != 0)
+    throw std::invalid_argument("cache_write: fp8_ds_mla needs L % 128 == 0");
+  const std::int64_t n = static_cast<std::int64_t>(slots.size());
+  if (kv_c.shape[0] < n || k_pe.shape[0] < n) throw std::invalid_argument("cache_write: fewer rows than slots");
+  const std::int64_t capacity = static_cast<std::int64_t>(cache.num_blocks) * cache.block_size;
+  for (std::int64_t slot : slots)
+    if (slot >= capacity) throw std::out_of_range("cache_write: slot " + std::to_string(slot) + " out of range");
+  const cudaStream_t s = stream();
+
+  std::shared_ptr<DeviceCache> dc = DeviceCacheStore::instance().copy_for_write(cache, s);
+  if (n > 0) {
+    const DeviceBuffer d_kv = upload_array(static_cast<const std::uint16_t*>(kv_c.data), static_cast<std::size_t>(n * L), s);
+    const DeviceBuffer d_pe = upload_array(static_cast<const std::uint16_t*>(k_pe.data), static_cast<std::size_t>(n * R), s);
+    const DeviceBuffer d_slots = upload_array(reinterpret_cast<const long long*>(slots.data()), slots.size(), s);
+    Event start, stop;
+    start.record(s);
+    write_entries_kernel<<<static_cast<unsigned>(n), kWriteThreads, 0, s>>>(
+        dc->data.as<unsigned char>(), f, cache.scale_rule == ScaleRule::kPow2, static_cast<int>(R),
+        d_kv.as<std::uint16_t>(), d_pe.as<std::uint16_t>(), d_slots.as<long long>());
+    MLAGATE_CUDA_CHECK_LAUNCH();
+    stop.record(s);
+    MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));
+    last_kernel_ms_ = stop.elapsed_since(start);
+  }
+  // The host cache becomes exactly the device's (every byte, so a write to a
+  // wrong slot shows on the host too); the device copy is kept under its new
+  // content for the decode that follows.
+  dc->data.download(cache.data.bytes(), cache.data.nbytes(), s);
+  dc->key = cache_key(cache);
+  DeviceCacheStore::instance().adopt(std::move(dc));
+}
+
+}  // namespace mlagate::gpu
+
+namespace mlagate {
+
+std::uint64_t cuda_cache_uploads() { return gpu::DeviceCacheStore::instance().uploads(); }
+
+double detail::cuda_last_kernel_ms(const Backend& b) {
+  const auto* c = dynamic_cast<const gpu::CudaBackend*>(&b);
+  return c ? c->last_kernel_ms() : -1.0;
+}
+
+}  // namespace mlagate

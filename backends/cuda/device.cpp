@@ -1,0 +1,168 @@
+// CUDA infrastructure: checked calls, the device query, RAII buffers, streams
+// and events, and guarded device outputs.
+#include "backends/cuda/device.h"
+
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "cases/errors.h"
+
+namespace mlagate {
+
+std::string CudaDeviceInfo::str() const {
+  if (!available) return error;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "device %d: %s, sm_%d%d, %d SMs, %.1f GiB (%.1f GiB free)", device, name.c_str(),
+                sm_major, sm_minor, multiprocessors, total_bytes / 1073741824.0, free_bytes / 1073741824.0);
+  return buf;
+}
+
+const CudaDeviceInfo& cuda_device_info() {
+  static const CudaDeviceInfo info = [] {
+    CudaDeviceInfo d;
+    int count = 0;
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+      cudaGetLastError();  // clear the runtime's last-error state so later checks start clean
+      d.error = std::string("no CUDA device: ") + (e != cudaSuccess ? cudaGetErrorString(e) : "device count is 0");
+      return d;
+    }
+    cudaDeviceProp p{};
+    if (cudaGetDevice(&d.device) != cudaSuccess || cudaGetDeviceProperties(&p, d.device) != cudaSuccess) {
+      d.error = "no CUDA device: cannot query device properties";
+      return d;
+    }
+    d.name = p.name;
+    d.sm_major = p.major;
+    d.sm_minor = p.minor;
+    d.multiprocessors = p.multiProcessorCount;
+    d.total_bytes = p.totalGlobalMem;
+    if (cudaMemGetInfo(&d.free_bytes, &d.total_bytes) != cudaSuccess) {
+      d.error = "no CUDA device: cudaMemGetInfo failed (no usable context)";
+      return d;
+    }
+    // The kernels are built for sm_90a (CMAKE_CUDA_ARCHITECTURES); another device
+    // would fail every launch with "no kernel image", so say so once, up front.
+    if (p.major != 9 || p.minor != 0) {
+      d.error = "no usable CUDA device: " + d.name + " is sm_" + std::to_string(p.major) + std::to_string(p.minor) +
+                ", the kernels are built for sm_90a";
+      return d;
+    }
+    d.available = true;
+    return d;
+  }();
+  return info;
+}
+
+namespace gpu {
+
+void throw_cuda_error(cudaError_t e, const char* expr, const char* file, int line) {
+  throw CudaError(std::string("CUDA error ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ") in " + expr +
+                  " at " + file + ":" + std::to_string(line));
+}
+
+void require_device() {
+  const CudaDeviceInfo& d = cuda_device_info();
+  if (!d.available) throw DeviceUnavailableError(d.error);
+}
+
+DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+  // cudaMalloc(0) may return null; keep a real (tiny) allocation so data() is valid.
+  MLAGATE_CUDA_CHECK(cudaMalloc(&ptr_, bytes ? bytes : 16));
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) cudaFree(ptr_);  // destructors do not throw; a failed free is reported by the next checked call
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = std::exchange(o.ptr_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+void DeviceBuffer::upload(const void* src, std::size_t bytes, cudaStream_t s, std::size_t offset) {
+  if (offset + bytes > bytes_) throw std::out_of_range("DeviceBuffer::upload past the end");
+  if (bytes) MLAGATE_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(ptr_) + offset, src, bytes, cudaMemcpyHostToDevice, s));
+}
+
+void DeviceBuffer::download(void* dst, std::size_t bytes, cudaStream_t s, std::size_t offset) const {
+  if (offset + bytes > bytes_) throw std::out_of_range("DeviceBuffer::download past the end");
+  if (bytes) {
+    MLAGATE_CUDA_CHECK(cudaMemcpyAsync(dst, static_cast<const char*>(ptr_) + offset, bytes, cudaMemcpyDeviceToHost, s));
+    MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+}
+
+void DeviceBuffer::fill(unsigned char byte, cudaStream_t s) {
+  if (bytes_) MLAGATE_CUDA_CHECK(cudaMemsetAsync(ptr_, byte, bytes_, s));
+}
+
+Stream::Stream() { MLAGATE_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+Stream::~Stream() {
+  if (s_) cudaStreamDestroy(s_);
+}
+void Stream::sync() const { MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s_)); }
+
+Event::Event() { MLAGATE_CUDA_CHECK(cudaEventCreate(&e_)); }
+Event::~Event() {
+  if (e_) cudaEventDestroy(e_);
+}
+void Event::record(cudaStream_t s) { MLAGATE_CUDA_CHECK(cudaEventRecord(e_, s)); }
+float Event::elapsed_since(const Event& start) const {
+  MLAGATE_CUDA_CHECK(cudaEventSynchronize(e_));
+  float ms = 0;
+  MLAGATE_CUDA_CHECK(cudaEventElapsedTime(&ms, start.e_, e_));
+  return ms;
+}
+
+GuardedDeviceOutput::GuardedDeviceOutput(const TensorView& host, std::string name, cudaStream_t s)
+    : buf_(host.nbytes() + 2 * kGuardBytes), bytes_(host.nbytes()), name_(std::move(name)) {
+  buf_.fill(kGuardByte, s);
+  buf_.upload(host.data, bytes_, s, kGuardBytes);
+}
+
+std::string GuardedDeviceOutput::check_guards(cudaStream_t s) const {
+  std::vector<unsigned char> g(2 * kGuardBytes);
+  buf_.download(g.data(), kGuardBytes, s, 0);
+  buf_.download(g.data() + kGuardBytes, kGuardBytes, s, kGuardBytes + bytes_);
+  for (std::size_t i = 0; i < kGuardBytes; ++i)
+    if (g[i] != kGuardByte)
+      return "out-of-bounds write: " + std::to_string(kGuardBytes - i) + " byte(s) before " + name_ +
+             " (device) were modified";
+  for (std::size_t i = 0; i < kGuardBytes; ++i)
+    if (g[kGuardBytes + i] != kGuardByte)
+      return "out-of-bounds write: byte " + std::to_string(i) + " past the end of " + name_ + " (device) was modified";
+  return {};
+}
+
+void GuardedDeviceOutput::download_to(const TensorView& host, cudaStream_t s) const {
+  if (host.nbytes() != bytes_) throw std::logic_error("GuardedDeviceOutput::download_to: size mismatch");
+  buf_.download(host.data, bytes_, s, kGuardBytes);
+}
+
+void check_guards_or_throw(std::initializer_list<const GuardedDeviceOutput*> outputs, cudaStream_t s) {
+  for (const GuardedDeviceOutput* o : outputs) {
+    const std::string v = o->check_guards(s);
+    if (!v.empty()) throw OutOfBoundsWriteError(v);
+  }
+}
+
+int max_dynamic_smem() {
+  static const int v = [] {
+    int dev = 0, bytes = 0;
+    MLAGATE_CUDA_CHECK(cudaGetDevice(&dev));
+    MLAGATE_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return bytes;
+  }();
+  return v;
+}
+
+int multiprocessor_count() { return cuda_device_info().multiprocessors; }
+
+}  // namespace gpu
+}  // namespace mlagate

@@ -1,0 +1,35 @@
+// Where a plugin's tensors live for one call. Host backends get the harness's
+// own buffers (the harness guards them); CUDA backends get device copies of
+// the inputs and guarded, poisoned device outputs that are checked and copied
+// back when the call is finished.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "cases/tensor.h"
+#include "mlagate/plugin.h"
+
+namespace mlagate::plugin {
+
+class DeviceStage {
+ public:
+  virtual ~DeviceStage() = default;
+  // A read-only input of `bytes` bytes.
+  virtual void* input(const void* host, std::size_t bytes) = 0;
+  // An output (or an in/out tensor such as the cache of cache_write) that
+  // finish() brings back into `host`.
+  virtual void* output(const TensorView& host, const std::string& name) = 0;
+  // The stream handed to the plugin (mlagate_args.stream).
+  virtual void* stream() = 0;
+  // After the plugin returned: synchronizes, checks device guard bands (throws
+  // OutOfBoundsWriteError) and copies outputs back.
+  virtual void finish() = 0;
+};
+
+// Throws DeviceUnavailableError (a SKIPPED record) when the device cannot be
+// used: no GPU, or mlagate built without CUDA.
+std::unique_ptr<DeviceStage> make_device_stage(const DLDevice& device);
+
+}  // namespace mlagate::plugin

@@ -1,0 +1,386 @@
+// Loading plugin libraries (dlopen, RAII) and checking their tables, and the
+// Backend each exported mlagate_backend becomes: arguments as DLTensors on the
+// backend's device, statuses and messages back as mlagate's exceptions, and
+// C++ exceptions that escape a plugin caught at the boundary.
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+
+#include "backends/plugin/abi.h"
+#include "backends/plugin/device_stage.h"
+#include "backends/plugin/plugin_backends.h"
+
+namespace mlagate {
+
+namespace {
+
+using plugin::DlTensors;
+using plugin::Problem;
+
+constexpr std::size_t kMessageBytes = 4096;
+constexpr int kMaxBackends = 256;
+constexpr int kMaxBlockSizes = 64;
+constexpr std::size_t kMaxNameBytes = 64;
+
+// One loaded library. Loads of the same file share one (dlopen returns the same
+// handle and the same static tables). RTLD_NODELETE keeps the code mapped after
+// the last user: a plugin's thread-local destructors and atexit handlers stay
+// valid until the process exits.
+class Library {
+ public:
+  Library(void* handle, std::string path) : handle_(handle), path_(std::move(path)) {}
+  ~Library() {
+    if (table_) {
+      for (int i = 0; i < table_->num_backends; ++i) {
+        const mlagate_backend& b = table_->backends[i];
+        if (!b.destroy) continue;
+        try {
+          b.destroy(b.self);
+        } catch (...) {
+          std::fprintf(stderr, "mlagate: warning: %s: an exception escaped destroy() of %s (ignored)\n", path_.c_str(),
+                       b.name);
+        }
+      }
+    }
+    dlclose(handle_);
+  }
+  Library(const Library&) = delete;
+  Library& operator=(const Library&) = delete;
+
+  void* handle() const { return handle_; }
+  const std::string& path() const { return path_; }
+  const mlagate_plugin* table() const { return table_; }
+  void set_table(const mlagate_plugin* t) { table_ = t; }
+
+ private:
+  void* handle_;
+  std::string path_;
+  const mlagate_plugin* table_ = nullptr;  // set once validated: destroy() is only called on checked tables
+};
+
+// Printable, one line, at most max bytes (a plugin's message buffer or name).
+std::string clean(const char* s, std::size_t max) {
+  std::string out;
+  for (std::size_t i = 0; i < max && s[i] != '\0'; ++i) {
+    const unsigned char ch = static_cast<unsigned char>(s[i]);
+    out += ch == '\n' || ch == '\r' || ch == '\t' ? ' ' : (ch < 0x20 || ch == 0x7f ? '?' : static_cast<char>(ch));
+  }
+  return out;
+}
+
+// A message buffer with a guard zone: a plugin that writes past message_size
+// is reported instead of silently corrupting the host's memory.
+class MessageBuffer {
+ public:
+  MessageBuffer() : buf_(kMessageBytes + kGuard, '\xA5') { std::fill_n(buf_.begin(), kMessageBytes, '\0'); }
+  char* data() { return buf_.data(); }
+  std::size_t size() const { return kMessageBytes; }
+  bool overflowed() const {
+    return std::any_of(buf_.begin() + kMessageBytes, buf_.end(), [](char c) { return c != '\xA5'; });
+  }
+  std::string text() const { return clean(buf_.data(), kMessageBytes); }
+
+ private:
+  static constexpr std::size_t kGuard = 256;
+  std::vector<char> buf_;
+};
+
+class PluginBackend final : public Backend {
+ public:
+  PluginBackend(std::shared_ptr<Library> lib, const mlagate_backend& b)
+      : lib_(std::move(lib)), b_(b), name_(b.name), description_(b.description ? clean(b.description, 1024) : ""),
+        caps_(plugin::capabilities_of(b)) {}
+
+  std::string_view name() const override { return name_; }
+  std::string_view description() const override { return description_; }
+  Capabilities capabilities() const override { return caps_; }
+
+  Support supports(const CaseSpec& spec, Op op) const override {
+    // The runner asks before it runs: the case names the calls that follow.
+    last_spec_ = spec;
+    Support s = check_capabilities(caps_, spec, op);
+    if (!s.ok || !b_.supports) return s;
+    Problem p;
+    try {
+      p = plugin::case_problem(spec, op, caps_);
+    } catch (const std::exception& e) {
+      return Support::no(e.what());
+    }
+    const mlagate_problem cp = p.to_c(b_.device);
+    MessageBuffer reason;
+    std::int32_t yes = 0;
+    boundary("supports()", [&] { yes = b_.supports(b_.self, &cp, reason.data(), reason.size()); });
+    if (reason.overflowed())
+      return Support::no(name_ + ": supports() wrote past the end of its reason buffer (" + std::to_string(reason.size()) +
+                         " bytes)");
+    if (yes != 0) return Support::yes();
+    const std::string why = reason.text();
+    return Support::no(why.empty() ? name_ + " declines the case (supports() gave no reason)" : why);
+  }
+
+  void decode(const DecodeArgs& a) override {
+    if (!has(Op::kDecode)) Backend::decode(a);
+    const Problem p = plugin::decode_problem(a, spec_ptr());
+    const std::vector<std::int32_t> table = plugin::call_block_table(a);
+    const PagedCache& cache = *a.cache;
+    const std::int64_t b = static_cast<std::int64_t>(a.seq_lens.size());
+    auto stage = plugin::make_device_stage(b_.device);
+    DlTensors t(b_.device);
+    mlagate_args args = empty_args(*stage);
+    mlagate_decode_args& d = args.decode;
+    d.q_lat = t.make(stage->input(a.q_lat.data, a.q_lat.nbytes()), a.q_lat.dtype, a.q_lat.shape);
+    d.q_pe = t.make(stage->input(a.q_pe.data, a.q_pe.nbytes()), a.q_pe.dtype, a.q_pe.shape);
+    d.kv_cache = t.make(stage->input(cache.data.bytes(), cache.data.nbytes()), DType::kU8, cache.data.shape());
+    d.block_table = t.make(stage->input(table.data(), table.size() * 4), DType::kI32, {b, cache.block_table.dim(1)});
+    d.seq_lens = t.make(stage->input(a.seq_lens.data(), a.seq_lens.size_bytes()), DType::kI32, {b});
+    d.query_start_loc =
+        t.make(stage->input(a.query_start_loc.data(), a.query_start_loc.size_bytes()), DType::kI32, {b + 1});
+    d.o_lat = t.make(stage->output(a.o_lat, "o_lat"), a.o_lat.dtype, a.o_lat.shape);
+    d.lse = t.make(stage->output(a.lse, "lse"), a.lse.dtype, a.lse.shape);
+    run(p, args);
+    stage->finish();
+  }
+
+  void prefill(const PrefillArgs& a) override {
+    if (!has(Op::kPrefill)) Backend::prefill(a);
+    const Problem p = plugin::prefill_problem(a, spec_ptr());
+    const std::int64_t b = static_cast<std::int64_t>(a.cu_seqlens_q.size());
+    auto stage = plugin::make_device_stage(b_.device);
+    DlTensors t(b_.device);
+    mlagate_args args = empty_args(*stage);
+    mlagate_prefill_args& f = args.prefill;
+    f.q = t.make(stage->input(a.q.data, a.q.nbytes()), a.q.dtype, a.q.shape);
+    f.k = t.make(stage->input(a.k.data, a.k.nbytes()), a.k.dtype, a.k.shape);
+    f.v = t.make(stage->input(a.v.data, a.v.nbytes()), a.v.dtype, a.v.shape);
+    f.cu_seqlens_q = t.make(stage->input(a.cu_seqlens_q.data(), a.cu_seqlens_q.size_bytes()), DType::kI32, {b});
+    f.cu_seqlens_k = t.make(stage->input(a.cu_seqlens_k.data(), a.cu_seqlens_k.size_bytes()), DType::kI32, {b});
+    f.o = t.make(stage->output(a.o, "o"), a.o.dtype, a.o.shape);
+    f.lse = t.make(stage->output(a.lse, "lse"), a.lse.dtype, a.lse.shape);
+    run(p, args);
+    stage->finish();
+  }
+
+  void cache_write(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,
+                   std::span<const std::int64_t> slots) override {
+    if (!has(Op::kCacheWrite)) return Backend::cache_write(cache, kv_c, k_pe, slots);
+    const Problem p = plugin::cache_write_problem(cache, kv_c, k_pe, slots.size(), spec_ptr());
+    const std::int64_t n = static_cast<std::int64_t>(slots.size());
+    auto stage = plugin::make_device_stage(b_.device);
+    DlTensors t(b_.device);
+    mlagate_args args = empty_args(*stage);
+    mlagate_cache_write_args& w = args.cache_write;
+    w.kv_c = t.make(stage->input(kv_c.data, kv_c.nbytes()), kv_c.dtype, kv_c.shape);
+    w.k_pe = t.make(stage->input(k_pe.data, k_pe.nbytes()), k_pe.dtype, k_pe.shape);
+    w.slot_mapping = t.make(stage->input(slots.data(), slots.size_bytes()), DType::kI64, {n});
+    w.kv_cache = t.make(stage->output(cache.data.view(), "kv_cache"), DType::kU8, cache.data.shape());
+    run(p, args);
+    stage->finish();
+  }
+
+ private:
+  bool has(Op op) const { return std::find(caps_.ops.begin(), caps_.ops.end(), op) != caps_.ops.end(); }
+  const CaseSpec* spec_ptr() const { return last_spec_ ? &*last_spec_ : nullptr; }
+
+  static mlagate_args empty_args(plugin::DeviceStage& stage) {
+    mlagate_args args{};
+    args.struct_size = sizeof(mlagate_args);
+    args.stream = stage.stream();
+    return args;
+  }
+
+  // A C++ exception must not cross the C boundary; when one does anyway (same
+  // C++ runtime: the unwinder gets here), it is a contract violation recorded
+  // as CRASHED with what it said.
+  template <class F>
+  void boundary(const char* what, F&& call) const {
+    try {
+      call();
+    } catch (const std::exception& e) {
+      throw std::runtime_error(name_ + ": a C++ exception escaped " + what +
+                               " across the C boundary (contract violation: catch inside the plugin and return "
+                               "MLAGATE_STATUS_ERROR): " + e.what());
+    } catch (...) {
+      throw std::runtime_error(name_ + ": an exception of unknown type escaped " + what +
+                               " across the C boundary (contract violation: catch inside the plugin)");
+    }
+  }
+
+  void run(const Problem& p, const mlagate_args& args) {
+    const mlagate_problem cp = p.to_c(b_.device);
+    MessageBuffer msg;
+    std::int32_t status = MLAGATE_STATUS_ERROR;
+    boundary("run()", [&] { status = b_.run(b_.self, &cp, &args, msg.data(), msg.size()); });
+    if (msg.overflowed())
+      throw std::runtime_error(name_ + ": run() wrote past the end of its message buffer (" +
+                               std::to_string(msg.size()) + " bytes)");
+    const std::string m = msg.text();
+    const std::string op(op_name(p.op));
+    switch (status) {
+      case MLAGATE_STATUS_OK: return;
+      case MLAGATE_STATUS_NOT_SUPPORTED:
+        throw NotSupportedError(m.empty() ? name_ + ": " + op + " not supported (no message)" : m);
+      case MLAGATE_STATUS_UNAVAILABLE:
+        throw DeviceUnavailableError(m.empty() ? name_ + ": device unavailable (no message)" : m);
+      case MLAGATE_STATUS_ERROR:
+        throw std::runtime_error(name_ + " " + op + " returned MLAGATE_STATUS_ERROR: " + (m.empty() ? "(no message)" : m));
+      default:
+        throw std::runtime_error(name_ + " " + op + " returned the unknown status " + std::to_string(status) +
+                                 (m.empty() ? "" : ": " + m));
+    }
+  }
+
+  std::shared_ptr<Library> lib_;  // keeps the code and the tables alive
+  const mlagate_backend& b_;
+  std::string name_, description_;
+  Capabilities caps_;
+  mutable std::optional<CaseSpec> last_spec_;
+};
+
+[[noreturn]] void refuse(const std::string& path, const std::string& why) {
+  throw PluginLoadError("plugin " + path + ": " + why);
+}
+
+std::string hex(std::uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%x", v);
+  return buf;
+}
+
+// Every field of one backend table; the first problem found is the message.
+void check_backend(const std::string& path, int index, const mlagate_backend& b) {
+  const std::string at = "backend " + std::to_string(index);
+  if (b.name == nullptr) refuse(path, at + ": name is NULL");
+  const std::string name = clean(b.name, kMaxNameBytes + 1);
+  if (!valid_backend_name(name))
+    refuse(path, at + ": name '" + name + "' must be 1-" + std::to_string(kMaxNameBytes) +
+                     " characters of letters, digits, '.', '_', '-'");
+  const std::string who = at + " (" + name + ")";
+  if (b.run == nullptr) refuse(path, who + ": run is NULL");
+  constexpr std::uint32_t kOps = MLAGATE_OP_DECODE | MLAGATE_OP_PREFILL | MLAGATE_OP_CACHE_WRITE;
+  if (b.ops == 0 || (b.ops & ~kOps) != 0)
+    refuse(path, who + ": ops mask " + hex(b.ops) + " must be a non-empty set of DECODE, PREFILL, CACHE_WRITE");
+  if (b.block_sizes == nullptr || b.num_block_sizes < 1 || b.num_block_sizes > kMaxBlockSizes)
+    refuse(path, who + ": block_sizes must point to 1-" + std::to_string(kMaxBlockSizes) + " block sizes");
+  for (int i = 0; i < b.num_block_sizes; ++i) {
+    const std::int32_t bs = b.block_sizes[i];
+    if (bs < 1 || bs > (1 << 16)) refuse(path, who + ": block size " + std::to_string(bs) + " out of range [1, 65536]");
+    if (std::count(b.block_sizes, b.block_sizes + b.num_block_sizes, bs) > 1)
+      refuse(path, who + ": block size " + std::to_string(bs) + " listed twice");
+  }
+  if (b.query_len_support > MLAGATE_QUERY_LEN_VARLEN)
+    refuse(path, who + ": query_len_support " + std::to_string(b.query_len_support) + " is not SINGLE_ONLY, UNIFORM or VARLEN");
+  if (b.reorder_threshold < 1) refuse(path, who + ": reorder_threshold must be >= 1");
+  constexpr std::uint32_t kDtypes = MLAGATE_DTYPE_BF16 | MLAGATE_DTYPE_F16;
+  if (b.dtypes == 0 || (b.dtypes & ~kDtypes) != 0)
+    refuse(path, who + ": dtypes mask " + hex(b.dtypes) + " must be a non-empty set of BF16, F16");
+  constexpr std::uint32_t kKv = MLAGATE_KV_AUTO | MLAGATE_KV_FP8 | MLAGATE_KV_FP8_E4M3 | MLAGATE_KV_FP8_DS_MLA;
+  if (b.kv_cache_dtypes == 0 || (b.kv_cache_dtypes & ~kKv) != 0)
+    refuse(path, who + ": kv_cache_dtypes mask " + hex(b.kv_cache_dtypes) +
+                     " must be a non-empty set of AUTO, FP8, FP8_E4M3, FP8_DS_MLA");
+  if ((b.device.device_type != kDLCPU && b.device.device_type != kDLCUDA) || b.device.device_id < 0)
+    refuse(path, who + ": device " + plugin::dl_device_str(b.device) + " (kDLCPU or kDLCUDA expected)");
+}
+
+std::mutex& loaded_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<void*, std::weak_ptr<Library>>& loaded() {
+  static std::map<void*, std::weak_ptr<Library>> m;
+  return m;
+}
+
+std::shared_ptr<Library> open_library(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) refuse(path, "no such file");
+  // A path, never a bare name: dlopen would search the library path instead.
+  const std::string abs = fs::absolute(path, ec).string();
+  dlerror();
+  void* h = dlopen(abs.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  if (h == nullptr) {
+    const char* e = dlerror();
+    refuse(path, std::string("cannot load: ") + (e ? e : "dlopen failed"));
+  }
+  std::lock_guard<std::mutex> lock(loaded_mutex());
+  if (auto it = loaded().find(h); it != loaded().end())
+    if (auto lib = it->second.lock()) {
+      dlclose(h);  // the earlier load holds its own reference
+      return lib;
+    }
+  auto lib = std::make_shared<Library>(h, path);
+  loaded()[h] = lib;
+  return lib;
+}
+
+// Calls the entry point and checks the tables; sets the library's table.
+void validate(Library& lib) {
+  const std::string& path = lib.path();
+  dlerror();
+  void* sym = dlsym(lib.handle(), MLAGATE_PLUGIN_ENTRY_SYMBOL);
+  if (sym == nullptr)
+    refuse(path, "no symbol " MLAGATE_PLUGIN_ENTRY_SYMBOL
+                 " (export it with MLAGATE_PLUGIN_EXPORT from mlagate/plugin.h, as extern \"C\" in C++)");
+  mlagate_plugin_entry_fn entry = nullptr;
+  static_assert(sizeof(entry) == sizeof(sym));
+  std::memcpy(&entry, &sym, sizeof entry);
+  const mlagate_plugin* t = nullptr;
+  try {
+    t = entry();
+  } catch (const std::exception& e) {
+    refuse(path, std::string("an exception escaped " MLAGATE_PLUGIN_ENTRY_SYMBOL "(): ") + e.what());
+  } catch (...) {
+    refuse(path, "an exception escaped " MLAGATE_PLUGIN_ENTRY_SYMBOL "()");
+  }
+  if (t == nullptr) refuse(path, MLAGATE_PLUGIN_ENTRY_SYMBOL "() returned NULL (the plugin refused to load)");
+  // abi_version is the first member in every version: safe to read before anything else.
+  if (t->abi_version != MLAGATE_PLUGIN_ABI_VERSION)
+    refuse(path, "ABI version " + std::to_string(t->abi_version) + ", this mlagate speaks version " +
+                     std::to_string(MLAGATE_PLUGIN_ABI_VERSION) +
+                     " (rebuild the plugin against this mlagate's include/mlagate/plugin.h)");
+  if (t->struct_size < sizeof(mlagate_plugin))
+    refuse(path, "struct_size " + std::to_string(t->struct_size) + " < sizeof(mlagate_plugin) = " +
+                     std::to_string(sizeof(mlagate_plugin)));
+  if (t->num_backends < 1 || t->num_backends > kMaxBackends || t->backends == nullptr)
+    refuse(path, "num_backends " + std::to_string(t->num_backends) + " (1-" + std::to_string(kMaxBackends) +
+                     " backends expected, backends non-NULL)");
+  for (int i = 0; i < t->num_backends; ++i) check_backend(path, i, t->backends[i]);
+  for (int i = 0; i < t->num_backends; ++i)
+    for (int j = 0; j < i; ++j)
+      if (std::strcmp(t->backends[i].name, t->backends[j].name) == 0)
+        refuse(path, "two backends are named '" + std::string(t->backends[i].name) + "'");
+  lib.set_table(t);
+}
+
+}  // namespace
+
+bool valid_backend_name(const std::string& s) {
+  if (s.empty() || s.size() > kMaxNameBytes) return false;
+  return std::all_of(s.begin(), s.end(), [](char ch) {
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' ||
+           ch == '-';
+  });
+}
+
+std::vector<BackendEntry> load_plugin(const std::string& path) {
+  std::shared_ptr<Library> lib = open_library(path);
+  if (lib->table() == nullptr) validate(*lib);
+  std::vector<BackendEntry> entries;
+  for (int i = 0; i < lib->table()->num_backends; ++i) {
+    const mlagate_backend& b = lib->table()->backends[i];
+    entries.emplace_back(b.name, BackendEntry::Make([lib, &b](const BackendOptions&) -> std::unique_ptr<Backend> {
+                           return std::make_unique<PluginBackend>(lib, b);
+                         }));
+  }
+  return entries;
+}
+
+}  // namespace mlagate

@@ -1,0 +1,212 @@
+// An mlagate plugin with a CUDA kernel: MLA decode on device pointers (the
+// tensors mlagate hands a kDLCUDA backend live on the GPU; it launches on the
+// stream it is given and mlagate synchronizes, checks the guard bands around
+// the outputs and copies them back). It includes mlagate/plugin.h and nothing
+// else of mlagate; CMakeLists.txt builds it anywhere nvcc is.
+//
+//   mlagate run --plugin build/libmla_decode_cuda_example.so --backend example.cuda_decode --suite smoke
+//
+// The kernel: one block of 8 warps per (token, head) row; each warp takes every
+// 8th visible key, computes the 576-wide logit with a warp reduction and keeps
+// its own online softmax (max, sum, o in registers); the warps' states are
+// merged through shared memory at the end. fp32 throughout, output rounded to
+// the model dtype. kv cache dtypes auto (bf16 or fp16 entries) and fp8 /
+// fp8_e4m3 (e4m3fn * k_scale); L <= 512.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "mlagate/plugin.h"
+
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kMaxL = 512;  // o_lat elements a lane holds: kMaxL / 32
+
+struct Params {
+  const unsigned short *q_lat, *q_pe;  // [T, N, L], [T, N, R] model-dtype bits
+  const unsigned char* cache;          // [num_blocks, block_size, entry_bytes]
+  const int *table, *seq_lens, *qsl;   // [B, W], [B], [B + 1]
+  unsigned short* o_lat;               // [T, N, L]
+  float* lse;                          // [T, N]
+  int B, N, L, R, W, block_size, entry_bytes, kv_c_offset, k_pe_offset;
+  int elem_bytes;  // 2: model-dtype entries (auto); 1: e4m3fn (fp8, fp8_e4m3)
+  float scale, k_scale;
+};
+
+template <bool kBf16>
+__device__ float widen(unsigned short b) {
+  if constexpr (kBf16) return __uint_as_float(static_cast<unsigned>(b) << 16);
+  else return __half2float(__ushort_as_half(b));
+}
+
+// e4m3fn: bias 7, no infinities, S.1111.111 is NaN.
+__device__ float e4m3(unsigned char b) {
+  const int e = (b >> 3) & 0xF, m = b & 0x7;
+  float v = e == 0 ? m * 0x1p-9f : ldexpf(1.f + m * 0.125f, e - 7);
+  if (e == 15 && m == 7) v = NAN;
+  return (b & 0x80) ? -v : v;
+}
+
+// Element i of a field of the cache entry starting at `field`.
+template <bool kBf16>
+__device__ float entry_elem(const unsigned char* field, int i, const Params& p) {
+  if (p.elem_bytes == 2) return widen<kBf16>(reinterpret_cast<const unsigned short*>(field)[i]);
+  return e4m3(field[i]) * p.k_scale;
+}
+
+template <bool kBf16>
+__device__ unsigned short narrow(float x) {
+  if constexpr (kBf16) return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  else return __half_as_ushort(__float2half_rn(x));
+}
+
+template <bool kBf16>
+__global__ void __launch_bounds__(kWarps * 32) decode_kernel(Params p) {
+  extern __shared__ float smem[];
+  const int D = p.L + p.R;
+  float* q = smem;                    // [D]
+  float* warp_m = q + D;              // [kWarps]
+  float* warp_l = warp_m + kWarps;    // [kWarps]
+  float* warp_o = warp_l + kWarps;    // [kWarps, L]
+  const int row = blockIdx.x, t = row / p.N, n = row % p.N;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  int b = 0;
+  while (b + 1 < p.B && p.qsl[b + 1] <= t) ++b;
+  const int s = p.seq_lens[b], ql = p.qsl[b + 1] - p.qsl[b], u = t - p.qsl[b];
+  const int visible = max(0, min(s, s - ql + u + 1));  // causal: keys 0 .. s - ql + u
+
+  for (int i = threadIdx.x; i < D; i += blockDim.x)
+    q[i] = widen<kBf16>(i < p.L ? p.q_lat[(static_cast<long long>(t) * p.N + n) * p.L + i]
+                                : p.q_pe[(static_cast<long long>(t) * p.N + n) * p.R + (i - p.L)]);
+  __syncthreads();
+
+  float m = -INFINITY, l = 0.f, o[kMaxL / 32];
+#pragma unroll
+  for (int k = 0; k < kMaxL / 32; ++k) o[k] = 0.f;
+  for (int j = warp; j < visible; j += kWarps) {
+    const long long block = p.table[static_cast<long long>(b) * p.W + j / p.block_size];
+    const unsigned char* e = p.cache + (block * p.block_size + j % p.block_size) * p.entry_bytes;
+    const unsigned char *kv = e + p.kv_c_offset, *pe = e + p.k_pe_offset;
+    float dot = 0.f;
+    for (int i = lane; i < p.L; i += 32) dot += q[i] * entry_elem<kBf16>(kv, i, p);
+    for (int i = lane; i < p.R; i += 32) dot += q[p.L + i] * entry_elem<kBf16>(pe, i, p);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    const float x = dot * p.scale, m_new = fmaxf(m, x);
+    const float c = __expf(m - m_new), w = __expf(x - m_new);
+    l = l * c + w;
+#pragma unroll
+    for (int k = 0; k < kMaxL / 32; ++k)
+      if (lane + 32 * k < p.L) o[k] = o[k] * c + w * entry_elem<kBf16>(kv, lane + 32 * k, p);
+    m = m_new;
+  }
+  if (lane == 0) warp_m[warp] = m, warp_l[warp] = l;
+#pragma unroll
+  for (int k = 0; k < kMaxL / 32; ++k)
+    if (lane + 32 * k < p.L) warp_o[warp * p.L + lane + 32 * k] = o[k];
+  __syncthreads();
+
+  const long long out = (static_cast<long long>(t) * p.N + n) * p.L;
+  if (visible == 0) {  // a row with no key: o = 0, lse = -inf
+    for (int i = threadIdx.x; i < p.L; i += blockDim.x) p.o_lat[out + i] = narrow<kBf16>(0.f);
+    if (threadIdx.x == 0) p.lse[static_cast<long long>(t) * p.N + n] = -INFINITY;
+    return;
+  }
+  float M = -INFINITY;
+  for (int w = 0; w < kWarps; ++w) M = fmaxf(M, warp_m[w]);
+  float total = 0.f;
+  for (int w = 0; w < kWarps; ++w) total += warp_l[w] * __expf(warp_m[w] - M);  // a warp with no key adds 0
+  for (int i = threadIdx.x; i < p.L; i += blockDim.x) {
+    float acc = 0.f;
+    for (int w = 0; w < kWarps; ++w) acc += warp_o[w * p.L + i] * __expf(warp_m[w] - M);
+    p.o_lat[out + i] = narrow<kBf16>(acc / total);
+  }
+  if (threadIdx.x == 0) p.lse[static_cast<long long>(t) * p.N + n] = M + logf(total);
+}
+
+int32_t say(char* msg, size_t size, const char* text, int32_t status) {
+  if (size) std::snprintf(msg, size, "%s", text);
+  return status;
+}
+
+int32_t supports(void*, const mlagate_problem* p, char* reason, size_t size) {
+  if (p->kv_lora_rank > kMaxL) {
+    std::snprintf(reason, size, "kv_lora_rank %d > %d", p->kv_lora_rank, kMaxL);
+    return 0;
+  }
+  return 1;
+}
+
+int32_t run(void*, const mlagate_problem* p, const mlagate_args* args, char* msg, size_t size) {
+  if (p->op != MLAGATE_OP_DECODE) return say(msg, size, "example.cuda_decode implements decode only", MLAGATE_STATUS_NOT_SUPPORTED);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
+    return say(msg, size, "no CUDA device", MLAGATE_STATUS_UNAVAILABLE);
+  const mlagate_decode_args& a = args->decode;
+  if (a.q_lat.device.device_type != kDLCUDA || a.kv_cache.ndim != 3 || a.block_table.ndim != 2 ||
+      a.q_lat.ndim != 3 || a.q_lat.shape[1] != p->num_heads || a.q_lat.shape[2] != p->kv_lora_rank)
+    return say(msg, size, "decode: unexpected tensors", MLAGATE_STATUS_ERROR);
+  Params k{};
+  k.q_lat = static_cast<const unsigned short*>(a.q_lat.data);
+  k.q_pe = static_cast<const unsigned short*>(a.q_pe.data);
+  k.cache = static_cast<const unsigned char*>(a.kv_cache.data);
+  k.table = static_cast<const int*>(a.block_table.data);
+  k.seq_lens = static_cast<const int*>(a.seq_lens.data);
+  k.qsl = static_cast<const int*>(a.query_start_loc.data);
+  k.o_lat = static_cast<unsigned short*>(a.o_lat.data);
+  k.lse = static_cast<float*>(a.lse.data);
+  k.B = p->num_requests;
+  k.N = p->num_heads;
+  k.L = p->kv_lora_rank;
+  k.R = p->rope_dim;
+  k.W = static_cast<int>(a.block_table.shape[1]);
+  k.block_size = p->block_size;
+  k.entry_bytes = p->entry.bytes;
+  k.kv_c_offset = p->entry.kv_c_offset;
+  k.k_pe_offset = p->entry.k_pe_offset;
+  k.elem_bytes = p->entry.kv_c_elem_bytes;
+  k.scale = static_cast<float>(p->scale);
+  k.k_scale = p->k_scale;
+  const int rows = p->num_tokens * p->num_heads;
+  if (rows == 0) return MLAGATE_STATUS_OK;
+  const size_t smem = sizeof(float) * (k.L + k.R + 2 * kWarps + kWarps * k.L);
+  const auto stream = static_cast<cudaStream_t>(args->stream);
+  if (p->dtype == MLAGATE_DTYPE_BF16)
+    decode_kernel<true><<<rows, kWarps * 32, smem, stream>>>(k);
+  else
+    decode_kernel<false><<<rows, kWarps * 32, smem, stream>>>(k);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return say(msg, size, cudaGetErrorString(e), MLAGATE_STATUS_ERROR);
+  return MLAGATE_STATUS_OK;
+}
+
+const int32_t kBlockSizes[] = {64, 16, 32, 128, 1};  // the first is the preferred one
+
+mlagate_backend make_backend() {
+  mlagate_backend b{};
+  b.name = "example.cuda_decode";
+  b.description = "example plugin: MLA decode as a CUDA kernel on device pointers, fp32 accumulation";
+  b.ops = MLAGATE_OP_DECODE;
+  b.block_sizes = kBlockSizes;
+  b.num_block_sizes = sizeof kBlockSizes / sizeof kBlockSizes[0];
+  b.query_len_support = MLAGATE_QUERY_LEN_VARLEN;
+  b.reorder_threshold = 1 << 20;  // every request is a decode
+  b.dtypes = MLAGATE_DTYPE_BF16 | MLAGATE_DTYPE_F16;
+  b.kv_cache_dtypes = MLAGATE_KV_AUTO | MLAGATE_KV_FP8 | MLAGATE_KV_FP8_E4M3;
+  b.device = DLDevice{kDLCUDA, 0};
+  b.supports = supports;
+  b.run = run;
+  return b;
+}
+
+const mlagate_backend kBackend = make_backend();
+const mlagate_plugin kPlugin = {MLAGATE_PLUGIN_ABI_VERSION, sizeof(mlagate_plugin), "mla_decode_cuda_example", 1, &kBackend};
+
+}  // namespace
+
+extern "C" const mlagate_plugin* mlagate_plugin_entry(void) { return &kPlugin; }

@@ -1,0 +1,193 @@
+// Golden and results files (HDF5, schema in golden/SCHEMA.md): export a suite's
+// inputs, paged caches and fp64 references; read them back fully validated;
+// store every backend's outputs and metrics. HDF5 itself stays behind this
+// header (golden/detail/h5.h is private to golden/*.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cases/case.h"
+#include "cases/errors.h"
+#include "cases/paged_cache.h"
+#include "harness/compare.h"
+#include "harness/layer.h"
+#include "harness/record.h"
+#include "harness/runner.h"
+
+namespace mlagate {
+
+inline constexpr const char* kGoldenSchema = "mlagate.golden";
+inline constexpr int kGoldenSchemaVersion = 1;
+// Default --max-bytes: what one case (or one compared pair) may make us allocate.
+inline constexpr std::uint64_t kDefaultMaxBytes = std::uint64_t{8} << 30;
+
+// A golden or results file that cannot be used (missing, truncated, corrupt,
+// hostile, or not matching the run). An InputError: the CLI exits 2.
+struct GoldenFileError : InputError {
+  using InputError::InputError;
+};
+
+// An HDF5 C API call failed. what(): the call, the object and HDF5's innermost
+// message; stack(): the whole HDF5 error stack, outermost first.
+class H5Error : public GoldenFileError {
+ public:
+  H5Error(const std::string& what, std::vector<std::string> stack)
+      : GoldenFileError(what), stack_(std::move(stack)) {}
+  const std::vector<std::string>& stack() const { return stack_; }
+
+ private:
+  std::vector<std::string> stack_;
+};
+
+// FNV-1a 64 over raw bytes: the content hash stored with every dataset.
+inline constexpr std::uint64_t kFnvOffset = 0xcbf29ce484222325ull;
+std::uint64_t fnv1a64(const void* data, std::size_t n, std::uint64_t h = kFnvOffset);
+std::string hash_hex(std::uint64_t h);  // 16 lowercase hex digits
+
+// Content hashes of a case's inputs. `combined` is FNV-1a over the raw bytes of
+// q, kv_c, k_pe, W_UK, W_UV in this order (the case's input_hash attribute).
+struct InputHashes {
+  std::uint64_t q = 0, kv_c = 0, k_pe = 0, w_uk = 0, w_uv = 0, combined = 0;
+  bool operator==(const InputHashes&) const = default;
+};
+InputHashes input_hashes(const Case& c);
+
+enum class FileKind { kGolden, kResults };
+
+// Provenance stored on the root group (and repeated on every case group).
+struct FileInfo {
+  FileKind kind = FileKind::kGolden;
+  int schema_version = kGoldenSchemaVersion;
+  int generator_version = 0;
+  std::string mlagate_version, git_commit, created_at, command_line;
+};
+
+// ---------------------------------------------------------------- writing
+
+// What export stores for each case.
+struct ExportOptions {
+  std::vector<Op> ops{Op::kLayer};  // decode: also the kernel-level decode op's absorbed queries and reference
+  Policy policy;                    // recorded with every case
+  CacheOptions cache;               // poison and block-table poison of the stored caches
+  std::string command_line;
+  // Block sizes whose cache is stored (e.g. each selected backend's, for bs=auto).
+  std::function<std::vector<int>(const CaseSpec&)> block_sizes;
+  // Called after each case is written (progress). An exception aborts the
+  // export and leaves no file behind (tests simulate a killed export this way).
+  std::function<void(std::size_t cases_written, const std::string& case_id)> after_case;
+};
+
+// A case as export stores it: generated inputs, the fp64 golden (absorbed
+// path: out, lse), the caches without the new tokens, and (with the decode op)
+// the absorbed queries and their reference.
+PreparedCase prepare_export_case(const CaseSpec& spec, const ExportOptions& opt);
+
+struct ExportSummary {
+  std::size_t cases = 0, caches = 0;
+  std::uintmax_t file_bytes = 0;
+};
+// Writes every case to `path` through a temporary file renamed into place:
+// `path` is the old file or the whole new one, never a partial one.
+ExportSummary export_golden(const std::vector<CaseSpec>& cases, const std::string& path, const ExportOptions& opt);
+
+// Writes a results file: per case the spec and input hashes, per backend and
+// op the status, metrics and raw outputs. Temporary file until commit().
+class ResultsWriter {
+ public:
+  ResultsWriter(const std::string& path, const std::string& command_line);
+  ~ResultsWriter();  // without commit(): the temporary file is removed, `path` untouched
+  ResultsWriter(const ResultsWriter&) = delete;
+  ResultsWriter& operator=(const ResultsWriter&) = delete;
+
+  // The case group (idempotent). `c` gives the input hashes; null for a case
+  // that could not be generated (INVALID_CASE records).
+  void add_case(const CaseSpec& spec, const Case* c, const Policy& policy);
+  // One record and its outputs (empty when nothing ran). The case must be added.
+  void add_record(const Record& r, std::span<const ProducedOutput> outputs);
+  bool has_record(const Record& r) const;
+  void commit();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---------------------------------------------------------------- reading
+
+// A case group's attributes and small datasets, validated (CaseSpec::validate,
+// the id they form equals the group's, derived counts agree).
+struct CaseHeader {
+  std::string id;
+  bool valid = true;  // false: a results file's case that could not be generated (no spec beyond the id)
+  CaseSpec spec;
+  InputHashes hashes;
+  std::string policy;  // description recorded at export
+  std::vector<std::int32_t> query_start_loc;  // [B+1]
+  std::vector<int> cache_block_sizes;          // golden files: caches stored
+  bool has_inputs = false, has_golden = false, has_decode = false;
+};
+
+// A stored cache's recorded options (what `run --golden` must rebuild with).
+struct StoredCacheOptions {
+  Poison poison = Poison::kNaN;
+  bool poison_block_table = false;
+  int spare_blocks = kDefaultSpareBlocks;
+  std::uint64_t hash_data = 0, hash_block_table = 0, hash_slot_mapping = 0;
+};
+
+struct StoredOutput {
+  std::string name;  // "out", "lse", "o_lat", "o"
+  Tensor data;       // as the backend produced it (dtype and shape)
+  Metrics metrics;   // against the golden, as the run computed them
+  std::int64_t heads = 1, dim = 1;  // for locating elements
+};
+
+struct StoredResult {
+  std::string backend, op;
+  Status status = Status::kSkipped;
+  std::string message, policy, repro;
+  int block_size = 0;
+  std::vector<StoredOutput> outputs;
+};
+
+// Opens a golden or results file and validates everything it reads before
+// returning it: a corrupt or hostile file throws GoldenFileError (never a
+// crash, never an out-of-bounds read). Allocations per call stay within
+// max_bytes.
+class GoldenReader {
+ public:
+  explicit GoldenReader(const std::string& path, std::uint64_t max_bytes = kDefaultMaxBytes);
+  ~GoldenReader();
+  GoldenReader(const GoldenReader&) = delete;
+  GoldenReader& operator=(const GoldenReader&) = delete;
+
+  const std::string& path() const;
+  const FileInfo& info() const;
+  const std::vector<std::string>& case_ids() const;  // in file order
+  bool has_case(const std::string& id) const;
+
+  CaseHeader header(const std::string& id);
+  // Everything replay needs: inputs, golden, decode reference (if stored) and
+  // the caches by block size, each checked (hashes, shapes, block ids <
+  // num_blocks, slot mapping, lengths). build_missing_caches is false.
+  PreparedCase load_case(const std::string& id);
+  // Stored references only (run --golden), checked like load_case.
+  Golden load_golden(const std::string& id);
+  std::optional<PreparedCase::DecodeReference> load_decode_reference(const std::string& id);
+  StoredCacheOptions cache_options(const std::string& id, int block_size);
+  // Results files: every backend x op stored for the case.
+  std::vector<StoredResult> load_results(const std::string& id);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mlagate

@@ -1,0 +1,486 @@
+// Reading schema v1 with every value validated before use: root provenance,
+// case attributes through CaseSpec::validate, dataset shapes against them,
+// content hashes, block ids < num_blocks, the slot mapping, a memory budget.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <set>
+
+#include "golden/detail/h5.h"
+#include "golden/detail/io.h"
+#include "golden/detail/schema.h"
+#include "golden/golden_file.h"
+#include "reports/report.h"
+
+namespace mlagate {
+
+namespace {
+
+namespace io = golden::io;
+namespace h5 = golden::h5;
+namespace schema = golden::schema;
+using io::bad;
+using io::Where;
+
+constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
+constexpr std::int64_t kIntMin = std::numeric_limits<int>::min();
+
+std::vector<double> to_vector(const Tensor& t) {
+  std::vector<double> v(static_cast<std::size_t>(t.numel()));
+  if (!v.empty()) std::memcpy(v.data(), t.bytes(), t.nbytes());
+  return v;
+}
+
+std::vector<std::int32_t> to_i32(const Tensor& t) {
+  std::vector<std::int32_t> v(static_cast<std::size_t>(t.numel()));
+  if (!v.empty()) std::memcpy(v.data(), t.bytes(), t.nbytes());
+  return v;
+}
+
+DType parse_dtype_name(const std::string& s, const Where& w) {
+  for (DType d : {DType::kF64, DType::kF32, DType::kBF16, DType::kF16, DType::kI32, DType::kI64, DType::kU8})
+    if (s == dtype_name(d)) return d;
+  bad(w, "unknown dtype '" + s + "'");
+}
+
+Status parse_status_name(const std::string& s, const Where& w) {
+  for (Status st : kAllStatuses)
+    if (s == status_name(st)) return st;
+  bad(w, "unknown status '" + s + "'");
+}
+
+}  // namespace
+
+struct GoldenReader::Impl {
+  std::string path;
+  Where root;
+  h5::File file;
+  FileInfo info;
+  std::vector<std::string> ids;
+  std::set<std::string> id_set;
+  std::uint64_t max_bytes;
+
+  Where case_where(const std::string& id) const { return root / (std::string(schema::kCasesGroup) + "/" + id); }
+
+  h5::Group open_case(const std::string& id) {
+    if (!id_set.count(id)) throw GoldenFileError(path + ": no case '" + id + "' in this file");
+    Where w = root / schema::kCasesGroup;
+    h5::Group g = io::open_group(file.get(), schema::kCasesGroup, root);
+    for (const std::string& part : schema::id_path(id)) {
+      h5::Group next = io::open_group(g.get(), part, w);
+      w = w / part;
+      g = std::move(next);
+    }
+    return g;
+  }
+
+  CaseHeader read_header(hid_t g, const std::string& id, io::Budget& budget) {
+    const Where w = case_where(id);
+    CaseHeader h;
+    h.id = id;
+    if (io::read_string(g, "schema", w, 256) != kGoldenSchema) bad(w, "schema attribute is not " + std::string(kGoldenSchema));
+    io::read_int(g, "schema_version", w, kGoldenSchemaVersion, kGoldenSchemaVersion);
+    if (io::read_string(g, "case_id", w, schema::kMaxIdBytes) != id) bad(w, "case_id attribute differs from the group's path");
+    h.valid = io::read_int(g, "valid", w, 0, 1) == 1;
+    if (!h.valid) {
+      if (info.kind == FileKind::kGolden) bad(w, "a golden file cannot hold an invalid case");
+      return h;
+    }
+    CaseSpec& s = h.spec;
+    s.suite = io::read_string(g, "suite", w, 1024);
+    s.batch.name = io::read_string(g, "batch_name", w, 1024);
+    s.batch.note = io::read_string(g, "batch_note", w);
+    s.batch.spec_decode = io::read_int(g, "spec_decode", w, 0, 1) == 1;
+    s.total_heads = static_cast<int>(io::read_int(g, "total_heads", w, kIntMin, kIntMax));
+    s.tp = static_cast<int>(io::read_int(g, "tp", w, kIntMin, kIntMax));
+    try {
+      s.dtype = parse_model_dtype(io::read_string(g, "dtype", w, 64));
+      const KvCacheFormat f = parse_kv_cache_format(io::read_string(g, "kv_cache_dtype", w, 64));
+      s.kv_cache_dtype = f.dtype;
+      s.scale_rule = f.scale_rule;
+    } catch (const GoldenFileError&) {
+      throw;
+    } catch (const InputError& e) {
+      bad(w, e.what());
+    }
+    s.block_size = static_cast<int>(io::read_int(g, "block_size", w, kIntMin, kIntMax));
+    s.seed = io::read_u64(g, "seed", w);
+    s.q_magnitude = io::read_double(g, "q_magnitude", w);
+    const double scale = io::read_double(g, "scale", w);
+    if (io::read_int(g, "scale_is_default", w, 0, 1) == 0) s.scale = scale;
+    const double ks = io::read_double(g, "k_scale", w);
+    if (!(std::fabs(ks) <= std::numeric_limits<float>::max())) bad(w, "k_scale out of range");
+    s.k_scale = static_cast<float>(ks);
+    s.dims.kv_lora_rank = static_cast<int>(io::read_int(g, "kv_lora_rank", w, kIntMin, kIntMax));
+    s.dims.rope_dim = static_cast<int>(io::read_int(g, "rope_dim", w, kIntMin, kIntMax));
+    s.dims.nope_dim = static_cast<int>(io::read_int(g, "nope_dim", w, kIntMin, kIntMax));
+    s.dims.v_head_dim = static_cast<int>(io::read_int(g, "v_head_dim", w, kIntMin, kIntMax));
+    const std::int64_t B = io::read_int(g, "num_requests", w, 1, schema::kMaxRequests);
+    const std::vector<std::int32_t> seq = to_i32(io::read_tensor(g, "seq_lens", DType::kI32, {B}, w, budget));
+    const std::vector<std::int32_t> ql = to_i32(io::read_tensor(g, "query_lens", DType::kI32, {B}, w, budget));
+    s.batch.seq_lens.assign(seq.begin(), seq.end());
+    s.batch.query_lens.assign(ql.begin(), ql.end());
+    // Token counts are ints in Case: their sums must not overflow.
+    std::int64_t sum_s = 0, sum_q = 0;
+    for (std::int64_t i = 0; i < B; ++i) sum_s += seq[static_cast<std::size_t>(i)], sum_q += ql[static_cast<std::size_t>(i)];
+    if (sum_s > kIntMax || sum_q > kIntMax) bad(w, "total tokens exceed the int range");
+    // The limits of a run apply to a file: lengths, dims, heads, sizes.
+    try {
+      s.validate();
+    } catch (const InvalidCase& e) {
+      bad(w, std::string("invalid case parameters: ") + e.what());
+    }
+    if (s.id() != id) bad(w, "the attributes describe case '" + s.id() + "', not the group's id");
+    if (io::read_int(g, "num_heads", w, kIntMin, kIntMax) != s.num_heads()) bad(w, "num_heads disagrees with total_heads / tp");
+    if (io::read_int(g, "num_tokens", w, kIntMin, kIntMax) != s.num_tokens()) bad(w, "num_tokens disagrees with query_lens");
+    if (io::read_int(g, "num_kv_tokens", w, kIntMin, kIntMax) != s.num_kv_tokens()) bad(w, "num_kv_tokens disagrees with seq_lens");
+    h.query_start_loc = to_i32(io::read_tensor(g, "query_start_loc", DType::kI32, {B + 1}, w, budget));
+    std::int32_t acc = 0;
+    for (std::int64_t i = 0; i <= B; ++i) {
+      if (h.query_start_loc[static_cast<std::size_t>(i)] != acc) bad(w, "query_start_loc is not the prefix sum of query_lens");
+      if (i < B) acc += ql[static_cast<std::size_t>(i)];
+    }
+    h.policy = io::read_string(g, "policy", w, 1024);
+    h.hashes.combined = io::read_hash(g, "input_hash", w);
+    std::uint64_t* each[5] = {&h.hashes.q, &h.hashes.kv_c, &h.hashes.k_pe, &h.hashes.w_uk, &h.hashes.w_uv};
+    for (std::size_t i = 0; i < 5; ++i) *each[i] = io::read_hash(g, std::string("hash_") + schema::kInputNames[i], w);
+    h.has_inputs = io::has_link(g, schema::kInputsGroup, w);
+    h.has_golden = io::has_link(g, schema::kGoldenGroup, w);
+    h.has_decode = io::has_link(g, schema::kDecodeGroup, w);
+    if (io::has_link(g, schema::kCacheGroup, w)) {
+      const h5::Group cg = io::open_group(g, schema::kCacheGroup, w);
+      for (const std::string& name : io::list_group(cg.get(), w / schema::kCacheGroup, 64)) {
+        int bs = 0;
+        if (name.size() < 3 || name.size() > 6 || name.compare(0, 2, "bs") != 0 ||
+            name.find_first_not_of("0123456789", 2) != std::string::npos || (bs = std::stoi(name.substr(2))) < 1 ||
+            bs > 1024 || (bs & (bs - 1)) != 0 || name != schema::cache_group_name(bs))
+          bad(w / schema::kCacheGroup, "unexpected member '" + name + "' (cache groups are bs<power of two <= 1024>)");
+        h.cache_block_sizes.push_back(bs);
+      }
+      std::sort(h.cache_block_sizes.begin(), h.cache_block_sizes.end());
+    }
+    return h;
+  }
+
+  CaseHeader header(const std::string& id) {
+    const h5::Group g = open_case(id);
+    io::Budget budget(max_bytes);
+    return read_header(g.get(), id, budget);
+  }
+
+  Golden read_golden(hid_t g, const CaseHeader& h, io::Budget& budget) {
+    const Where w = case_where(h.id);
+    if (!h.has_golden) bad(w, "no golden group");
+    const h5::Group gg = io::open_group(g, schema::kGoldenGroup, w);
+    const Where wg = w / schema::kGoldenGroup;
+    const std::int64_t T = h.spec.num_tokens(), N = h.spec.num_heads(), V = h.spec.dims.v_head_dim;
+    Golden out;
+    out.out = to_vector(io::read_tensor(gg.get(), "out", DType::kF64, {T, N * V}, wg, budget));
+    out.lse = to_vector(io::read_tensor(gg.get(), "lse", DType::kF64, {T, N}, wg, budget));
+    return out;
+  }
+
+  std::optional<PreparedCase::DecodeReference> read_decode(hid_t g, const CaseHeader& h, io::Budget& budget) {
+    if (!h.has_decode) return std::nullopt;
+    const Where w = case_where(h.id);
+    const h5::Group dg = io::open_group(g, schema::kDecodeGroup, w);
+    const Where wd = w / schema::kDecodeGroup;
+    const std::int64_t T = h.spec.num_tokens(), N = h.spec.num_heads();
+    const Dims& d = h.spec.dims;
+    PreparedCase::DecodeReference r;
+    r.q_lat = io::read_tensor(dg.get(), "q_lat", h.spec.dtype, {T, N, d.kv_lora_rank}, wd, budget);
+    r.q_pe = io::read_tensor(dg.get(), "q_pe", h.spec.dtype, {T, N, d.rope_dim}, wd, budget);
+    r.o_lat = to_vector(io::read_tensor(dg.get(), "o_lat", DType::kF64, {T, N, d.kv_lora_rank}, wd, budget));
+    r.lse = to_vector(io::read_tensor(dg.get(), "lse", DType::kF64, {T, N}, wd, budget));
+    return r;
+  }
+
+  // A stored cache, every index in it checked against the case before any
+  // backend may read through it.
+  PagedCache read_cache(hid_t cg, const Case& c, int bs, const Where& wc, io::Budget& budget) {
+    const std::string name = schema::cache_group_name(bs);
+    const h5::Group g = io::open_group(cg, name, wc);
+    const Where w = wc / name;
+    const CaseSpec& spec = c.spec;
+    // The format (kv dtype, element dtype, entry size, data layout) as cases/ builds it.
+    PagedCache pc = schema::cache_template(spec, bs);
+    if (io::read_int(g.get(), "block_size", w, bs, bs) != bs) bad(w, "block_size disagrees with the group name");
+    if (io::read_string(g.get(), "kv_cache_dtype", w, 64) != kv_cache_dtype_name(pc.kv_dtype))
+      bad(w, "kv_cache_dtype differs from the case's");
+    if (io::read_string(g.get(), "elem_dtype", w, 64) != dtype_name(pc.elem_dtype)) bad(w, "elem_dtype differs from the case's");
+    const std::int64_t entry = io::read_int(g.get(), "entry_bytes", w, 1, 1 << 20);
+    if (entry != pc.entry_bytes)
+      bad(w, "entry_bytes " + std::to_string(entry) + ", but this case's cache format has " + std::to_string(pc.entry_bytes));
+    if (io::read_int(g.get(), "new_tokens_written", w, 0, 1) != 0) bad(w, "a stored cache must not hold the new tokens");
+    try {
+      pc.options.poison = parse_poison(io::read_string(g.get(), "poison", w, 64));
+    } catch (const GoldenFileError&) {
+      throw;
+    } catch (const InputError& e) {
+      bad(w, e.what());
+    }
+    pc.options.poison_block_table = io::read_int(g.get(), "poison_block_table", w, 0, 1) == 1;
+    pc.options.write_new_tokens = false;
+    std::int64_t used = 0, widest = 1;
+    for (int i = 0; i < c.num_requests; ++i) {
+      const std::int64_t nb = (std::int64_t{c.seq_lens[static_cast<std::size_t>(i)]} + bs - 1) / bs;
+      used += nb;
+      widest = std::max(widest, nb);
+    }
+    if (io::read_int(g.get(), "used_blocks", w, 0, kIntMax) != used)
+      bad(w, "used_blocks disagrees with seq_lens (expected " + std::to_string(used) + ")");
+    const std::int64_t spare = io::read_int(g.get(), "spare_blocks", w, 0, kIntMax);
+    const std::int64_t num_blocks = io::read_int(g.get(), "num_blocks", w, 1, kIntMax);
+    if (num_blocks != used + 1 + spare) bad(w, "num_blocks != used_blocks + 1 + spare_blocks");
+    const std::int64_t divisor = std::max(1, 128 / bs);
+    const std::int64_t width = io::read_int(g.get(), "table_width", w, 1, kIntMax);
+    if (width < widest || width % divisor != 0 || width > (widest + divisor - 1) / divisor * divisor)
+      bad(w, "table_width " + std::to_string(width) + " does not fit the longest request (" + std::to_string(widest) +
+                 " blocks, padded to a multiple of " + std::to_string(divisor) + ")");
+    pc.block_size = bs;
+    pc.num_blocks = static_cast<int>(num_blocks);
+    pc.used_blocks = static_cast<int>(used);
+    pc.table_width = static_cast<int>(width);
+    pc.options.spare_blocks = static_cast<int>(spare);
+
+    Shape data_shape = pc.data.shape();
+    data_shape.at(0) = num_blocks;
+    pc.data = io::read_tensor(g.get(), "data", DType::kU8, data_shape, w, budget);
+    pc.block_table = io::read_tensor(g.get(), "block_table", DType::kI32, {c.num_requests, width}, w, budget);
+    pc.slot_mapping = io::read_tensor(g.get(), "slot_mapping", DType::kI64, {c.num_tokens}, w, budget);
+
+    // Block ids: each request's blocks in [1, num_blocks), no block twice; the
+    // unused tail exactly the recorded filler.
+    const std::int32_t* bt = pc.block_table.data<std::int32_t>();
+    const std::int32_t filler = pc.options.poison_block_table ? kPoisonBlockId : 0;
+    std::vector<bool> taken(static_cast<std::size_t>(num_blocks), false);
+    for (int i = 0; i < c.num_requests; ++i) {
+      const std::int64_t nb = (std::int64_t{c.seq_lens[static_cast<std::size_t>(i)]} + bs - 1) / bs;
+      for (std::int64_t j = 0; j < width; ++j) {
+        const std::int32_t id = bt[i * width + j];
+        const std::string at = "block_table[" + std::to_string(i) + ", " + std::to_string(j) + "]";
+        if (j >= nb) {
+          if (id != filler) bad(w, at + " = " + std::to_string(id) + " past the request's blocks, expected " + std::to_string(filler));
+          continue;
+        }
+        if (id < 1 || id >= num_blocks)
+          bad(w, at + ": block id " + std::to_string(id) + " is out of range [1, " + std::to_string(num_blocks) + ")");
+        if (taken[static_cast<std::size_t>(id)]) bad(w, at + ": block " + std::to_string(id) + " is used twice");
+        taken[static_cast<std::size_t>(id)] = true;
+      }
+    }
+    // Slot mapping: exactly the slots of the new tokens through the table.
+    const std::int64_t* sm = pc.slot_mapping.data<std::int64_t>();
+    for (int i = 0; i < c.num_requests; ++i) {
+      const int s = c.seq_lens[static_cast<std::size_t>(i)], q = c.query_lens[static_cast<std::size_t>(i)];
+      for (int u = 0; u < q; ++u) {
+        const std::int64_t t = c.query_start_loc[static_cast<std::size_t>(i)] + u;
+        const std::int64_t want = s == 0 ? -1 : pc.slot_of(i, s - q + u);
+        if (sm[t] != want)
+          bad(w, "slot_mapping[" + std::to_string(t) + "] = " + std::to_string(sm[t]) + ", but the block table gives " +
+                     std::to_string(want));
+      }
+    }
+    return pc;
+  }
+};
+
+GoldenReader::GoldenReader(const std::string& path, std::uint64_t max_bytes) : impl_(std::make_unique<Impl>()) {
+  namespace fs = std::filesystem;
+  Impl& m = *impl_;
+  m.path = path;
+  m.root = {path, "/"};
+  m.max_bytes = max_bytes;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw GoldenFileError(path + ": no such file");
+  if (!fs::is_regular_file(path, ec)) throw GoldenFileError(path + ": not a regular file");
+  h5::init();
+  if (!h5::is_hdf5(path)) throw GoldenFileError(path + ": not an HDF5 file (or its superblock is damaged)");
+  const h5::PropList fapl = h5::pcreate(H5P_FILE_ACCESS, "file access properties");
+  m.file = h5::fopen(path, H5F_ACC_RDONLY, fapl);
+  const hid_t root = m.file.get();
+  if (!io::has_attr(root, "schema", m.root) || io::read_string(root, "schema", m.root, 256) != kGoldenSchema)
+    throw GoldenFileError(path + ": not an mlagate golden or results file (no schema attribute '" +
+                          std::string(kGoldenSchema) + "')");
+  const std::int64_t version = io::read_int(root, "schema_version", m.root, kIntMin, kIntMax);
+  if (version != kGoldenSchemaVersion)
+    throw GoldenFileError(path + ": schema version " + std::to_string(version) + " is not supported (this mlagate reads " +
+                          std::to_string(kGoldenSchemaVersion) + ")");
+  m.info.schema_version = static_cast<int>(version);
+  const std::string kind = io::read_string(root, "file_kind", m.root, 64);
+  if (kind == "golden") m.info.kind = FileKind::kGolden;
+  else if (kind == "results") m.info.kind = FileKind::kResults;
+  else bad(m.root, "file_kind '" + kind + "' is neither golden nor results");
+  m.info.generator_version = static_cast<int>(io::read_int(root, "generator_version", m.root, 0, kIntMax));
+  m.info.mlagate_version = io::read_string(root, "mlagate_version", m.root, 256);
+  m.info.git_commit = io::read_string(root, "git_commit", m.root, 256);
+  m.info.created_at = io::read_string(root, "created_at", m.root, 256);
+  m.info.command_line = io::read_string(root, "command_line", m.root);
+  const std::int64_t n = io::read_int(root, "num_cases", m.root, 0, static_cast<std::int64_t>(schema::kMaxCases));
+  io::Budget budget(max_bytes);
+  m.ids = io::read_strings(root, schema::kCaseIds, m.root, schema::kMaxCases, schema::kMaxIdBytes, budget);
+  if (static_cast<std::int64_t>(m.ids.size()) != n) bad(m.root / schema::kCaseIds, "holds a different number of ids than num_cases");
+  for (const auto& id : m.ids) {
+    schema::id_path(id);
+    if (!m.id_set.insert(id).second) bad(m.root / schema::kCaseIds, "case '" + id + "' is listed twice");
+  }
+}
+
+GoldenReader::~GoldenReader() = default;
+const std::string& GoldenReader::path() const { return impl_->path; }
+const FileInfo& GoldenReader::info() const { return impl_->info; }
+const std::vector<std::string>& GoldenReader::case_ids() const { return impl_->ids; }
+bool GoldenReader::has_case(const std::string& id) const { return impl_->id_set.count(id) > 0; }
+
+CaseHeader GoldenReader::header(const std::string& id) { return impl_->header(id); }
+
+PreparedCase GoldenReader::load_case(const std::string& id) {
+  Impl& m = *impl_;
+  const h5::Group g = m.open_case(id);
+  const Where w = m.case_where(id);
+  io::Budget budget(m.max_bytes);
+  const CaseHeader h = m.read_header(g.get(), id, budget);
+  if (!h.valid || !h.has_inputs) bad(w, "no stored inputs (a results file holds outputs only: replay its golden file)");
+  PreparedCase pc;
+  pc.c = schema::case_shell(h.spec);
+  {
+    const h5::Group in = io::open_group(g.get(), schema::kInputsGroup, w);
+    const Where wi = w / schema::kInputsGroup;
+    const auto shapes = schema::input_shapes(h.spec);
+    const auto dst = schema::input_tensors(pc.c);
+    const std::uint64_t want[5] = {h.hashes.q, h.hashes.kv_c, h.hashes.k_pe, h.hashes.w_uk, h.hashes.w_uv};
+    for (std::size_t i = 0; i < 5; ++i) {
+      std::uint64_t got = 0;
+      *dst[i] = io::read_tensor(in.get(), schema::kInputNames[i], h.spec.dtype, shapes[i], wi, budget, &got);
+      if (got != want[i])
+        bad(wi / schema::kInputNames[i], "content differs from the case's hash_" + std::string(schema::kInputNames[i]));
+    }
+    if (input_hashes(pc.c).combined != h.hashes.combined) bad(w, "inputs differ from the case's input_hash");
+    // Values derived from the inputs and the spec alone (fp8 caches: the
+    // latent as a correct reader sees it), as generate_case derives them.
+    retarget_case(pc.c, h.spec);
+  }
+  pc.golden = m.read_golden(g.get(), h, budget);
+  pc.decode = m.read_decode(g.get(), h, budget);
+  if (!h.cache_block_sizes.empty()) {
+    const h5::Group cg = io::open_group(g.get(), schema::kCacheGroup, w);
+    for (int bs : h.cache_block_sizes) pc.caches.emplace(bs, m.read_cache(cg.get(), pc.c, bs, w / schema::kCacheGroup, budget));
+  }
+  pc.build_missing_caches = false;
+  return pc;
+}
+
+Golden GoldenReader::load_golden(const std::string& id) {
+  Impl& m = *impl_;
+  const h5::Group g = m.open_case(id);
+  io::Budget budget(m.max_bytes);
+  const CaseHeader h = m.read_header(g.get(), id, budget);
+  if (!h.valid) bad(m.case_where(id), "no golden for an invalid case");
+  return m.read_golden(g.get(), h, budget);
+}
+
+std::optional<PreparedCase::DecodeReference> GoldenReader::load_decode_reference(const std::string& id) {
+  Impl& m = *impl_;
+  const h5::Group g = m.open_case(id);
+  io::Budget budget(m.max_bytes);
+  const CaseHeader h = m.read_header(g.get(), id, budget);
+  if (!h.valid) return std::nullopt;
+  return m.read_decode(g.get(), h, budget);
+}
+
+StoredCacheOptions GoldenReader::cache_options(const std::string& id, int block_size) {
+  Impl& m = *impl_;
+  const h5::Group g = m.open_case(id);
+  const Where w = m.case_where(id) / schema::kCacheGroup;
+  const h5::Group cg = io::open_group(g.get(), schema::kCacheGroup, m.case_where(id));
+  const std::string name = schema::cache_group_name(block_size);
+  const h5::Group b = io::open_group(cg.get(), name, w);
+  const Where wb = w / name;
+  StoredCacheOptions o;
+  try {
+    o.poison = parse_poison(io::read_string(b.get(), "poison", wb, 64));
+  } catch (const GoldenFileError&) {
+    throw;
+  } catch (const InputError& e) {
+    bad(wb, e.what());
+  }
+  o.poison_block_table = io::read_int(b.get(), "poison_block_table", wb, 0, 1) == 1;
+  o.spare_blocks = static_cast<int>(io::read_int(b.get(), "spare_blocks", wb, 0, kIntMax));
+  std::uint64_t* hashes[3] = {&o.hash_data, &o.hash_block_table, &o.hash_slot_mapping};
+  const char* names[3] = {"data", "block_table", "slot_mapping"};
+  for (int i = 0; i < 3; ++i) {
+    if (!io::has_link(b.get(), names[i], wb)) bad(wb / names[i], "missing dataset");
+    const h5::Dataset ds = h5::dopen(b.get(), names[i], (wb / names[i]).str());
+    *hashes[i] = io::read_hash(ds.get(), "fnv1a64", wb / names[i]);
+  }
+  return o;
+}
+
+std::vector<StoredResult> GoldenReader::load_results(const std::string& id) {
+  Impl& m = *impl_;
+  const h5::Group g = m.open_case(id);
+  const Where w = m.case_where(id);
+  io::Budget budget(m.max_bytes);
+  const CaseHeader h = m.read_header(g.get(), id, budget);
+  std::vector<StoredResult> out;
+  if (!io::has_link(g.get(), schema::kResultsGroup, w)) return out;
+  const h5::Group rg = io::open_group(g.get(), schema::kResultsGroup, w);
+  const Where wr = w / schema::kResultsGroup;
+  for (const std::string& backend : io::list_group(rg.get(), wr, 10000)) {
+    const h5::Group bg = io::open_group(rg.get(), backend, wr);
+    const Where wb = wr / backend;
+    for (const std::string& op : io::list_group(bg.get(), wb, 16)) {
+      if (op != "layer" && op != "decode" && op != "prefill" && op != "cache_write") bad(wb, "unknown op '" + op + "'");
+      const h5::Group og = io::open_group(bg.get(), op, wb);
+      const Where wo = wb / op;
+      StoredResult r;
+      r.backend = backend;
+      r.op = op;
+      r.status = parse_status_name(io::read_string(og.get(), "status", wo, 64), wo);
+      r.message = io::read_string(og.get(), "message", wo);
+      r.policy = io::read_string(og.get(), "policy", wo, 1024);
+      r.repro = io::read_string(og.get(), "repro", wo);
+      r.block_size = static_cast<int>(io::read_int(og.get(), "block_size", wo, 0, 1024));
+      for (const std::string& name : io::list_group(og.get(), wo, 16)) {
+        schema::OutputShape os;
+        if (!h.valid || !schema::output_shape(h.spec, op, name, os)) bad(wo, "unexpected output '" + name + "'");
+        const DType dt = parse_dtype_name(io::dataset_dtype_attr(og.get(), name, wo), wo / name);
+        if (dt != DType::kBF16 && dt != DType::kF16 && dt != DType::kF32 && dt != DType::kF64)
+          bad(wo / name, "outputs are floating point");
+        StoredOutput so;
+        so.name = name;
+        so.heads = os.heads;
+        so.dim = os.dim;
+        so.data = io::read_tensor(og.get(), name, dt, os.shape, wo, budget);
+        const h5::Dataset ds = h5::dopen(og.get(), name, (wo / name).str());
+        const Where wd = wo / name;
+        const hid_t d = ds.get();
+        Metrics& mt = so.metrics;
+        mt.output = name;
+        mt.numel = so.data.numel();
+        auto opt_double = [&](const char* key, double& v) {
+          if (io::has_attr(d, key, wd)) v = io::read_double(d, key, wd);
+        };
+        opt_double("max_abs", mt.max_abs);
+        opt_double("max_rel", mt.max_rel);
+        opt_double("rel_floor", mt.rel_floor);
+        opt_double("mean_abs", mt.mean_abs);
+        opt_double("nmse", mt.nmse);
+        opt_double("cos_diff", mt.cos_diff);
+        opt_double("max_ulp", mt.max_ulp);
+        opt_double("ref_norm", mt.ref_norm);
+        opt_double("out_norm", mt.out_norm);
+        opt_double("min_atol", mt.min_atol);
+        if (io::has_attr(d, "passed", wd)) mt.passed = io::read_int(d, "passed", wd, 0, 1) == 1;
+        if (io::has_attr(d, "message", wd)) mt.message = io::read_string(d, "message", wd);
+        r.outputs.push_back(std::move(so));
+      }
+      out.push_back(std::move(r));
+    }
+  }
+  return out;
+}
+
+}  // namespace mlagate

@@ -1,0 +1,97 @@
+// Schema v1 pieces shared by the writer and the reader: id paths, the case
+// shell derived from a spec, input and output shapes, and the cache template.
+#include "golden/detail/schema.h"
+
+#include <cstdio>
+
+namespace mlagate::golden::schema {
+
+std::string file_kind_name(FileKind k) { return k == FileKind::kGolden ? "golden" : "results"; }
+
+std::vector<std::string> id_path(const std::string& id) {
+  std::vector<std::string> parts;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t slash = id.find('/', start);
+    parts.push_back(id.substr(start, slash == std::string::npos ? std::string::npos : slash - start));
+    if (slash == std::string::npos) break;
+    start = slash + 1;
+  }
+  for (const auto& p : parts) {
+    if (p.empty() || p == ".") throw GoldenFileError("case id '" + id + "' cannot name an HDF5 group (empty or '.' component)");
+    for (unsigned char ch : p)
+      if (ch < 0x20 || ch == 0x7f) throw GoldenFileError("case id '" + id + "' holds a control character");
+  }
+  if (id.size() > kMaxIdBytes) throw GoldenFileError("case id longer than " + std::to_string(kMaxIdBytes) + " bytes");
+  return parts;
+}
+
+std::string cache_group_name(int block_size) { return "bs" + std::to_string(block_size); }
+
+Case case_shell(const CaseSpec& spec) {
+  Case c;
+  c.spec = spec;
+  c.num_requests = spec.num_requests();
+  c.num_tokens = spec.num_tokens();
+  c.num_kv_tokens = spec.num_kv_tokens();
+  c.query_start_loc.assign(1, 0);
+  c.kv_start_loc.assign(1, 0);
+  for (int i = 0; i < c.num_requests; ++i) {
+    const int s = spec.batch.seq_lens[static_cast<std::size_t>(i)];
+    const int q = spec.batch.query_lens[static_cast<std::size_t>(i)];
+    c.seq_lens.push_back(s);
+    c.query_lens.push_back(q);
+    c.context_lens.push_back(s - q);
+    c.query_start_loc.push_back(c.query_start_loc.back() + q);
+    c.kv_start_loc.push_back(c.kv_start_loc.back() + s);
+  }
+  return c;
+}
+
+std::array<const Tensor*, 5> input_tensors(const Case& c) { return {&c.q, &c.kv_c, &c.k_pe, &c.w_uk, &c.w_uv}; }
+std::array<Tensor*, 5> input_tensors(Case& c) { return {&c.q, &c.kv_c, &c.k_pe, &c.w_uk, &c.w_uv}; }
+
+std::array<Shape, 5> input_shapes(const CaseSpec& spec) {
+  const Dims& d = spec.dims;
+  const std::int64_t T = spec.num_tokens(), S = spec.num_kv_tokens(), N = spec.num_heads();
+  return {Shape{T, N, d.nope_dim + d.rope_dim}, Shape{S, d.kv_lora_rank}, Shape{S, d.rope_dim},
+          Shape{d.kv_lora_rank, N, d.nope_dim}, Shape{d.kv_lora_rank, N, d.v_head_dim}};
+}
+
+PagedCache cache_template(const CaseSpec& spec, int block_size) {
+  CaseSpec one = spec;
+  one.batch.seq_lens = {1};
+  one.batch.query_lens = {1};
+  one.batch.spec_decode = false;
+  Case c = case_shell(one);
+  c.kv_c = Tensor(spec.dtype, {1, spec.dims.kv_lora_rank});
+  c.k_pe = Tensor(spec.dtype, {1, spec.dims.rope_dim});
+  CacheOptions opt;
+  opt.poison = Poison::kNone;
+  opt.spare_blocks = 0;
+  return build_paged_cache(c, block_size, opt);
+}
+
+bool output_shape(const CaseSpec& spec, const std::string& op, const std::string& output, OutputShape& out) {
+  const std::int64_t T = spec.num_tokens(), N = spec.num_heads();
+  const Dims& d = spec.dims;
+  if (output == "lse") {
+    out = {{T, N}, DType::kF32, N, 1};
+    return op == "layer" || op == "decode" || op == "prefill";
+  }
+  if (op == "layer" && output == "out") {
+    out = {{T, N * d.v_head_dim}, spec.dtype, N, d.v_head_dim};
+    return true;
+  }
+  if (op == "decode" && output == "o_lat") {
+    out = {{T, N, d.kv_lora_rank}, spec.dtype, N, d.kv_lora_rank};
+    return true;
+  }
+  if (op == "prefill" && output == "o") {
+    out = {{T, N, d.v_head_dim}, spec.dtype, N, d.v_head_dim};
+    return true;
+  }
+  return false;
+}
+
+}  // namespace mlagate::golden::schema

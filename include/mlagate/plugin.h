@@ -1,0 +1,317 @@
+/* mlagate/plugin.h: the whole contract between mlagate and an out-of-tree
+ * backend built as a shared library (`mlagate run --plugin lib.so`). Plain C
+ * (C99 and C++ both compile it); no C++ type crosses the boundary; tensors are
+ * DLPack DLTensors. A plugin includes this header alone, links nothing of
+ * mlagate, and exports one function:
+ *
+ *     MLAGATE_PLUGIN_EXPORT const mlagate_plugin* mlagate_plugin_entry(void);
+ *
+ * which returns a static table of one or more backends. mlagate checks the ABI
+ * version first, then every field (names, capabilities, function pointers),
+ * and refuses the library with a message if anything is off.
+ *
+ * Calls: for each case mlagate asks supports() (when given), then runs the
+ * kernel ops through run(): the layer op is composed by mlagate from the
+ * backend's decode, prefill and cache_write kernels exactly as for in-tree
+ * backends (README, "Ops"). One backend instance gets one call at a time.
+ *
+ * Rules of the boundary:
+ *  - No exception may leave supports(), run() or destroy(): catch everything
+ *    and return MLAGATE_STATUS_ERROR with a message. A C++ exception that
+ *    escapes anyway is caught by mlagate where the unwinder allows (same C++
+ *    runtime on Linux) and recorded as CRASHED with a "contract violation"
+ *    message; elsewhere it terminates the process. A fault (segfault, illegal
+ *    memory access) ends the process: run untrusted kernels through isolation
+ *    (worker processes) or the exec backend.
+ *  - Outputs are preallocated, poisoned (NaN) and surrounded by guard bands;
+ *    write every element of them and nothing else.
+ *  - Strings returned through pointers in the tables must stay valid until
+ *    destroy() (static storage is simplest).
+ *
+ * ABI version 1. A change of any struct layout or meaning bumps
+ * MLAGATE_PLUGIN_ABI_VERSION; abi_version is the first member of
+ * mlagate_plugin in every version, so mlagate can always read it.
+ */
+#ifndef MLAGATE_PLUGIN_H_
+#define MLAGATE_PLUGIN_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MLAGATE_PLUGIN_ABI_VERSION 1u
+#define MLAGATE_PLUGIN_ENTRY_SYMBOL "mlagate_plugin_entry"
+
+#if defined(_WIN32)
+#define MLAGATE_PLUGIN_EXPORT __declspec(dllexport)
+#else
+#define MLAGATE_PLUGIN_EXPORT __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- DLPack
+ * DLDevice, DLDataType and DLTensor as the DLPack specification defines them
+ * (dlpack.h v0.8; the layout is unchanged in v1.x). When dlpack.h has been
+ * included before this header its definitions are used; otherwise these
+ * layout-identical ones are. Include dlpack.h first if you need both. */
+#if !defined(DLPACK_VERSION) && !defined(DLPACK_DLPACK_H_) && !defined(DLPACK_MAJOR_VERSION)
+#define MLAGATE_DEFINES_DLPACK 1
+typedef enum {
+  kDLCPU = 1,  /* host memory */
+  kDLCUDA = 2, /* CUDA device memory */
+  kDLCUDAHost = 3,
+  kDLOpenCL = 4,
+  kDLVulkan = 7,
+  kDLMetal = 8,
+  kDLVPI = 9,
+  kDLROCM = 10,
+  kDLROCMHost = 11,
+  kDLExtDev = 12,
+  kDLCUDAManaged = 13,
+  kDLOneAPI = 14,
+  kDLWebGPU = 15,
+  kDLHexagon = 16
+} DLDeviceType;
+
+typedef struct {
+  DLDeviceType device_type;
+  int32_t device_id;
+} DLDevice;
+
+typedef enum {
+  kDLInt = 0U,
+  kDLUInt = 1U,
+  kDLFloat = 2U,
+  kDLOpaqueHandle = 3U,
+  kDLBfloat = 4U,
+  kDLComplex = 5U,
+  kDLBool = 6U
+} DLDataTypeCode;
+
+typedef struct {
+  uint8_t code;   /* DLDataTypeCode */
+  uint8_t bits;   /* bits per lane */
+  uint16_t lanes; /* 1 for every tensor mlagate passes */
+} DLDataType;
+
+typedef struct {
+  void* data;           /* host or device pointer (see device) */
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;       /* [ndim] */
+  int64_t* strides;     /* [ndim] in elements; never NULL from mlagate (row-major contiguous) */
+  uint64_t byte_offset; /* 0 from mlagate */
+} DLTensor;
+#endif
+
+/* fp8 elements: DLPack 1.1's code for e4m3fn (OCP FP8 E4M3, finite, NaN 0x7F).
+ * No ABI v1 tensor is made of fp8 elements alone: a KV cache entry mixes
+ * fields of several types (fp8_ds_mla holds e4m3, fp32 and bf16), so the cache
+ * is raw bytes (uint8) and mlagate_problem says how an entry is laid out. */
+#define MLAGATE_DL_FLOAT8_E4M3FN 10u
+
+/* dtypes mlagate passes, as DLDataType {code, bits, lanes}:
+ *   bfloat16 {kDLBfloat, 16, 1}   float16 {kDLFloat, 16, 1}   float32 {kDLFloat, 32, 1}
+ *   int32 {kDLInt, 32, 1}         int64 {kDLInt, 64, 1}       bytes {kDLUInt, 8, 1} */
+
+/* ---------------------------------------------------------------- constants
+ * Plain macros, stored in uint32_t/int32_t fields (a C enum's size is the
+ * compiler's choice, and bit masks of enum types warn in C++). */
+
+/* Ops; also bits of mlagate_backend.ops. MLAGATE_OP_LAYER only appears in
+ * supports() problems: "may the harness compose this case from your kernels?" */
+#define MLAGATE_OP_DECODE 1u      /* absorbed MQA over the paged cache: mlagate_decode_args */
+#define MLAGATE_OP_PREFILL 2u     /* varlen attention over contiguous k, v: mlagate_prefill_args */
+#define MLAGATE_OP_CACHE_WRITE 4u /* new tokens into the paged cache: mlagate_cache_write_args */
+#define MLAGATE_OP_LAYER 8u
+
+/* How the decode kernel takes query lengths (vLLM's QueryLenSupport). */
+#define MLAGATE_QUERY_LEN_SINGLE_ONLY 0u /* every decode request has q_len 1 */
+#define MLAGATE_QUERY_LEN_UNIFORM 1u     /* decode requests share one q_len */
+#define MLAGATE_QUERY_LEN_VARLEN 2u      /* any q_len */
+
+/* Model dtypes (bits of mlagate_backend.dtypes; one of them in a problem). */
+#define MLAGATE_DTYPE_BF16 1u
+#define MLAGATE_DTYPE_F16 2u
+
+/* KV cache dtypes (bits of mlagate_backend.kv_cache_dtypes; one in a problem).
+ * Entry layouts are given in mlagate_entry_layout. */
+#define MLAGATE_KV_AUTO 1u       /* L + R elements of the model dtype */
+#define MLAGATE_KV_FP8 2u        /* L + R bytes of e4m3fn, x = e4m3 * k_scale */
+#define MLAGATE_KV_FP8_E4M3 4u   /* the same as FP8 on NVIDIA */
+#define MLAGATE_KV_FP8_DS_MLA 8u /* DeepSeek V3.2: e4m3 kv_c in 128-element tiles, fp32 tile scales, bf16 k_pe */
+
+/* fp8_ds_mla tile-scale rule the cache was written with. */
+#define MLAGATE_SCALE_RULE_POW2 0u
+#define MLAGATE_SCALE_RULE_RAW 1u
+
+/* What run() returns. Anything else is recorded as CRASHED. */
+#define MLAGATE_STATUS_OK 0
+#define MLAGATE_STATUS_NOT_SUPPORTED 1 /* this call cannot be served: a NOT_SUPPORTED record */
+#define MLAGATE_STATUS_ERROR 2         /* the kernel failed: a CRASHED record with the message */
+#define MLAGATE_STATUS_UNAVAILABLE 3   /* the device is absent (no GPU): a SKIPPED record */
+
+/* ---------------------------------------------------------------- problem */
+
+/* One token's cache entry, byte offsets within the entry (every multi-byte
+ * field little endian):
+ *   auto        kv_c [L] then k_pe [R], model dtype (elem bytes 2, 2)
+ *   fp8, e4m3   e4m3(kv_c / k_scale) [L] then e4m3(k_pe / k_scale) [R] (1, 1)
+ *   fp8_ds_mla  e4m3 kv_c [L] / tile scale, the L/128 tile scales as fp32 at
+ *               scale_offset, then k_pe [R] as bf16 (1, 2); 656 bytes for L 512, R 64 */
+typedef struct {
+  int32_t bytes;           /* entry size = the cache tensor's last extent */
+  int32_t kv_c_offset;     /* first kv_c element */
+  int32_t kv_c_elem_bytes; /* 2: model dtype; 1: e4m3fn */
+  int32_t k_pe_offset;
+  int32_t k_pe_elem_bytes; /* 2: model dtype (auto) or bf16 (fp8_ds_mla); 1: e4m3fn */
+  int32_t scale_offset;    /* fp8_ds_mla: fp32 tile scales; 0 otherwise */
+  int32_t scale_count;     /* fp8_ds_mla: L / 128; 0 otherwise */
+} mlagate_entry_layout;
+
+/* What is asked: in supports(), a whole case (op = the op the harness will
+ * run, MLAGATE_OP_LAYER included); in run(), exactly this call (its requests
+ * and tokens). Every pointer here is host memory, valid during the call. */
+typedef struct {
+  uint32_t struct_size; /* sizeof(mlagate_problem) of the host */
+  uint32_t op;          /* one MLAGATE_OP_* */
+  const char* case_id;  /* "vllm/mixed_small/tp8/bf16/kv=auto/bs=auto/seed=0"; for messages, "" if unknown */
+
+  int32_t kv_lora_rank;  /* L: latent width of the cache (512) */
+  int32_t rope_dim;      /* R (64) */
+  int32_t nope_dim;      /* P (128); 0 in run() when unknown */
+  int32_t v_head_dim;    /* V (128); 0 in run() when unknown */
+  int32_t num_heads;     /* N: query heads on this rank */
+
+  int32_t num_requests;        /* B */
+  int32_t num_tokens;          /* T = sum of query_lens */
+  int64_t num_kv_tokens;       /* sum of seq_lens */
+  const int32_t* seq_lens;     /* [B] decode, layer: keys of each request; prefill: k lengths */
+  const int32_t* query_lens;   /* [B] new tokens (queries) of each request */
+  int32_t max_seq_len;
+  int32_t max_query_len;
+  uint32_t query_len_support;  /* what this batch needs: SINGLE_ONLY (all q_len 1), UNIFORM (all equal), VARLEN */
+  int32_t reorder_threshold;   /* layer: requests with q_len <= this take the decode path (the
+                                  backend's threshold, raised to the longest query for spec decode) */
+  int32_t spec_decode;         /* 1: a spec-decode batch (uniform multi-token decodes) */
+
+  uint32_t dtype;              /* MLAGATE_DTYPE_*: model dtype of q, k, v, outputs and auto caches */
+  DLDataType dl_dtype;         /* the same as a DLDataType */
+  uint32_t kv_cache_dtype;     /* MLAGATE_KV_* */
+  uint32_t scale_rule;         /* MLAGATE_SCALE_RULE_*: fp8_ds_mla tile scales */
+  mlagate_entry_layout entry;  /* the cache entry's layout */
+  int32_t block_size;          /* tokens per cache block (resolved: never "auto") */
+
+  double scale;                /* softmax scale */
+  float k_scale;               /* fp8, fp8_e4m3: x = e4m3 * k_scale (1 otherwise) */
+  int32_t causal;              /* prefill: 1 bottom-right causal, 0 every query sees every key */
+  DLDevice device;             /* where the args' tensors live (the backend's device) */
+} mlagate_problem;
+
+/* ---------------------------------------------------------------- arguments
+ * Shapes below; every tensor row-major contiguous on problem->device. */
+
+/* Absorbed decode: query row (t, n) of request b (t in its query_start_loc
+ * range, u = t - query_start_loc[b]) sees keys 0 .. seq_lens[b] - q_len_b + u of
+ * its request; key p sits in block block_table[b][p / block_size], row
+ * p % block_size. lse is the natural log of the sum of exp(scale * logit);
+ * a row with no key writes o_lat = 0 and lse = -inf (or +inf). */
+typedef struct {
+  DLTensor q_lat;           /* [T, N, L] model dtype: q_nope absorbed through W_UK */
+  DLTensor q_pe;            /* [T, N, R] model dtype */
+  DLTensor kv_cache;        /* [num_blocks, block_size, entry_bytes] uint8, read only */
+  DLTensor block_table;     /* [B, W] int32: this call's requests' rows */
+  DLTensor seq_lens;        /* [B] int32 */
+  DLTensor query_start_loc; /* [B + 1] int32 */
+  DLTensor o_lat;           /* out [T, N, L] model dtype */
+  DLTensor lse;             /* out [T, N] float32 */
+} mlagate_decode_args;
+
+/* Prefill: ordinary attention; query u of request b (q_len q, k_len k) sees
+ * keys 0 .. k - q + u when problem->causal, all k keys otherwise. */
+typedef struct {
+  DLTensor q;            /* [T, N, P + R] model dtype */
+  DLTensor k;            /* [Sk, N, P + R] model dtype */
+  DLTensor v;            /* [Sk, N, V] model dtype */
+  DLTensor cu_seqlens_q; /* [B + 1] int32 */
+  DLTensor cu_seqlens_k; /* [B + 1] int32 */
+  DLTensor o;            /* out [T, N, V] model dtype */
+  DLTensor lse;          /* out [T, N] float32 */
+} mlagate_prefill_args;
+
+/* cache_write: row i of kv_c and k_pe goes to slot slot_mapping[i] (block
+ * slot / block_size, row slot % block_size), encoded as problem->entry says;
+ * negative slots are skipped. Nothing else of the cache may change: the
+ * cache_write op compares every byte with mlagate's reference writer. */
+typedef struct {
+  DLTensor kv_c;         /* [n, L] model dtype */
+  DLTensor k_pe;         /* [n, R] model dtype */
+  DLTensor slot_mapping; /* [n] int64 */
+  DLTensor kv_cache;     /* in/out [num_blocks, block_size, entry_bytes] uint8 */
+} mlagate_cache_write_args;
+
+typedef struct {
+  uint32_t struct_size; /* sizeof(mlagate_args) of the host */
+  /* kDLCUDA backends: the cudaStream_t to launch on (NULL: the default
+     stream). mlagate synchronizes it after run() returns, then checks the
+     guard bands and copies the outputs back. */
+  void* stream;
+  mlagate_decode_args decode;           /* problem->op == MLAGATE_OP_DECODE */
+  mlagate_prefill_args prefill;         /* problem->op == MLAGATE_OP_PREFILL */
+  mlagate_cache_write_args cache_write; /* problem->op == MLAGATE_OP_CACHE_WRITE */
+} mlagate_args;
+
+/* ---------------------------------------------------------------- backends */
+
+typedef struct {
+  /* Unique among all backends of the run (in-tree ones included); letters,
+     digits and . _ - only, as --backend globs match it ("mykernel.decode"). */
+  const char* name;
+  const char* description; /* one line */
+
+  /* Capabilities: mlagate checks them before asking supports(). */
+  uint32_t ops;                /* MLAGATE_OP_DECODE | MLAGATE_OP_PREFILL | MLAGATE_OP_CACHE_WRITE (not LAYER) */
+  const int32_t* block_sizes;  /* [num_block_sizes], the preferred one first (bs=auto) */
+  int32_t num_block_sizes;     /* >= 1 */
+  uint32_t query_len_support;  /* MLAGATE_QUERY_LEN_* of the decode kernel */
+  int32_t reorder_threshold;   /* requests with q_len <= this are decodes (>= 1) */
+  uint32_t dtypes;             /* MLAGATE_DTYPE_* mask, non-zero */
+  uint32_t kv_cache_dtypes;    /* MLAGATE_KV_* mask, non-zero */
+  DLDevice device;             /* kDLCPU: host pointers; kDLCUDA: device pointers on device_id */
+
+  void* self; /* passed back to every call */
+
+  /* (optional, may be NULL: the capabilities decide) nonzero: supported; 0:
+     not, with the reason written to reason[0 .. reason_size) NUL-terminated.
+     Asked once per case and op (problem->op LAYER for the composed layer). */
+  int32_t (*supports)(void* self, const mlagate_problem* problem, char* reason, size_t reason_size);
+  /* Runs problem->op on the args. Returns MLAGATE_STATUS_*; on anything but
+     OK writes a NUL-terminated message to message[0 .. message_size). */
+  int32_t (*run)(void* self, const mlagate_problem* problem, const mlagate_args* args, char* message,
+                 size_t message_size);
+  /* (optional, may be NULL) called once when mlagate is done with the library's
+     backends, before it releases the library. */
+  void (*destroy)(void* self);
+} mlagate_backend;
+
+typedef struct {
+  uint32_t abi_version;  /* MLAGATE_PLUGIN_ABI_VERSION; always the first member */
+  uint32_t struct_size;  /* sizeof(mlagate_plugin) */
+  const char* library;   /* the library's name, for messages */
+  int32_t num_backends;  /* >= 1 */
+  const mlagate_backend* backends; /* [num_backends] */
+} mlagate_plugin;
+
+/* The one exported symbol. Called once per load; the table it returns must
+   stay valid until the library is unloaded. NULL refuses the load. */
+typedef const mlagate_plugin* (*mlagate_plugin_entry_fn)(void);
+MLAGATE_PLUGIN_EXPORT const mlagate_plugin* mlagate_plugin_entry(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* MLAGATE_PLUGIN_H_ */

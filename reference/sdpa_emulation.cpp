@@ -1,0 +1,417 @@
+// The seed test's model-dtype SDPA reference emulated in fp32 with Eigen:
+// einsums and SDPA as torch evaluates them on 16-bit tensors (see the header
+// for every rounding point). Work units are fixed by the case alone, so the
+// bits never depend on the thread count.
+#include "reference/sdpa_emulation.h"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "cases/encoding.h"
+
+namespace mlagate {
+namespace {
+
+using Index = Eigen::Index;
+using MatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using MapF = Eigen::Map<MatF, 0, Eigen::OuterStride<>>;
+using CMapF = Eigen::Map<const MatF, 0, Eigen::OuterStride<>>;
+using AlignedArr = Eigen::Map<Eigen::ArrayXf, Eigen::Aligned64>;
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr double kNaNd = std::numeric_limits<double>::quiet_NaN();
+// Query rows per attention unit of the decode form (fixed: Eigen sums a row
+// differently when it falls in a GEMM's row remainder).
+constexpr Index kRowsPerUnit = 128;
+constexpr Index kAlignFloats = 16;  // 64-byte rows: Eigen's vectorized exp takes one path
+
+MapF mat(float* p, Index rows, Index cols, Index stride) { return MapF(p, rows, cols, Eigen::OuterStride<>(stride)); }
+CMapF cmat(const float* p, Index rows, Index cols, Index stride) {
+  return CMapF(p, rows, cols, Eigen::OuterStride<>(stride));
+}
+
+// x rounded to the nearest model-dtype value (RNE), as fp32.
+float round_to(float x, DType dt) {
+  return dt == DType::kBF16 ? bf16_to_f32(f32_to_bf16(x)) : f16_to_f32(f32_to_f16(x));
+}
+void round_all(float* x, Index n, DType dt) {
+  for (Index i = 0; i < n; ++i) x[i] = round_to(x[i], dt);
+}
+
+// Elements [first, first+n) of a tensor as fp32; fp32 tensors (an fp8 cache's
+// dequantized values) are rounded to the model dtype, 16-bit ones are exact.
+void load(const TensorView& v, Index first, Index n, float* dst, DType model) {
+  switch (v.dtype) {
+    case DType::kBF16: {
+      const std::uint16_t* p = v.as<std::uint16_t>() + first;
+      for (Index k = 0; k < n; ++k) dst[k] = std::bit_cast<float>(static_cast<std::uint32_t>(p[k]) << 16);
+      return;
+    }
+    case DType::kF16: {
+      const std::uint16_t* p = v.as<std::uint16_t>() + first;
+      for (Index k = 0; k < n; ++k) dst[k] = f16_to_f32(p[k]);
+      return;
+    }
+    case DType::kF32: {
+      const float* p = v.as<float>() + first;
+      for (Index k = 0; k < n; ++k) dst[k] = round_to(p[k], model);
+      return;
+    }
+    default:
+      throw std::invalid_argument("sdpa emulation: unexpected dtype " + std::string(dtype_name(v.dtype)));
+  }
+}
+
+// The keys as the cache holds them (fp8: the dequantized values).
+TensorView cached_kv_c(const Case& c) { return c.kv_c_cache.empty() ? c.kv_c.view() : c.kv_c_cache.view(); }
+TensorView cached_k_pe(const Case& c) { return c.k_pe_cache.empty() ? c.k_pe.view() : c.k_pe_cache.view(); }
+
+// Keys query token u of request i sees (position c_i + u): 0 .. c_i + u,
+// clipped to the request (a seq_len-0 padding request sees none).
+int visible_keys(const Case& c, int i, Index u) {
+  const Index v = Index{c.context_lens[i]} + u + 1;
+  return static_cast<int>(std::clamp<Index>(v, 0, c.seq_lens[i]));
+}
+
+// A thread's 64-byte aligned scratch, reused across units.
+class Scratch {
+ public:
+  float* floats(Index n) {
+    buf_.resize(static_cast<std::size_t>(n + kAlignFloats));
+    const auto addr = reinterpret_cast<std::uintptr_t>(buf_.data());
+    const std::uintptr_t pad = (64 - addr % 64) % 64;
+    return buf_.data() + pad / sizeof(float);
+  }
+
+ private:
+  std::vector<float> buf_;
+};
+
+// One SDPA call on `rows` query rows q [rows, dqk] (model-dtype values) over
+// keys k [nk, dqk] and values v [nk, dv] (row strides ks, vs); row r sees keys
+// 0 .. visible[r]-1. Writes o [rows, dv] (rounded to the model dtype) and lse.
+void sdpa_rows(const float* q, Index rows, Index dqk, const float* k, Index ks, const float* v, Index vs, Index dv,
+               const int* visible, float scale, DType dt, float* o, float* lse, Scratch& scratch) {
+  Index nk = 0;
+  for (Index r = 0; r < rows; ++r) nk = std::max<Index>(nk, visible[r]);
+  MapF out = mat(o, rows, dv, dv);
+  if (nk == 0) {
+    out.setZero();
+    std::fill(lse, lse + rows, kNegInf);
+    return;
+  }
+  const Index stride = (nk + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+  float* p = scratch.floats(rows * stride + rows);
+  float* sums = p + rows * stride;
+  MapF s = mat(p, rows, nk, stride);
+  s.noalias() = cmat(q, rows, dqk, dqk) * cmat(k, nk, dqk, ks).transpose();
+  for (Index r = 0; r < rows; ++r) {
+    float* row = p + r * stride;
+    const Index n = visible[r];
+    std::fill(row + n, row + nk, 0.f);
+    if (n == 0) {
+      sums[r] = 0;
+      lse[r] = kNegInf;
+      continue;
+    }
+    AlignedArr a(row, n);
+    a *= scale;
+    const float m = a.maxCoeff();
+    a = (a - m).exp();
+    // A fixed summation order: Eigen's reductions depend on the pointer's alignment.
+    float acc[4] = {0, 0, 0, 0};
+    Index j = 0;
+    for (; j + 4 <= n; j += 4) {
+      acc[0] += row[j];
+      acc[1] += row[j + 1];
+      acc[2] += row[j + 2];
+      acc[3] += row[j + 3];
+    }
+    for (; j < n; ++j) acc[0] += row[j];
+    sums[r] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    lse[r] = m + std::log(sums[r]);
+    round_all(row, n, dt);
+  }
+  out.noalias() = s * cmat(v, nk, dv, vs);
+  for (Index r = 0; r < rows; ++r) {
+    if (sums[r] == 0) {
+      out.row(r).setZero();  // no key: 0, never 0 * NaN
+    } else {
+      out.row(r) /= sums[r];
+    }
+    round_all(o + r * dv, dv, dt);
+  }
+}
+
+struct Dimensions {
+  Index N, L, R, P, V;
+};
+Dimensions dims_of(const Case& c) {
+  const Dims& d = c.spec.dims;
+  return {c.spec.num_heads(), d.kv_lora_rank, d.rope_dim, d.nope_dim, d.v_head_dim};
+}
+
+void check_model_dtype(const Case& c) {
+  if (c.spec.dtype != DType::kBF16 && c.spec.dtype != DType::kF16)
+    throw std::invalid_argument("sdpa emulation: model dtype must be bf16 or fp16");
+}
+
+// Head h's slice W[:, h, :] of a weight [L, N, W] as fp32 rows [L, W] with row stride ld.
+void load_head(const Tensor& w, Index h, float* dst, Index ld, DType dt) {
+  const Index L = w.dim(0), N = w.dim(1), W = w.dim(2);
+  for (Index l = 0; l < L; ++l) load(w.view(), (l * N + h) * W, W, dst + l * ld, dt);
+}
+
+// The absorbed attention core: q_full [n_tok, N, L+R] rows of the requests'
+// tokens (tokens of request req[k] start at row tok0[k]), keys from the case.
+// Writes o_lat [n_tok, N, L] (rounded) and lse [n_tok, N].
+void mqa_core(const Case& c, std::span<const int> req, std::span<const Index> tok0, const float* q_full, float* o_lat,
+              float* lse) {
+  const Dimensions x = dims_of(c);
+  const Index D = x.L + x.R;
+  const DType dt = c.spec.dtype;
+  const float scale = static_cast<float>(c.spec.softmax_scale());
+  const TensorView kv_c = cached_kv_c(c), k_pe = cached_k_pe(c);
+  struct Unit {
+    std::size_t k;  // index into req
+    Index row0, rows;
+  };
+  std::vector<Unit> units;
+  Index keys_size = 0;
+  for (std::size_t k = 0; k < req.size(); ++k) {
+    const int i = req[k];
+    const Index rows = Index{c.query_lens[i]} * x.N;
+    for (Index r0 = 0; r0 < rows; r0 += kRowsPerUnit) units.push_back({k, r0, std::min(kRowsPerUnit, rows - r0)});
+    keys_size = std::max(keys_size, Index{c.seq_lens[i]} * D);
+  }
+  const auto num_units = static_cast<std::int64_t>(units.size());
+#pragma omp parallel
+  {
+    Scratch scratch;
+    std::vector<float> keys(static_cast<std::size_t>(keys_size));
+    std::vector<int> visible;
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t u = 0; u < num_units; ++u) {
+      const Unit& un = units[static_cast<std::size_t>(u)];
+      const int i = req[un.k];
+      const Index row = tok0[un.k] * x.N + un.row0;  // first (token, head) row
+      visible.resize(static_cast<std::size_t>(un.rows));
+      int nk = 0;
+      for (Index r = 0; r < un.rows; ++r) {
+        visible[static_cast<std::size_t>(r)] = visible_keys(c, i, (un.row0 + r) / x.N);
+        nk = std::max(nk, visible[static_cast<std::size_t>(r)]);
+      }
+      const Index kv0 = c.kv_start_loc[i];
+      for (Index j = 0; j < nk; ++j) {
+        load(kv_c, (kv0 + j) * x.L, x.L, keys.data() + j * D, dt);
+        load(k_pe, (kv0 + j) * x.R, x.R, keys.data() + j * D + x.L, dt);
+      }
+      // v = kv_c: the first L columns of the keys.
+      sdpa_rows(q_full + row * D, un.rows, D, keys.data(), D, keys.data(), D, x.L, visible.data(), scale, dt,
+                o_lat + row * x.L, lse + row, scratch);
+    }
+  }
+}
+
+// Rows [t0, t0 + n) of q_pe (out of q [T, N, P+R]) into columns L.. of q_full [n, N, L+R].
+void copy_q_pe(const Case& c, Index t0, Index n, float* q_full) {
+  const Dimensions x = dims_of(c);
+  const Index D = x.L + x.R, QW = x.P + x.R;
+  for (Index t = 0; t < n; ++t)
+    for (Index h = 0; h < x.N; ++h)
+      load(c.q.view(), ((t0 + t) * x.N + h) * QW + x.P, x.R, q_full + (t * x.N + h) * D + x.L, c.spec.dtype);
+}
+
+SdpaResult empty_result(const Case& c, Index per_token) {
+  SdpaResult e;
+  e.out.assign(static_cast<std::size_t>(Index{c.num_tokens} * per_token), kNaNd);
+  e.lse.assign(static_cast<std::size_t>(Index{c.num_tokens} * c.spec.num_heads()), kNaNd);
+  return e;
+}
+
+void emulate_decode_form(const Case& c, std::span<const int> req, SdpaResult& e) {
+  const Dimensions x = dims_of(c);
+  const Index D = x.L + x.R, QW = x.P + x.R;
+  const DType dt = c.spec.dtype;
+  // The requests' tokens, packed: request req[k] from row tok0[k].
+  std::vector<Index> tok0;
+  std::vector<Index> token;  // packed row -> token of the case
+  for (int i : req) {
+    tok0.push_back(static_cast<Index>(token.size()));
+    for (int u = 0; u < c.query_lens[i]; ++u) token.push_back(c.query_start_loc[i] + u);
+  }
+  const Index n = static_cast<Index>(token.size());
+  if (n == 0) return;
+  std::vector<float> q_full(static_cast<std::size_t>(n * x.N * D));
+  // ql[:, h, :] = round(q_nope[:, h, :] @ W_UK[:, h, :]^T): one [n, P] x [P, L] GEMM per head.
+#pragma omp parallel
+  {
+    MatF w(x.L, x.P), qn(n, x.P);
+#pragma omp for schedule(dynamic, 1)
+    for (Index h = 0; h < x.N; ++h) {
+      load_head(c.w_uk, h, w.data(), x.P, dt);
+      for (Index t = 0; t < n; ++t) load(c.q.view(), (token[t] * x.N + h) * QW, x.P, qn.data() + t * x.P, dt);
+      MapF ql = mat(q_full.data() + h * D, n, x.L, x.N * D);
+      ql.noalias() = qn * w.transpose();
+      for (Index t = 0; t < n; ++t) round_all(q_full.data() + (t * x.N + h) * D, x.L, dt);
+      for (Index t = 0; t < n; ++t)
+        load(c.q.view(), (token[t] * x.N + h) * QW + x.P, x.R, q_full.data() + (t * x.N + h) * D + x.L, dt);
+    }
+  }
+  std::vector<float> o_lat(static_cast<std::size_t>(n * x.N * x.L)), lse(static_cast<std::size_t>(n * x.N));
+  mqa_core(c, req, tok0, q_full.data(), o_lat.data(), lse.data());
+  // out[:, h*V..] = round(o_lat[:, h, :] @ W_UV[:, h, :]): one [n, L] x [L, V] GEMM per head.
+#pragma omp parallel
+  {
+    MatF w(x.L, x.V), o(n, x.V);
+#pragma omp for schedule(dynamic, 1)
+    for (Index h = 0; h < x.N; ++h) {
+      load_head(c.w_uv, h, w.data(), x.V, dt);
+      o.noalias() = cmat(o_lat.data() + h * x.L, n, x.L, x.N * x.L) * w;
+      for (Index t = 0; t < n; ++t) {
+        round_all(o.data() + t * x.V, x.V, dt);
+        for (Index v = 0; v < x.V; ++v)
+          e.out[static_cast<std::size_t>((token[t] * x.N + h) * x.V + v)] = o(t, v);
+        e.lse[static_cast<std::size_t>(token[t] * x.N + h)] = lse[static_cast<std::size_t>(t * x.N + h)];
+      }
+    }
+  }
+}
+
+// Ordinary attention per (request, head) unit: q rows of c.q, keys and values
+// from `kv_of`, which fills K [s, P+R] and V [s, V] (row strides P+R, V) for
+// (request, head). Writes out [T, N*V] and lse [T, N].
+template <class KvOf>
+void mha(const Case& c, std::span<const int> req, KvOf&& kv_of, SdpaResult& e) {
+  const Dimensions x = dims_of(c);
+  const Index QW = x.P + x.R;
+  const DType dt = c.spec.dtype;
+  const float scale = static_cast<float>(c.spec.softmax_scale());
+  Index max_s = 0, max_q = 0;
+  for (int i : req) {
+    max_s = std::max<Index>(max_s, c.seq_lens[i]);
+    max_q = std::max<Index>(max_q, c.query_lens[i]);
+  }
+  const auto num_units = static_cast<std::int64_t>(req.size()) * x.N;
+#pragma omp parallel
+  {
+    Scratch scratch;
+    std::vector<float> k(static_cast<std::size_t>(max_s * QW)), v(static_cast<std::size_t>(max_s * x.V));
+    std::vector<float> q(static_cast<std::size_t>(max_q * QW)), o(static_cast<std::size_t>(max_q * x.V));
+    std::vector<float> lse(static_cast<std::size_t>(max_q));
+    std::vector<int> visible;
+    MatF scratch_kv;
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t unit = 0; unit < num_units; ++unit) {
+      const int i = req[static_cast<std::size_t>(unit / x.N)];
+      const Index h = unit % x.N;
+      const Index q_len = c.query_lens[i], t0 = c.query_start_loc[i];
+      if (q_len == 0) continue;
+      visible.resize(static_cast<std::size_t>(q_len));
+      for (Index u = 0; u < q_len; ++u) visible[static_cast<std::size_t>(u)] = visible_keys(c, i, u);
+      if (c.seq_lens[i] > 0) kv_of(i, h, k.data(), v.data(), scratch_kv);
+      for (Index u = 0; u < q_len; ++u) load(c.q.view(), ((t0 + u) * x.N + h) * QW, QW, q.data() + u * QW, dt);
+      sdpa_rows(q.data(), q_len, QW, k.data(), QW, v.data(), x.V, x.V, visible.data(), scale, dt, o.data(),
+                lse.data(), scratch);
+      for (Index u = 0; u < q_len; ++u) {
+        for (Index j = 0; j < x.V; ++j)
+          e.out[static_cast<std::size_t>(((t0 + u) * x.N + h) * x.V + j)] = o[static_cast<std::size_t>(u * x.V + j)];
+        e.lse[static_cast<std::size_t>((t0 + u) * x.N + h)] = lse[static_cast<std::size_t>(u)];
+      }
+    }
+  }
+}
+
+void emulate_prefill_form(const Case& c, std::span<const int> req, SdpaResult& e) {
+  const Dimensions x = dims_of(c);
+  const Index QW = x.P + x.R, KW = x.P + x.V;
+  const DType dt = c.spec.dtype;
+  const TensorView kv_c = cached_kv_c(c), k_pe = cached_k_pe(c);
+  // Each request's latent rows as fp32, once (every head's unit reads them).
+  std::vector<MatF> lat(static_cast<std::size_t>(c.num_requests));
+  for (int i : req) {
+    lat[static_cast<std::size_t>(i)].resize(c.seq_lens[i], x.L);
+    load(kv_c, Index{c.kv_start_loc[i]} * x.L, Index{c.seq_lens[i]} * x.L, lat[static_cast<std::size_t>(i)].data(), dt);
+  }
+  // [k_nope | v] = round(kv_c @ [W_UK[:, h, :] | W_UV[:, h, :]]): one [s, L] x [L, P+V] GEMM per unit.
+  auto kv_of = [&](int i, Index h, float* k, float* v, MatF& tmp) {
+    const Index s = c.seq_lens[i], kv0 = c.kv_start_loc[i];
+    MatF w(x.L, KW);
+    load_head(c.w_uk, h, w.data(), KW, dt);
+    load_head(c.w_uv, h, w.data() + x.P, KW, dt);
+    tmp.noalias() = lat[static_cast<std::size_t>(i)] * w;
+    for (Index j = 0; j < s; ++j) {
+      float* row = tmp.data() + j * KW;
+      round_all(row, KW, dt);
+      std::copy_n(row, x.P, k + j * QW);
+      load(k_pe, (kv0 + j) * x.R, x.R, k + j * QW + x.P, dt);
+      std::copy_n(row + x.P, x.V, v + j * x.V);
+    }
+  };
+  mha(c, req, kv_of, e);
+}
+
+}  // namespace
+
+std::string_view sdpa_form_name(SdpaForm f) { return f == SdpaForm::kDecode ? "decode" : "prefill"; }
+
+SdpaResult emulate_sdpa_layer(const Case& c, SdpaForm form, std::span<const int> requests) {
+  check_model_dtype(c);
+  const Dimensions x = dims_of(c);
+  SdpaResult e = empty_result(c, x.N * x.V);
+  for (int i : requests)
+    if (i < 0 || i >= c.num_requests) throw std::out_of_range("sdpa emulation: request " + std::to_string(i));
+  if (form == SdpaForm::kDecode) {
+    emulate_decode_form(c, requests, e);
+  } else {
+    emulate_prefill_form(c, requests, e);
+  }
+  return e;
+}
+
+SdpaResult emulate_sdpa_decode_op(const Case& c, const TensorView& q_lat) {
+  check_model_dtype(c);
+  const Dimensions x = dims_of(c);
+  const Index T = c.num_tokens, D = x.L + x.R;
+  if (q_lat.shape != Shape{T, x.N, x.L})
+    throw std::invalid_argument("sdpa emulation: q_lat has shape " + shape_str(q_lat.shape) + ", expected " +
+                                shape_str({T, x.N, x.L}));
+  std::vector<float> q_full(static_cast<std::size_t>(T * x.N * D));
+  for (Index r = 0; r < T * x.N; ++r) load(q_lat, r * x.L, x.L, q_full.data() + r * D, c.spec.dtype);
+  copy_q_pe(c, 0, T, q_full.data());
+  std::vector<int> req(static_cast<std::size_t>(c.num_requests));
+  std::vector<Index> tok0(static_cast<std::size_t>(c.num_requests));
+  for (int i = 0; i < c.num_requests; ++i) req[i] = i, tok0[i] = c.query_start_loc[i];
+  std::vector<float> o(static_cast<std::size_t>(T * x.N * x.L)), lse(static_cast<std::size_t>(T * x.N));
+  mqa_core(c, req, tok0, q_full.data(), o.data(), lse.data());
+  return {std::vector<double>(o.begin(), o.end()), std::vector<double>(lse.begin(), lse.end())};
+}
+
+SdpaResult emulate_sdpa_prefill_op(const Case& c, const TensorView& k, const TensorView& v) {
+  check_model_dtype(c);
+  const Dimensions x = dims_of(c);
+  const Index S = c.num_kv_tokens, QW = x.P + x.R;
+  if (k.shape != Shape{S, x.N, QW} || v.shape != Shape{S, x.N, x.V})
+    throw std::invalid_argument("sdpa emulation: k " + shape_str(k.shape) + " / v " + shape_str(v.shape) +
+                                " do not match [S, N, P+R] / [S, N, V]");
+  SdpaResult e = empty_result(c, x.N * x.V);
+  auto kv_of = [&](int i, Index h, float* kd, float* vd, MatF&) {
+    const Index s = c.seq_lens[i], kv0 = c.kv_start_loc[i];
+    for (Index j = 0; j < s; ++j) {
+      load(k, ((kv0 + j) * x.N + h) * QW, QW, kd + j * QW, c.spec.dtype);
+      load(v, ((kv0 + j) * x.N + h) * x.V, x.V, vd + j * x.V, c.spec.dtype);
+    }
+  };
+  std::vector<int> req(static_cast<std::size_t>(c.num_requests));
+  for (int i = 0; i < c.num_requests; ++i) req[i] = i;
+  mha(c, req, kv_of, e);
+  return e;
+}
+
+}  // namespace mlagate

@@ -1,0 +1,402 @@
+// Golden and results files end to end: an exported file reads back
+// bit-identical (without h5py); run --golden gives a recomputed run's verdicts;
+// replay gives run's; compare finds a changed kernel and names it; a killed
+// export leaves nothing behind; the CLI's exit codes.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+#include "backends/registry.h"
+#include "cases/generator.h"
+#include "golden/golden_run.h"
+#include "harness/glue.h"
+#include "reference/golden.h"
+#include "tests/golden/golden_test_util.h"
+
+namespace mlagate {
+namespace {
+
+using namespace mlagate::testing;
+
+void expect_same(const Tensor& a, const Tensor& b, const std::string& what) {
+  EXPECT_EQ(a.dtype(), b.dtype()) << what;
+  EXPECT_EQ(a.shape(), b.shape()) << what;
+  ASSERT_EQ(a.nbytes(), b.nbytes()) << what;
+  EXPECT_EQ(std::memcmp(a.bytes(), b.bytes(), a.nbytes()), 0) << what << " differs";
+}
+
+void expect_same(const std::vector<double>& a, const std::vector<double>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(double)), 0) << what << " differs";
+}
+
+void expect_same_records(const std::vector<Record>& a, const std::vector<Record>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const std::string at = a[i].case_id + " " + a[i].backend + " " + a[i].op;
+    EXPECT_EQ(a[i].case_id, b[i].case_id);
+    EXPECT_EQ(a[i].backend, b[i].backend);
+    EXPECT_EQ(a[i].op, b[i].op);
+    EXPECT_EQ(a[i].status, b[i].status) << at;
+    EXPECT_EQ(a[i].message, b[i].message) << at;
+    EXPECT_EQ(a[i].block_size, b[i].block_size) << at;
+    EXPECT_EQ(a[i].paths, b[i].paths) << at;
+    ASSERT_EQ(a[i].metrics.size(), b[i].metrics.size()) << at;
+    for (std::size_t k = 0; k < a[i].metrics.size(); ++k) {
+      const Metrics &x = a[i].metrics[k], &y = b[i].metrics[k];
+      EXPECT_EQ(x.output, y.output) << at;
+      // The stored golden is the computed one, bit for bit: metrics agree exactly.
+      EXPECT_EQ(std::memcmp(&x.max_abs, &y.max_abs, sizeof(double)), 0) << at << " " << x.output;
+      EXPECT_EQ(std::memcmp(&x.nmse, &y.nmse, sizeof(double)), 0) << at << " " << x.output;
+      EXPECT_EQ(std::memcmp(&x.min_atol, &y.min_atol, sizeof(double)), 0) << at << " " << x.output;
+      EXPECT_EQ(x.passed, y.passed) << at;
+    }
+  }
+}
+
+RunConfig small_run_config(std::vector<CaseSpec> specs) {
+  RunConfig cfg;
+  cfg.cases = std::move(specs);
+  cfg.ops = {Op::kLayer, Op::kDecode, Op::kPrefill};
+  cfg.policy = make_policy("fixed", 0.05, 0.01);
+  return cfg;
+}
+
+std::string capture_compare(const fs::path& a, const fs::path& b, const FileCompareOptions& opt,
+                            FileCompareSummary& sum) {
+  char* buf = nullptr;
+  std::size_t len = 0;
+  std::FILE* out = open_memstream(&buf, &len);
+  sum = compare_results_files(a.string(), b.string(), opt, out);
+  std::fclose(out);
+  std::string s(buf, len);
+  std::free(buf);
+  return s;
+}
+
+class H5Files : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new ScratchDir();
+    golden_ = (*dir_ / "small.h5").string();
+    export_small(golden_);
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  ScratchDir scratch_;
+  static ScratchDir* dir_;
+  static std::string golden_;
+};
+ScratchDir* H5Files::dir_ = nullptr;
+std::string H5Files::golden_;
+
+TEST_F(H5Files, ExportedFileReadsBackBitIdentical) {
+  GoldenReader r(golden_);
+  EXPECT_EQ(r.info().kind, FileKind::kGolden);
+  EXPECT_EQ(r.info().generator_version, gen::kGeneratorVersion);
+  const std::vector<CaseSpec> specs = small_specs();
+  ASSERT_EQ(r.case_ids().size(), specs.size());
+  const ExportOptions opt = small_export_options();
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const std::string id = specs[i].id();
+    EXPECT_EQ(r.case_ids()[i], id);
+    const CaseHeader h = r.header(id);
+    EXPECT_EQ(h.spec.id(), id);
+    EXPECT_EQ(h.spec.batch.seq_lens, specs[i].batch.seq_lens);
+    EXPECT_EQ(h.spec.batch.query_lens, specs[i].batch.query_lens);
+    EXPECT_EQ(h.spec.batch.spec_decode, specs[i].batch.spec_decode);
+    EXPECT_EQ(h.spec.softmax_scale(), specs[i].softmax_scale());
+    EXPECT_EQ(h.cache_block_sizes, (std::vector<int>{16, 64}));
+
+    const PreparedCase want = prepare_export_case(specs[i], opt);
+    const PreparedCase got = r.load_case(id);
+    EXPECT_EQ(input_hashes(got.c), input_hashes(want.c));
+    expect_same(got.c.q, want.c.q, id + " q");
+    expect_same(got.c.kv_c, want.c.kv_c, id + " kv_c");
+    expect_same(got.c.k_pe, want.c.k_pe, id + " k_pe");
+    expect_same(got.c.w_uk, want.c.w_uk, id + " W_UK");
+    expect_same(got.c.w_uv, want.c.w_uv, id + " W_UV");
+    EXPECT_EQ(got.c.query_start_loc, want.c.query_start_loc);
+    EXPECT_EQ(got.c.kv_start_loc, want.c.kv_start_loc);
+    EXPECT_EQ(got.c.context_lens, want.c.context_lens);
+    ASSERT_TRUE(got.golden && want.golden);
+    expect_same(got.golden->out, want.golden->out, id + " golden out");
+    expect_same(got.golden->lse, want.golden->lse, id + " golden lse");
+    // The stored golden is golden_absorbed's, bit for bit.
+    const Golden fresh = golden_absorbed(want.c);
+    expect_same(got.golden->out, fresh.out, id + " golden out vs golden_absorbed");
+    ASSERT_TRUE(got.decode && want.decode);
+    expect_same(got.decode->q_lat, want.decode->q_lat, id + " decode q_lat");
+    expect_same(got.decode->o_lat, want.decode->o_lat, id + " decode o_lat");
+    expect_same(got.decode->lse, want.decode->lse, id + " decode lse");
+    ASSERT_EQ(got.caches.size(), 2u);
+    for (const auto& [bs, cache] : want.caches) {
+      const PagedCache& c = got.caches.at(bs);
+      const std::string what = id + " cache bs=" + std::to_string(bs);
+      expect_same(c.data, cache.data, what + " data");
+      expect_same(c.block_table, cache.block_table, what + " block_table");
+      expect_same(c.slot_mapping, cache.slot_mapping, what + " slot_mapping");
+      EXPECT_EQ(c.num_blocks, cache.num_blocks);
+      EXPECT_EQ(c.used_blocks, cache.used_blocks);
+      EXPECT_EQ(c.entry_bytes, cache.entry_bytes);
+      EXPECT_EQ(c.table_width, cache.table_width);
+      EXPECT_EQ(c.kv_dtype, cache.kv_dtype);
+      EXPECT_EQ(c.elem_dtype, cache.elem_dtype);
+      EXPECT_EQ(c.options.poison, cache.options.poison);
+      EXPECT_FALSE(c.options.write_new_tokens);
+    }
+    EXPECT_FALSE(got.build_missing_caches);
+  }
+}
+
+TEST_F(H5Files, RunGoldenGivesTheVerdictsOfARecomputedRun) {
+  auto backends = select_backends("cpu.*");
+  RunConfig plain = small_run_config(small_specs());
+  const std::vector<Record> want = run_cases(plain, backends);
+
+  RunConfig cfg = small_run_config(small_specs());
+  GoldenRun golden(GoldenRunOptions{golden_, "", {}, "", kDefaultMaxBytes, "test"});
+  golden.attach(cfg);
+  const std::vector<Record> got = run_cases(cfg, backends);
+  expect_same_records(got, want);
+  std::size_t passed = 0;
+  for (const Record& r : got) passed += r.status == Status::kPassed;
+  EXPECT_GT(passed, got.size() / 2);  // a real run, not a pile of NOT_SUPPORTED
+}
+
+TEST_F(H5Files, ReplayEqualsRunAndTheirResultsCompareIdentical) {
+  auto backends = select_backends("cpu.*");
+  const fs::path run_results = scratch_ / "run.h5", replay_results = scratch_ / "replay.h5";
+  std::vector<Record> want, got;
+  {
+    RunConfig cfg = small_run_config(small_specs());
+    GoldenRun g(GoldenRunOptions{"", "", {}, run_results.string(), kDefaultMaxBytes, "test"});
+    g.attach(cfg);
+    want = run_cases(cfg, backends);
+    EXPECT_EQ(g.finish(), run_results.string());
+  }
+  {
+    GoldenRun g(GoldenRunOptions{"", golden_, {}, replay_results.string(), kDefaultMaxBytes, "test"});
+    RunConfig cfg = small_run_config(g.file_cases(""));
+    g.attach(cfg);
+    got = run_cases(cfg, backends);
+    g.finish();
+  }
+  expect_same_records(got, want);
+
+  FileCompareSummary sum;
+  const std::string text = capture_compare(run_results, replay_results, {}, sum);
+  EXPECT_FALSE(sum.failed({})) << text;
+  EXPECT_EQ(sum.identical, want.size());  // records without outputs compare by status and count as identical
+  EXPECT_EQ(sum.different, 0u);
+
+  // Every record is in the results file, with its outputs.
+  GoldenReader rr(run_results.string());
+  EXPECT_EQ(rr.info().kind, FileKind::kResults);
+  std::size_t stored = 0, with_outputs = 0;
+  for (const std::string& id : rr.case_ids())
+    for (const StoredResult& s : rr.load_results(id)) {
+      ++stored;
+      with_outputs += !s.outputs.empty();
+    }
+  EXPECT_EQ(stored, want.size());
+  std::size_t ran = 0;
+  for (const Record& r : want) ran += !r.metrics.empty();
+  EXPECT_EQ(with_outputs, ran);
+}
+
+TEST_F(H5Files, ReplayWithoutTheBackendsBlockSizeIsSkippedNotRun) {
+  ScratchDir d;
+  const fs::path only16 = d / "bs16.h5";
+  ExportOptions opt = small_export_options();
+  opt.block_sizes = [](const CaseSpec&) { return std::vector<int>{16}; };
+  export_golden(small_specs(), only16.string(), opt);
+  auto backends = select_backends("cpu.splitkv");  // prefers block size 64
+  GoldenRun g(GoldenRunOptions{"", only16.string(), {}, "", kDefaultMaxBytes, "test"});
+  RunConfig cfg = small_run_config(g.file_cases(""));
+  cfg.ops = {Op::kLayer};
+  g.attach(cfg);
+  for (const Record& r : run_cases(cfg, backends)) {
+    if (r.status == Status::kNotSupported) continue;
+    EXPECT_EQ(r.status, Status::kSkipped) << r.case_id;
+    EXPECT_NE(r.message.find("no stored cache for block size 64"), std::string::npos) << r.message;
+  }
+}
+
+TEST_F(H5Files, RegeneratedInputMismatchNamesTheCaseAndTensor) {
+  const fs::path f = scratch_ / "edited.h5";
+  fs::copy_file(golden_, f);
+  const std::string id = small_specs()[1].id();
+  set_string_attr(f, case_path(id), "hash_kv_c", "0123456789abcdef");
+  auto backends = select_backends("cpu.paged");
+  RunConfig cfg = small_run_config(small_specs());
+  GoldenRun g(GoldenRunOptions{f.string(), "", {}, "", kDefaultMaxBytes, "test"});
+  g.attach(cfg);
+  try {
+    run_cases(cfg, backends);
+    FAIL() << "a regenerated input that differs from the file must stop the run";
+  } catch (const GoldenFileError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("case " + id), std::string::npos) << m;
+    EXPECT_NE(m.find("input kv_c"), std::string::npos) << m;
+  }
+  EXPECT_EQ(cli({"run", "--golden", f.string(), "--backend", "cpu.paged", "--no-progress"}), kExitUsage);
+}
+
+TEST_F(H5Files, RunGoldenWithOtherCacheOptionsIsAClearError) {
+  auto backends = select_backends("cpu.paged");
+  RunConfig cfg = small_run_config(small_specs());
+  cfg.exec.poison = Poison::kSentinel;
+  GoldenRun g(GoldenRunOptions{golden_, "", {}, "", kDefaultMaxBytes, "test"});
+  g.attach(cfg);
+  try {
+    run_cases(cfg, backends);
+    FAIL() << "expected an error";
+  } catch (const GoldenFileError& e) {
+    EXPECT_NE(std::string(e.what()).find("--poison nan"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(H5Files, RunGoldenOfACaseNotInTheFileIsAnInputError) {
+  EXPECT_EQ(cli({"run", "--golden", golden_, "--spec", "small_prefill", "--tp", "16", "--no-progress"}), kExitUsage);
+}
+
+// A backend as a kernel developer's change would leave it: the same name, one
+// element of its decode output doubled.
+class Nudged : public Backend {
+ public:
+  explicit Nudged(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  std::string_view name() const override { return inner_->name(); }
+  std::string_view description() const override { return inner_->description(); }
+  Capabilities capabilities() const override { return inner_->capabilities(); }
+  Support supports(const CaseSpec& s, Op op) const override { return inner_->supports(s, op); }
+  void decode(const DecodeArgs& a) override {
+    inner_->decode(a);
+    auto* o = a.o_lat.as<std::uint16_t>();
+    o[0] = static_cast<std::uint16_t>(o[0] + 0x80);  // bf16 exponent + 1: the element doubles
+  }
+  void prefill(const PrefillArgs& a) override { inner_->prefill(a); }
+  void cache_write(PagedCache& c, const TensorView& kv, const TensorView& pe, std::span<const std::int64_t> s) override {
+    inner_->cache_write(c, kv, pe, s);
+  }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
+TEST_F(H5Files, CompareFindsAChangedKernelAndNamesIt) {
+  const fs::path before = scratch_ / "before.h5", after = scratch_ / "after.h5";
+  for (const fs::path& out : {before, after}) {
+    auto backends = select_backends("cpu.*");
+    if (out == after)
+      for (auto& b : backends)
+        if (b->name() == "cpu.splitkv") b = std::make_unique<Nudged>(std::move(b));
+    GoldenRun g(GoldenRunOptions{"", golden_, {}, out.string(), kDefaultMaxBytes, "test"});
+    RunConfig cfg = small_run_config(g.file_cases(""));
+    cfg.ops = {Op::kLayer};
+    g.attach(cfg);
+    run_cases(cfg, backends);
+    g.finish();
+  }
+  FileCompareSummary sum;
+  const std::string text = capture_compare(before, after, {}, sum);
+  EXPECT_TRUE(sum.failed({})) << text;
+  EXPECT_EQ(sum.different, small_specs().size()) << text;  // cpu.splitkv on every case
+  EXPECT_EQ(sum.identical, small_specs().size()) << text;  // cpu.paged untouched
+  EXPECT_NE(text.find("DIFFERENT        cpu.splitkv  layer   " + small_specs()[0].id()), std::string::npos) << text;
+  EXPECT_EQ(text.find("DIFFERENT        cpu.paged"), std::string::npos) << text;
+  EXPECT_NE(text.find("out: "), std::string::npos) << text;
+  EXPECT_EQ(cli({"compare", before.string(), after.string()}), kExitFailed);
+  EXPECT_EQ(cli({"compare", before.string(), before.string()}), kExitPassed);
+  // One latent element doubled moves the layer output by far less than 0.1.
+  EXPECT_EQ(cli({"compare", before.string(), after.string(), "--atol", "0.1"}), kExitPassed);
+}
+
+TEST_F(H5Files, CompareReportsRecordsPresentInOneFileOnly) {
+  const fs::path both = scratch_ / "both.h5", one = scratch_ / "one.h5";
+  for (const auto& [out, globs] : {std::pair{both, "cpu.*"}, std::pair{one, "cpu.paged"}}) {
+    auto backends = select_backends(globs);
+    GoldenRun g(GoldenRunOptions{"", golden_, {}, out.string(), kDefaultMaxBytes, "test"});
+    RunConfig cfg = small_run_config(g.file_cases("small_decode"));
+    cfg.ops = {Op::kLayer};
+    g.attach(cfg);
+    run_cases(cfg, backends);
+    g.finish();
+  }
+  FileCompareSummary sum;
+  const std::string text = capture_compare(both, one, {}, sum);
+  EXPECT_EQ(sum.only_a, 1u) << text;
+  EXPECT_NE(text.find("ONLY_IN_A        cpu.splitkv"), std::string::npos) << text;
+  EXPECT_EQ(cli({"compare", both.string(), one.string()}), kExitFailed);
+  EXPECT_EQ(cli({"compare", both.string(), one.string(), "--ignore-missing"}), kExitPassed);
+}
+
+TEST(H5Atomic, KilledExportLeavesNoFileAndKeepsTheOldOne) {
+  ScratchDir d;
+  const fs::path target = d / "g.h5";
+  ExportOptions opt = small_export_options();
+  opt.after_case = [](std::size_t n, const std::string&) {
+    if (n == 2) throw std::runtime_error("killed");
+  };
+  EXPECT_THROW(export_golden(small_specs(), target.string(), opt), std::runtime_error);
+  EXPECT_TRUE(d.entries().empty()) << "a killed export must leave neither the file nor its temporary";
+
+  write_bytes(target, "the previous golden file");
+  EXPECT_THROW(export_golden(small_specs(), target.string(), opt), std::runtime_error);
+  EXPECT_EQ(read_bytes(target), "the previous golden file");
+  EXPECT_EQ(d.entries(), std::vector<std::string>{"g.h5"});
+
+  // And a completed export replaces it whole.
+  opt.after_case = nullptr;
+  export_golden(small_specs(), target.string(), opt);
+  EXPECT_EQ(GoldenReader(target.string()).case_ids().size(), small_specs().size());
+  EXPECT_EQ(d.entries(), std::vector<std::string>{"g.h5"});
+}
+
+TEST(H5Atomic, ResultsWriterWithoutCommitLeavesNothing) {
+  ScratchDir d;
+  { ResultsWriter w((d / "r.h5").string(), "test"); }
+  EXPECT_TRUE(d.entries().empty());
+  EXPECT_THROW(ResultsWriter((d / "missing" / "r.h5").string(), "test"), GoldenFileError);
+}
+
+TEST(H5Cli, ExportRunReplayCompareExitCodes) {
+  ScratchDir d;
+  const std::string g = (d / "g.h5").string(), a = (d / "a.h5").string(), b = (d / "b.h5").string(),
+                    c = (d / "c.h5").string();
+  ASSERT_EQ(cli({"export", "--suite", "smoke", "--filter", "small_prefill/tp16/bf16/kv=auto/bs=auto/seed=0$|mixed_small/tp16",
+                 "--out", g}),
+            kExitPassed);
+  EXPECT_EQ(GoldenReader(g).case_ids().size(), 2u);
+  EXPECT_EQ(cli({"run", "--golden", g, "--no-progress", "-q", "--save-results", a}), kExitPassed);
+  EXPECT_EQ(cli({"replay", g, "--no-progress", "-q", "--save-results", b}), kExitPassed);
+  EXPECT_EQ(cli({"compare", a, b}), kExitPassed);
+  // A different prefill chunking changes the prefill requests' numerics.
+  EXPECT_EQ(cli({"replay", g, "--no-progress", "-q", "--prefill-chunk", "8", "--save-results", c}), kExitPassed);
+  EXPECT_EQ(cli({"compare", a, c}), kExitFailed);
+  EXPECT_EQ(cli({"compare", a, c, "--atol", "0.05"}), kExitPassed);
+  // One case by id; a failing verdict still writes the results file.
+  const std::string id = "smoke/mixed_small/tp16/bf16/kv=auto/bs=auto/seed=0";
+  EXPECT_EQ(cli({"replay", g, "--case", id, "--backend", "cpu.paged", "--policy", "fixed", "--atol", "0", "--rtol", "0",
+                 "--no-progress", "-q", "--save-results", c}),
+            kExitFailed);
+  GoldenReader rc(c);
+  ASSERT_EQ(rc.case_ids(), std::vector<std::string>{id});
+  EXPECT_EQ(rc.load_results(id).at(0).status, Status::kIncorrect);
+  // Usage and input errors.
+  EXPECT_EQ(cli({"replay", g, "--case", "no/such/case"}), kExitUsage);
+  EXPECT_EQ(cli({"replay", a}), kExitUsage);                // a results file cannot be replayed
+  EXPECT_EQ(cli({"compare", g, a}), kExitUsage);            // a golden file is not a results file
+  EXPECT_EQ(cli({"run", "--golden", g, "--save-results", g}), kExitUsage);  // would replace its own input
+  EXPECT_EQ(cli({"export", "--spec", "small_decode", "--out", (d / "missing" / "x.h5").string()}), kExitUsage);
+  EXPECT_FALSE(fs::exists(d / "missing"));
+  EXPECT_EQ(cli({"export", "--spec", "small_decode"}), kExitUsage);  // --out is required
+  EXPECT_EQ(cli({"replay", (d / "nothing.h5").string()}), kExitUsage);
+}
+
+}  // namespace
+}  // namespace mlagate

@@ -1,0 +1,241 @@
+// cpu.paged behind the C ABI of mlagate/plugin.h. Built as a shared library it
+// is the ABI's completeness proof: every suite must give bit-identical results
+// through it and through the in-tree backend. With a planted fault it becomes
+// one of the broken plugins the tests plant: each library links this object
+// with plugin_entry.cpp, which names the backend, picks the fault and exports
+// (or, for one fault, misspells) the entry symbol.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/cpu_backends.h"
+#include "cases/errors.h"
+#include "mlagate/plugin.h"
+
+#include "tests/plugin/cpu_paged_plugin.h"
+
+namespace {
+
+using namespace mlagate;
+
+DType dtype_of(const DLDataType& t) {
+  if (t.lanes == 1) {
+    if (t.code == kDLBfloat && t.bits == 16) return DType::kBF16;
+    if (t.code == kDLFloat && t.bits == 16) return DType::kF16;
+    if (t.code == kDLFloat && t.bits == 32) return DType::kF32;
+    if (t.code == kDLInt && t.bits == 32) return DType::kI32;
+    if (t.code == kDLInt && t.bits == 64) return DType::kI64;
+    if (t.code == kDLUInt && t.bits == 8) return DType::kU8;
+  }
+  throw std::invalid_argument("unexpected DLPack dtype code " + std::to_string(t.code) + " bits " +
+                              std::to_string(t.bits));
+}
+
+// A host DLTensor as a TensorView: checked device, dtype and row-major strides.
+TensorView view(const DLTensor& t, DType want, const char* name) {
+  if (t.device.device_type != kDLCPU) throw std::invalid_argument(std::string(name) + ": not a host tensor");
+  const DType dt = dtype_of(t.dtype);
+  if (dt != want)
+    throw std::invalid_argument(std::string(name) + ": dtype " + std::string(dtype_name(dt)) + ", expected " +
+                                std::string(dtype_name(want)));
+  Shape shape(t.shape, t.shape + t.ndim);
+  if (t.strides) {
+    std::int64_t expect = 1;
+    for (int i = t.ndim - 1; i >= 0; --i) {
+      if (shape[i] > 1 && t.strides[i] != expect) throw std::invalid_argument(std::string(name) + ": not row-major contiguous");
+      expect *= shape[i];
+    }
+  }
+  return {dt, std::move(shape), static_cast<char*>(t.data) + t.byte_offset};
+}
+
+template <class T>
+std::span<const T> span_of(const TensorView& v) {
+  return {static_cast<const T*>(v.data), static_cast<std::size_t>(v.numel())};
+}
+
+DType model_dtype(const mlagate_problem& p) { return p.dtype == MLAGATE_DTYPE_F16 ? DType::kF16 : DType::kBF16; }
+
+KvCacheDtype kv_dtype(std::uint32_t bit) {
+  switch (bit) {
+    case MLAGATE_KV_AUTO: return KvCacheDtype::kAuto;
+    case MLAGATE_KV_FP8: return KvCacheDtype::kFp8;
+    case MLAGATE_KV_FP8_E4M3: return KvCacheDtype::kFp8E4m3;
+    case MLAGATE_KV_FP8_DS_MLA: return KvCacheDtype::kFp8DsMla;
+  }
+  throw std::invalid_argument("unknown kv cache dtype " + std::to_string(bit));
+}
+
+// The cache as cpu.paged reads it: a copy of the bytes (PagedCache owns its
+// storage) with the format facts of the problem.
+PagedCache cache_from(const mlagate_problem& p, const DLTensor& data, const DLTensor* table) {
+  const TensorView d = view(data, DType::kU8, "kv_cache");
+  if (d.shape.size() != 3) throw std::invalid_argument("kv_cache must be [num_blocks, block_size, entry_bytes]");
+  PagedCache c;
+  c.kv_dtype = kv_dtype(p.kv_cache_dtype);
+  c.elem_dtype = model_dtype(p);
+  c.scale_rule = p.scale_rule == MLAGATE_SCALE_RULE_RAW ? ScaleRule::kRaw : ScaleRule::kPow2;
+  c.k_scale = p.k_scale;
+  c.kv_lora_rank = p.kv_lora_rank;
+  c.rope_dim = p.rope_dim;
+  c.num_blocks = static_cast<int>(d.shape[0]);
+  c.block_size = static_cast<int>(d.shape[1]);
+  c.entry_bytes = static_cast<int>(d.shape[2]);
+  c.data = Tensor(DType::kU8, d.shape);
+  std::memcpy(c.data.bytes(), d.data, d.nbytes());
+  if (table) {
+    const TensorView t = view(*table, DType::kI32, "block_table");
+    if (t.shape.size() != 2) throw std::invalid_argument("block_table must be [B, W]");
+    c.table_width = static_cast<int>(t.shape[1]);
+    c.block_table = Tensor(DType::kI32, t.shape);
+    std::memcpy(c.block_table.bytes(), t.data, t.nbytes());
+  }
+  return c;
+}
+
+struct Plugin {
+  PlantedFault fault = PlantedFault::kNone;
+  std::unique_ptr<Backend> backend = make_cpu_paged();
+  Capabilities caps = backend->capabilities();
+  std::vector<std::int32_t> block_sizes;
+  mlagate_backend table{};
+  mlagate_plugin plugin{};
+};
+
+void decode(Backend& b, PlantedFault fault, const mlagate_problem& p, const mlagate_decode_args& a) {
+  const DType dt = model_dtype(p);
+  DecodeArgs d;
+  d.q_lat = view(a.q_lat, dt, "q_lat");
+  d.q_pe = view(a.q_pe, dt, "q_pe");
+  const PagedCache cache = cache_from(p, a.kv_cache, &a.block_table);
+  d.cache = &cache;
+  const TensorView seq = view(a.seq_lens, DType::kI32, "seq_lens");
+  const TensorView qsl = view(a.query_start_loc, DType::kI32, "query_start_loc");
+  d.seq_lens = span_of<std::int32_t>(seq);
+  d.query_start_loc = span_of<std::int32_t>(qsl);
+  std::vector<std::int32_t> rows(d.seq_lens.size());
+  std::iota(rows.begin(), rows.end(), 0);
+  d.block_table_rows = rows;
+  d.scale = p.scale;
+  d.k_scale = p.k_scale;
+  d.o_lat = view(a.o_lat, dt, "o_lat");
+  d.lse = view(a.lse, DType::kF32, "lse");
+  if (fault == PlantedFault::kThrows) throw std::runtime_error("planted: an exception thrown across the C boundary");
+  b.decode(d);
+  auto* o = static_cast<std::uint16_t*>(d.o_lat.data);
+  if (fault == PlantedFault::kNan) o[d.o_lat.numel() / 2] = 0x7FC0;  // one NaN mid o_lat: the record must locate it
+  if (fault == PlantedFault::kOutOfBounds) o[d.o_lat.numel()] = 0;   // one element past the end: the guard band must see it
+}
+
+void prefill(Backend& b, const mlagate_problem& p, const mlagate_prefill_args& a) {
+  const DType dt = model_dtype(p);
+  PrefillArgs f;
+  f.q = view(a.q, dt, "q");
+  f.k = view(a.k, dt, "k");
+  f.v = view(a.v, dt, "v");
+  const TensorView cq = view(a.cu_seqlens_q, DType::kI32, "cu_seqlens_q");
+  const TensorView ck = view(a.cu_seqlens_k, DType::kI32, "cu_seqlens_k");
+  f.cu_seqlens_q = span_of<std::int32_t>(cq);
+  f.cu_seqlens_k = span_of<std::int32_t>(ck);
+  f.causal = p.causal != 0;
+  f.scale = p.scale;
+  f.o = view(a.o, dt, "o");
+  f.lse = view(a.lse, DType::kF32, "lse");
+  b.prefill(f);
+}
+
+void cache_write(Backend& b, const mlagate_problem& p, const mlagate_cache_write_args& a) {
+  const DType dt = model_dtype(p);
+  PagedCache cache = cache_from(p, a.kv_cache, nullptr);
+  const TensorView kv = view(a.kv_c, dt, "kv_c"), pe = view(a.k_pe, dt, "k_pe");
+  const TensorView slots = view(a.slot_mapping, DType::kI64, "slot_mapping");
+  b.cache_write(cache, kv, pe, span_of<std::int64_t>(slots));
+  std::memcpy(static_cast<char*>(a.kv_cache.data) + a.kv_cache.byte_offset, cache.data.bytes(), cache.data.nbytes());
+}
+
+void say(char* buf, std::size_t size, const std::string& s) {
+  if (size == 0) return;
+  std::snprintf(buf, size, "%s", s.c_str());
+}
+
+std::int32_t run(void* self, const mlagate_problem* p, const mlagate_args* a, char* msg, std::size_t msg_size) {
+  Plugin& plugin = *static_cast<Plugin*>(self);
+  Backend& b = *plugin.backend;
+  // No try here: the planted plugin lets its exception escape.
+  if (plugin.fault == PlantedFault::kThrows && p->op == MLAGATE_OP_DECODE) decode(b, plugin.fault, *p, a->decode);
+  try {
+    switch (p->op) {
+      case MLAGATE_OP_DECODE: decode(b, plugin.fault, *p, a->decode); break;
+      case MLAGATE_OP_PREFILL: prefill(b, *p, a->prefill); break;
+      case MLAGATE_OP_CACHE_WRITE: cache_write(b, *p, a->cache_write); break;
+      default: say(msg, msg_size, "unknown op " + std::to_string(p->op)); return MLAGATE_STATUS_ERROR;
+    }
+    return MLAGATE_STATUS_OK;
+  } catch (const NotSupportedError& e) {
+    say(msg, msg_size, e.what());
+    return MLAGATE_STATUS_NOT_SUPPORTED;
+  } catch (const std::exception& e) {
+    say(msg, msg_size, e.what());
+    return MLAGATE_STATUS_ERROR;
+  } catch (...) {
+    say(msg, msg_size, "unknown exception");
+    return MLAGATE_STATUS_ERROR;
+  }
+}
+
+std::uint32_t bits_of_ops(const Capabilities& c) {
+  std::uint32_t m = 0;
+  for (Op op : c.ops) {
+    if (op == Op::kDecode) m |= MLAGATE_OP_DECODE;
+    if (op == Op::kPrefill) m |= MLAGATE_OP_PREFILL;
+    if (op == Op::kCacheWrite) m |= MLAGATE_OP_CACHE_WRITE;
+  }
+  return m;
+}
+
+}  // namespace
+
+using namespace mlagate;
+
+// The table, built once from cpu.paged's own capabilities.
+const mlagate_plugin* cpu_paged_plugin_table(const char* name, PlantedFault fault) {
+  static Plugin* p = [&] {
+    auto* s = new Plugin;
+    s->fault = fault;
+    s->block_sizes.assign(s->caps.block_sizes.begin(), s->caps.block_sizes.end());
+    mlagate_backend& t = s->table;
+    t.name = name;
+    t.description = "cpu.paged built as a plugin (the ABI's completeness proof)";
+    t.ops = bits_of_ops(s->caps);
+    t.block_sizes = s->block_sizes.data();
+    t.num_block_sizes = static_cast<std::int32_t>(s->block_sizes.size());
+    t.query_len_support = s->caps.query_len_support == QueryLenSupport::kSingleOnly ? MLAGATE_QUERY_LEN_SINGLE_ONLY
+                          : s->caps.query_len_support == QueryLenSupport::kUniform  ? MLAGATE_QUERY_LEN_UNIFORM
+                                                                                    : MLAGATE_QUERY_LEN_VARLEN;
+    t.reorder_threshold = s->caps.reorder_threshold;
+    for (DType d : s->caps.dtypes) t.dtypes |= d == DType::kBF16 ? MLAGATE_DTYPE_BF16 : MLAGATE_DTYPE_F16;
+    for (KvCacheDtype k : s->caps.kv_dtypes)
+      t.kv_cache_dtypes |= k == KvCacheDtype::kAuto      ? MLAGATE_KV_AUTO
+                           : k == KvCacheDtype::kFp8     ? MLAGATE_KV_FP8
+                           : k == KvCacheDtype::kFp8E4m3 ? MLAGATE_KV_FP8_E4M3
+                                                         : MLAGATE_KV_FP8_DS_MLA;
+    t.device = {kDLCPU, 0};
+    t.self = s;
+    t.supports = nullptr;  // cpu.paged decides from its capabilities alone
+    t.run = fault == PlantedFault::kNullRun ? nullptr : run;
+    t.destroy = nullptr;  // the table lives as long as the (never unmapped) library
+    s->plugin.abi_version = fault == PlantedFault::kBadAbi ? 99 : MLAGATE_PLUGIN_ABI_VERSION;
+    s->plugin.struct_size = sizeof(mlagate_plugin);
+    s->plugin.library = "cpu_paged_plugin";
+    s->plugin.num_backends = 1;
+    s->plugin.backends = &s->table;
+    return s;
+  }();
+  return &p->plugin;
+}

@@ -1,0 +1,18 @@
+// cpu.paged as a plugin table (cpu_paged_plugin.cpp), with an optional planted
+// fault; plugin_entry.cpp exports it from each test library.
+#pragma once
+
+#include "mlagate/plugin.h"
+
+enum class PlantedFault {
+  kNone,
+  kBadAbi,       // abi_version 99
+  kNullRun,      // run is NULL
+  kThrows,       // decode throws a C++ exception across the boundary
+  kNan,          // decode writes one NaN into o_lat
+  kOutOfBounds,  // decode writes one element past the end of o_lat
+  kNoEntry,      // the entry symbol is missing (plugin_entry.cpp exports a misspelled one)
+};
+
+// The library's table, built on first call (one per library: the state is static).
+const mlagate_plugin* cpu_paged_plugin_table(const char* name, PlantedFault fault);

@@ -1,0 +1,130 @@
+// The exec backend: a program that fails in any way (exit status, signal,
+// hang, no outputs, garbage, wrong shapes or dtypes) is a record with its
+// status and the program's last words, never the end of the run; the bundle
+// carries what the Python example needs to pass.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "backends/exec/exec_backend.h"
+#include "cases/errors.h"
+#include "cases/suite.h"
+#include "harness/runner.h"
+
+namespace mlagate {
+namespace {
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+const std::string kPython = MLAGATE_TEST_PYTHON;  // empty: no python3 with h5py and numpy
+const std::string kHostile = std::string(MLAGATE_TEST_SOURCE_DIR) + "/tests/plugin/hostile_exec.py";
+
+Record run_exec(const std::string& command, double timeout_s = 60, Op op = Op::kDecode,
+                const std::string& caps = "ops=decode,prefill,cache_write") {
+  ExecConfig c;
+  c.name = "exec.test";
+  c.command = command;
+  c.caps = parse_exec_caps(caps);
+  c.timeout_s = timeout_s;
+  std::vector<std::unique_ptr<Backend>> bs;
+  bs.push_back(exec_backend_entry(c).make({}));
+  RunConfig cfg;
+  for (const CaseSpec& s : load_suite("smoke").cases)
+    if (s.batch.name == "small_decode") cfg.cases.push_back(s);
+  cfg.ops = {op};
+  cfg.policy = make_policy("fixed", 5e-2, 1e-2);
+  const std::vector<Record> r = run_cases(cfg, bs);
+  if (r.size() != 1) throw std::logic_error("expected one record");
+  return r.front();
+}
+
+TEST(ExecConfig, CommandMustNameBothFilesAndCapsParse) {
+  ExecConfig c;
+  c.command = "prog {in}";
+  EXPECT_THROW(exec_backend_entry(c), InputError);
+  c.command = "prog {in} {out}";
+  c.name = "bad name";
+  EXPECT_THROW(exec_backend_entry(c), InputError);
+  const Capabilities caps = parse_exec_caps("ops=decode,prefill block_sizes=64,16 query_len=uniform reorder_threshold=4 "
+                                            "dtypes=bf16 kv_dtypes=auto,fp8");
+  EXPECT_EQ(caps.ops, (std::vector<Op>{Op::kDecode, Op::kPrefill}));
+  EXPECT_EQ(caps.block_sizes, (std::vector<int>{64, 16}));
+  EXPECT_EQ(caps.query_len_support, QueryLenSupport::kUniform);
+  EXPECT_EQ(caps.reorder_threshold, 4);
+  EXPECT_EQ(caps.dtypes, std::vector<DType>{DType::kBF16});
+  EXPECT_EQ(caps.kv_dtypes, (std::vector<KvCacheDtype>{KvCacheDtype::kAuto, KvCacheDtype::kFp8}));
+  EXPECT_THROW(parse_exec_caps("opps=decode"), InputError);
+  EXPECT_THROW(parse_exec_caps("ops=layer"), InputError);
+  EXPECT_THROW(parse_exec_caps("block_sizes=x"), InputError);
+}
+
+TEST(ExecFailures, NonZeroExitIsCrashedWithStderr) {
+  const Record r = run_exec("echo 'kernel exploded' >&2; exit 3 # {in} {out}");
+  EXPECT_EQ(r.status, Status::kCrashed);
+  EXPECT_TRUE(contains(r.message, "exited with status 3")) << r.message;
+  EXPECT_TRUE(contains(r.message, "stderr: kernel exploded")) << r.message;
+}
+
+TEST(ExecFailures, SignalIsCrashed) {
+  const Record r = run_exec("kill -SEGV $$ # {in} {out}");
+  EXPECT_EQ(r.status, Status::kCrashed);
+  EXPECT_TRUE(contains(r.message, "killed by signal 11")) << r.message;
+}
+
+TEST(ExecFailures, HangIsTimeoutAndKilled) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Record r = run_exec("echo waiting >&2; sleep 30 # {in} {out}", 0.5);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.status, Status::kTimeout);
+  EXPECT_TRUE(contains(r.message, "ran past --exec-timeout 0.5 s")) << r.message;
+  EXPECT_TRUE(contains(r.message, "stderr: waiting")) << r.message;
+  EXPECT_LT(s, 20);  // the sleeping child was killed with its group
+}
+
+TEST(ExecFailures, NoOutputsOrGarbageIsCrashed) {
+  Record r = run_exec("true {in} {out}");
+  EXPECT_EQ(r.status, Status::kCrashed);
+  EXPECT_TRUE(contains(r.message, "wrote no outputs file")) << r.message;
+  r = run_exec("echo garbage > {out} # {in}");
+  EXPECT_EQ(r.status, Status::kCrashed);
+  EXPECT_TRUE(contains(r.message, "unusable outputs file")) << r.message;
+  // The bundle itself as outputs: valid HDF5, but no o_lat.
+  r = run_exec("cp {in} {out}");
+  EXPECT_EQ(r.status, Status::kCrashed);
+  EXPECT_TRUE(contains(r.message, "o_lat: missing dataset")) << r.message;
+}
+
+// Outputs written by h5py: each hostile mode of hostile_exec.py and what it must give.
+TEST(ExecFailures, HostileOutputsFromPython) {
+  if (kPython.empty()) GTEST_SKIP() << "no python3 with h5py and numpy (scripts/bootstrap.sh installs them)";
+  struct Want {
+    const char* mode;
+    Status status;
+    const char* message;
+  };
+  for (const Want& w : std::vector<Want>{
+           {"shape", Status::kIncorrect, "o_lat has shape [2, 8, 511], expected [2, 8, 512]"},
+           {"dtype", Status::kIncorrect, "o_lat is stored as int32, expected bfloat16"},
+           {"bits_without_dtype", Status::kIncorrect, "dtype attribute '', expected 'bfloat16'"},
+           {"nan", Status::kNonfinite, "NaN"},
+           {"not_supported", Status::kNotSupported, "exec.test decode: hostile: not today"},
+           {"error", Status::kCrashed, "reported an error: hostile: it broke"},
+           {"zeros", Status::kIncorrect, ""},
+       }) {
+    const Record r = run_exec(kPython + " " + kHostile + " " + w.mode + " {in} {out}");
+    EXPECT_EQ(r.status, w.status) << w.mode << ": " << r.message;
+    EXPECT_TRUE(contains(r.message, w.message)) << w.mode << ": " << r.message;
+  }
+}
+
+TEST(ExecBundle, PythonExampleReadsTheBundleAndPasses) {
+  if (kPython.empty()) GTEST_SKIP() << "no python3 with h5py and numpy (scripts/bootstrap.sh installs them)";
+  const std::string cmd = kPython + " " + MLAGATE_TEST_SOURCE_DIR + "/examples/exec_python/decode.py {in} {out}";
+  const Record r = run_exec(cmd, 120, Op::kLayer, "ops=decode block_sizes=16,32 query_len=VARLEN reorder_threshold=1000000");
+  EXPECT_EQ(r.status, Status::kPassed) << r.message;
+}
+
+}  // namespace
+}  // namespace mlagate

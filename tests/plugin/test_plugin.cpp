@@ -1,0 +1,246 @@
+// The plugin ABI end to end: cpu.paged through the C ABI gives bit-identical
+// results to the in-tree backend on every suite (the ABI carries everything a
+// kernel needs); each planted broken plugin is refused at load with a clear
+// message or recorded with the right status; --plugin on the command line.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <algorithm>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backends/cpu/cpu_backends.h"
+#include "backends/plugin/plugin_backends.h"
+#include "cases/suite.h"
+#include "harness/cli.h"
+#include "harness/runner.h"
+
+namespace mlagate {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string lib(const std::string& target) { return std::string(MLAGATE_TEST_PLUGIN_DIR) + "/lib" + target + ".so"; }
+const std::string kCpuPlugin = lib("mlagate_cpu_paged_plugin");
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+std::unique_ptr<Backend> make_one(const std::string& path) {
+  std::vector<BackendEntry> entries = load_plugin(path);
+  if (entries.size() != 1) throw std::logic_error("expected one backend in " + path);
+  return entries.front().make({});
+}
+
+std::string load_error(const std::string& path) {
+  try {
+    load_plugin(path);
+  } catch (const PluginLoadError& e) {
+    return e.what();
+  }
+  return "(loaded without error)";
+}
+
+int cli(std::initializer_list<std::string> args) {
+  std::vector<std::string> store{"mlagate"};
+  store.insert(store.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : store) argv.push_back(s.data());
+  return cli_main(static_cast<int>(argv.size()), argv.data());
+}
+
+fs::path temp_dir() {
+  const fs::path d = fs::temp_directory_path() / ("mlagate_plugin_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+
+std::vector<CaseSpec> cases_of(const std::string& suite, const std::string& batch, int tp) {
+  std::vector<CaseSpec> out;
+  for (const CaseSpec& c : load_suite(suite).cases)
+    if (c.batch.name == batch && c.tp == tp) out.push_back(c);
+  return out;
+}
+
+std::vector<Record> run_one_backend(std::unique_ptr<Backend> b, const std::vector<CaseSpec>& cases, Op op) {
+  std::vector<std::unique_ptr<Backend>> bs;
+  bs.push_back(std::move(b));
+  RunConfig cfg;
+  cfg.cases = cases;
+  cfg.ops = {op};
+  cfg.policy = make_policy("fixed", 5e-2, 1e-2);
+  return run_cases(cfg, bs);
+}
+
+TEST(PluginLoad, CpuPagedPluginDeclaresTheInTreeCapabilities) {
+  const auto p = make_one(kCpuPlugin);
+  const auto in_tree = make_cpu_paged();
+  EXPECT_EQ(p->name(), "cpu.paged.plugin");
+  const Capabilities a = p->capabilities(), b = in_tree->capabilities();
+  EXPECT_EQ(a.ops, b.ops);
+  EXPECT_EQ(a.block_sizes, b.block_sizes);
+  EXPECT_EQ(a.query_len_support, b.query_len_support);
+  EXPECT_EQ(a.reorder_threshold, b.reorder_threshold);
+  EXPECT_EQ(a.dtypes, b.dtypes);
+  EXPECT_EQ(a.kv_dtypes, b.kv_dtypes);
+}
+
+TEST(PluginLoad, WrongAbiVersionIsRefused) {
+  const std::string e = load_error(lib("mlagate_planted_bad_abi"));
+  EXPECT_TRUE(contains(e, "ABI version 99, this mlagate speaks version 1")) << e;
+  EXPECT_TRUE(contains(e, "rebuild the plugin")) << e;
+}
+
+TEST(PluginLoad, NullRunPointerIsRefused) {
+  const std::string e = load_error(lib("mlagate_planted_null_run"));
+  EXPECT_TRUE(contains(e, "backend 0 (planted.null_run): run is NULL")) << e;
+}
+
+TEST(PluginLoad, MissingEntrySymbolIsRefused) {
+  const std::string e = load_error(lib("mlagate_planted_no_entry"));
+  EXPECT_TRUE(contains(e, "no symbol mlagate_plugin_entry")) << e;
+}
+
+TEST(PluginLoad, MissingFileAndNonLibraryAreRefused) {
+  EXPECT_TRUE(contains(load_error("/nonexistent/libx.so"), "no such file"));
+  const fs::path text = temp_dir() / "not_a_library.so";
+  std::ofstream(text) << "not an ELF file\n";
+  EXPECT_TRUE(contains(load_error(text.string()), "cannot load")) << load_error(text.string());
+}
+
+TEST(PluginLoad, NameTakenTwiceIsRefused) {
+  std::vector<BackendEntry> extra = load_plugin(kCpuPlugin);
+  for (auto& e : load_plugin(kCpuPlugin)) extra.push_back(std::move(e));
+  try {
+    select_backends("*", {}, extra);
+    FAIL() << "two backends named cpu.paged.plugin were accepted";
+  } catch (const InputError& e) {
+    EXPECT_TRUE(contains(e.what(), "'cpu.paged.plugin' is taken twice")) << e.what();
+  }
+}
+
+TEST(PluginCli, LoadErrorsExitTwo) {
+  for (const char* bad : {"mlagate_planted_bad_abi", "mlagate_planted_null_run", "mlagate_planted_no_entry"}) {
+    EXPECT_EQ(cli({"run", "--plugin", lib(bad), "--spec", "small_decode", "--tp", "16", "--no-progress"}), kExitUsage)
+        << bad;
+    EXPECT_EQ(cli({"list", "backends", "--plugin", lib(bad)}), kExitUsage) << bad;
+  }
+}
+
+TEST(PluginCli, RunSelectsPluginBackendsByGlobAndReprosNameThePlugin) {
+  const fs::path d = temp_dir();
+  EXPECT_EQ(cli({"list", "backends", "--plugin", kCpuPlugin, "--backend", "cpu.paged.*"}), kExitPassed);
+  EXPECT_EQ(cli({"run", "--plugin", kCpuPlugin, "--backend", "*.plugin", "--spec", "small_decode", "--tp", "16",
+                 "--policy", "fixed", "--atol", "0", "--rtol", "0", "--json", (d / "p.json").string(), "--no-progress"}),
+            kExitFailed);  // a zero tolerance fails: the repro command is what is checked
+  std::ifstream js(d / "p.json");
+  const auto j = nlohmann::json::parse(js);
+  ASSERT_EQ(j["records"].size(), 1u);
+  EXPECT_EQ(j["records"][0]["backend"], "cpu.paged.plugin");
+  const std::string repro = j["records"][0]["repro"];
+  EXPECT_TRUE(contains(repro, "--plugin " + kCpuPlugin)) << repro;
+}
+
+TEST(PluginPlanted, ExceptionAcrossTheBoundaryIsCrashed) {
+  const auto records = run_one_backend(make_one(lib("mlagate_planted_throws")), cases_of("smoke", "small_decode", 16), Op::kDecode);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].status, Status::kCrashed) << records[0].message;
+  EXPECT_TRUE(contains(records[0].message, "contract violation")) << records[0].message;
+  EXPECT_TRUE(contains(records[0].message, "planted: an exception thrown across the C boundary")) << records[0].message;
+}
+
+TEST(PluginPlanted, NanIsNonfiniteAndLocated) {
+  const auto records = run_one_backend(make_one(lib("mlagate_planted_nan")), cases_of("smoke", "small_decode", 16), Op::kDecode);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].status, Status::kNonfinite) << records[0].message;
+  // small_decode at tp16: 2 tokens x 8 heads x 512; element numel/2 is token 1, head 0, dim 0.
+  EXPECT_TRUE(contains(records[0].message, "request 1, token 0, head 0, dim 0")) << records[0].message;
+}
+
+TEST(PluginPlanted, OutOfBoundsWriteIsIncorrect) {
+  const auto records = run_one_backend(make_one(lib("mlagate_planted_oob")), cases_of("smoke", "small_decode", 16), Op::kDecode);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].status, Status::kIncorrect) << records[0].message;
+  EXPECT_TRUE(contains(records[0].message, "out-of-bounds write: byte 0 past the end of o_lat")) << records[0].message;
+}
+
+// The completeness proof: cases through cpu.paged and through cpu.paged built
+// as a plugin give the same statuses, the same messages and bit-identical
+// outputs. Returns how many record pairs were compared.
+std::size_t expect_bit_identical(const std::vector<CaseSpec>& cases, std::vector<Op> ops) {
+  struct Outputs {
+    Status status = Status::kSkipped;
+    std::string message;
+    std::vector<std::vector<std::byte>> bytes;
+  };
+  std::map<std::tuple<std::string, std::string, std::string>, Outputs> seen;  // (case, op, backend)
+  std::vector<std::unique_ptr<Backend>> bs;
+  bs.push_back(make_cpu_paged());
+  bs.push_back(make_one(kCpuPlugin));
+  RunConfig cfg;
+  cfg.cases = cases;
+  cfg.ops = std::move(ops);
+  cfg.policy = make_policy("fixed", 5e-2, 1e-2);
+  cfg.on_outputs = [&](const Case&, const Record& r, std::span<const ProducedOutput> outs) {
+    Outputs& o = seen[{r.case_id, r.op, r.backend}];
+    for (const ProducedOutput& po : outs) {
+      const TensorView v = po.buf.view();
+      const auto* p = static_cast<const std::byte*>(v.data);
+      o.bytes.emplace_back(p, p + v.nbytes());
+    }
+  };
+  for (const Record& r : run_cases(cfg, bs)) {
+    Outputs& o = seen[{r.case_id, r.op, r.backend}];
+    o.status = r.status;
+    o.message = r.message;
+  }
+  std::size_t compared = 0;
+  for (const auto& [key, in_tree] : seen) {
+    const auto& [id, op, backend] = key;
+    if (backend != "cpu.paged") continue;
+    const auto it = seen.find({id, op, "cpu.paged.plugin"});
+    EXPECT_NE(it, seen.end()) << id << " " << op;
+    if (it == seen.end()) continue;
+    const Outputs& plug = it->second;
+    EXPECT_EQ(in_tree.status, plug.status) << id << " " << op << ": " << in_tree.message << " | " << plug.message;
+    EXPECT_EQ(in_tree.message, plug.message) << id << " " << op;
+    EXPECT_EQ(in_tree.bytes.size(), plug.bytes.size()) << id << " " << op;
+    for (std::size_t i = 0; i < std::min(in_tree.bytes.size(), plug.bytes.size()); ++i)
+      EXPECT_TRUE(in_tree.bytes[i] == plug.bytes[i]) << id << " " << op << ": output " << i << " differs";
+    ++compared;
+  }
+  return compared;
+}
+
+// Every op of every smoke and edges case, and the layer op (cache_write,
+// decode and chunked prefill composed) of the vllm suite at TP 16: every batch
+// spec and kv cache dtype, in CI time.
+TEST(PluginCompleteness, BitIdenticalToTheInTreeBackend) {
+  std::vector<CaseSpec> small = load_suite("smoke").cases;
+  for (const CaseSpec& c : load_suite("edges").cases) small.push_back(c);
+  const std::size_t n = expect_bit_identical(small, {Op::kLayer, Op::kDecode, Op::kPrefill, Op::kCacheWrite});
+  EXPECT_EQ(n, small.size() * 4);  // nothing silently left out: every record has its twin
+  std::vector<CaseSpec> vllm16;
+  for (const CaseSpec& c : load_suite("vllm").cases)
+    if (c.tp == 16) vllm16.push_back(c);
+  ASSERT_FALSE(vllm16.empty());
+  EXPECT_EQ(expect_bit_identical(vllm16, {Op::kLayer}), vllm16.size());
+}
+
+// The same on the whole vllm suite (every TP): minutes on 2 cores, so only when
+// MLAGATE_LONG_TESTS=1 (run by hand for issue 8; a skip, never a pass, otherwise).
+TEST(PluginCompleteness, BitIdenticalOnTheWholeVllmSuite) {
+  const char* long_tests = std::getenv("MLAGATE_LONG_TESTS");
+  if (!long_tests || std::string(long_tests) != "1") GTEST_SKIP() << "set MLAGATE_LONG_TESTS=1 (takes minutes)";
+  const std::vector<CaseSpec> vllm = load_suite("vllm").cases;
+  EXPECT_EQ(expect_bit_identical(vllm, {Op::kLayer}), vllm.size());
+}
+
+}  // namespace
+}  // namespace mlagate

@@ -1,0 +1,99 @@
+// The CPU emulation of the seed test's model-dtype SDPA reference: its error
+// against the golden is model-dtype rounding noise (a few ulps of the output,
+// never 0 on real cases), it fills exactly the requested rows, and its bits
+// depend on nothing but the case (the baseline policy's err_baseline must be
+// the same on every machine, thread count and backend order).
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "cases/case.h"
+#include "cases/suite.h"
+#include "reference/golden.h"
+#include "reference/sdpa_emulation.h"
+
+namespace mlagate {
+namespace {
+
+std::vector<int> all_requests(const Case& c) {
+  std::vector<int> r(static_cast<std::size_t>(c.num_requests));
+  std::iota(r.begin(), r.end(), 0);
+  return r;
+}
+
+// Largest |a - b| over pairs where both are finite; `max_ref` gets max |b|.
+double max_abs_err(const std::vector<double>& a, const std::vector<double>& b, double& max_ref) {
+  double m = 0;
+  max_ref = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) continue;
+    m = std::max(m, std::fabs(a[i] - b[i]));
+    max_ref = std::max(max_ref, std::fabs(b[i]));
+  }
+  return m;
+}
+
+TEST(SdpaEmulation, ErrorIsModelDtypeNoiseInBothForms) {
+  for (const CaseSpec& spec : load_suite("smoke").cases) {
+    SCOPED_TRACE(spec.id());
+    const Case c = generate_case(spec);
+    const Golden g = golden_absorbed(c);
+    for (SdpaForm f : {SdpaForm::kDecode, SdpaForm::kPrefill}) {
+      const SdpaResult e = emulate_sdpa_layer(c, f, all_requests(c));
+      double max_ref = 0;
+      const double err = max_abs_err(e.out, g.out, max_ref);
+      // Output rounding alone is 0.5 ulp at max |ref|; the einsum and P roundings add a little.
+      const double ulp = std::ldexp(1.0, std::ilogb(max_ref) - (spec.dtype == DType::kBF16 ? 7 : 10));
+      EXPECT_GT(err, 0.1 * ulp) << sdpa_form_name(f);
+      EXPECT_LT(err, 4 * ulp) << sdpa_form_name(f);
+      double lse_ref = 0;
+      EXPECT_LT(max_abs_err(e.lse, g.lse, lse_ref), 1e-2) << sdpa_form_name(f);
+      // Empty rows (seq_len 0 padding) are 0 with lse -inf, as the golden's.
+      for (std::size_t i = 0; i < g.lse.size(); ++i)
+        if (std::isinf(g.lse[i])) EXPECT_EQ(e.lse[i], g.lse[i]);
+    }
+  }
+}
+
+TEST(SdpaEmulation, FillsExactlyTheRequestedRows) {
+  const Case c = generate_case(load_suite("smoke").cases[2]);  // mixed_small: 4 requests
+  ASSERT_EQ(c.num_requests, 4);
+  const std::vector<int> some{1, 3};
+  const SdpaResult part = emulate_sdpa_layer(c, SdpaForm::kPrefill, some);
+  const SdpaResult whole = emulate_sdpa_layer(c, SdpaForm::kPrefill, all_requests(c));
+  const std::size_t per_token = part.out.size() / static_cast<std::size_t>(c.num_tokens);
+  for (int i = 0; i < c.num_requests; ++i) {
+    const bool asked = std::find(some.begin(), some.end(), i) != some.end();
+    for (int t = c.query_start_loc[i]; t < c.query_start_loc[i + 1]; ++t)
+      for (std::size_t k = 0; k < per_token; ++k) {
+        const double v = part.out[static_cast<std::size_t>(t) * per_token + k];
+        if (asked) {
+          ASSERT_EQ(v, whole.out[static_cast<std::size_t>(t) * per_token + k]);
+        } else {
+          ASSERT_TRUE(std::isnan(v));
+        }
+      }
+  }
+}
+
+TEST(SdpaEmulation, BitsDoNotDependOnThreads) {
+  const Case c = generate_case(load_suite("smoke").cases[3]);  // spec_decode_small
+  const int saved = omp_get_max_threads();
+  std::vector<SdpaResult> runs;
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    for (SdpaForm f : {SdpaForm::kDecode, SdpaForm::kPrefill}) runs.push_back(emulate_sdpa_layer(c, f, all_requests(c)));
+  }
+  omp_set_num_threads(saved);
+  for (std::size_t r = 2; r < runs.size(); ++r) {
+    EXPECT_EQ(runs[r].out, runs[r % 2].out);
+    EXPECT_EQ(runs[r].lse, runs[r % 2].lse);
+  }
+}
+
+}  // namespace
+}  // namespace mlagate
