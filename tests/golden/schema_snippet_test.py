@@ -1,8 +1,11 @@
 """Runs the h5py snippet of golden/SCHEMA.md on a freshly exported smoke golden
-file: h5py reads the file and numpy recomputes every case's reference to 1e-6.
+file: h5py reads the file, gathers each case's cache through its block table and
+numpy recomputes every case's reference to 1e-10. A copy whose stored golden is
+moved by 1e-8 must then fail the same snippet (the check can fail).
 Usage: schema_snippet_test.py MLAGATE SCHEMA.md"""
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,4 +30,14 @@ with tempfile.TemporaryDirectory() as tmp:
     for case_id in ids:
         r = subprocess.run([sys.executable, script, golden, case_id])
         failed += r.returncode != 0
+    # A golden moved by 1e-8 relative must be caught.
+    moved = os.path.join(tmp, "moved.h5")
+    shutil.copyfile(golden, moved)
+    with h5py.File(moved, "r+") as f:
+        out = f["cases/" + ids[0] + "/golden/out"]
+        out[...] = out[()] * (1 + 1e-8)
+    r = subprocess.run([sys.executable, script, moved, ids[0]])
+    if r.returncode == 0:
+        print("the snippet accepted a golden moved by 1e-8", file=sys.stderr)
+        failed += 1
     sys.exit(1 if failed else 0)
