@@ -98,4 +98,6 @@ void Backend::cache_write(PagedCache& cache, const TensorView& kv_c, const Tenso
   reference_cache_write(cache, kv_c, k_pe, slots);
 }
 
+std::unique_ptr<DecodeBench> Backend::prepare_decode_bench(const DecodeArgs&) { return nullptr; }
+
 }  // namespace mlagate

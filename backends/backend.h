@@ -74,6 +74,8 @@ struct PrefillArgs {
   TensorView lse;  // out [T, N] float32
 };
 
+class DecodeBench;  // below: a prepared decode for `mlagate bench`
+
 // One instance runs one call at a time (the runner is sequential); backends
 // may keep workspaces between calls.
 class Backend {
@@ -94,6 +96,25 @@ class Backend {
   // kv_c: [n, L], k_pe: [n, R] model dtype; slots [n], negative = skip.
   virtual void cache_write(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,
                            std::span<const std::int64_t> slots);
+
+  // (optional) benchmarking (`mlagate bench`): prepare a decode call once
+  // (uploads, allocations, planning or scheduler metadata: everything outside
+  // the timed region) and return a handle whose launch() enqueues only the
+  // kernels of one decode on the given CUDA stream (a cudaStream_t passed as
+  // void*), without synchronizing. The bench times launch() with CUDA events
+  // and flushes L2 between iterations. nullptr (the default): the backend is not
+  // benchmarkable. The handle may keep pointers into args' host data until it
+  // is destroyed; outputs land in device buffers the handle owns.
+  virtual std::unique_ptr<DecodeBench> prepare_decode_bench(const DecodeArgs& args);
+};
+
+class DecodeBench {
+ public:
+  virtual ~DecodeBench() = default;
+  virtual void launch(void* cuda_stream) = 0;
+  // What the timed region includes besides the kernels ("" = kernels only),
+  // e.g. "includes a copy of the cache into the library's layout".
+  virtual std::string note() const { return {}; }
 };
 
 // Capability checks shared by every backend's supports().

@@ -11,6 +11,12 @@
 #if MLAGATE_HAS_TORCH_SDPA
 #include "backends/torch/torch_backends.h"
 #endif
+#if MLAGATE_HAS_FLASHMLA
+#include "backends/flashmla/flashmla_backend.h"
+#endif
+#if MLAGATE_HAS_FLASHINFER
+#include "backends/flashinfer/flashinfer_backend.h"
+#endif
 
 namespace mlagate {
 
@@ -34,6 +40,15 @@ const std::vector<BackendEntry>& backend_registry() {
       {"torch.sdpa.efficient", make_torch_sdpa_efficient},
       {"torch.sdpa.cudnn", make_torch_sdpa_cudnn},
       {"torch.sdpa.math", make_torch_sdpa_math},
+#endif
+#if MLAGATE_HAS_FLASHMLA
+      {"flashmla", make_flashmla},
+#endif
+#if MLAGATE_HAS_FLASHINFER
+      {"flashinfer.mla.fa2", make_flashinfer_mla_fa2},
+#endif
+#if MLAGATE_HAS_FLASHINFER_FA3
+      {"flashinfer.mla.fa3", make_flashinfer_mla_fa3},
 #endif
   };
   return kRegistry;

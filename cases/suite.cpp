@@ -211,11 +211,15 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
         continue;
       }
       // Parsed from the string (a fresh node has no mark): report the list's line.
+      int bs = 0;
       try {
-        block_sizes.push_back(YAML::Node(s).as<int>());
+        bs = YAML::Node(s).as<int>();
       } catch (const YAML::Exception&) {
         fail_at(source, g["block_size"], "bad value '" + s + "' for block_size");
       }
+      // 0 is the spec's internal code for auto: written as a number it is a mistake.
+      if (bs < 1) fail_at(source, g["block_size"], "block_size " + s + " (a power of two in [1, 1024], or auto)");
+      block_sizes.push_back(bs);
     }
     std::vector<std::uint64_t> seeds;
     for (int s : ints("seed", {0})) {

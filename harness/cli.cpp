@@ -7,11 +7,15 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <ctime>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <regex>
 #include <sstream>
@@ -23,7 +27,13 @@
 #include "cases/generator.h"
 #include "cases/suite.h"
 #include "golden/golden_run.h"
+#include "harness/isolate.h"
+#include "harness/journal.h"
+#include "harness/bench.h"
 #include "harness/layer.h"
+#include "harness/memory_estimate.h"
+#include "harness/repeat.h"
+#include "harness/sanitize.h"
 #include "harness/runner.h"
 #include "reference/torch/torch_reference.h"
 #include "mlagate/config.h"
@@ -71,10 +81,10 @@ struct Selection {
       try {
         std::size_t pos = 0;
         const int v = std::stoi(b, &pos);
-        if (pos != b.size()) throw std::invalid_argument(b);
+        if (pos != b.size() || v < 1) throw std::invalid_argument(b);
         sw.block_sizes.push_back(v);
       } catch (const std::exception&) {
-        throw InputError("--block-size: '" + b + "' is not a number or auto");
+        throw InputError("--block-size: '" + b + "' is not a block size (a power of two in [1, 1024]) or auto");
       }
     }
     sw.seeds = seeds;
@@ -281,6 +291,101 @@ struct RunArgs {
   std::vector<std::string> case_ids;
   std::uint64_t max_bytes = kDefaultMaxBytes;
   OutOfTree extra;  // --plugin, --exec
+  // Reliability (README, "Chasing a NaN"): isolation, journal and resume, repeat, order.
+  std::string isolate;      // process | none; empty: process when available (not with --save-results)
+  double timeout = 600;     // seconds per (case, backend, op) in a worker
+  std::string journal;      // empty: next to the first report file
+  bool resume = false;
+  int repeat = 1;
+  std::string order = "given";
+  bool worker = false;      // hidden: this process is an isolation worker
+  std::string sanitize;     // memcheck | initcheck | racecheck: failing records rerun under compute-sanitizer
+  std::string sanitizer;    // its path (default: default_sanitizer())
+  int sanitize_launch_count = 50;
+  std::string save_failures;  // a directory: each failing record's case as a golden file that replay runs
+  bool reuse_buffers = false;  // kernel outputs from a pool of earlier cases' buffers instead of fresh ones
+};
+
+void add_reliability_options(CLI::App* app, RunArgs& ra) {
+  app->add_option("--isolate", ra.isolate,
+                  "process: backends run in a worker process (crashes and hangs become records; the default) | "
+                  "none: in this process (debugging)");
+  app->add_option("--timeout", ra.timeout, "seconds per case, backend and op before the worker is killed (TIMEOUT); 0: none")
+      ->capture_default_str();
+  app->add_option("--journal", ra.journal,
+                  "append every record here as it completes (default: <first report path>.journal.jsonl)");
+  app->add_flag("--resume", ra.resume, "continue an interrupted run from its journal: finished records are not rerun");
+  app->add_option("--repeat", ra.repeat, "run each case N times and compare outputs bitwise (NONDETERMINISTIC)")
+      ->capture_default_str();
+  app->add_option("--order", ra.order,
+                  "case order: given | reverse | shuffle:SEED | pairs (each case alone, then after every other one)")
+      ->capture_default_str();
+  app->add_flag("--worker", ra.worker, "internal: run as an isolation worker")->group("");
+  app->add_option("--sanitize", ra.sanitize,
+                  "rerun failing records (every record with --case) under compute-sanitizer: memcheck | initcheck | racecheck");
+  app->add_option("--sanitizer", ra.sanitizer, "the compute-sanitizer executable (default: from CUDA_HOME, /usr/local/cuda/bin, PATH)");
+  app->add_option("--sanitize-launch-count", ra.sanitize_launch_count, "kernel launches the sanitizer checks")
+      ->capture_default_str();
+  app->add_flag("--reuse-buffers", ra.reuse_buffers,
+                "kernel outputs come from a pool of earlier cases' buffers (a caching allocator) instead of fresh "
+                "allocations; with --poison none they hold stale data");
+  app->add_option("--save-failures", ra.save_failures,
+                  "write each failing record's case to DIR as a golden file (inputs, caches, references) that "
+                  "`mlagate replay` runs");
+}
+
+// --order: the cases in another order (every order runs the same records).
+void apply_order(std::vector<CaseSpec>& cases, const std::string& order) {
+  if (order == "given" || order == "pairs") return;  // pairs: the isolated runner pairs them (isolate.h)
+  if (order == "reverse") {
+    std::reverse(cases.begin(), cases.end());
+    return;
+  }
+  if (order.rfind("shuffle:", 0) == 0) {
+    std::uint64_t seed = 0;
+    try {
+      std::size_t pos = 0;
+      seed = std::stoull(order.substr(8), &pos);
+      if (pos != order.size() - 8) throw std::invalid_argument(order);
+    } catch (const std::exception&) {
+      throw InputError("--order '" + order + "': shuffle:SEED needs a non-negative integer seed");
+    }
+    // Fisher-Yates over splitmix64: the same order on every platform and library
+    // (std::shuffle's use of the engine is implementation-defined).
+    auto next = [&seed] {
+      std::uint64_t z = (seed += 0x9E3779B97F4A7C15ull);
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      return z ^ (z >> 31);
+    };
+    for (std::size_t i = cases.size(); i > 1; --i) std::swap(cases[i - 1], cases[next() % i]);
+    return;
+  }
+  throw InputError("--order '" + order + "' (expected given, reverse, shuffle:SEED or pairs)");
+}
+
+// SIGINT/SIGTERM during a run: the run stops between records, writes the
+// reports of what finished and exits 128 + signal. A second signal acts as usual.
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+struct StopSignals {
+  struct sigaction old_int {}, old_term {};
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND;  // no SA_RESTART: waits wake up at once
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
 };
 
 // --baseline: where err_baseline comes from.
@@ -324,7 +429,14 @@ ReferenceImpl make_reference(const std::string& name) {
   throw InputError("--reference '" + name + "' (expected eigen or cuda)");
 }
 
-int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_line) {
+int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_line,
+            const std::vector<std::string>& args) {
+  if (ra.worker && !ra.save_results.empty()) {
+    // The results file is the parent's to write; the worker only runs.
+    RunArgs w = ra;
+    w.save_results.clear();
+    return cmd_run(sel, w, command_line, args);
+  }
   const auto wall0 = std::chrono::steady_clock::now();
   if (ra.threads > 0) omp_set_num_threads(ra.threads);
   RunConfig cfg;
@@ -335,16 +447,39 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
     golden.emplace(GoldenRunOptions{ra.golden, ra.replay, ra.case_ids, ra.save_results, ra.max_bytes, command_line});
   const bool from_file = !ra.replay.empty() || (!ra.golden.empty() && sel.args().empty());
   cfg.cases = from_file ? golden->file_cases(sel.filter) : sel.resolve();
+  if (!from_file && !ra.case_ids.empty()) {
+    // --case: exactly these cases, in this order (order-dependent failures' repro).
+    std::vector<CaseSpec> picked;
+    for (const std::string& id : ra.case_ids) {
+      auto it = std::find_if(cfg.cases.begin(), cfg.cases.end(), [&](const CaseSpec& c) { return c.id() == id; });
+      if (it == cfg.cases.end()) throw InputError("--case '" + id + "': no such case in the selection");
+      picked.push_back(*it);
+    }
+    cfg.cases = std::move(picked);
+  }
+  apply_order(cfg.cases, ra.order);
+  if (ra.repeat < 1) throw InputError("--repeat must be >= 1");
   cfg.ops.clear();
   for (const auto& o : ra.ops) {
     cfg.ops.push_back(parse_op(o));
   }
+  // A case beyond this machine's memory is refused before anything is allocated.
+  const bool prefill_op = std::find(cfg.ops.begin(), cfg.ops.end(), Op::kPrefill) != cfg.ops.end();
+  if (const std::uint64_t avail = available_memory_bytes(); avail > 0 && !from_file)
+    for (const CaseSpec& c : cfg.cases)
+      if (const std::uint64_t need = estimate_case_bytes(c, prefill_op); need > avail) {
+        char msg[160];
+        std::snprintf(msg, sizeof msg, " needs about %.1f GiB (estimated), more than the %.1f GiB available",
+                      static_cast<double>(need) / (1ull << 30), static_cast<double>(avail) / (1ull << 30));
+        throw InputError("case " + c.id() + msg + ": refused before allocating");
+      }
   cfg.policy = make_policy(ra.policy, ra.atol, ra.rtol, ra.fudge);
   cfg.baseline = make_baseline(ra.baseline);
   if (cfg.baseline.name == "none" && cfg.policy.kind == Policy::Kind::kBaseline)
     throw InputError("--baseline none: the baseline policy needs err_baseline (choose --policy vllm or fixed)");
   cfg.exec.poison = parse_poison(ra.poison);
   cfg.exec.poison_block_table = ra.poison_block_table;
+  cfg.exec.reuse_buffers = ra.reuse_buffers;
   if (ra.prefill_chunk < 1) throw InputError("--prefill-chunk must be >= 1");
   cfg.exec.prefill_chunk = ra.prefill_chunk;
   if (ra.splits < 0) throw InputError("--splits must be >= 1 (or 0: chosen from the work)");
@@ -365,6 +500,8 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
   if (ra.prefill_chunk != 2048) exec_args += " --prefill-chunk " + std::to_string(ra.prefill_chunk);
   if (ra.splits != 0) exec_args += " --splits " + std::to_string(ra.splits);
   if (ra.reference != "eigen") exec_args += " --reference " + ra.reference;
+  if (ra.repeat > 1) exec_args += " --repeat " + std::to_string(ra.repeat);
+  if (ra.reuse_buffers) exec_args += " --reuse-buffers";
   const std::string sel_args = sel.args();
   const std::string policy_args = cfg.policy.cli_args();
   const std::string golden_args = ra.golden.empty() ? "" : " --golden " + Selection::quote(ra.golden);
@@ -375,6 +512,13 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
     if (!ra.replay.empty()) return "mlagate replay " + Selection::quote(ra.replay) + " --case " + Selection::quote(c.id()) + tail;
     return "mlagate run" + sel_args + golden_args + " --filter " + Selection::quote("^" + regex_escape(c.id()) + "$") + tail;
   };
+  if (!from_file)
+    cfg.repro_sequence = [&](const std::vector<const CaseSpec*>& seq, const std::string& backend, Op op) {
+      std::string cases;
+      for (const CaseSpec* c : seq) cases += " --case " + Selection::quote(c->id());
+      return "mlagate run" + sel_args + golden_args + cases + extra_args + " --backend " + backend + " --op " +
+             std::string(op_name(op)) + " " + policy_args + exec_args;
+    };
   const bool tty = isatty(STDERR_FILENO) && !ra.no_progress && !ra.quiet;
   std::size_t failed_so_far = 0;
   cfg.on_record = [&](const Record& r, std::size_t done, std::size_t total) {
@@ -395,7 +539,172 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
     }
   };
   if (golden) golden->attach(cfg);
-  const std::vector<Record> records = run_cases(cfg, backends);
+  if (ra.repeat > 1)
+    cfg.run_job = [&cfg, n = ra.repeat](CaseContext& ctx, Backend& b, Op op) { return run_repeated(ctx, b, op, cfg, n); };
+  if (ra.worker) return worker_main(cfg, backends);
+
+  // Isolation: worker processes unless asked otherwise or unavailable.
+  std::string isolate = ra.isolate;
+  if (isolate.empty()) isolate = !worker_executable().empty() && ra.save_results.empty() ? "process" : "none";
+  if (isolate != "process" && isolate != "none") throw InputError("--isolate '" + isolate + "' (expected process or none)");
+  if (isolate == "process" && worker_executable().empty())
+    throw InputError("--isolate process: no worker executable (mlagate is embedded); use --isolate none");
+  if (isolate == "process" && !ra.save_results.empty())
+    throw InputError("--save-results keeps every output in this process: use it with --isolate none");
+  if (!(ra.timeout >= 0)) throw InputError("--timeout must be >= 0");
+  if (ra.order == "pairs" && isolate != "process") throw InputError("--order pairs needs --isolate process");
+  if (!ra.save_failures.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(ra.save_failures, ec);
+    if (!std::filesystem::is_directory(ra.save_failures))
+      throw InputError("--save-failures " + ra.save_failures + ": not a directory" + (ec ? " (" + ec.message() + ")" : ""));
+  }
+  if (!ra.sanitize.empty()) {
+    check_sanitize_tool(ra.sanitize);
+    if (worker_executable().empty()) throw InputError("--sanitize: no mlagate executable to rerun (mlagate is embedded)");
+    if (ra.sanitize_launch_count < 1) throw InputError("--sanitize-launch-count must be >= 1");
+  }
+
+  // The journal: every record on disk as it completes; --resume reads it back.
+  std::string journal_path = ra.journal;
+  for (const std::string* p : {&ra.json, &ra.junit, &ra.markdown})
+    if (journal_path.empty() && !p->empty()) journal_path = *p + ".journal.jsonl";
+  if (ra.resume && journal_path.empty())
+    throw InputError("--resume: no journal to resume (give --journal FILE, or the interrupted run's report path)");
+  std::string ops_args;
+  for (Op o : cfg.ops) ops_args += (ops_args.empty() ? "" : ",") + std::string(op_name(o));
+  std::string id_args;
+  for (const auto& id : ra.case_ids) id_args += " --case " + Selection::quote(id);
+  const std::string fingerprint =
+      (ra.replay.empty() ? "run" + sel_args + golden_args : "replay " + Selection::quote(ra.replay)) +
+      (sel.filter.empty() ? "" : " --filter " + Selection::quote(sel.filter)) + id_args + extra_args +
+      " --backend " + Selection::quote(ra.backends) + " --op " + ops_args + " " + policy_args + exec_args +
+      (ra.order == "given" ? "" : " --order " + ra.order);
+  std::optional<Journal> journal;
+  if (!journal_path.empty()) journal.emplace(journal_path, fingerprint, ra.resume);
+  std::map<std::string, Record> finished, fresh;
+  if (journal)
+    for (const Record& r : journal->previous()) finished[Journal::key(r)] = r;
+  const std::vector<CaseSpec> all_cases = cfg.cases;  // in-process resume narrows cfg.cases
+  auto job_key = [&](std::size_t ci, std::size_t bi, Op op) {
+    return Journal::key(all_cases[ci].id(), std::string(backends[bi]->name()), std::string(op_name(op)));
+  };
+  const std::size_t total = cfg.cases.size() * backends.size() * cfg.ops.size();
+  std::size_t done_count = 0;
+  for (std::size_t ci = 0; ci < cfg.cases.size(); ++ci)
+    for (std::size_t bi = 0; bi < backends.size(); ++bi)
+      for (Op op : cfg.ops) done_count += finished.count(job_key(ci, bi, op));
+  if (ra.resume && !ra.quiet)
+    std::printf("resuming from %s: %zu of %zu records already finished\n", journal_path.c_str(), done_count, total);
+  const auto progress = cfg.on_record;
+  auto record_done = [&](const Record& r) {
+    if (journal) journal->append(r);
+    fresh[Journal::key(r)] = r;
+    ++done_count;
+    if (progress) progress(r, done_count, total);
+  };
+
+  StopSignals stop_signals;
+  cfg.stop = [] { return g_stop_signal != 0; };
+  if (isolate == "none") {
+    std::erase_if(cfg.cases, [&](const CaseSpec& c) {
+      for (const auto& b : backends)
+        for (Op op : cfg.ops)
+          if (!finished.count(Journal::key(c.id(), std::string(b->name()), std::string(op_name(op))))) return false;
+      return true;
+    });
+    auto inner = cfg.run_job;
+    cfg.run_job = [&, inner](CaseContext& ctx, Backend& b, Op op) -> Record {
+      const auto it = finished.find(Journal::key(context_spec(ctx).id(), std::string(b.name()), std::string(op_name(op))));
+      if (it != finished.end()) return it->second;
+      return inner ? inner(ctx, b, op) : run_one(ctx, b, op, cfg);
+    };
+    cfg.on_record = [&](const Record& r, std::size_t, std::size_t) {
+      if (!finished.count(Journal::key(r))) record_done(r);
+    };
+    run_cases(cfg, backends);
+  } else {
+    std::vector<std::string> names;
+    for (const auto& b : backends) names.emplace_back(b->name());
+    std::vector<Job> jobs;
+    for (std::size_t ci = 0; ci < cfg.cases.size(); ++ci)
+      for (std::size_t bi = 0; bi < backends.size(); ++bi)
+        for (Op op : cfg.ops)
+          if (!finished.count(job_key(ci, bi, op))) jobs.push_back(Job{ci, bi, op});
+    IsolationOptions io;
+    io.argv.push_back(worker_executable());
+    io.argv.insert(io.argv.end(), args.begin() + 1, args.end());
+    io.argv.push_back("--worker");
+    io.timeout_s = ra.timeout;
+    io.pairs = ra.order == "pairs";
+    run_isolated(cfg, names, jobs, io, record_done);
+  }
+  const int stop_signal = g_stop_signal;
+  // Records in run order: journaled ones where this run did not redo them.
+  std::vector<Record> records;
+  for (std::size_t ci = 0; ci < all_cases.size(); ++ci)
+    for (std::size_t bi = 0; bi < backends.size(); ++bi)
+      for (Op op : cfg.ops) {
+        const std::string k = job_key(ci, bi, op);
+        if (auto it = fresh.find(k); it != fresh.end()) records.push_back(it->second);
+        else if (auto jt = finished.find(k); jt != finished.end()) records.push_back(jt->second);
+      }
+  // --sanitize: failing records (or every selected one) rerun under compute-sanitizer.
+  if (!ra.sanitize.empty() && stop_signal == 0) {
+    SanitizeOptions so;
+    so.tool = ra.sanitize;
+    so.sanitizer = ra.sanitizer.empty() ? default_sanitizer() : ra.sanitizer;
+    const std::filesystem::path self = worker_executable();
+    so.mlagate = (std::filesystem::is_symlink(self) ? std::filesystem::read_symlink(self) : self).string();
+    so.launch_count = ra.sanitize_launch_count;
+    int budget = 20;  // reruns per run: each is a whole process under the sanitizer
+    for (Record& r : records) {
+      if (r.status == Status::kNotSupported || r.status == Status::kSkipped || r.status == Status::kInvalidCase) continue;
+      if (!status_is_failure(r.status) && ra.case_ids.empty()) continue;
+      if (budget-- <= 0) break;
+      if (!ra.quiet) std::printf("sanitizing (%s): %s %s %s\n", so.tool.c_str(), r.backend.c_str(), r.op.c_str(), r.case_id.c_str());
+      sanitize_record(r, so);
+      if (journal) journal->append(r);
+    }
+  }
+  // --save-failures: each failing record's case as a golden file, and the command that replays it.
+  if (!ra.save_failures.empty() && stop_signal == 0) {
+    std::string replay_tail = " " + policy_args;
+    if (ra.poison != "nan") replay_tail += " --poison " + ra.poison;
+    if (ra.prefill_chunk != 2048) replay_tail += " --prefill-chunk " + std::to_string(ra.prefill_chunk);
+    if (ra.repeat > 1) replay_tail += " --repeat " + std::to_string(ra.repeat);
+    for (Record& r : records) {
+      if (!status_is_failure(r.status) || r.status == Status::kInvalidCase) continue;
+      const Op op = parse_op(r.op);
+      if (op == Op::kCacheWrite) continue;  // golden files hold no cache_write reference
+      const auto spec =
+          std::find_if(all_cases.begin(), all_cases.end(), [&](const CaseSpec& c) { return c.id() == r.case_id; });
+      const auto b =
+          std::find_if(backends.begin(), backends.end(), [&](const auto& x) { return x->name() == r.backend; });
+      if (spec == all_cases.end() || b == backends.end()) continue;
+      std::string file;
+      for (char ch : r.case_id + "__" + r.backend + "__" + r.op)
+        file += std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '-' || ch == '_' ? ch : '_';
+      const std::string path = (std::filesystem::path(ra.save_failures) / (file + ".h5")).string();
+      ExportOptions eo;
+      eo.ops = {op};
+      eo.policy = cfg.policy;
+      eo.cache.poison = cfg.exec.poison;
+      eo.cache.poison_block_table = cfg.exec.poison_block_table;
+      eo.command_line = command_line;
+      const int bs = r.block_size > 0 ? r.block_size : resolve_block_size((*b)->capabilities(), *spec);
+      eo.block_sizes = [bs](const CaseSpec&) { return std::vector<int>{bs}; };
+      try {
+        export_golden({*spec}, path, eo);
+        const std::string cmd = "mlagate replay " + Selection::quote(path) + extra_args + " --backend " + r.backend +
+                                " --op " + r.op + replay_tail;
+        r.details += (r.details.empty() ? "" : "\n") + std::string("repro bundle: ") + cmd;
+        if (!ra.quiet) std::printf("saved %s\n  replay: %s\n", path.c_str(), cmd.c_str());
+      } catch (const std::exception& e) {
+        r.details += (r.details.empty() ? "" : "\n") + std::string("repro bundle not written: ") + e.what();
+      }
+    }
+  }
   const std::string results_file = golden ? golden->finish() : std::string();
 
   RunInfo info;
@@ -408,17 +717,36 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
   info.started_at = iso_now();
   info.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   info.generator_version = gen::kGeneratorVersion;
+  if (stop_signal != 0)
+    info.interrupted = (stop_signal == SIGINT ? std::string("SIGINT") : stop_signal == SIGTERM ? std::string("SIGTERM")
+                                                                   : "signal " + std::to_string(stop_signal)) +
+                       ": " + std::to_string(records.size()) + " of " + std::to_string(total) + " records";
   if (!ra.json.empty()) write_report_file(ra.json, [&](std::ostream& os) { write_json(os, info, records); });
   if (!ra.junit.empty()) write_report_file(ra.junit, [&](std::ostream& os) { write_junit(os, info, records); });
   if (!ra.markdown.empty()) write_report_file(ra.markdown, [&](std::ostream& os) { write_markdown(os, info, records); });
+  // A whole run's reports hold every record: its journal has done its job.
+  if (journal && stop_signal == 0) {
+    const std::string jp = journal->path();
+    journal.reset();
+    std::error_code ec;
+    std::filesystem::remove(jp, ec);
+  }
 
   const StatusCounts counts = count_statuses(records);
   if (!ra.quiet) {
     std::printf("\n%s", summary_table(records).c_str());
-    std::printf("%s: %lld records, %lld failed, policy %s, %.1f s\n", std::string(overall_verdict(counts)).c_str(),
+    std::printf("%s: %lld records, %lld failed, policy %s, %.1f s\n",
+                stop_signal != 0 ? "INTERRUPTED" : std::string(overall_verdict(counts)).c_str(),
                 static_cast<long long>(counts.total), static_cast<long long>(counts.failures), info.policy.c_str(),
                 info.wall_seconds);
     if (!results_file.empty()) std::printf("results: %s\n", results_file.c_str());
+  }
+  if (stop_signal != 0) {
+    std::printf("INTERRUPTED by %s: %zu of %zu records finished (reports hold them)\n", strsignal(stop_signal),
+                records.size(), total);
+    if (journal) std::printf("continue with: %s%s\n", command_line.c_str(), ra.resume ? "" : " --resume");
+    std::fflush(stdout);
+    return kExitInterruptedBase + stop_signal;
   }
   return counts.failures > 0 ? kExitFailed : kExitPassed;
 }
@@ -511,6 +839,8 @@ int cli_main(int argc, char** argv) {
   run->add_option("--save-results", ra.save_results, "write every backend's outputs and metrics to this HDF5 file");
   run->add_option("--max-bytes", ra.max_bytes, "memory budget per case read from a file (e.g. 8GiB)")
       ->transform(CLI::AsSizeValue(false));
+  run->add_option("--case", ra.case_ids, "exact case id (repeatable): only these cases, run in the order given");
+  add_reliability_options(run, ra);
 
   // Golden files (golden/SCHEMA.md): export, replay, compare.
   Selection export_sel, replay_sel;
@@ -551,6 +881,8 @@ int cli_main(int argc, char** argv) {
   replay->add_option("--threads", rp.threads, "OpenMP threads");
   replay->add_flag("--quiet,-q", rp.quiet, "print only failures");
   replay->add_flag("--no-progress", rp.no_progress, "no progress bar");
+  rp.extra.add_options(replay);  // --plugin, --exec: repro bundles of out-of-tree backends replay too
+  add_reliability_options(replay, rp);
 
   std::string cmp_a, cmp_b;
   FileCompareOptions cmp;
@@ -564,8 +896,25 @@ int cli_main(int argc, char** argv) {
   compare->add_option("--max-bytes", cmp.max_bytes, "memory budget per case pair (e.g. 8GiB)")
       ->transform(CLI::AsSizeValue(false));
 
+  // `mlagate bench` (harness/bench.h): decode speed side by side on the GPU.
+  BenchOptions bench_opt;
+  CLI::App* bench = app.add_subcommand("bench", "time every benchmarkable backend's decode on the same cases (GPU)");
+  bench->add_option("--backend", bench_opt.backends, "backend globs, comma-separated")->capture_default_str();
+  bench->add_option("--case-set", bench_opt.case_set,
+                    "bench case set (" + [] {
+                      std::string n;
+                      for (const std::string& s : bench_case_set_names()) n += (n.empty() ? "" : ", ") + s;
+                      return n;
+                    }() + "), or a suite name or YAML file")
+      ->capture_default_str();
+  bench->add_option("--json", bench_opt.json, "write the rows as JSON here");
+  bench->add_option("--min-time", bench_opt.min_time_s, "minimum timed seconds per row (Google Benchmark)")
+      ->capture_default_str();
+  bench->add_option("--splits", bench_opt.backend_options.num_splits, "cuda.splitkv: force N splits per request");
+
   std::string command_line;
   for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + Selection::quote(argv[i]);
+  const std::vector<std::string> args(argv, argv + argc);  // isolation workers get the same flags
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -574,10 +923,11 @@ int cli_main(int argc, char** argv) {
   }
   try {
     if (list->parsed()) return cmd_list(list_what, list_sel, list_backends, list_extra);
-    if (run->parsed()) return cmd_run(run_sel, ra, command_line);
+    if (run->parsed()) return cmd_run(run_sel, ra, command_line, args);
     if (exp->parsed()) return cmd_export(export_sel, ea, command_line);
-    if (replay->parsed()) return cmd_run(replay_sel, rp, command_line);
+    if (replay->parsed()) return cmd_run(replay_sel, rp, command_line, args);
     if (compare->parsed()) return cmd_compare(cmp_a, cmp_b, cmp);
+    if (bench->parsed()) return run_bench(bench_opt, stdout);
   } catch (const InputError& e) {
     std::fprintf(stderr, "mlagate: error: %s\n", e.what());
     return kExitUsage;

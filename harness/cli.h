@@ -10,6 +10,9 @@ inline constexpr int kExitPassed = 0;
 inline constexpr int kExitFailed = 1;
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitInternal = 3;
+// A run stopped by SIGINT/SIGTERM exits 128 + the signal (130, 143), after
+// writing the reports of what finished.
+inline constexpr int kExitInterruptedBase = 128;
 
 int cli_main(int argc, char** argv);
 

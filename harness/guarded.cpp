@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 namespace mlagate {
 
@@ -35,10 +37,47 @@ void poison_fill(const TensorView& v, Poison p) {
   }
 }
 
-GuardedBuffer::GuardedBuffer(DType dtype, Shape shape, Poison poison) : dtype_(dtype), shape_(std::move(shape)) {
+namespace {
+// Storage of destroyed reusable buffers, by capacity (--reuse-buffers).
+struct Pool {
+  std::mutex mutex;
+  std::multimap<std::size_t, std::vector<std::byte>> free;
+  static constexpr std::size_t kMaxEntries = 64;
+};
+Pool& pool() {
+  static Pool p;
+  return p;
+}
+}  // namespace
+
+GuardedBuffer::GuardedBuffer(DType dtype, Shape shape, Poison poison, bool reuse)
+    : dtype_(dtype), shape_(std::move(shape)), reuse_(reuse) {
   payload_bytes_ = static_cast<std::size_t>(shape_numel(shape_)) * dtype_size(dtype_);
-  storage_.assign(payload_bytes_ + 2 * kGuardBytes, kGuardByte);
+  const std::size_t total = payload_bytes_ + 2 * kGuardBytes;
+  if (reuse_) {
+    std::lock_guard<std::mutex> lock(pool().mutex);
+    // Best fit, as a caching allocator hands out a cached block at least as large.
+    if (auto it = pool().free.lower_bound(total); it != pool().free.end()) {
+      storage_ = std::move(it->second);
+      pool().free.erase(it);
+      storage_.resize(total);  // within capacity: the bytes stay where the last user left them
+    }
+  }
+  if (storage_.size() == total) {
+    // Reused: fresh guards, the payload as the last user left it unless poisoned.
+    std::fill_n(storage_.begin(), kGuardBytes, kGuardByte);
+    std::fill_n(storage_.end() - static_cast<std::ptrdiff_t>(kGuardBytes), kGuardBytes, kGuardByte);
+    if (poison != Poison::kNone) poison_fill(view(), poison);
+    return;
+  }
+  storage_.assign(total, kGuardByte);
   poison_fill(view(), poison);
+}
+
+GuardedBuffer::~GuardedBuffer() {
+  if (!reuse_ || storage_.empty()) return;
+  std::lock_guard<std::mutex> lock(pool().mutex);
+  if (pool().free.size() < Pool::kMaxEntries) pool().free.emplace(storage_.capacity(), std::move(storage_));
 }
 
 std::string GuardedBuffer::check_guards(const std::string& name) const {

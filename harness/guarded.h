@@ -17,8 +17,13 @@ class GuardedBuffer {
   static constexpr std::size_t kGuardBytes = 256;
   static constexpr std::byte kGuardByte{0xA5};
 
-  GuardedBuffer(DType dtype, Shape shape, Poison poison);
-  GuardedBuffer(GuardedBuffer&&) = default;
+  // reuse: the storage comes from (and goes back to) a process-wide pool of
+  // earlier buffers of the same size, as a caching allocator's torch.empty
+  // does; with Poison::kNone the payload then holds whatever the last user
+  // left (--reuse-buffers), so stale memory shows up as it would in a model.
+  GuardedBuffer(DType dtype, Shape shape, Poison poison, bool reuse = false);
+  ~GuardedBuffer();
+  GuardedBuffer(GuardedBuffer&&) noexcept = default;
   GuardedBuffer& operator=(GuardedBuffer&&) = default;
 
   TensorView view() { return {dtype_, shape_, storage_.data() + kGuardBytes}; }
@@ -31,6 +36,7 @@ class GuardedBuffer {
   Shape shape_;
   std::size_t payload_bytes_ = 0;
   std::vector<std::byte> storage_;
+  bool reuse_ = false;
 };
 
 // Fills a float tensor's bytes with the poison pattern of its dtype.

@@ -145,8 +145,8 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
     Tensor q_lat, q_pe;
     absorb_queries(c, tokens, q_lat, q_pe);
     const std::int64_t Td = static_cast<std::int64_t>(tokens.size());
-    GuardedBuffer o_lat(c.spec.dtype, {Td, N, L}, opt.poison);
-    GuardedBuffer d_lse(DType::kF32, {Td, N}, opt.poison);
+    GuardedBuffer o_lat(c.spec.dtype, {Td, N, L}, opt.poison, opt.reuse_buffers);
+    GuardedBuffer d_lse(DType::kF32, {Td, N}, opt.poison, opt.reuse_buffers);
     std::vector<std::int32_t> rows(dec_req.begin(), dec_req.end());
     DecodeArgs a;
     a.q_lat = q_lat.view();
@@ -222,7 +222,8 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
           row += c.query_lens[i];
         }
       }
-      GuardedBuffer o(c.spec.dtype, {Tp, N, V}, opt.poison), l(DType::kF32, {Tp, N}, opt.poison);
+      GuardedBuffer o(c.spec.dtype, {Tp, N, V}, opt.poison, opt.reuse_buffers);
+      GuardedBuffer l(DType::kF32, {Tp, N}, opt.poison, opt.reuse_buffers);
       const auto cu = cumsum(qlens);
       call_prefill(q_all, kv, pe, cu, cu, true, "prefill", o, l);
       merge_states(acc_o, acc_lse, o.view(), l.view(), Tp, N, V);
@@ -252,7 +253,8 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
       }
       const Tensor q_sub = gather_rows(q_all, sub_q_rows);
       const std::int64_t Ts = static_cast<std::int64_t>(sub_q_rows.size());
-      GuardedBuffer o(c.spec.dtype, {Ts, N, V}, opt.poison), l(DType::kF32, {Ts, N}, opt.poison);
+      GuardedBuffer o(c.spec.dtype, {Ts, N, V}, opt.poison, opt.reuse_buffers);
+      GuardedBuffer l(DType::kF32, {Ts, N}, opt.poison, opt.reuse_buffers);
       call_prefill(q_sub, kv, pe, cumsum(sub_qlens), cumsum(sub_klens), false, "context chunk", o, l);
       // Scatter into full-size partials (absent rows: lse -inf, weight 0) and merge.
       Tensor part_o(DType::kF32, {Tp, N, V}), part_l(DType::kF32, {Tp, N});
@@ -287,8 +289,8 @@ OpRun run_decode_op(Backend& b, const Case& c, const PagedCache& cache, const Te
                     const ExecOptions& opt) {
   const std::int64_t N = c.spec.num_heads(), L = c.spec.dims.kv_lora_rank, T = c.num_tokens;
   OpRun run;
-  ProducedOutput o{"o_lat", GuardedBuffer(c.spec.dtype, {T, N, L}, opt.poison), N, L, false};
-  ProducedOutput l{"lse", GuardedBuffer(DType::kF32, {T, N}, opt.poison), N, 1, true};
+  ProducedOutput o{"o_lat", GuardedBuffer(c.spec.dtype, {T, N, L}, opt.poison, opt.reuse_buffers), N, L, false};
+  ProducedOutput l{"lse", GuardedBuffer(DType::kF32, {T, N}, opt.poison, opt.reuse_buffers), N, 1, true};
   std::vector<std::int32_t> rows(static_cast<std::size_t>(c.num_requests));
   for (int i = 0; i < c.num_requests; ++i) rows[i] = i;
   DecodeArgs a;
@@ -316,8 +318,8 @@ OpRun run_decode_op(Backend& b, const Case& c, const PagedCache& cache, const Te
 OpRun run_prefill_op(Backend& b, const Case& c, const Tensor& k, const Tensor& v, const ExecOptions& opt) {
   const std::int64_t N = c.spec.num_heads(), V = c.spec.dims.v_head_dim, T = c.num_tokens;
   OpRun run;
-  ProducedOutput o{"o", GuardedBuffer(c.spec.dtype, {T, N, V}, opt.poison), N, V, false};
-  ProducedOutput l{"lse", GuardedBuffer(DType::kF32, {T, N}, opt.poison), N, 1, true};
+  ProducedOutput o{"o", GuardedBuffer(c.spec.dtype, {T, N, V}, opt.poison, opt.reuse_buffers), N, V, false};
+  ProducedOutput l{"lse", GuardedBuffer(DType::kF32, {T, N}, opt.poison, opt.reuse_buffers), N, 1, true};
   PrefillArgs a;
   a.q = c.q.view();
   a.k = k.view();

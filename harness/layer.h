@@ -17,6 +17,7 @@ struct ExecOptions {
   Poison poison = Poison::kNaN;     // outputs, workspaces and unused cache regions
   bool poison_block_table = false;  // unused block-table entries = an invalid huge id
   int prefill_chunk = 2048;         // context tokens per chunk of the MHA prefill path
+  bool reuse_buffers = false;       // kernel outputs from a pool of earlier ones (GuardedBuffer reuse), not fresh
 };
 
 // Which requests take the decode path: q_len <= reorder threshold, with

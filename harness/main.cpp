@@ -1,4 +1,9 @@
-// mlagate entry point: everything happens in cli_main.
+// mlagate entry point: everything happens in cli_main. Only the real binary
+// can start isolation workers (itself, by exec), so only it names one.
 #include "harness/cli.h"
+#include "harness/isolate.h"
 
-int main(int argc, char** argv) { return mlagate::cli_main(argc, argv); }
+int main(int argc, char** argv) {
+  mlagate::set_worker_executable("/proc/self/exe");
+  return mlagate::cli_main(argc, argv);
+}

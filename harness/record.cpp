@@ -13,13 +13,14 @@ std::string_view status_name(Status s) {
     case Status::kNotSupported: return "NOT_SUPPORTED";
     case Status::kSkipped: return "SKIPPED";
     case Status::kInvalidCase: return "INVALID_CASE";
+    case Status::kNondeterministic: return "NONDETERMINISTIC";
   }
   return "?";
 }
 
 bool status_is_failure(Status s) {
   return s == Status::kIncorrect || s == Status::kNonfinite || s == Status::kCrashed || s == Status::kTimeout ||
-         s == Status::kInvalidCase;
+         s == Status::kInvalidCase || s == Status::kNondeterministic;
 }
 
 std::string Location::str() const {

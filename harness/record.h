@@ -21,9 +21,10 @@ enum class Status : std::uint8_t {
   kNotSupported,  // with the backend's reason
   kSkipped,       // e.g. no GPU
   kInvalidCase,
+  kNondeterministic,  // --repeat: the same case gave different bits (count and first position in the message)
 };
 std::string_view status_name(Status s);  // "PASSED", "INCORRECT", ...
-bool status_is_failure(Status s);        // INCORRECT, NONFINITE, CRASHED, TIMEOUT, INVALID_CASE
+bool status_is_failure(Status s);        // INCORRECT, NONFINITE, CRASHED, TIMEOUT, INVALID_CASE, NONDETERMINISTIC
 
 inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
@@ -70,6 +71,9 @@ struct Record {
   std::string op;           // "layer", "decode", "prefill"
   Status status = Status::kSkipped;
   std::string message;      // reason / first failure, one line
+  // Multi-line evidence, empty for most records: a crashed worker's last
+  // stderr lines, compute-sanitizer findings, a nondeterminism breakdown.
+  std::string details;
   std::string policy;       // tolerance policy name and parameters
   int block_size = 0;       // the block size actually used (0 when not run)
   std::vector<std::string> paths;  // layer: "decode" | "prefill" per request

@@ -432,6 +432,67 @@ Record run_one(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg) {
   return r;
 }
 
+const CaseSpec& context_spec(const CaseContext& ctx) { return ctx.c.spec; }
+
+CaseStream::CaseStream(const RunConfig& cfg) : cfg_(cfg) {}
+CaseStream::~CaseStream() = default;
+
+// Consecutive cases share what they can (the inputs depend on neither the kv
+// cache dtype, its scale rule, k_scale nor the block size):
+// - equal cache values (cache_values_key: fp8 and fp8_e4m3 are one format;
+//   fp8_ds_mla ignores k_scale): the whole context moves on, golden,
+//   references and caches included; only the spec and the caches' dtype tags change;
+// - equal inputs (inputs_key): the generated case moves on and is retargeted,
+//   and so do the unquantized references (an auto case's golden is exactly
+//   that) for the fp8 cases' quantization error.
+CaseContext& CaseStream::enter(const CaseSpec& spec) {
+  auto ctx = std::make_unique<CaseContext>();
+  ctx->reference = &cfg_.reference;
+  std::unique_ptr<CaseContext> prev = std::move(last_);
+  const auto t0 = Clock::now();
+  if (cfg_.prepare) {
+    prev.reset();  // a prepared case (golden file) is never handed on: each one is read again
+    ctx->adopt(cfg_.prepare(spec));
+  } else if (prev && cache_values_key(prev->c.spec) == cache_values_key(spec)) {
+    spec.validate();
+    ctx = std::move(prev);
+    ctx->c.spec = spec;
+    for (auto& [key, pc] : ctx->caches) {
+      pc.kv_dtype = spec.kv_cache_dtype;
+      pc.k_scale = spec.k_scale;
+    }
+  } else if (prev && inputs_key(prev->c.spec) == inputs_key(spec)) {
+    if (!is_fp8(prev->c.spec.kv_cache_dtype)) {
+      if (prev->golden) prev->unquantized = std::move(prev->golden);
+      if (!prev->mqa_o_lat.empty()) prev->unquantized_mqa = std::move(prev->mqa_o_lat);
+    }
+    ctx->c = std::move(prev->c);
+    ctx->unquantized = std::move(prev->unquantized);
+    ctx->unquantized_mqa = std::move(prev->unquantized_mqa);
+    prev.reset();
+    retarget_case(ctx->c, spec);
+  } else {
+    prev.reset();
+    ctx->c = generate_case(spec);
+  }
+  ctx->generate_ms = ms_since(t0);
+  last_ = std::move(ctx);
+  return *last_;
+}
+
+Record invalid_case_record(const RunConfig& cfg, const CaseSpec& spec, const std::string& backend, Op op,
+                           const std::string& why) {
+  Record r;
+  r.case_id = spec.id();
+  r.backend = backend;
+  r.op = std::string(op_name(op));
+  r.status = Status::kInvalidCase;
+  r.message = why;
+  r.policy = cfg.policy.describe();
+  if (cfg.repro) r.repro = cfg.repro(spec, r.backend, op);
+  return r;
+}
+
 std::vector<Record> run_cases(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& backends) {
   std::vector<Record> records;
   const std::size_t total = cfg.cases.size() * backends.size() * cfg.ops.size();
@@ -439,66 +500,22 @@ std::vector<Record> run_cases(const RunConfig& cfg, std::vector<std::unique_ptr<
     records.push_back(std::move(r));
     if (cfg.on_record) cfg.on_record(records.back(), records.size(), total);
   };
-  // Consecutive cases share what they can (the inputs depend on neither the kv
-  // cache dtype, its scale rule, k_scale nor the block size):
-  // - equal cache values (cache_values_key: fp8 and fp8_e4m3 are one format;
-  //   fp8_ds_mla ignores k_scale): the whole context moves on, golden,
-  //   references and caches included; only the spec and the caches' dtype tags change;
-  // - equal inputs (inputs_key): the generated case moves on and is retargeted,
-  //   and so do the unquantized references (an auto case's golden is exactly
-  //   that) for the fp8 cases' quantization error.
-  std::optional<CaseContext> last;
+  CaseStream stream(cfg);
   for (const CaseSpec& spec : cfg.cases) {
-    CaseContext ctx;
-    ctx.reference = &cfg.reference;
-    std::optional<CaseContext> prev = std::move(last);
-    last.reset();
-    const auto t0 = Clock::now();
+    if (cfg.stop && cfg.stop()) break;
+    CaseContext* ctx = nullptr;
     try {
-      if (cfg.prepare) {
-        ctx.adopt(cfg.prepare(spec));
-      } else if (prev && cache_values_key(prev->c.spec) == cache_values_key(spec)) {
-        spec.validate();
-        ctx = std::move(*prev);
-        ctx.c.spec = spec;
-        for (auto& [key, pc] : ctx.caches) {
-          pc.kv_dtype = spec.kv_cache_dtype;
-          pc.k_scale = spec.k_scale;
-        }
-      } else if (prev && inputs_key(prev->c.spec) == inputs_key(spec)) {
-        if (!is_fp8(prev->c.spec.kv_cache_dtype)) {
-          if (prev->golden) prev->unquantized = std::move(prev->golden);
-          if (!prev->mqa_o_lat.empty()) prev->unquantized_mqa = std::move(prev->mqa_o_lat);
-        }
-        ctx.c = std::move(prev->c);
-        ctx.unquantized = std::move(prev->unquantized);
-        ctx.unquantized_mqa = std::move(prev->unquantized_mqa);
-        prev.reset();
-        retarget_case(ctx.c, spec);
-      } else {
-        prev.reset();
-        ctx.c = generate_case(spec);
-      }
-      prev.reset();
+      ctx = &stream.enter(spec);
     } catch (const InvalidCase& e) {
       for (auto& b : backends)
-        for (Op op : cfg.ops) {
-          Record r;
-          r.case_id = spec.id();
-          r.backend = std::string(b->name());
-          r.op = std::string(op_name(op));
-          r.status = Status::kInvalidCase;
-          r.message = e.what();
-          r.policy = cfg.policy.describe();
-          if (cfg.repro) r.repro = cfg.repro(spec, r.backend, op);
-          emit(std::move(r));
-        }
+        for (Op op : cfg.ops) emit(invalid_case_record(cfg, spec, std::string(b->name()), op, e.what()));
       continue;
     }
-    ctx.generate_ms = ms_since(t0);
     for (auto& b : backends)
-      for (Op op : cfg.ops) emit(run_one(ctx, *b, op, cfg));
-    if (!cfg.prepare) last = std::move(ctx);
+      for (Op op : cfg.ops) {
+        if (cfg.stop && cfg.stop()) return records;
+        emit(cfg.run_job ? cfg.run_job(*ctx, *b, op) : run_one(*ctx, *b, op, cfg));
+      }
   }
   return records;
 }

@@ -62,6 +62,8 @@ struct PreparedCase {
   bool build_missing_caches = true;
 };
 
+struct CaseContext;
+
 struct RunConfig {
   std::vector<CaseSpec> cases;
   std::vector<Op> ops{Op::kLayer};
@@ -71,6 +73,9 @@ struct RunConfig {
   BaselineImpl baseline;
   // One-line command that reruns exactly (case, backend, op); set by the CLI.
   std::function<std::string(const CaseSpec&, const std::string& backend, Op op)> repro;
+  // (optional) One-line command running exactly these cases in this order on
+  // one backend instance (order-dependent failures).
+  std::function<std::string(const std::vector<const CaseSpec*>&, const std::string& backend, Op op)> repro_sequence;
   // Called after every record (progress, console lines).
   std::function<void(const Record&, std::size_t done, std::size_t total)> on_record;
   // (optional) makes each case instead of generate_case (golden files); InvalidCase
@@ -78,13 +83,36 @@ struct RunConfig {
   std::function<PreparedCase(const CaseSpec&)> prepare;
   // (optional) each record that ran, with its outputs, before they are freed (results files).
   std::function<void(const Case&, const Record&, std::span<const ProducedOutput>)> on_outputs;
+  // (optional) polled between records: true ends the run early (SIGINT/SIGTERM).
+  std::function<bool()> stop;
+  // (optional) runs one (case, backend, op) instead of run_one (--repeat).
+  std::function<Record(CaseContext&, Backend&, Op)> run_job;
 };
 
 std::vector<Record> run_cases(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& backends);
 
 // Runs one (case, backend, op) on an already generated case and golden; used by
 // run_cases and by tests. golden_decode_* are only read for Op::kDecode.
-struct CaseContext;
 Record run_one(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg);
+
+// A run's cases in sequence (run_cases, isolation workers): each case's context
+// is made on entry, reusing the previous case's inputs, golden and caches where
+// they are the same. The returned context lives until the next enter().
+class CaseStream {
+ public:
+  explicit CaseStream(const RunConfig& cfg);
+  ~CaseStream();
+  CaseContext& enter(const CaseSpec& spec);  // throws InvalidCase
+ private:
+  const RunConfig& cfg_;
+  std::unique_ptr<CaseContext> last_;
+};
+
+// The case a context holds.
+const CaseSpec& context_spec(const CaseContext& ctx);
+
+// The record of a (case, backend, op) whose case cannot be made.
+Record invalid_case_record(const RunConfig& cfg, const CaseSpec& spec, const std::string& backend, Op op,
+                           const std::string& why);
 
 }  // namespace mlagate

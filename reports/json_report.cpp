@@ -79,6 +79,13 @@ Json record(const Record& r) {
   };
 }
 
+// details (a crashed worker's stderr tail, sanitizer findings) only where there are any.
+Json record_with_details(const Record& r) {
+  Json j = record(r);
+  if (!r.details.empty()) j["details"] = r.details;
+  return j;
+}
+
 Json summary(const StatusCounts& counts) {
   Json j = Json::object();
   for (Status s : kAllStatuses) j[std::string(status_name(s))] = counts[s];
@@ -92,7 +99,7 @@ Json summary(const StatusCounts& counts) {
 
 void write_json(std::ostream& os, const RunInfo& run, std::span<const Record> records) {
   Json all_records = Json::array();
-  for (const Record& r : records) all_records.push_back(record(r));
+  for (const Record& r : records) all_records.push_back(record_with_details(r));
   const Json doc = {
       {"schema", "mlagate.report"},
       {"schema_version", 1},
@@ -109,6 +116,12 @@ void write_json(std::ostream& os, const RunInfo& run, std::span<const Record> re
       {"records", std::move(all_records)},
   };
   // Messages from backends may hold arbitrary bytes; strict mode would throw on them.
+  if (!run.interrupted.empty()) {
+    Json d = doc;
+    d["run"]["interrupted"] = run.interrupted;  // only then: whole runs keep the documented keys
+    os << d.dump(2, ' ', false, Json::error_handler_t::replace) << '\n';
+    return;
+  }
   os << doc.dump(2, ' ', false, Json::error_handler_t::replace) << '\n';
 }
 

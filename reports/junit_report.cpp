@@ -55,7 +55,8 @@ Outcome outcome(Status s) {
   switch (s) {
     case Status::kPassed: return Outcome::kPass;
     case Status::kIncorrect:
-    case Status::kNonfinite: return Outcome::kFailure;
+    case Status::kNonfinite:
+    case Status::kNondeterministic: return Outcome::kFailure;
     case Status::kCrashed:
     case Status::kTimeout:
     case Status::kInvalidCase: return Outcome::kError;
@@ -121,6 +122,7 @@ std::string body(const Record& r, bool with_metrics) {
   if (with_metrics) {
     for (const Metrics& m : r.metrics) out += describe(m);
   }
+  if (!r.details.empty()) out += r.details + (r.details.back() == '\n' ? "" : "\n");
   if (!r.repro.empty()) out += "repro: " + r.repro + '\n';
   return out;
 }

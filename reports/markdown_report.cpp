@@ -106,7 +106,8 @@ void write_counts_table(std::ostream& os, std::span<const Record> records) {
 
 void write_markdown(std::ostream& os, const RunInfo& run, std::span<const Record> records) {
   const StatusCounts counts = count_statuses(records);
-  os << "# mlagate: " << overall_verdict(counts) << "\n\n";
+  os << "# mlagate: " << (run.interrupted.empty() ? overall_verdict(counts) : "INTERRUPTED") << "\n\n";
+  if (!run.interrupted.empty()) os << "Interrupted (" << md_text(run.interrupted, kMaxRunField) << "): partial results.\n\n";
 
   os << "mlagate " << md_text(run.tool_version, kMaxName);
   if (!run.git_commit.empty()) os << " (" << md_code(run.git_commit, kMaxName) << ")";

@@ -24,6 +24,8 @@ struct RunInfo {
   std::string started_at;                // ISO 8601 UTC
   double wall_seconds = 0;
   int generator_version = 0;
+  // Set when SIGINT/SIGTERM stopped the run: the records are what finished.
+  std::string interrupted;               // e.g. "SIGINT: 9 of 30 records"; empty for a whole run
 };
 
 // Every Status in enum order, so that counts can be indexed by the enum value.
@@ -31,8 +33,9 @@ struct RunInfo {
 inline constexpr std::array kAllStatuses = {
     Status::kPassed,  Status::kIncorrect,    Status::kNonfinite, Status::kCrashed,
     Status::kTimeout, Status::kNotSupported, Status::kSkipped,   Status::kInvalidCase,
+    Status::kNondeterministic,
 };
-static_assert(static_cast<std::size_t>(Status::kInvalidCase) + 1 == kAllStatuses.size());
+static_assert(static_cast<std::size_t>(Status::kNondeterministic) + 1 == kAllStatuses.size());
 
 struct StatusCounts {
   std::array<std::int64_t, kAllStatuses.size()> by_status{};  // indexed by the Status value

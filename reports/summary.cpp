@@ -20,6 +20,7 @@ std::string_view short_status_name(Status s) {
   switch (s) {
     case Status::kNotSupported: return "NOT_SUPP";
     case Status::kInvalidCase: return "INVALID";
+    case Status::kNondeterministic: return "NONDET";
     default: return status_name(s);
   }
 }

@@ -5,10 +5,18 @@
 # run every suite on the CUDA backends in every op, and time the vllm suite.
 # Logs, reports and a summary go to $OUT (the device tool's folder) or out/gpu.
 #
-# Usage: scripts/gpu_check.sh [stage...]     stages: configure build perf test suites
-#        (default: all of them, in that order; `test` and `suites` run side by side)
+# Usage: scripts/gpu_check.sh [stage...]     stages: configure build perf bench test suites
+#        (default: all of them, in that order; `test` and `suites` run side by side;
+#        `bench` is `mlagate bench`, alone on the machine: MLAGATE_GPU_BENCH_SET
+#        (default full) and MLAGATE_GPU_BENCH_BACKENDS (default every backend))
+# `plugins` builds the example plugins out of tree and runs them (the CUDA one
+# on the vllm suite) and the plugin completeness test on the whole vllm suite
+# (MLAGATE_GPU_PLUGIN_EXAMPLES="cuda cpu" picks the examples,
+# MLAGATE_GPU_PLUGIN_COMPLETENESS=0 leaves the CPU-only completeness test out).
 # Environment: MLAGATE_GPU_TORCH=1 also builds the libtorch code (PyTorch's
-# cmake prefix); MLAGATE_GPU_JOBS sets the build parallelism (default nproc);
+# cmake prefix); MLAGATE_GPU_FLASHMLA=<FlashMLA checkout> and
+# MLAGATE_GPU_FLASHINFER=<flashinfer/include> build the kernel-library adapters
+# (checkouts the user already has; nothing is fetched); MLAGATE_GPU_JOBS sets the build parallelism (default nproc);
 # MLAGATE_GPU_BUILD the build folder (default build/gpu); MLAGATE_GPU_CTEST_ARGS
 # extra ctest arguments (e.g. -E CudaSuites to leave the long suite tests out).
 set -uo pipefail
@@ -20,7 +28,7 @@ build="${MLAGATE_GPU_BUILD:-$root/build/gpu}"
 M="$build/harness/mlagate"
 jobs="${MLAGATE_GPU_JOBS:-$(nproc)}"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(configure build perf test suites)
+[ ${#stages[@]} -eq 0 ] && stages=(configure build perf bench test suites)
 log="$out/gpu_check.log"   # everything, in order
 summary="$out/summary.txt" # what the closing note quotes
 : >"$summary"
@@ -40,9 +48,17 @@ if want configure; then
   if [ "${MLAGATE_GPU_TORCH:-0}" = 1 ]; then
     torch_args=(-DMLAGATE_WITH_TORCH=ON "-DCMAKE_PREFIX_PATH=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')")
   fi
+  # No Google Benchmark package there: a google/benchmark checkout the user put
+  # in the git-ignored third_party_local/benchmark (and carried) is built for `mlagate bench`.
+  lib_args=()
+  [ -n "${MLAGATE_GPU_FLASHMLA:-}" ] && lib_args+=("-DMLAGATE_FLASHMLA_SOURCE_DIR=$MLAGATE_GPU_FLASHMLA")
+  [ -n "${MLAGATE_GPU_FLASHINFER:-}" ] && lib_args+=("-DMLAGATE_FLASHINFER_INCLUDE_DIR=$MLAGATE_GPU_FLASHINFER")
+  bench_args=()
+  [ -f "$root/third_party_local/benchmark/CMakeLists.txt" ] &&
+    bench_args=("-DMLAGATE_BENCHMARK_SOURCE_DIR=$root/third_party_local/benchmark")
   t0=$SECONDS
   if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAGATE_BUILD_TESTS=ON -DMLAGATE_BUILD_BENCH=OFF \
-      -DCMAKE_CUDA_ARCHITECTURES=90a "${torch_args[@]}" >>"$log" 2>&1; then
+      -DCMAKE_CUDA_ARCHITECTURES=90a "${torch_args[@]}" "${lib_args[@]}" "${bench_args[@]}" >>"$log" 2>&1; then
     say "configure FAILED (tail of the log:)"; tail -30 "$log" | tee -a "$summary"; exit 2
   fi
   say "configure: $((SECONDS - t0)) s; $(grep -E '^-- mlagate ' "$log" | tail -1)"
@@ -52,12 +68,20 @@ if want build; then
   t0=$SECONDS
   targets=(mlagate test_device)
   [ "${MLAGATE_GPU_TORCH:-0}" = 1 ] && targets+=(test_torch)  # the torch reference on the CPU and CUDA
+  [ -n "${MLAGATE_GPU_FLASHMLA:-}${MLAGATE_GPU_FLASHINFER:-}" ] && targets+=(test_kernel_libs)
+  targets+=(test_plugin)  # the plugins stage: PluginCompleteness on the whole vllm suite
   if ! cmake --build "$build" -j"$jobs" --target "${targets[@]}" >>"$log" 2>&1; then
     say "build FAILED (errors:)"; grep -E "error|FAILED" "$log" | head -30 | tee -a "$summary"; exit 2
   fi
   say "build (${targets[*]}, -j$jobs): $((SECONDS - t0)) s"
   "$M" list backends 2>&1 | tee -a "$log" "$summary"
 fi
+
+# Every GPU backend this build has (the CPU ones are CI's).
+gpu_backends='cuda.*'
+[ "${MLAGATE_GPU_TORCH:-0}" = 1 ] && gpu_backends+=',torch.*'
+[ -n "${MLAGATE_GPU_FLASHMLA:-}" ] && gpu_backends+=',flashmla'
+[ -n "${MLAGATE_GPU_FLASHINFER:-}" ] && gpu_backends+=',flashinfer*'
 
 # One mlagate run; its summary table and failures go to the summary, its
 # JSON report next to the logs.
@@ -77,14 +101,31 @@ if want perf; then
   # backend with the GPU golden; then with the Eigen golden, and with the
   # seed test's policy (no baseline emulation), to show where the time goes.
   say "== perf: vllm suite, layer op, cuda.* (wall time of the whole command, golden and baseline included)"
-  for variant in "reference cuda:--reference cuda" "reference cuda, policy vllm:--reference cuda --policy vllm"; do
+  set -f  # the variants' backend globs reach mlagate unexpanded
+  for variant in "reference cuda:--backend cuda.* --reference cuda" \
+                 "reference cuda, policy vllm:--backend cuda.* --reference cuda --policy vllm" \
+                 "every GPU backend, reference cuda:--backend $gpu_backends --reference cuda"; do
     label=${variant%%:*}; args=${variant#*:}
     t0=$(date +%s%N)
     # shellcheck disable=SC2086
-    run_suite "perf_$(echo "$label" | tr -c '[:lower:]' '_')" --suite vllm --backend 'cuda.*' $args
+    run_suite "perf_$(echo "$label" | tr -c '[:lower:]' '_')" --suite vllm $args
     ms=$((($(date +%s%N) - t0) / 1000000))
-    say "vllm on cuda.* ($label): $((ms / 1000)).$(printf '%03d' $((ms % 1000))) s wall"
+    say "vllm ($label; $args): $((ms / 1000)).$(printf '%03d' $((ms % 1000))) s wall"
   done
+  set +f
+fi
+
+if want bench; then
+  # Alone on the machine too: decode speed of every benchmarkable backend.
+  set_name=${MLAGATE_GPU_BENCH_SET:-full}
+  say "== bench: mlagate bench --case-set $set_name --backend '${MLAGATE_GPU_BENCH_BACKENDS:-*}'"
+  t0=$SECONDS
+  "$M" bench --case-set "$set_name" --backend "${MLAGATE_GPU_BENCH_BACKENDS:-*}" --json "$out/bench.json" \
+    >"$out/bench.txt" 2>"$out/bench.err"
+  rc=$?
+  tee -a "$log" "$summary" <"$out/bench.txt"
+  tail -5 "$out/bench.err" | tee -a "$log" "$summary"
+  say "bench exit $rc, $((SECONDS - t0)) s wall"
 fi
 
 pids=()
@@ -100,15 +141,16 @@ if want test; then
   fi
 fi
 if want suites; then
-  say "== suites: every suite on cuda.* in every op; fp8 formats; forced splits; the GPU golden"
-  ( for s in smoke edges vllm; do
-      run_suite "suite_$s" --suite "$s" --backend 'cuda.*' --op layer,decode,prefill,cache_write
+  say "== suites on $gpu_backends (GPU golden): smoke, edges, fp8 in every op, vllm decode; forced splits; vllm layer with the Eigen golden"
+  ( for s in smoke edges; do
+      run_suite "suite_$s" --suite "$s" --backend "$gpu_backends" --op layer,decode,prefill,cache_write --reference cuda
     done
-    run_suite "suite_smoke_fp8" --suite smoke --kv-cache-dtype fp8,fp8_e4m3,fp8_ds_mla,fp8_ds_mla:raw --dtype bf16 \
-      --backend 'cuda.*' --op layer,decode,cache_write
+    # vllm's layer op on every GPU backend is the perf stage's third run
+    run_suite "suite_vllm" --suite vllm --backend "$gpu_backends" --op decode --reference cuda
+    run_suite "suite_fp8" --suite fp8 --backend "$gpu_backends" --op layer,decode,cache_write --reference cuda
     run_suite "suite_edges_splits1" --suite edges --backend cuda.splitkv --splits 1 --op layer,decode
     run_suite "suite_edges_splits1000" --suite edges --backend cuda.splitkv --splits 1000 --op layer,decode
-    run_suite "suite_vllm_reference_cuda" --suite vllm --backend 'cuda.*' --reference cuda --op layer,decode ) &
+    run_suite "suite_vllm_eigen" --suite vllm --backend 'cuda.*' --op layer ) &
   pids+=($!)
 fi
 for p in "${pids[@]}"; do wait "$p"; done
@@ -120,6 +162,32 @@ if want test; then
       "$out/ctest.log" | sed -E 's/^[0-9]+: //' | sort -u | head -60
     grep -E "^[0-9]+: .*(Failure|FAILED|Expected|Which is|exception)" "$out/ctest.log" | head -40
   } | tee -a "$summary"
+fi
+if want plugins; then
+  # The README's "Test your kernel in ten minutes" on the GPU machine: both
+  # example plugins copied out of the tree, built against include/ alone, run
+  # on the whole vllm suite; then the in-tree-twin completeness test on it.
+  say "== plugins: example plugins built out of tree, vllm suite; PluginCompleteness on the whole vllm suite"
+  pw="$build/plugin_work"
+  rm -rf "$pw" && mkdir -p "$pw"
+  for ex in ${MLAGATE_GPU_PLUGIN_EXAMPLES:-cuda cpu}; do
+    cp -r "$root/examples/plugin_$ex" "$pw/$ex"
+    if cmake -S "$pw/$ex" -B "$pw/$ex/build" -DMLAGATE_INCLUDE_DIR="$root/include" -DCMAKE_CUDA_ARCHITECTURES=90a \
+         >>"$log" 2>&1 && cmake --build "$pw/$ex/build" >>"$log" 2>&1; then
+      so=$(ls "$pw/$ex/build"/lib*.so | head -1)
+      run_suite "plugin_${ex}_vllm" --plugin "$so" --backend "example.${ex}_decode" --suite vllm --reference cuda
+    else
+      say "example plugin_$ex: build FAILED"
+    fi
+  done
+  [ "${MLAGATE_GPU_PLUGIN_COMPLETENESS:-1}" = 1 ] || say "PluginCompleteness: not run (MLAGATE_GPU_PLUGIN_COMPLETENESS=0)"
+  [ "${MLAGATE_GPU_PLUGIN_COMPLETENESS:-1}" = 1 ] && {
+  t0=$SECONDS
+  MLAGATE_LONG_TESTS=1 "$build/tests/plugin/test_plugin" --gtest_filter='PluginCompleteness.*' >"$out/plugin_completeness.log" 2>&1
+  rc=$?
+  { grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) +\]" "$out/plugin_completeness.log"; echo "PluginCompleteness exit $rc, $((SECONDS - t0)) s"; } |
+    tee -a "$log" "$summary"
+  }
 fi
 ( cd "$out" && tar -czf reports.tgz reports && rm -rf reports )
 say "== gpu_check done in ${SECONDS} s"

@@ -170,7 +170,17 @@ cudaStream_t CudaBackend::stream() {
   return stream_->get();
 }
 
-void CudaBackend::decode(const DecodeArgs& a) {
+// Everything a decode's kernels read and write on the device, uploaded on the
+// backend's stream; `call` points into the members (the struct never moves:
+// it lives behind a unique_ptr).
+struct CudaBackend::DecodeInputs {
+  std::shared_ptr<const DeviceCache> cache;
+  DeviceBuffer q_lat, q_pe, meta, groups;
+  std::unique_ptr<GuardedDeviceOutput> o, lse;
+  DecodeCall call;
+};
+
+std::unique_ptr<CudaBackend::DecodeInputs> CudaBackend::upload_decode(const DecodeArgs& a) {
   require_device();
   validate_decode(a);
   const PagedCache& cache = *a.cache;
@@ -182,26 +192,28 @@ void CudaBackend::decode(const DecodeArgs& a) {
             ", the queries L = " + std::to_string(L) + ", R = " + std::to_string(R));
   const cudaStream_t s = stream();
 
-  const std::shared_ptr<const DeviceCache> dc = DeviceCacheStore::instance().get(cache, s);
-  const DeviceBuffer q_lat = upload_array(static_cast<const std::uint16_t*>(a.q_lat.data), a.q_lat.numel(), s);
-  const DeviceBuffer q_pe = upload_array(static_cast<const std::uint16_t*>(a.q_pe.data), a.q_pe.numel(), s);
+  auto in = std::make_unique<DecodeInputs>();
+  in->cache = DeviceCacheStore::instance().get(cache, s);
+  in->q_lat = upload_array(static_cast<const std::uint16_t*>(a.q_lat.data), a.q_lat.numel(), s);
+  in->q_pe = upload_array(static_cast<const std::uint16_t*>(a.q_pe.data), a.q_pe.numel(), s);
   const std::size_t B = a.seq_lens.size();
   std::vector<std::int32_t> meta;  // seq_lens [B] | query_start [B + 1] | table rows [B]
   meta.insert(meta.end(), a.seq_lens.begin(), a.seq_lens.end());
   meta.insert(meta.end(), a.query_start_loc.begin(), a.query_start_loc.end());
   meta.insert(meta.end(), a.block_table_rows.begin(), a.block_table_rows.end());
-  const DeviceBuffer d_meta = upload_array(meta.data(), meta.size(), s);
+  in->meta = upload_array(meta.data(), meta.size(), s);
   const std::vector<RowGroup> groups = decode_row_groups(a.query_start_loc, N);
-  const DeviceBuffer d_groups = upload_array(groups.data(), groups.size(), s);
-  GuardedDeviceOutput o(a.o_lat, "o_lat", s), lse(a.lse, "lse", s);
+  in->groups = upload_array(groups.data(), groups.size(), s);
+  in->o = std::make_unique<GuardedDeviceOutput>(a.o_lat, "o_lat", s);
+  in->lse = std::make_unique<GuardedDeviceOutput>(a.lse, "lse", s);
 
-  DecodeCall call;
+  DecodeCall& call = in->call;
   PagedDecodeProblem& pb = call.pb;
-  pb.q_lat = q_lat.as<std::uint16_t>();
-  pb.q_pe = q_pe.as<std::uint16_t>();
-  pb.cache = dc->data.as<unsigned char>();
-  pb.block_table = dc->block_table.as<std::int32_t>();
-  pb.seq_lens = d_meta.as<std::int32_t>();
+  pb.q_lat = in->q_lat.as<std::uint16_t>();
+  pb.q_pe = in->q_pe.as<std::uint16_t>();
+  pb.cache = in->cache->data.as<unsigned char>();
+  pb.block_table = in->cache->block_table.as<std::int32_t>();
+  pb.seq_lens = in->meta.as<std::int32_t>();
   pb.query_start = pb.seq_lens + B;
   pb.table_rows = pb.query_start + B + 1;
   pb.table_width = cache.table_width;
@@ -214,23 +226,50 @@ void CudaBackend::decode(const DecodeArgs& a) {
   pb.dv = L;
   pb.scale = a.scale;
   pb.bf16 = a.q_lat.dtype == DType::kBF16;
-  call.groups = d_groups.as<RowGroup>();
+  call.groups = in->groups.as<RowGroup>();
   call.num_groups = static_cast<int>(groups.size());
   call.rows = static_cast<long long>(T) * N;
   call.max_seq_len = B ? *std::max_element(a.seq_lens.begin(), a.seq_lens.end()) : 0;
-  call.o_lat = &o;
-  call.lse = &lse;
+  call.o_lat = in->o.get();
+  call.lse = in->lse.get();
   call.stream = s;
+  return in;
+}
 
+void CudaBackend::decode(const DecodeArgs& a) {
+  const std::unique_ptr<DecodeInputs> in = upload_decode(a);
+  const cudaStream_t s = in->call.stream;
+  const std::unique_ptr<PlannedDecode> plan = plan_decode(in->call);
   Event start, stop;
   start.record(s);
-  launch_decode(call);
+  plan->enqueue(s);
   stop.record(s);
   MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));  // execution errors of the kernels surface here
   last_kernel_ms_ = stop.elapsed_since(start);
-  check_guards_or_throw({&o, &lse}, s);
-  o.download_to(a.o_lat, s);
-  lse.download_to(a.lse, s);
+  check_guards_or_throw({in->o.get(), in->lse.get()}, s);
+  in->o->download_to(a.o_lat, s);
+  in->lse->download_to(a.lse, s);
+}
+
+std::unique_ptr<DecodeBench> CudaBackend::prepare_decode_bench(const DecodeArgs& a) {
+  // The handle owns the inputs and the plan; the plan goes first (members are
+  // destroyed in reverse order): it may use the inputs' buffers.
+  class Handle final : public DecodeBench {
+   public:
+    Handle(std::unique_ptr<DecodeInputs> in, std::unique_ptr<PlannedDecode> plan)
+        : in_(std::move(in)), plan_(std::move(plan)) {}
+    void launch(void* cuda_stream) override { plan_->enqueue(static_cast<cudaStream_t>(cuda_stream)); }
+    std::string note() const override { return plan_->note(); }
+
+   private:
+    std::unique_ptr<DecodeInputs> in_;
+    std::unique_ptr<PlannedDecode> plan_;
+  };
+  std::unique_ptr<DecodeInputs> in = upload_decode(a);
+  std::unique_ptr<PlannedDecode> plan = plan_decode(in->call);
+  // Uploads and the plan's poisoning are done before any launch on another stream.
+  MLAGATE_CUDA_CHECK(cudaStreamSynchronize(in->call.stream));
+  return std::make_unique<Handle>(std::move(in), std::move(plan));
 }
 
 void CudaBackend::cache_write(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,

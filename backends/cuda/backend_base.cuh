@@ -26,6 +26,9 @@ KvFormat kv_format_of(const PagedCache& cache, float k_scale);
 class CudaBackend : public Backend {
  public:
   void decode(const DecodeArgs& a) final;
+  // `mlagate bench`: the uploads and the plan (split count, workspaces) here,
+  // launch() enqueues only the decode's kernels.
+  std::unique_ptr<DecodeBench> prepare_decode_bench(const DecodeArgs& a) final;
   void cache_write(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,
                    std::span<const std::int64_t> slots) override;
   // Kernel time of the last op (CUDA events around the launches).
@@ -42,12 +45,25 @@ class CudaBackend : public Backend {
     GuardedDeviceOutput* lse = nullptr;    // [T, N] fp32
     cudaStream_t stream = nullptr;
   };
-  virtual void launch_decode(const DecodeCall& call) = 0;
+  // One decode's kernels, planned once (split count, workspaces, poisoned on
+  // call.stream) and then enqueued on a stream, without synchronizing: decode()
+  // plans and enqueues once per call, the bench plans once and enqueues every
+  // iteration. The plan may keep `call`'s pointers; they outlive it.
+  class PlannedDecode {
+   public:
+    virtual ~PlannedDecode() = default;
+    virtual void enqueue(cudaStream_t s) = 0;
+    virtual std::string note() const { return {}; }  // what was planned, for the bench table ("8 splits")
+  };
+  virtual std::unique_ptr<PlannedDecode> plan_decode(const DecodeCall& call) = 0;
   cudaStream_t stream();
 
   double last_kernel_ms_ = 0;
 
  private:
+  struct DecodeInputs;  // a call's device inputs and guarded outputs (backend_base.cu)
+  std::unique_ptr<DecodeInputs> upload_decode(const DecodeArgs& a);
+
   std::unique_ptr<Stream> stream_;
 };
 

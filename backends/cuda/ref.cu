@@ -63,11 +63,24 @@ class RefBackend final : public CudaBackend {
   void prefill(const PrefillArgs& a) override;
 
  protected:
-  void launch_decode(const DecodeCall& call) override {
-    ModelSink sink{call.o_lat->as<std::uint16_t>(), call.lse->as<float>(), call.pb.dv, call.rows, call.pb.bf16,
-                   SinkFaults{faults_.skip_row, faults_.write_past_end}};
-    launch_attention<PagedDecodeProblem, ModelSink, float, false>(call.pb, sink, call.groups, call.num_groups, 1,
-                                                                  call.stream);
+  // One pass over every request's keys, straight into the outputs: nothing to plan.
+  std::unique_ptr<PlannedDecode> plan_decode(const DecodeCall& call) override {
+    class Plan final : public PlannedDecode {
+     public:
+      Plan(const DecodeCall& call, const detail::CudaFaults& faults)
+          : call_(call),
+            sink_{call.o_lat->as<std::uint16_t>(), call.lse->as<float>(), call.pb.dv, call.rows, call.pb.bf16,
+                  SinkFaults{faults.skip_row, faults.write_past_end}} {}
+      void enqueue(cudaStream_t s) override {
+        launch_attention<PagedDecodeProblem, ModelSink, float, false>(call_.pb, sink_, call_.groups, call_.num_groups,
+                                                                      1, s);
+      }
+
+     private:
+      DecodeCall call_;
+      ModelSink sink_;
+    };
+    return std::make_unique<Plan>(call, faults_);
   }
 
  private:

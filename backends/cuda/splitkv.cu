@@ -79,7 +79,38 @@ class SplitKvBackend final : public CudaBackend {
   }
 
  protected:
-  void launch_decode(const DecodeCall& call) override {
+  // The plan: the split count and the fp32 partials, which start as NaN so a
+  // partial a split never writes shows up in the output. Enqueued: the split
+  // kernel, then the combine.
+  std::unique_ptr<PlannedDecode> plan_decode(const DecodeCall& call) override {
+    class Plan final : public PlannedDecode {
+     public:
+      Plan(const DecodeCall& call, int splits)
+          : call_(call),
+            splits_(splits),
+            part_o_(static_cast<std::size_t>(splits) * call.rows * call.pb.dv * sizeof(float)),
+            part_lse_(static_cast<std::size_t>(splits) * call.rows * sizeof(float)) {
+        part_o_.fill(0xFF, call.stream);
+        part_lse_.fill(0xFF, call.stream);
+      }
+      void enqueue(cudaStream_t s) override {
+        const PartialSink sink{part_o_.as<float>(), part_lse_.as<float>(), call_.pb.dv, call_.rows};
+        launch_attention<PagedDecodeProblem, PartialSink, float, true>(call_.pb, sink, call_.groups, call_.num_groups,
+                                                                       splits_, s);
+        if (call_.rows > 0) {
+          combine_kernel<<<static_cast<unsigned>(call_.rows), 256, 0, s>>>(
+              part_o_.as<float>(), part_lse_.as<float>(), splits_, call_.rows, call_.pb.dv,
+              call_.o_lat->as<std::uint16_t>(), call_.lse->as<float>(), call_.pb.bf16);
+          MLAGATE_CUDA_CHECK_LAUNCH();
+        }
+      }
+      std::string note() const override { return std::to_string(splits_) + (splits_ == 1 ? " split" : " splits"); }
+
+     private:
+      DecodeCall call_;
+      int splits_;
+      DeviceBuffer part_o_, part_lse_;  // freed (cudaFree waits for the kernels) with the plan
+    };
     const int splits = choose_splits(call);
     const std::size_t ws_bytes =
         static_cast<std::size_t>(splits) * static_cast<std::size_t>(call.rows) * (call.pb.dv + 1) * sizeof(float);
@@ -89,22 +120,7 @@ class SplitKvBackend final : public CudaBackend {
     if (ws_bytes > limit)
       throw NotSupportedError(std::to_string(splits) + " splits need " + std::to_string(ws_bytes >> 20) +
                               " MiB of partials (limit " + std::to_string(limit >> 20) + " MiB, a quarter of the device)");
-    // Partials start as NaN: one a split never writes shows up in the output.
-    DeviceBuffer part_o(static_cast<std::size_t>(splits) * call.rows * call.pb.dv * sizeof(float));
-    DeviceBuffer part_lse(static_cast<std::size_t>(splits) * call.rows * sizeof(float));
-    part_o.fill(0xFF, call.stream);
-    part_lse.fill(0xFF, call.stream);
-    const PartialSink sink{part_o.as<float>(), part_lse.as<float>(), call.pb.dv, call.rows};
-    launch_attention<PagedDecodeProblem, PartialSink, float, true>(call.pb, sink, call.groups, call.num_groups, splits,
-                                                              call.stream);
-    if (call.rows > 0) {
-      combine_kernel<<<static_cast<unsigned>(call.rows), 256, 0, call.stream>>>(
-          part_o.as<float>(), part_lse.as<float>(), splits, call.rows, call.pb.dv, call.o_lat->as<std::uint16_t>(),
-          call.lse->as<float>(), call.pb.bf16);
-      MLAGATE_CUDA_CHECK_LAUNCH();
-    }
-    // The workspace is freed when this returns; cudaFree waits for the kernels.
-    MLAGATE_CUDA_CHECK(cudaStreamSynchronize(call.stream));
+    return std::make_unique<Plan>(call, splits);
   }
 
  private:

@@ -6,6 +6,9 @@
 // over the same fp32 logits).
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
@@ -142,10 +145,14 @@ std::string refusal(TorchSdpaKernel k, const at::Tensor& q, const at::Tensor& ke
 
 // One SDPA call of kernel k: q [1, H, Lq, Dqk], key [1, H, Lk, Dqk], v [1, H, Lk, Dv].
 // Returns o [1, H, Lq, Dv] (model dtype) and lse [1, H, Lq] (fp32, natural log).
+// check: ask the dispatcher first (NotSupportedError with its reason); the
+// bench's timed launches skip it, having asked while preparing.
 std::pair<at::Tensor, at::Tensor> call(TorchSdpaKernel k, const at::Tensor& q, const at::Tensor& key, const at::Tensor& v,
-                                       bool causal, double scale) {
-  if (std::string why = refusal(k, q, key, v, causal, scale); !why.empty())
-    throw NotSupportedError("torch.sdpa." + std::string(kernel_name(k)) + ": " + why);
+                                       bool causal, double scale, bool check = true) {
+  if (check) {
+    if (std::string why = refusal(k, q, key, v, causal, scale); !why.empty())
+      throw NotSupportedError("torch.sdpa." + std::string(kernel_name(k)) + ": " + why);
+  }
   const std::int64_t lq = q.size(2);
   at::Tensor o, lse;
   switch (k) {
@@ -189,6 +196,78 @@ std::int64_t visible(std::int64_t kv_len, std::int64_t q_len, std::int64_t u) {
   return std::clamp<std::int64_t>(kv_len - q_len + u + 1, 0, kv_len);
 }
 
+// A decode's tensors on the GPU: the cache's entries as model-dtype
+// [num_blocks, bs, L+R], the block table, q = [q_lat | q_pe] and the outputs.
+struct DecodeState {
+  at::Tensor entries, table, q_full, o_all, lse_all;
+  std::vector<std::int32_t> seq_lens, query_start, rows;
+  std::int64_t N = 0, L = 0, D = 0, bs = 0;
+  double scale = 0;
+  bool dequantized = false;  // fp8 entries were dequantized to the model dtype on upload
+};
+
+DecodeState upload_decode(const std::string& name, const DecodeArgs& a) {
+  const PagedCache& cache = *a.cache;
+  DecodeState st;
+  const std::int64_t T = a.q_lat.shape.at(0), R = a.q_pe.shape.at(2);
+  st.N = a.q_lat.shape.at(1);
+  st.L = a.q_lat.shape.at(2);
+  st.D = st.L + R;
+  st.bs = cache.block_size;
+  st.scale = a.scale;
+  const at::ScalarType dt = scalar_type(a.q_lat.dtype);
+  if (cache.kv_lora_rank != st.L || cache.rope_dim != R) throw std::invalid_argument(name + ": cache dims differ from q_lat/q_pe");
+  const at::Tensor raw = upload(TensorView{DType::kU8, {cache.num_blocks, st.bs, cache.entry_bytes}, const_cast<std::byte*>(cache.data.bytes())});
+  switch (cache.kv_dtype) {
+    case KvCacheDtype::kAuto: st.entries = raw.view(dt); break;
+    case KvCacheDtype::kFp8:
+    case KvCacheDtype::kFp8E4m3:
+      st.entries = (raw.view(at::kFloat8_e4m3fn).to(at::kFloat) * a.k_scale).to(dt);
+      st.dequantized = true;
+      break;
+    default: throw NotSupportedError(name + ": kv cache dtype " + std::string(kv_cache_dtype_name(cache.kv_dtype)));
+  }
+  st.table = upload(cache.block_table.view()).to(at::kLong);
+  st.q_full = at::cat({upload(a.q_lat), upload(a.q_pe)}, -1);  // [T, N, L+R]
+  st.o_all = at::zeros({T, st.N, st.L}, st.q_full.options());
+  st.lse_all = at::full({T, st.N}, -std::numeric_limits<float>::infinity(), st.q_full.options().dtype(at::kFloat));
+  st.seq_lens.assign(a.seq_lens.begin(), a.seq_lens.end());
+  st.query_start.assign(a.query_start_loc.begin(), a.query_start_loc.end());
+  st.rows.assign(a.block_table_rows.begin(), a.block_table_rows.end());
+  return st;
+}
+
+// Every request: gather its keys through the block table, then MQA by SDPA
+// into st.o_all / st.lse_all (rows of requests without keys are left alone).
+void run_decode(TorchSdpaKernel kernel, DecodeState& st, bool check) {
+  const std::int64_t N = st.N, L = st.L, D = st.D, bs = st.bs;
+  for (std::size_t b = 0; b < st.seq_lens.size(); ++b) {
+    const std::int64_t s = st.seq_lens[b], t0 = st.query_start[b], q_len = st.query_start[b + 1] - t0;
+    if (s == 0 || q_len == 0) continue;
+    const std::int64_t nb = (s + bs - 1) / bs;
+    // Gather through the block table on the GPU: [nb, bs, D] -> the request's first s keys.
+    const at::Tensor blocks = st.table.select(0, st.rows[b]).narrow(0, 0, nb);
+    const at::Tensor keys = st.entries.index_select(0, blocks).reshape({nb * bs, D}).narrow(0, 0, s).contiguous();
+    // Queries that see every key run together; the others one token at a time.
+    std::int64_t u = 0;
+    while (u < q_len) {
+      std::int64_t u1 = u + 1;
+      const std::int64_t vis = visible(s, q_len, u);
+      if (vis == s) u1 = q_len;  // the rest see every key too
+      if (vis > 0) {
+        const std::int64_t rows = (u1 - u) * N;
+        const at::Tensor q = st.q_full.narrow(0, t0 + u, u1 - u).reshape({1, 1, rows, D});
+        const at::Tensor k = keys.narrow(0, 0, vis).view({1, 1, vis, D});
+        const at::Tensor v = keys.narrow(0, 0, vis).narrow(1, 0, L).view({1, 1, vis, L});
+        auto [o, lse] = call(kernel, q, k, v, false, st.scale, check);
+        st.o_all.narrow(0, t0 + u, u1 - u).copy_(o.reshape({u1 - u, N, L}));
+        st.lse_all.narrow(0, t0 + u, u1 - u).copy_(lse.reshape({u1 - u, N}));
+      }
+      u = u1;
+    }
+  }
+}
+
 class TorchSdpaBackend final : public Backend {
  public:
   explicit TorchSdpaBackend(TorchSdpaKernel k) : kernel_(k), name_("torch.sdpa." + std::string(kernel_name(k))) {
@@ -210,6 +289,7 @@ class TorchSdpaBackend final : public Backend {
   Support supports(const CaseSpec& spec, Op op) const override;
   void decode(const DecodeArgs& a) override;
   void prefill(const PrefillArgs& a) override;
+  std::unique_ptr<DecodeBench> prepare_decode_bench(const DecodeArgs& a) override;
 
  private:
   // Torch's answer for a representative call of the decode or prefill kernel
@@ -279,51 +359,41 @@ Support TorchSdpaBackend::supports(const CaseSpec& spec, Op op) const {
 void TorchSdpaBackend::decode(const DecodeArgs& a) {
   need_device();
   const c10::NoGradGuard no_grad;
-  const PagedCache& cache = *a.cache;
-  const std::int64_t T = a.q_lat.shape.at(0), N = a.q_lat.shape.at(1), L = a.q_lat.shape.at(2), R = a.q_pe.shape.at(2);
-  const std::int64_t D = L + R, bs = cache.block_size;
-  const at::ScalarType dt = scalar_type(a.q_lat.dtype);
-  if (cache.kv_lora_rank != L || cache.rope_dim != R) throw std::invalid_argument(name_ + ": cache dims differ from q_lat/q_pe");
-  // The cache on the GPU, entries as model-dtype [num_blocks, bs, L+R].
-  const at::Tensor raw = upload(TensorView{DType::kU8, {cache.num_blocks, bs, cache.entry_bytes}, const_cast<std::byte*>(cache.data.bytes())});
-  at::Tensor entries;
-  switch (cache.kv_dtype) {
-    case KvCacheDtype::kAuto: entries = raw.view(dt); break;
-    case KvCacheDtype::kFp8:
-    case KvCacheDtype::kFp8E4m3: entries = (raw.view(at::kFloat8_e4m3fn).to(at::kFloat) * a.k_scale).to(dt); break;
-    default: throw NotSupportedError(name_ + ": kv cache dtype " + std::string(kv_cache_dtype_name(cache.kv_dtype)));
-  }
-  const at::Tensor table = upload(cache.block_table.view()).to(at::kLong);
-  const at::Tensor q_full = at::cat({upload(a.q_lat), upload(a.q_pe)}, -1);  // [T, N, L+R]
-  at::Tensor o_all = at::zeros({T, N, L}, q_full.options());
-  at::Tensor lse_all = at::full({T, N}, -std::numeric_limits<float>::infinity(), q_full.options().dtype(at::kFloat));
-  for (std::size_t b = 0; b < a.seq_lens.size(); ++b) {
-    const std::int64_t s = a.seq_lens[b], t0 = a.query_start_loc[b], q_len = a.query_start_loc[b + 1] - t0;
-    if (s == 0 || q_len == 0) continue;
-    const std::int64_t nb = (s + bs - 1) / bs;
-    // Gather through the block table on the GPU: [nb, bs, D] -> the request's first s keys.
-    const at::Tensor blocks = table.select(0, a.block_table_rows[b]).narrow(0, 0, nb);
-    const at::Tensor keys = entries.index_select(0, blocks).reshape({nb * bs, D}).narrow(0, 0, s).contiguous();
-    // Queries that see every key run together; the others one token at a time.
-    std::int64_t u = 0;
-    while (u < q_len) {
-      std::int64_t u1 = u + 1;
-      const std::int64_t vis = visible(s, q_len, u);
-      if (vis == s) u1 = q_len;  // the rest see every key too
-      if (vis > 0) {
-        const std::int64_t rows = (u1 - u) * N;
-        const at::Tensor q = q_full.narrow(0, t0 + u, u1 - u).reshape({1, 1, rows, D});
-        const at::Tensor k = keys.narrow(0, 0, vis).view({1, 1, vis, D});
-        const at::Tensor v = keys.narrow(0, 0, vis).narrow(1, 0, L).view({1, 1, vis, L});
-        auto [o, lse] = call(kernel_, q, k, v, false, a.scale);
-        o_all.narrow(0, t0 + u, u1 - u).copy_(o.reshape({u1 - u, N, L}));
-        lse_all.narrow(0, t0 + u, u1 - u).copy_(lse.reshape({u1 - u, N}));
-      }
-      u = u1;
+  DecodeState st = upload_decode(name_, a);
+  run_decode(kernel_, st, true);
+  download(st.o_all, a.o_lat, 0);
+  download(st.lse_all, a.lse, 0);
+}
+
+// The bench: uploads, and one full decode with the dispatcher's checks (a
+// refusal is NOT_SUPPORTED here), outside the timed region; launch() runs the
+// gathers, SDPA calls and output copies on the bench's stream.
+std::unique_ptr<DecodeBench> TorchSdpaBackend::prepare_decode_bench(const DecodeArgs& a) {
+  class Handle final : public DecodeBench {
+   public:
+    Handle(TorchSdpaKernel k, DecodeState st) : kernel_(k), st_(std::move(st)) {}
+    void launch(void* cuda_stream) override {
+      const c10::NoGradGuard no_grad;
+      const c10::cuda::CUDAStreamGuard guard(
+          c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(cuda_stream), c10::cuda::current_device()));
+      run_decode(kernel_, st_, false);
     }
-  }
-  download(o_all, a.o_lat, 0);
-  download(lse_all, a.lse, 0);
+    std::string note() const override {
+      std::string n = "timed: per request an index_select gather of its keys, SDPA, output copies";
+      if (st_.dequantized) n += "; fp8 entries dequantized before timing";
+      return n;
+    }
+
+   private:
+    TorchSdpaKernel kernel_;
+    DecodeState st_;
+  };
+  need_device();
+  const c10::NoGradGuard no_grad;
+  DecodeState st = upload_decode(name_, a);
+  run_decode(kernel_, st, true);
+  c10::cuda::device_synchronize();
+  return std::make_unique<Handle>(kernel_, std::move(st));
 }
 
 void TorchSdpaBackend::prefill(const PrefillArgs& a) {

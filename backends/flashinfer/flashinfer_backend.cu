@@ -1,0 +1,266 @@
+// "flashinfer.mla": the adapter from mlagate's decode call to FlashInfer's FA2
+// MLA kernel, with MLAParams filled as FlashInfer's own batch_mla_run.cu fills
+// them from its tensors. Nothing is copied: q_nope and q_pe are mlagate's
+// q_lat and q_pe, ckv/kpe point into the cache's entries, kv_indices is the
+// cache's block table. Planning (MLAPlan: host scheduling, an upload of the
+// work lists) is outside the timed launch, as FlashInfer's plan()/run() split
+// intends.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backends/cuda/cache_store.h"
+#include "backends/cuda/cuda_backends.h"
+#include "backends/flashinfer/flashinfer_backend.h"
+#include "backends/kernel_libs/adapter_common.h"
+#include "cases/errors.h"
+
+// FlashInfer's headers (from MLAGATE_FLASHINFER_INCLUDE_DIR).
+#include <flashinfer/attention/mla.cuh>
+#include <flashinfer/attention/scheduler.cuh>
+#if MLAGATE_FLASHINFER_FA3
+#include <flashinfer/attention/mla_hopper.cuh>  // the FA3 kernel: same plan and params, CUTLASS headers
+#endif
+
+namespace mlagate {
+namespace {
+
+using gpu::DeviceBuffer;
+
+constexpr int kHeadDimCkv = 512;  // the instantiation mlagate builds (DeepSeek's L, R)
+constexpr int kHeadDimKpe = 64;
+// Page sizes offered to the harness: the kernel divides by any page size
+// (uint_fastdiv), these are the ones worth sweeping; the first is bs=auto.
+const std::vector<int> kPageSizes = {64, 1, 2, 4, 8, 16, 32, 128, 256};
+constexpr int kMaxWorks = 16384;  // MLAPlan's max_total_num_works: each work list holds this many
+constexpr std::size_t kIntWorkspaceBytes = std::size_t{8} << 20;  // FlashInfer's own default
+
+// Page-locked host memory (MLAPlan stages its work lists there before the upload).
+class PinnedBuffer {
+ public:
+  explicit PinnedBuffer(std::size_t bytes) : bytes_(bytes) { MLAGATE_CUDA_CHECK(cudaMallocHost(&ptr_, bytes)); }
+  ~PinnedBuffer() { cudaFreeHost(ptr_); }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  void* data() const { return ptr_; }
+  std::size_t size() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+template <class T>
+T* at_offset(void* base, std::int64_t offset) {
+  return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
+}
+
+// Which of FlashInfer's two MLA kernels runs the plan.
+enum class Kernel { kFa2, kFa3 };
+
+template <class DTypeQ, class DTypeKV, Kernel K>
+class FlashInferCall final : public libs::PreparedDecode {
+  using Params = flashinfer::MLAParams<DTypeQ, DTypeKV, DTypeQ, std::int32_t>;
+
+ public:
+  FlashInferCall(const DecodeArgs& a, const libs::DeviceOutputs& out, cudaStream_t s) {
+    const PagedCache& cache = *a.cache;
+    const int B = static_cast<int>(a.seq_lens.size());
+    const int N = static_cast<int>(a.q_lat.shape[1]);
+    const int L = static_cast<int>(a.q_lat.shape[2]), R = static_cast<int>(a.q_pe.shape[2]);
+    if (L != kHeadDimCkv || R != kHeadDimKpe)
+      throw NotSupportedError("built for head_dim_ckv 512, head_dim_kpe 64");
+    cache_ = gpu::DeviceCacheStore::instance().get(cache, s);
+    q_nope_ = gpu::upload_array(static_cast<const std::uint16_t*>(a.q_lat.data), a.q_lat.numel(), s);
+    q_pe_ = gpu::upload_array(static_cast<const std::uint16_t*>(a.q_pe.data), a.q_pe.numel(), s);
+
+    // The plan, from host copies of the batch: qo_indptr = query_start_loc,
+    // kv_indptr = each request's first entry of the block table, kv_len = seq_lens.
+    std::vector<std::int32_t> qo_indptr(a.query_start_loc.begin(), a.query_start_loc.end());
+    std::vector<std::int32_t> kv_indptr(B + 1), kv_len(a.seq_lens.begin(), a.seq_lens.end());
+    for (int i = 0; i < B; ++i) kv_indptr[i] = a.block_table_rows[i] * cache.table_width;
+    kv_indptr[B] = static_cast<std::int32_t>(cache.block_table.dim(0) * cache.table_width);
+
+    const int sms = cuda_device_info().multiprocessors;
+    const std::size_t float_bytes = 2ull * sms * 128 * (2 * kHeadDimCkv + sizeof(float)) + 1024;
+    float_ws_ = DeviceBuffer(float_bytes);
+    float_ws_.fill(0xFF, s);  // partial outputs start as NaN: one never written shows
+    int_ws_ = DeviceBuffer(kIntWorkspaceBytes);
+    PinnedBuffer pinned(kIntWorkspaceBytes);
+    std::fill_n(static_cast<unsigned char*>(pinned.data()), pinned.size(), 0);
+    try {
+      const cudaError_t e = flashinfer::MLAPlan<std::int32_t>(
+          float_ws_.data(), float_bytes, int_ws_.data(), pinned.data(), kIntWorkspaceBytes, plan_, qo_indptr.data(),
+          kv_indptr.data(), kv_len.data(), static_cast<std::uint32_t>(B), static_cast<std::uint32_t>(N), kHeadDimCkv,
+          /*causal=*/true, s);
+      if (e != cudaSuccess) throw std::runtime_error(std::string("MLAPlan: ") + cudaGetErrorString(e));
+    } catch (const flashinfer::Error& e) {
+      throw std::runtime_error(std::string("MLAPlan: ") + e.what());
+    }
+    MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));  // the plan's upload reads the pinned buffer
+    // MLAPlan writes its work lists without a bound: more than kMaxWorks items
+    // overlap the next list. Refuse such a plan rather than run a corrupt one.
+    const int works = at_offset<std::int32_t>(pinned.data(), plan_.work_indptr_offset)[plan_.num_blks_y];
+    if (works > kMaxWorks)
+      throw NotSupportedError("the plan has " + std::to_string(works) + " work items; MLAPlan holds " +
+                              std::to_string(kMaxWorks));
+
+    void* ib = int_ws_.data();
+    Params& p = params_;
+    p = Params{};
+    p.q_nope = q_nope_.as<DTypeQ>();
+    p.q_pe = q_pe_.as<DTypeQ>();
+    // Entry = [kv_c (L) | k_pe (R)] in the cache's element type, one kv head.
+    DTypeKV* entries = cache_->data.as<DTypeKV>();
+    p.ckv = entries;
+    p.kpe = entries + L;
+    p.final_o = static_cast<DTypeQ*>(out.o);
+    p.final_lse = out.lse;
+    p.partial_o = at_offset<DTypeQ>(float_ws_.data(), plan_.partial_o_offset);
+    p.partial_lse = at_offset<float>(float_ws_.data(), plan_.partial_lse_offset);
+    p.q_indptr = at_offset<std::int32_t>(ib, plan_.q_indptr_offset);
+    p.kv_indptr = at_offset<std::int32_t>(ib, plan_.kv_indptr_offset);
+    p.partial_indptr = at_offset<std::int32_t>(ib, plan_.partial_indptr_offset);
+    p.merge_packed_offset_start = at_offset<std::int32_t>(ib, plan_.merge_packed_offset_start_offset);
+    p.merge_packed_offset_end = at_offset<std::int32_t>(ib, plan_.merge_packed_offset_end_offset);
+    p.merge_partial_packed_offset_start = at_offset<std::int32_t>(ib, plan_.merge_partial_packed_offset_start_offset);
+    p.merge_partial_packed_offset_end = at_offset<std::int32_t>(ib, plan_.merge_partial_packed_offset_end_offset);
+    p.merge_partial_stride = at_offset<std::int32_t>(ib, plan_.merge_partial_stride_offset);
+    p.kv_indices = cache_->block_table.as<std::int32_t>();
+    p.q_len = at_offset<std::int32_t>(ib, plan_.q_len_offset);
+    p.kv_len = at_offset<std::int32_t>(ib, plan_.kv_len_offset);
+    p.q_start = at_offset<std::int32_t>(ib, plan_.q_start_offset);
+    p.kv_start = at_offset<std::int32_t>(ib, plan_.kv_start_offset);
+    p.kv_end = at_offset<std::int32_t>(ib, plan_.kv_end_offset);
+    p.work_indptr = at_offset<std::int32_t>(ib, plan_.work_indptr_offset);
+    p.block_size = flashinfer::uint_fastdiv(static_cast<std::uint32_t>(cache.block_size));
+    p.num_heads = flashinfer::uint_fastdiv(static_cast<std::uint32_t>(N));
+    // Strides in elements: q [T, N, L] / [T, N, R], entries [blocks, bs, L + R], o [T, N, L].
+    p.q_nope_stride_n = N * L;
+    p.q_nope_stride_h = L;
+    p.q_pe_stride_n = N * R;
+    p.q_pe_stride_h = R;
+    p.ckv_stride_page = cache.block_size * (L + R);
+    p.ckv_stride_n = L + R;
+    p.kpe_stride_page = cache.block_size * (L + R);
+    p.kpe_stride_n = L + R;
+    p.o_stride_n = N * L;
+    p.o_stride_h = L;
+    p.sm_scale = static_cast<float>(a.scale);
+    // fp8: x = e4m3 * k_scale for both fields (mlagate's per-tensor scale).
+    p.ckv_scale = std::is_same_v<DTypeKV, __nv_fp8_e4m3> ? a.k_scale : 1.f;
+    p.kpe_scale = p.ckv_scale;
+    p.ckv_scale_arr = nullptr;
+    p.return_lse_base_on_e = true;  // the library's default is log2
+  }
+
+  void launch(cudaStream_t s) override {
+    constexpr auto kCausal = flashinfer::MaskMode::kCausal;
+    const auto x = static_cast<std::uint32_t>(plan_.num_blks_x), y = static_cast<std::uint32_t>(plan_.num_blks_y);
+    cudaError_t e = cudaErrorNotSupported;
+    try {
+      if constexpr (K == Kernel::kFa2) {
+        e = flashinfer::mla::BatchMLAPagedAttention<kCausal, kHeadDimCkv, kHeadDimKpe>(params_, x, y, s);
+      } else {
+#if MLAGATE_FLASHINFER_FA3
+        e = flashinfer::mla::BatchMLAPageAttentionHopper<kCausal, kHeadDimCkv, kHeadDimKpe>(params_, x, y, s);
+#endif
+      }
+    } catch (const flashinfer::Error& x) {
+      throw std::runtime_error(std::string("BatchMLAPagedAttention: ") + x.what());
+    }
+    if (e != cudaSuccess) throw std::runtime_error(std::string("BatchMLAPagedAttention: ") + cudaGetErrorString(e));
+  }
+
+ private:
+  std::shared_ptr<const gpu::DeviceCache> cache_;
+  DeviceBuffer q_nope_, q_pe_, float_ws_, int_ws_;
+  flashinfer::MLAPlanInfo plan_{};
+  Params params_{};
+};
+
+template <Kernel K>
+class FlashInferMlaBackend final : public Backend {
+ public:
+  std::string_view name() const override { return K == Kernel::kFa2 ? "flashinfer.mla.fa2" : "flashinfer.mla.fa3"; }
+  std::string_view description() const override {
+    return K == Kernel::kFa2 ? "FlashInfer FA2 MLA (MLAPlan + BatchMLAPagedAttention), header-only from "
+                               "MLAGATE_FLASHINFER_INCLUDE_DIR; mlagate's paged cache and block table as is"
+                             : "FlashInfer FA3 (Hopper) MLA (MLAPlan + BatchMLAPageAttentionHopper), header-only, "
+                               "with CUTLASS headers; mlagate's paged cache and block table as is";
+  }
+  Capabilities capabilities() const override {
+    Capabilities c;
+    c.ops = {Op::kDecode};
+    c.block_sizes = kPageSizes;
+    c.query_len_support = QueryLenSupport::kVarlen;
+    c.reorder_threshold = 1;
+    c.dtypes = {DType::kBF16, DType::kF16};
+    c.kv_dtypes = {KvCacheDtype::kAuto, KvCacheDtype::kFp8, KvCacheDtype::kFp8E4m3};
+    return c;
+  }
+  Support supports(const CaseSpec& spec, Op op) const override {
+    Support s = check_capabilities(capabilities(), spec, op);
+    if (!s.ok) return s;
+    if (op != Op::kDecode && op != Op::kLayer) return s;
+    if (spec.dims.kv_lora_rank != kHeadDimCkv || spec.dims.rope_dim != kHeadDimKpe)
+      return Support::no("built for head_dim_ckv 512, head_dim_kpe 64; the case has L = " +
+                         std::to_string(spec.dims.kv_lora_rank) + ", R = " + std::to_string(spec.dims.rope_dim));
+    const CudaDeviceInfo& dev = cuda_device_info();
+    if (K == Kernel::kFa3 && dev.available && dev.sm_major != 9)
+      return Support::no("the FA3 kernel needs an SM90 device; the device is sm_" + std::to_string(dev.sm_major) +
+                         std::to_string(dev.sm_minor));
+    if (spec.kv_cache_dtype != KvCacheDtype::kAuto) {
+      // FlashInfer's plan(): "FP8 kv_data_type for MLA currently only supports q_data_type=torch.bfloat16"
+      // and "requires an SM90 (Hopper) device".
+      if (spec.dtype != DType::kBF16) return Support::no("fp8 kv cache needs bf16 queries");
+      if (dev.available && dev.sm_major != 9)
+        return Support::no("fp8 kv cache needs an SM90 device; the device is sm_" + std::to_string(dev.sm_major) +
+                           std::to_string(dev.sm_minor));
+    }
+    return s;
+  }
+  void decode(const DecodeArgs& a) override { libs::run_decode(a, stream(), prepare); }
+  std::unique_ptr<DecodeBench> prepare_decode_bench(const DecodeArgs& a) override {
+    return libs::make_decode_bench(a, stream(), prepare, "");
+  }
+
+ private:
+  static std::unique_ptr<libs::PreparedDecode> prepare(const DecodeArgs& a, const libs::DeviceOutputs& o,
+                                                       cudaStream_t s) {
+    const bool bf16 = a.q_lat.dtype == DType::kBF16;
+    switch (a.cache->kv_dtype) {
+      case KvCacheDtype::kAuto:
+        if (bf16) return std::make_unique<FlashInferCall<__nv_bfloat16, __nv_bfloat16, K>>(a, o, s);
+        return std::make_unique<FlashInferCall<half, half, K>>(a, o, s);
+      case KvCacheDtype::kFp8:
+      case KvCacheDtype::kFp8E4m3:
+        if (bf16) return std::make_unique<FlashInferCall<__nv_bfloat16, __nv_fp8_e4m3, K>>(a, o, s);
+        throw NotSupportedError("fp8 kv cache needs bf16 queries");
+      case KvCacheDtype::kFp8DsMla: break;
+    }
+    throw NotSupportedError("kv cache dtype " + std::string(kv_cache_dtype_name(a.cache->kv_dtype)) +
+                            " is not read by FlashInfer's MLA kernel");
+  }
+  cudaStream_t stream() {
+    if (!stream_) stream_ = std::make_unique<gpu::Stream>();
+    return stream_->get();
+  }
+  std::unique_ptr<gpu::Stream> stream_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_flashinfer_mla_fa2() { return std::make_unique<FlashInferMlaBackend<Kernel::kFa2>>(); }
+#if MLAGATE_FLASHINFER_FA3
+std::unique_ptr<Backend> make_flashinfer_mla_fa3() { return std::make_unique<FlashInferMlaBackend<Kernel::kFa3>>(); }
+#endif
+
+}  // namespace mlagate

@@ -1,0 +1,58 @@
+// What the real-library adapters (backends/flashmla, backends/flashinfer)
+// share: the argument checks made before anything is launched (a library's
+// host code may call exit() and its kernels may trap on a bad block id, either
+// of which would take every later record down with it), and the two flows
+// around a prepared library call: decode() with poisoned, guarded outputs,
+// and prepare_decode_bench() with outputs in buffers the handle owns.
+// Internal: includes the CUDA runtime; compiled only when an adapter is enabled.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/cuda/device.h"
+
+namespace mlagate::libs {
+
+// Shape, dtype and block-table checks of a decode call, in the words of the
+// CUDA backends ("decode: q_lat has shape ..."); every block a request reads
+// must be a valid block of the cache. Throws std::invalid_argument or
+// std::out_of_range (ERROR records), never launches anything.
+void validate_decode_args(const DecodeArgs& a);
+
+// A library decode made ready to run: inputs on the device, workspaces
+// allocated, the library's plan or scheduler metadata computed. launch()
+// enqueues only the library's kernels on the stream, without synchronizing.
+class PreparedDecode {
+ public:
+  virtual ~PreparedDecode() = default;
+  virtual void launch(cudaStream_t s) = 0;
+};
+
+// Where the prepared call writes: o [T, N, L] model dtype, lse [T, N] fp32.
+struct DeviceOutputs {
+  void* o = nullptr;
+  float* lse = nullptr;
+};
+
+using PrepareFn = std::function<std::unique_ptr<PreparedDecode>(const DecodeArgs&, const DeviceOutputs&, cudaStream_t)>;
+
+// The whole decode(): device check, validation, outputs poisoned from the
+// host views inside guard bands, prepare, launch timed with events, sync,
+// guard check, copy back. Returns the launch's kernel milliseconds.
+double run_decode(const DecodeArgs& a, cudaStream_t s, const PrepareFn& prepare);
+
+// prepare_decode_bench(): the same preparation, outputs in device buffers the
+// returned handle owns; note() is the handle's note.
+std::unique_ptr<DecodeBench> make_decode_bench(const DecodeArgs& a, cudaStream_t s, const PrepareFn& prepare,
+                                               std::string note);
+
+// The rows of the cache's block table the requests use, in request order, as
+// a contiguous [B, width] int32 table (a library that takes a plain
+// [B, max_blocks] table cannot be given mlagate's row indirection).
+std::vector<std::int32_t> gather_table_rows(const DecodeArgs& a);
+
+}  // namespace mlagate::libs

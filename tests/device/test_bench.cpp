@@ -1,0 +1,144 @@
+// `mlagate bench`: the ideal-work accounting to the byte and FLOP, the case
+// sets, and the command itself on a tiny case set (GPU: every row runs, the
+// figures agree with the accounting and stay below the HBM peak; without a GPU
+// it must exit 2 and the test skips).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_backends.h"
+#include "cases/errors.h"
+#include "harness/bench.h"
+#include "harness/cli.h"
+
+namespace mlagate {
+namespace {
+
+const CaseSpec& tiny(const std::string& batch) {
+  static const BenchCaseSet set = bench_case_set("tiny");
+  for (const CaseSpec& c : set.cases)
+    if (c.batch.name == batch) return c;
+  throw std::runtime_error("no tiny case " + batch);
+}
+
+// b=2, s=256, q=1, 8 heads, bf16 auto entries of 2 * (512 + 64) = 1152 bytes.
+TEST(BenchAccounting, DecodeBytesAndFlopsByHand) {
+  const CaseSpec& c = tiny("b2_s256");
+  ASSERT_EQ(c.num_heads(), 8);
+  const DecodeWork w16 = ideal_decode_work(c, 16), w64 = ideal_decode_work(c, 64);
+  // entries 2 * 256 * 1152 + table 2 * 16 (or 2 * 4) * 4 + q 2 * 8 * 576 * 2
+  EXPECT_EQ(w16.bytes_read, 589824.0 + 128.0 + 18432.0);
+  EXPECT_EQ(w64.bytes_read, 589824.0 + 32.0 + 18432.0);
+  EXPECT_EQ(w16.bytes_written, 2.0 * 8 * 512 * 2 + 2.0 * 8 * 4);  // o_lat bf16, lse fp32
+  EXPECT_EQ(w16.flops, 2.0 * (2.0 * 8 * 256 * (576 + 512)));      // 2 tokens, 256 keys each
+}
+
+// Spec decode, q=2: token 0 sees 255 keys, token 1 all 256; each entry is read once.
+TEST(BenchAccounting, SpecDecodeCountsVisibleKeysPerToken) {
+  const CaseSpec& c = tiny("spec2_b2_s256");
+  ASSERT_TRUE(c.batch.spec_decode);
+  const DecodeWork w = ideal_decode_work(c, 64);
+  EXPECT_EQ(w.bytes_read, 589824.0 + 32.0 + 4.0 * 8 * 576 * 2);
+  EXPECT_EQ(w.bytes_written, 4.0 * 8 * 512 * 2 + 4.0 * 8 * 4);
+  EXPECT_EQ(w.flops, 2.0 * (2.0 * 8 * (255 + 256) * (576 + 512)));
+}
+
+// The cache dtype sets the entry bytes read: fp8 576, fp8_ds_mla 656 (cases/fp8.h).
+TEST(BenchAccounting, EntryBytesFollowTheCacheDtype) {
+  CaseSpec c = tiny("b2_s256");
+  const double base = ideal_decode_work(c, 64).bytes_read - 2 * 256 * 1152.0;
+  c.kv_cache_dtype = KvCacheDtype::kFp8;
+  EXPECT_EQ(ideal_decode_work(c, 64).bytes_read, base + 2 * 256 * 576.0);
+  c.kv_cache_dtype = KvCacheDtype::kFp8DsMla;
+  EXPECT_EQ(ideal_decode_work(c, 64).bytes_read, base + 2 * 256 * 656.0);
+  EXPECT_THROW(ideal_decode_work(c, 0), InputError);
+}
+
+// Issue 9's shapes: large_decode, b=128 x s_k 8192 / 32768, spec decode s_q=2; 128 and 16 heads each.
+TEST(BenchCaseSets, FullHasTheIssueShapes) {
+  const BenchCaseSet set = bench_case_set("full");
+  std::map<std::string, std::vector<int>> heads;
+  for (const CaseSpec& c : set.cases) {
+    heads[c.batch.name].push_back(c.num_heads());
+    const int b = c.num_requests(), s = c.batch.seq_lens.front(), q = c.batch.query_lens.front();
+    const std::map<std::string, std::vector<int>> want = {
+        {"large_decode", {32, 2048, 1}}, {"b128_s8192", {128, 8192, 1}}, {"b128_s32768", {128, 32768, 1}},
+        {"spec2_b128_s8192", {128, 8192, 2}}};
+    ASSERT_TRUE(want.count(c.batch.name)) << c.batch.name;
+    EXPECT_EQ(want.at(c.batch.name), (std::vector<int>{b, s, q})) << c.batch.name;
+    EXPECT_EQ(c.batch.spec_decode, q == 2) << c.batch.name;
+    EXPECT_EQ(c.dtype, DType::kBF16);
+    EXPECT_EQ(c.kv_cache_dtype, KvCacheDtype::kAuto);
+  }
+  const std::vector<int> both{128, 16};
+  EXPECT_EQ(heads.size(), 4u);
+  for (const auto& [name, h] : heads) EXPECT_EQ(h, both) << name;
+}
+
+TEST(BenchCaseSets, SuitesWorkAndUnknownNamesAreInputErrors) {
+  EXPECT_FALSE(bench_case_set("smoke").cases.empty());
+  EXPECT_THROW(bench_case_set("no_such_set"), InputError);
+  BenchOptions opt;
+  opt.case_set = "no_such_set";
+  EXPECT_THROW(run_bench(opt, stdout), InputError);
+  opt.case_set = "tiny";
+  opt.backends = "no.such.backend";  // with or without a GPU
+  EXPECT_THROW(run_bench(opt, stdout), InputError);
+}
+
+int cli(std::vector<std::string> args) {
+  args.insert(args.begin(), "mlagate");
+  std::vector<char*> argv;
+  for (auto& s : args) argv.push_back(s.data());
+  return cli_main(static_cast<int>(argv.size()), argv.data());
+}
+
+// The command end to end on the tiny set: every (case, CUDA backend) row runs;
+// the JSON's bytes are the accounting's, GB/s is bytes / median time, the
+// fastest of each case has ratio 1 and nobody beats the HBM peak (L2 is flushed).
+TEST(Bench, TinyCaseSetOnTheGpu) {
+  const std::string json =
+      (std::filesystem::temp_directory_path() / ("mlagate_bench_" + std::to_string(::getpid()) + ".json")).string();
+  const int rc = cli({"bench", "--case-set", "tiny", "--backend", "cuda.*", "--min-time", "0.02", "--json", json});
+  if (!cuda_device_info().available) {
+    EXPECT_EQ(rc, kExitUsage) << "without a GPU the bench must say so and exit 2";
+    GTEST_SKIP() << cuda_device_info().error;
+  }
+  ASSERT_EQ(rc, kExitPassed);
+  std::ifstream f(json);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  std::filesystem::remove(json);
+  const double peak = j.at("hbm_peak_gbs");
+  EXPECT_GT(peak, 1000.0);  // H100 / H200: 3.35 / 4.9 TB/s
+  ASSERT_EQ(j.at("rows").size(), 4u);  // 2 cases x {cuda.ref, cuda.splitkv}
+  std::map<std::string, double> fastest;
+  for (const auto& r : j.at("rows")) {
+    ASSERT_EQ(r.at("status"), "ok") << r.dump();
+    const CaseSpec& c = tiny(r.at("case").get<std::string>().find("spec2") != std::string::npos ? "spec2_b2_s256"
+                                                                                                  : "b2_s256");
+    const DecodeWork w = ideal_decode_work(c, r.at("block_size"));
+    EXPECT_EQ(r.at("bytes_read").get<double>(), w.bytes_read);
+    EXPECT_EQ(r.at("flops").get<double>(), w.flops);
+    EXPECT_GE(r.at("iterations").get<int>(), 3);  // a median of at least kMinSamples
+    const double ms = r.at("time_ms_median");
+    EXPECT_GT(ms, 0.0);
+    EXPECT_GE(ms, r.at("time_ms_min").get<double>());
+    EXPECT_NEAR(r.at("gbs").get<double>(), w.bytes() / (ms * 1e-3) / 1e9, 1e-6 * w.bytes());
+    EXPECT_LT(r.at("pct_hbm_peak").get<double>(), 100.0);
+    EXPECT_GE(r.at("x_fastest").get<double>(), 1.0);
+    auto& best = fastest[r.at("case")];
+    best = best == 0 ? r.at("x_fastest").get<double>() : std::min(best, r.at("x_fastest").get<double>());
+  }
+  ASSERT_EQ(fastest.size(), 2u);
+  for (const auto& [id, x] : fastest) EXPECT_EQ(x, 1.0) << id;
+}
+
+}  // namespace
+}  // namespace mlagate

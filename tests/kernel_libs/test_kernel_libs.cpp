@@ -1,0 +1,187 @@
+// Tests of the real-library adapters (flashmla, flashinfer.mla.fa2/.fa3),
+// built only when their checkouts are given (-DMLAGATE_FLASHMLA_SOURCE_DIR,
+// -DMLAGATE_FLASHINFER_INCLUDE_DIR), so never in CI. supports() must give the
+// libraries' stated limits with their reasons (no GPU needed); on a GPU every
+// smoke and edges case each adapter supports must pass the decode op against
+// the fp64 golden, and the bench handle must launch. Without a GPU the device
+// tests skip.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_backends.h"
+#include "backends/registry.h"
+#include "cases/case.h"
+#include "cases/paged_cache.h"
+#include "cases/suite.h"
+#include "harness/cli.h"
+#include "harness/runner.h"
+
+namespace mlagate {
+namespace {
+
+#define MLAGATE_REQUIRE_GPU()                                                    \
+  do {                                                                           \
+    if (!cuda_device_info().available) GTEST_SKIP() << cuda_device_info().error; \
+  } while (0)
+
+// The adapters this build has, by the registry's names.
+std::vector<std::string> adapter_names() {
+  std::vector<std::string> names;
+  for (const BackendEntry& e : backend_registry())
+    if (e.name.rfind("flashmla", 0) == 0 || e.name.rfind("flashinfer", 0) == 0) names.push_back(e.name);
+  return names;
+}
+
+std::unique_ptr<Backend> make(const std::string& name) { return std::move(select_backends(name).front()); }
+
+CaseSpec decode_case() {
+  CaseSpec s;
+  s.batch = {"two", {64, 130}, {1, 1}, false, ""};
+  s.tp = 16;
+  return s;
+}
+
+void expect_no(const Support& s, const std::string& words) {
+  EXPECT_FALSE(s.ok) << "expected NOT_SUPPORTED (" << words << ")";
+  EXPECT_NE(s.reason.find(words), std::string::npos) << s.reason;
+}
+
+TEST(KernelLibs, TheRegistryHasTheEnabledAdapters) {
+  const std::vector<std::string> names = adapter_names();
+  std::vector<std::string> want;
+#if MLAGATE_HAS_FLASHMLA
+  want.push_back("flashmla");
+#endif
+#if MLAGATE_HAS_FLASHINFER
+  want.push_back("flashinfer.mla.fa2");
+#endif
+#if MLAGATE_HAS_FLASHINFER_FA3
+  want.push_back("flashinfer.mla.fa3");
+#endif
+  EXPECT_EQ(names, want);
+}
+
+#if MLAGATE_HAS_FLASHMLA
+TEST(KernelLibs, FlashMlaStatesItsLimits) {
+  const auto b = make("flashmla");
+  CaseSpec s = decode_case();
+  EXPECT_TRUE(b->supports(s, Op::kDecode).ok) << b->supports(s, Op::kDecode).reason;
+  s.block_size = 16;
+  expect_no(b->supports(s, Op::kDecode), "block size 16 not in {64}");
+  s = decode_case();
+  s.kv_cache_dtype = KvCacheDtype::kFp8;
+  expect_no(b->supports(s, Op::kDecode), "kv cache dtype fp8 not in {auto}");
+  s = decode_case();
+  s.batch.query_lens = {1, 2};
+  expect_no(b->supports(s, Op::kDecode), "UNIFORM");
+  s = decode_case();
+  s.dims.kv_lora_rank = 256;
+  expect_no(b->supports(s, Op::kDecode), "head_size_v (L) 256 is not 512");
+  s = decode_case();
+  s.dims.rope_dim = 32;
+  expect_no(b->supports(s, Op::kDecode), "head_size_k (L + R) 544 not in {576, 512}");
+  s = decode_case();
+  expect_no(b->supports(s, Op::kPrefill), "no prefill kernel");
+}
+#endif
+
+#if MLAGATE_HAS_FLASHINFER
+TEST(KernelLibs, FlashInferStatesItsLimits) {
+  std::vector<std::string> names = {"flashinfer.mla.fa2"};
+#if MLAGATE_HAS_FLASHINFER_FA3
+  names.push_back("flashinfer.mla.fa3");
+#endif
+  for (const std::string& n : names) {
+    SCOPED_TRACE(n);
+    const auto b = make(n);
+    CaseSpec s = decode_case();
+    for (int bs : {1, 16, 32, 64, 128}) {
+      s.block_size = bs;
+      EXPECT_TRUE(b->supports(s, Op::kDecode).ok) << bs << ": " << b->supports(s, Op::kDecode).reason;
+    }
+    s = decode_case();
+    s.batch.query_lens = {1, 2};  // VARLEN
+    EXPECT_TRUE(b->supports(s, Op::kDecode).ok) << b->supports(s, Op::kDecode).reason;
+    s = decode_case();
+    s.kv_cache_dtype = KvCacheDtype::kFp8;
+    s.dtype = DType::kF16;
+    expect_no(b->supports(s, Op::kDecode), "fp8 kv cache needs bf16 queries");
+    s.kv_cache_dtype = KvCacheDtype::kFp8DsMla;
+    s.dtype = DType::kBF16;
+    expect_no(b->supports(s, Op::kDecode), "not in {auto, fp8, fp8_e4m3}");
+    s = decode_case();
+    s.dims.rope_dim = 32;
+    expect_no(b->supports(s, Op::kDecode), "built for head_dim_ckv 512, head_dim_kpe 64");
+  }
+}
+#endif
+
+// Every supported smoke and edges decode record passes against the fp64
+// golden (the fixed policy of the device tests, lse included), poisoning on.
+TEST(KernelLibs, SmokeAndEdgesDecodePass) {
+  MLAGATE_REQUIRE_GPU();
+  std::vector<std::unique_ptr<Backend>> backends;
+  for (const std::string& n : adapter_names()) backends.push_back(make(n));
+  ASSERT_FALSE(backends.empty());
+  RunConfig cfg;
+  cfg.cases = load_suite("smoke").cases;
+  for (const CaseSpec& c : load_suite("edges").cases) cfg.cases.push_back(c);
+  cfg.ops = {Op::kDecode};
+  cfg.policy = make_policy("fixed", 5e-2, 1e-2);
+  std::map<std::string, int> passed;
+  for (const Record& r : run_cases(cfg, backends)) {
+    if (r.status == Status::kNotSupported) continue;
+    EXPECT_EQ(r.status, Status::kPassed) << r.backend << " " << r.case_id << ": " << r.message;
+    if (r.status == Status::kPassed) ++passed[r.backend];
+  }
+  for (const auto& b : backends) {
+    EXPECT_GT(passed[std::string(b->name())], 5) << b->name();
+    std::printf("%-20s %d smoke/edges decode records passed\n", std::string(b->name()).c_str(),
+                passed[std::string(b->name())]);
+  }
+}
+
+// prepare_decode_bench gives a handle whose launch() runs without error, twice,
+// on a stream of the caller's (the bench's use of it).
+TEST(KernelLibs, BenchHandlesLaunch) {
+  MLAGATE_REQUIRE_GPU();
+  const Case c = generate_case(decode_case());
+  for (const std::string& n : adapter_names()) {
+    SCOPED_TRACE(n);
+    auto b = make(n);
+    const int bs = resolve_block_size(b->capabilities(), c.spec);
+    const PagedCache cache = build_paged_cache(c, bs);
+    const std::int64_t T = c.num_tokens, N = c.spec.num_heads(), L = c.spec.dims.kv_lora_rank;
+    // Zero queries: this checks that the handle launches, the suites check values.
+    Tensor q_lat(c.spec.dtype, {T, N, L}), q_pe(c.spec.dtype, {T, N, c.spec.dims.rope_dim});
+    Tensor o(c.spec.dtype, {T, N, L}), lse(DType::kF32, {T, N});
+    DecodeArgs a;
+    a.q_lat = q_lat.view();
+    a.q_pe = q_pe.view();
+    a.cache = &cache;
+    a.seq_lens = c.seq_lens;
+    a.query_start_loc = c.query_start_loc;
+    std::vector<std::int32_t> rows(c.num_requests);
+    for (int i = 0; i < c.num_requests; ++i) rows[i] = i;
+    a.block_table_rows = rows;
+    a.scale = c.spec.softmax_scale();
+    a.o_lat = o.view();
+    a.lse = lse.view();
+    std::unique_ptr<DecodeBench> h = b->prepare_decode_bench(a);
+    ASSERT_NE(h, nullptr);
+    cudaStream_t s = nullptr;
+    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+    h->launch(s);
+    h->launch(s);
+    EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    cudaStreamDestroy(s);
+  }
+}
+
+}  // namespace
+}  // namespace mlagate
