@@ -117,6 +117,16 @@ class DecodeBench {
   virtual std::string note() const { return {}; }
 };
 
+// The argument checks every decode kernel needs before it reads anything, in
+// one place for the CPU, CUDA and kernel-library backends: ranks, the shared
+// 16-bit model dtype and the shapes of q_lat, q_pe, o_lat and lse, the cache's
+// L and R against the queries', query_start_loc, the block-table rows, seq_lens
+// against the table width, and every block id a request reads within
+// [0, num_blocks). Throws std::invalid_argument ("decode: ..."), and
+// std::out_of_range for a block id, so a bad id fails on the host and never
+// inside a kernel (a device fault would poison the CUDA context).
+void check_decode_args(const DecodeArgs& a);
+
 // Capability checks shared by every backend's supports().
 Support check_capabilities(const Capabilities& caps, const CaseSpec& spec, Op op);
 // The block size this backend runs a case with (the case's, or the preferred one).

@@ -110,11 +110,6 @@ void dequantize_entry(const EntryLayout& e, const std::uint8_t* src, float* dst,
   }
 }
 
-void expect_shape(const TensorView& t, const Shape& want, const char* name) {
-  if (t.shape != want) bad_arg(std::string(name) + " has shape " + shape_str(t.shape) + ", expected " + shape_str(want));
-  if (t.data == nullptr && t.numel() > 0) bad_arg(std::string(name) + " has no data");
-}
-
 }  // namespace
 
 void widen(const std::uint16_t* src, float* dst, std::int64_t n, DType dt) {
@@ -158,22 +153,10 @@ void check_model_dtype(DType dt, const char* what) {
 }
 
 void gather_keys(const DecodeArgs& a, const KernelFaults& faults, GatheredKeys& keys) {
-  if (a.cache == nullptr) bad_arg("no cache");
+  check_decode_args(a);  // every block id in range: a bad one throws here, not inside a parallel loop
   const PagedCache& cache = *a.cache;
-  if (a.q_lat.shape.size() != 3) bad_arg("q_lat must be [T, N, L], got " + shape_str(a.q_lat.shape));
-  if (a.q_pe.shape.size() != 3) bad_arg("q_pe must be [T, N, R], got " + shape_str(a.q_pe.shape));
-  const std::int64_t t = a.q_lat.shape[0], n = a.q_lat.shape[1], l = a.q_lat.shape[2];
-  const std::int64_t r = a.q_pe.shape[2];
+  const std::int64_t l = a.q_lat.shape[2], r = a.q_pe.shape[2];
   const DType dt = a.q_lat.dtype;
-  check_model_dtype(dt, "decode q_lat");
-  if (a.q_pe.dtype != dt || a.o_lat.dtype != dt || cache.elem_dtype != dt) {
-    bad_arg("q_lat, q_pe, o_lat and the cache entries must share one model dtype");
-  }
-  if (a.lse.dtype != DType::kF32) bad_arg("lse must be float32");
-  expect_shape(a.q_lat, {t, n, l}, "q_lat");
-  expect_shape(a.q_pe, {t, n, r}, "q_pe");
-  expect_shape(a.o_lat, {t, n, l}, "o_lat");
-  expect_shape(a.lse, {t, n}, "lse");
   const EntryLayout layout = entry_layout(cache.kv_dtype, static_cast<int>(l), static_cast<int>(r));
   if (cache.entry_bytes != layout.bytes) {
     bad_arg("cache entry of " + std::to_string(cache.entry_bytes) + " bytes, expected " + std::to_string(layout.bytes) +
@@ -183,38 +166,20 @@ void gather_keys(const DecodeArgs& a, const KernelFaults& faults, GatheredKeys& 
   if (is_fp8(cache.kv_dtype) && !(a.k_scale > 0 && std::isfinite(a.k_scale))) bad_arg("k_scale must be positive and finite");
 
   const std::size_t b = a.seq_lens.size();
-  if (a.query_start_loc.size() != b + 1) bad_arg("query_start_loc must have B + 1 entries");
-  if (a.block_table_rows.size() != b) bad_arg("block_table_rows must have B entries");
-  if (a.query_start_loc[0] != 0 || a.query_start_loc[b] != t) bad_arg("query_start_loc must run from 0 to T");
   const int bs = cache.block_size;
-  if (bs < 1) bad_arg("cache block size " + std::to_string(bs));
-  const std::int64_t table_rows = cache.block_table.dim(0);
   const std::int64_t width = cache.block_table.dim(1);
   const std::int32_t* table = cache.block_table.data<std::int32_t>();
-
   keys.width = static_cast<int>(l + r);
   keys.start.assign(b + 1, 0);
-  for (std::size_t i = 0; i < b; ++i) {
-    if (a.query_start_loc[i + 1] < a.query_start_loc[i]) bad_arg("query_start_loc must not decrease");
-    if (a.seq_lens[i] < 0) bad_arg("negative seq_len");
-    keys.start[i + 1] = keys.start[i] + a.seq_lens[i];
-  }
+  for (std::size_t i = 0; i < b; ++i) keys.start[i + 1] = keys.start[i] + a.seq_lens[i];
 
-  // Slots first, serially: a bad block id must throw here, not inside a parallel loop.
   std::vector<std::int64_t> slots(static_cast<std::size_t>(keys.start[b]));
   for (std::size_t i = 0; i < b; ++i) {
     const int row = a.block_table_rows[i];
-    if (row < 0 || row >= table_rows) bad_arg("block table row " + std::to_string(row) + " out of range");
     const int s = a.seq_lens[i];
     for (int p = 0; p < s; ++p) {
-      if (p / bs >= width) bad_arg("seq_len " + std::to_string(s) + " exceeds the block table width");
       std::int64_t block = table[row * width + p / bs];
       if (faults.last_key_from_null_block && p == s - 1) block = 0;
-      if (block < 0 || block >= cache.num_blocks) {
-        throw std::out_of_range("decode: request " + std::to_string(i) + " key " + std::to_string(p) +
-                                " maps to block " + std::to_string(block) + " of " +
-                                std::to_string(cache.num_blocks));
-      }
       slots[keys.start[i] + p] = block * bs + p % bs;
     }
   }

@@ -17,9 +17,8 @@
 
 namespace mlagate::libs {
 
-// Shape, dtype and block-table checks of a decode call, in the words of the
-// CUDA backends ("decode: q_lat has shape ..."); every block a request reads
-// must be a valid block of the cache. Throws std::invalid_argument or
+// check_decode_args (backends/backend.h), and at least one request: the
+// libraries' planners take no empty batch. Throws std::invalid_argument or
 // std::out_of_range (ERROR records), never launches anything.
 void validate_decode_args(const DecodeArgs& a);
 
