@@ -87,8 +87,7 @@ void retarget_case(Case& c, const CaseSpec& spec) {
   fill_cache_values(c);
 }
 
-Case generate_case(const CaseSpec& spec) {
-  spec.validate();
+Case case_layout(const CaseSpec& spec) {
   Case c;
   c.spec = spec;
   c.num_requests = spec.num_requests();
@@ -105,6 +104,12 @@ Case generate_case(const CaseSpec& spec) {
     c.query_start_loc.push_back(c.query_start_loc.back() + q);
     c.kv_start_loc.push_back(c.kv_start_loc.back() + s);
   }
+  return c;
+}
+
+Case generate_case(const CaseSpec& spec) {
+  spec.validate();
+  Case c = case_layout(spec);
   const Dims& d = spec.dims;
   const std::int64_t N = spec.num_heads();
   c.q = Tensor(spec.dtype, {c.num_tokens, N, d.nope_dim + d.rope_dim});

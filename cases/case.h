@@ -36,6 +36,10 @@ struct Case {
 
 // Validates the spec (InvalidCase) and draws the inputs.
 Case generate_case(const CaseSpec& spec);
+// The case fields the spec alone gives (counts, per-request lengths and
+// offsets), tensors empty and the spec not validated: generate_case starts
+// from it, and readers of stored inputs (golden files) fill the tensors.
+Case case_layout(const CaseSpec& spec);
 
 // The inputs depend on neither the kv cache dtype, its scale rule, k_scale nor
 // the block size: cases with equal keys draw identical tensors.

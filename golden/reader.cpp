@@ -344,7 +344,7 @@ PreparedCase GoldenReader::load_case(const std::string& id) {
   const CaseHeader h = m.read_header(g.get(), id, budget);
   if (!h.valid || !h.has_inputs) bad(w, "no stored inputs (a results file holds outputs only: replay its golden file)");
   PreparedCase pc;
-  pc.c = schema::case_shell(h.spec);
+  pc.c = case_layout(h.spec);
   {
     const h5::Group in = io::open_group(g.get(), schema::kInputsGroup, w);
     const Where wi = w / schema::kInputsGroup;

@@ -28,26 +28,6 @@ std::vector<std::string> id_path(const std::string& id) {
 
 std::string cache_group_name(int block_size) { return "bs" + std::to_string(block_size); }
 
-Case case_shell(const CaseSpec& spec) {
-  Case c;
-  c.spec = spec;
-  c.num_requests = spec.num_requests();
-  c.num_tokens = spec.num_tokens();
-  c.num_kv_tokens = spec.num_kv_tokens();
-  c.query_start_loc.assign(1, 0);
-  c.kv_start_loc.assign(1, 0);
-  for (int i = 0; i < c.num_requests; ++i) {
-    const int s = spec.batch.seq_lens[static_cast<std::size_t>(i)];
-    const int q = spec.batch.query_lens[static_cast<std::size_t>(i)];
-    c.seq_lens.push_back(s);
-    c.query_lens.push_back(q);
-    c.context_lens.push_back(s - q);
-    c.query_start_loc.push_back(c.query_start_loc.back() + q);
-    c.kv_start_loc.push_back(c.kv_start_loc.back() + s);
-  }
-  return c;
-}
-
 std::array<const Tensor*, 5> input_tensors(const Case& c) { return {&c.q, &c.kv_c, &c.k_pe, &c.w_uk, &c.w_uv}; }
 std::array<Tensor*, 5> input_tensors(Case& c) { return {&c.q, &c.kv_c, &c.k_pe, &c.w_uk, &c.w_uv}; }
 
@@ -63,7 +43,7 @@ PagedCache cache_template(const CaseSpec& spec, int block_size) {
   one.batch.seq_lens = {1};
   one.batch.query_lens = {1};
   one.batch.spec_decode = false;
-  Case c = case_shell(one);
+  Case c = case_layout(one);
   c.kv_c = Tensor(spec.dtype, {1, spec.dims.kv_lora_rank});
   c.k_pe = Tensor(spec.dtype, {1, spec.dims.rope_dim});
   CacheOptions opt;

@@ -35,8 +35,6 @@ std::string file_kind_name(FileKind k);  // "golden" | "results"
 std::vector<std::string> id_path(const std::string& id);
 std::string cache_group_name(int block_size);  // "bs16"
 
-// Case fields derived from the spec, as generate_case sets them (tensors empty).
-Case case_shell(const CaseSpec& spec);
 // Tensors of a case in kInputNames order.
 std::array<const Tensor*, 5> input_tensors(const Case& c);
 std::array<Tensor*, 5> input_tensors(Case& c);
