@@ -18,14 +18,24 @@ std::string_view op_name(Op op) {
     case Op::kPrefill: return "prefill";
     case Op::kLayer: return "layer";
     case Op::kCacheWrite: return "cache_write";
+    case Op::kSparseDecode: return "sparse_decode";
+    case Op::kSparsePrefill: return "sparse_prefill";
   }
   return "?";
 }
 
+std::span<const Op> all_ops() {
+  static constexpr Op kOps[] = {Op::kDecode, Op::kPrefill, Op::kLayer, Op::kCacheWrite, Op::kSparseDecode, Op::kSparsePrefill};
+  return kOps;
+}
+
+bool is_sparse_op(Op op) { return op == Op::kSparseDecode || op == Op::kSparsePrefill; }
+
 Op parse_op(std::string_view s) {
-  for (Op op : {Op::kDecode, Op::kPrefill, Op::kLayer, Op::kCacheWrite})
+  for (Op op : all_ops())
     if (s == op_name(op)) return op;
-  throw InputError("unknown op '" + std::string(s) + "' (expected layer, decode, prefill or cache_write)");
+  throw InputError("unknown op '" + std::string(s) +
+                   "' (expected layer, decode, prefill, cache_write, sparse_decode or sparse_prefill)");
 }
 
 std::string_view query_len_support_name(QueryLenSupport q) {
@@ -66,6 +76,11 @@ Support check_capabilities(const Capabilities& caps, const CaseSpec& spec, Op op
   if (std::find(caps.block_sizes.begin(), caps.block_sizes.end(), bs) == caps.block_sizes.end())
     return Support::no("block size " + std::to_string(bs) + " not in " +
                        join(caps.block_sizes, [](int b) { return std::to_string(b); }));
+  // Sparse cases (top-k rows, windows) and dense ones have different ops.
+  if (is_sparse_op(op) && !spec.sparse.active())
+    return Support::no("a dense case: " + std::string(op_name(op)) + " needs a sparse case (topk or window)");
+  if (!is_sparse_op(op) && spec.sparse.active())
+    return Support::no("a sparse case: run it with --op sparse_decode,sparse_prefill");
   switch (op) {
     case Op::kLayer:
       return Support::yes();  // the layer's own routing checks come from the harness
@@ -87,6 +102,10 @@ Support check_capabilities(const Capabilities& caps, const CaseSpec& spec, Op op
     }
     case Op::kPrefill:
       return has_op(caps, Op::kPrefill) ? Support::yes() : Support::no("no prefill kernel");
+    case Op::kSparseDecode:
+      return has_op(caps, Op::kSparseDecode) ? Support::yes() : Support::no("no sparse decode kernel");
+    case Op::kSparsePrefill:
+      return has_op(caps, Op::kSparsePrefill) ? Support::yes() : Support::no("no sparse prefill kernel");
   }
   return Support::yes();
 }
@@ -96,6 +115,14 @@ Support Backend::supports(const CaseSpec& spec, Op op) const { return check_capa
 void Backend::decode(const DecodeArgs&) { throw NotSupportedError(std::string(name()) + " has no decode kernel"); }
 
 void Backend::prefill(const PrefillArgs&) { throw NotSupportedError(std::string(name()) + " has no prefill kernel"); }
+
+void Backend::sparse_decode(const SparseDecodeArgs&) {
+  throw NotSupportedError(std::string(name()) + " has no sparse decode kernel");
+}
+
+void Backend::sparse_prefill(const SparsePrefillArgs&) {
+  throw NotSupportedError(std::string(name()) + " has no sparse prefill kernel");
+}
 
 void Backend::cache_write(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,
                           std::span<const std::int64_t> slots) {
@@ -157,6 +184,140 @@ void check_decode_args(const DecodeArgs& a) {
       if (id < 0 || id >= cache.num_blocks)
         throw std::out_of_range("decode: request " + std::to_string(i) + " key " + std::to_string(blk * bs) +
                                 " maps to block " + std::to_string(id) + " of " + std::to_string(cache.num_blocks));
+    }
+  }
+}
+
+namespace {
+
+[[noreturn]] void bad_sparse(const char* op, const std::string& what) {
+  throw std::invalid_argument(std::string(op) + ": " + what);
+}
+
+void expect_shape(const char* op, const TensorView& t, const Shape& want, const char* name, DType dt) {
+  if (t.shape != want) bad_sparse(op, std::string(name) + " has shape " + shape_str(t.shape) + ", expected " + shape_str(want));
+  if (t.dtype != dt)
+    bad_sparse(op, std::string(name) + " has dtype " + std::string(dtype_name(t.dtype)) + ", expected " +
+                       std::string(dtype_name(dt)));
+  if (t.data == nullptr && t.numel() > 0) bad_sparse(op, std::string(name) + " has no data");
+}
+
+// Rows of slots: every one -1 or in [0, capacity); lengths within [0, K].
+void check_rows(const char* op, const TensorView& idx, std::int64_t T, std::span<const std::int32_t> lens,
+                std::int64_t capacity, const char* name, bool beyond_is_invalid) {
+  if (idx.shape.size() != 2 || idx.shape[0] != T)
+    bad_sparse(op, std::string(name) + " must be [T, K] with T = " + std::to_string(T) + ", got " + shape_str(idx.shape));
+  if (idx.dtype != DType::kI32) bad_sparse(op, std::string(name) + " must be int32");
+  const std::int64_t K = idx.shape[1];
+  if (!lens.empty() && static_cast<std::int64_t>(lens.size()) != T)
+    bad_sparse(op, std::string(name) + " lengths must have T entries");
+  const auto* p = idx.as<std::int32_t>();
+  for (std::int64_t t = 0; t < T; ++t) {
+    const std::int64_t n = lens.empty() ? K : lens[static_cast<std::size_t>(t)];
+    if (n < 0 || n > K)
+      bad_sparse(op, std::string(name) + " length " + std::to_string(n) + " of token " + std::to_string(t) +
+                         " outside [0, " + std::to_string(K) + "]");
+    for (std::int64_t k = 0; k < n; ++k) {
+      const std::int32_t v = p[t * K + k];
+      if (v == -1 || (beyond_is_invalid && v < 0)) continue;
+      if (v < 0 || (!beyond_is_invalid && v >= capacity))
+        throw std::out_of_range(std::string(op) + ": " + name + "[" + std::to_string(t) + ", " + std::to_string(k) +
+                                "] = " + std::to_string(v) + " is neither -1 nor a slot in [0, " +
+                                std::to_string(capacity) + ")");
+    }
+  }
+}
+
+}  // namespace
+
+void check_sparse_decode_args(const SparseDecodeArgs& a) {
+  const char* op = "sparse_decode";
+  if (a.cache == nullptr) bad_sparse(op, "no cache");
+  const PagedCache& c = *a.cache;
+  if (a.q.shape.size() != 3) bad_sparse(op, "q must be [T, N, L+R], got " + shape_str(a.q.shape));
+  const std::int64_t T = a.q.shape[0], N = a.q.shape[1], D = a.q.shape[2];
+  const DType dt = a.q.dtype;
+  if (dt != DType::kBF16 && dt != DType::kF16) bad_sparse(op, "q must be a 16-bit model dtype");
+  if (c.elem_dtype != dt) bad_sparse(op, "the cache's model dtype differs from q's");
+  if (D != c.kv_lora_rank + c.rope_dim)
+    bad_sparse(op, "q has D = " + std::to_string(D) + ", the cache entries L + R = " +
+                       std::to_string(c.kv_lora_rank + c.rope_dim));
+  if (a.o.shape.size() != 3) bad_sparse(op, "o must be [T, N, Dv], got " + shape_str(a.o.shape));
+  const std::int64_t dv = a.o.shape[2];
+  if (dv != c.kv_lora_rank && dv != D) bad_sparse(op, "o's Dv must be L or L + R, got " + std::to_string(dv));
+  expect_shape(op, a.o, {T, N, dv}, "o", dt);
+  expect_shape(op, a.lse, {T, N}, "lse", DType::kF32);
+  if (!a.sink.empty() && static_cast<std::int64_t>(a.sink.size()) != N) bad_sparse(op, "sink must have N entries");
+  const std::int64_t capacity = static_cast<std::int64_t>(c.num_blocks) * c.block_size;
+  if (a.window > 0) {
+    if (a.indices.data != nullptr) bad_sparse(op, "give either indices (V3.2) or a window (V4), not both");
+    const std::size_t b = a.seq_lens.size();
+    if (a.query_start_loc.size() != b + 1 || a.block_table_rows.size() != b)
+      bad_sparse(op, "a window needs seq_lens [B], query_start_loc [B+1] and block_table_rows [B]");
+    if (a.query_start_loc[0] != 0 || a.query_start_loc[b] != T) bad_sparse(op, "query_start_loc must run from 0 to T");
+    const std::int64_t rows = c.block_table.dim(0), width = c.block_table.dim(1);
+    const std::int32_t* table = c.block_table.data<std::int32_t>();
+    for (std::size_t i = 0; i < b; ++i) {
+      const int row = a.block_table_rows[i], s = a.seq_lens[i];
+      if (a.query_start_loc[i + 1] < a.query_start_loc[i]) bad_sparse(op, "query_start_loc must not decrease");
+      if (row < 0 || row >= rows) bad_sparse(op, "block table row " + std::to_string(row) + " out of range");
+      if (s < 0 || (s > 0 && (s - 1) / c.block_size >= width)) bad_sparse(op, "seq_len outside the block table");
+      for (int blk = 0; blk * c.block_size < s; ++blk) {
+        const std::int64_t id = table[row * width + blk];
+        if (id < 0 || id >= c.num_blocks)
+          throw std::out_of_range("sparse_decode: request " + std::to_string(i) + " maps to block " + std::to_string(id) +
+                                  " of " + std::to_string(c.num_blocks));
+      }
+    }
+  } else {
+    check_rows(op, a.indices, T, a.topk_length, capacity, "indices", false);
+  }
+  if (a.extra_cache) {
+    const PagedCache& e = *a.extra_cache;
+    if (e.elem_dtype != dt || e.kv_lora_rank != c.kv_lora_rank || e.rope_dim != c.rope_dim)
+      bad_sparse(op, "the extra cache's entries differ from the main cache's");
+    check_rows(op, a.extra_indices, T, a.extra_topk_length, static_cast<std::int64_t>(e.num_blocks) * e.block_size,
+               "extra_indices", false);
+  } else if (a.extra_indices.data != nullptr) {
+    bad_sparse(op, "extra_indices without an extra cache");
+  }
+}
+
+void check_sparse_prefill_args(const SparsePrefillArgs& a) {
+  const char* op = "sparse_prefill";
+  if (a.q.shape.size() != 3) bad_sparse(op, "q must be [T, N, D], got " + shape_str(a.q.shape));
+  const std::int64_t T = a.q.shape[0], N = a.q.shape[1], D = a.q.shape[2];
+  const DType dt = a.q.dtype;
+  if (dt != DType::kBF16 && dt != DType::kF16) bad_sparse(op, "q must be a 16-bit model dtype");
+  if (a.kv.shape.size() != 2 || a.kv.shape[1] != D) bad_sparse(op, "kv must be [S_kv, D], got " + shape_str(a.kv.shape));
+  expect_shape(op, a.kv, a.kv.shape, "kv", dt);
+  if (a.o.shape.size() != 3 || a.o.shape[2] > D) bad_sparse(op, "o must be [T, N, Dv] with Dv <= D");
+  expect_shape(op, a.o, {T, N, a.o.shape[2]}, "o", dt);
+  expect_shape(op, a.lse, {T, N}, "lse", DType::kF32);
+  if (!a.sink.empty() && static_cast<std::int64_t>(a.sink.size()) != N) bad_sparse(op, "sink must have N entries");
+  check_rows(op, a.indices, T, a.topk_length, a.kv.shape[0], "indices", true);
+}
+
+void sparse_window_slots(const SparseDecodeArgs& a, std::vector<std::int32_t>& slots, std::vector<std::int32_t>& lens) {
+  const std::int64_t T = a.q.shape.at(0);
+  const int W = a.window;
+  const PagedCache& c = *a.cache;
+  slots.assign(static_cast<std::size_t>(T * W), -1);
+  lens.assign(static_cast<std::size_t>(T), 0);
+  const std::int64_t width = c.block_table.dim(1);
+  const std::int32_t* table = c.block_table.data<std::int32_t>();
+  for (std::size_t i = 0; i < a.seq_lens.size(); ++i) {
+    const int s = a.seq_lens[i];
+    const int first = a.query_start_loc[i], q = a.query_start_loc[i + 1] - first;
+    if (s == 0) continue;  // padding: no key
+    const std::int32_t* row = table + static_cast<std::int64_t>(a.block_table_rows[i]) * width;
+    for (int u = 0; u < q; ++u) {
+      const int p = s - q + u;
+      int k = 0;
+      for (int pos = std::max(0, p - W + 1); pos <= p; ++pos)
+        slots[static_cast<std::size_t>((first + u) * static_cast<std::int64_t>(W) + k++)] =
+            row[pos / c.block_size] * c.block_size + pos % c.block_size;
+      lens[static_cast<std::size_t>(first + u)] = k;
     }
   }
 }

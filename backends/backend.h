@@ -16,9 +16,13 @@
 
 namespace mlagate {
 
-enum class Op : std::uint8_t { kDecode, kPrefill, kLayer, kCacheWrite };
+// kSparseDecode / kSparsePrefill: DeepSeek V3.2 and V4 sparse attention
+// (cases/sparse.h); they run on sparse cases only, the others on dense ones.
+enum class Op : std::uint8_t { kDecode, kPrefill, kLayer, kCacheWrite, kSparseDecode, kSparsePrefill };
 std::string_view op_name(Op op);
 Op parse_op(std::string_view s);  // throws InputError
+std::span<const Op> all_ops();    // every op, in the order above
+bool is_sparse_op(Op op);
 
 // How a backend's decode kernel accepts query lengths (vLLM's QueryLenSupport).
 enum class QueryLenSupport : std::uint8_t { kSingleOnly, kUniform, kVarlen };
@@ -74,6 +78,51 @@ struct PrefillArgs {
   TensorView lse;  // out [T, N] float32
 };
 
+// Kernel-level sparse attention over paged caches (FlashMLA's sparse decode,
+// flash_mla_with_kvcache with indices): DeepSeek V3.2 with per-token top-k
+// rows, V4 with a sliding window plus a compressed cache. MQA in latent space:
+// every head reads the same entries; a key is the whole entry [kv_c | k_pe]
+// (dequantized), its value the first Dv elements. For token t and head h:
+//   logit_j = scale * <q[t,h,:], key_j>   over the keys t names (duplicates count twice)
+//   lse     = log sum_j exp(logit_j)      (the sink left out)
+//   o[t,h]  = sum_j exp(logit_j - lse) value_j * 1 / (1 + exp(sink[h] - lse))
+// A row with no key: o = 0 and lse = +inf (FlashMLA) or -inf, never NaN.
+struct SparseDecodeArgs {
+  TensorView q;                        // [T, N, L+R] model dtype: absorbed q_lat then q_pe
+  const PagedCache* cache = nullptr;   // the main cache (block size = the backend's)
+  TensorView indices;                  // V3.2: [T, K] int32 global slots of `cache`, -1 = none; V4: empty
+  std::span<const std::int32_t> topk_length;  // [T] or empty: only the first topk_length[t] slots count
+  // V4's sliding window: token t at position p of its request attends to the
+  // keys max(0, p - window + 1) .. p of that request in `cache`, read through
+  // the block table. The backend builds these slots (sparse_window_slots below
+  // is the reference way). 0: no window (V3.2).
+  int window = 0;
+  std::span<const std::int32_t> seq_lens;          // [B]
+  std::span<const std::int32_t> query_start_loc;   // [B+1]; p = seq_len - query_len + (t - query_start_loc)
+  std::span<const std::int32_t> block_table_rows;  // [B]
+  const PagedCache* extra_cache = nullptr;  // V4's compressed cache (nullptr: none)
+  TensorView extra_indices;                 // [T, K2] int32 global slots of extra_cache, -1 = none
+  std::span<const std::int32_t> extra_topk_length;  // [T] or empty
+  std::span<const float> sink;  // [N] or empty: per-head attention sink (a logit with no value)
+  double scale = 0;
+  TensorView o;    // out [T, N, Dv] model dtype; Dv = L (V3.2) or L + R (V4: the value is the whole entry)
+  TensorView lse;  // out [T, N] float32
+};
+
+// Kernel-level sparse prefill (FlashMLA's flash_mla_sparse_fwd): the same math
+// over a flat array of dequantized model-dtype rows (vLLM gathers the cache into
+// such a workspace); index k names row k, and -1 or k >= S_kv names none.
+struct SparsePrefillArgs {
+  TensorView q;        // [T, N, D] model dtype
+  TensorView kv;       // [S_kv, D] model dtype (unused rows may hold NaN: never read them)
+  TensorView indices;  // [T, K] int32
+  std::span<const std::int32_t> topk_length;  // [T] or empty
+  std::span<const float> sink;                // [N] or empty
+  double scale = 0;
+  TensorView o;    // out [T, N, Dv] model dtype, the value = the first Dv elements of a row
+  TensorView lse;  // out [T, N] float32
+};
+
 class DecodeBench;  // below: a prepared decode for `mlagate bench`
 
 // One instance runs one call at a time (the runner is sequential); backends
@@ -89,6 +138,8 @@ class Backend {
   // (optional) kernel-level ops; the defaults throw NotSupportedError.
   virtual void decode(const DecodeArgs& args);
   virtual void prefill(const PrefillArgs& args);
+  virtual void sparse_decode(const SparseDecodeArgs& args);
+  virtual void sparse_prefill(const SparsePrefillArgs& args);
   // (optional) writes new tokens into the cache in its format (cache.kv_dtype,
   // cache.k_scale, cache.scale_rule; layouts in cases/fp8.h); defaults to the
   // reference writer. List Op::kCacheWrite in capabilities().ops to have the
@@ -126,6 +177,15 @@ class DecodeBench {
 // std::out_of_range for a block id, so a bad id fails on the host and never
 // inside a kernel (a device fault would poison the CUDA context).
 void check_decode_args(const DecodeArgs& a);
+
+// The same for the sparse ops: shapes and dtypes, and every slot a token may
+// read (-1 or within the cache; topk_length within [0, K]); throws
+// std::invalid_argument ("sparse_decode: ...") or std::out_of_range.
+void check_sparse_decode_args(const SparseDecodeArgs& a);
+void check_sparse_prefill_args(const SparsePrefillArgs& a);
+// V4's window slots of every token: slots [T * window] (-1 past lens[t]) and
+// lens [T], through a.cache's block table.
+void sparse_window_slots(const SparseDecodeArgs& a, std::vector<std::int32_t>& slots, std::vector<std::int32_t>& lens);
 
 // Capability checks shared by every backend's supports().
 Support check_capabilities(const Capabilities& caps, const CaseSpec& spec, Op op);

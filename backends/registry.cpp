@@ -31,6 +31,7 @@ const std::vector<BackendEntry>& backend_registry() {
   static const std::vector<BackendEntry> kRegistry = {
       {"cpu.paged", make_cpu_paged},
       {"cpu.splitkv", make_cpu_splitkv_with},
+      {"cpu.sparse", make_cpu_sparse},
 #if MLAGATE_HAS_CUDA
       {"cuda.ref", make_cuda_ref},
       {"cuda.splitkv", make_cuda_splitkv},

@@ -9,6 +9,7 @@
 #include "cases/errors.h"
 #include "cases/fp8.h"
 #include "cases/generator.h"
+#include "cases/sparse.h"
 
 namespace mlagate {
 
@@ -25,7 +26,8 @@ void fill_normal(Tensor& t, std::uint64_t seed, const char* name, double factor)
     out[i] = round(static_cast<float>(gen::normal_at(st, static_cast<std::uint64_t>(i)) * factor));
 }
 
-// kv_c_cache / k_pe_cache: every token through the reference encoding and back.
+}  // namespace
+
 void fill_cache_values(Case& c) {
   if (!is_fp8(c.spec.kv_cache_dtype)) {
     c.kv_c_cache = Tensor();
@@ -52,8 +54,6 @@ void fill_cache_values(Case& c) {
   }
 }
 
-}  // namespace
-
 std::string inputs_key(const CaseSpec& spec) {
   CaseSpec k = spec;
   k.suite.clear();
@@ -74,7 +74,8 @@ std::string cache_values_key(const CaseSpec& spec) {
       std::snprintf(buf, sizeof buf, "%a", static_cast<double>(spec.k_scale));
       return k + "e4m3/k_scale=" + buf;
     }
-    case KvCacheDtype::kFp8DsMla: return k + kv_cache_format_name(spec.kv_format());
+    case KvCacheDtype::kFp8DsMla:
+    case KvCacheDtype::kFp8V4: return k + kv_cache_format_name(spec.kv_format());
   }
   return k;
 }
@@ -85,6 +86,7 @@ void retarget_case(Case& c, const CaseSpec& spec) {
   spec.validate();
   c.spec = spec;
   fill_cache_values(c);
+  if (c.sparse) c.sparse = retarget_sparse(*c.sparse, spec);
 }
 
 Case case_layout(const CaseSpec& spec) {
@@ -125,6 +127,7 @@ Case generate_case(const CaseSpec& spec) {
   fill_normal(c.w_uk, spec.seed, "w_uk", w);
   fill_normal(c.w_uv, spec.seed, "w_uv", w);
   fill_cache_values(c);
+  if (spec.sparse.active()) c.sparse = generate_sparse(c);
   return c;
 }
 

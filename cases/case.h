@@ -3,12 +3,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "cases/case_spec.h"
 #include "cases/tensor.h"
 
 namespace mlagate {
+
+struct SparseInputs;  // cases/sparse.h
 
 struct Case {
   CaseSpec spec;
@@ -32,7 +35,15 @@ struct Case {
   // (cases/fp8.h), in fp32. The golden attends over these (MLA_SPEC section 7).
   Tensor kv_c_cache;  // [S, L] float32
   Tensor k_pe_cache;  // [S, R] float32
+
+  // Sparse cases (spec.sparse.active()): index sets, sink, V4's compressed
+  // cache (cases/sparse.h); shared and never modified once drawn.
+  std::shared_ptr<const SparseInputs> sparse;
 };
+
+// Fills kv_c_cache / k_pe_cache from kv_c / k_pe for the spec's kv cache dtype
+// (every token through the reference encoding and back; empty for auto).
+void fill_cache_values(Case& c);
 
 // Validates the spec (InvalidCase) and draws the inputs.
 Case generate_case(const CaseSpec& spec);

@@ -26,12 +26,16 @@ constexpr double kMaxElements = 4.0e9;
 Dims dims_preset(const std::string& name) {
   if (name == "deepseek") return Dims{};
   if (name == "glm") return Dims{512, 64, 192, 256};
-  throw InputError("unknown dims preset '" + name + "' (expected deepseek or glm)");
+  // DeepSeek V4: a 512-wide entry of 448 NoPE + 64 RoPE (P and V only shape the
+  // absorbed queries; the sparse ops return the whole entry).
+  if (name == "v4") return Dims{448, 64, 128, 128};
+  throw InputError("unknown dims preset '" + name + "' (expected deepseek, glm or v4)");
 }
 
 std::string dims_label(const Dims& d) {
   if (d == Dims{}) return "deepseek";
   if (d == Dims{512, 64, 192, 256}) return "glm";
+  if (d == Dims{448, 64, 128, 128}) return "v4";
   return std::to_string(d.kv_lora_rank) + "." + std::to_string(d.rope_dim) + "." +
          std::to_string(d.nope_dim) + "." + std::to_string(d.v_head_dim);
 }
@@ -52,7 +56,28 @@ std::string CaseSpec::id() const {
   if (q_magnitude != 1.0) s += "/qmag=" + fmt_double(q_magnitude);
   if (scale) s += "/scale=" + fmt_double(*scale);
   if (k_scale != 1.0f) s += "/kscale=" + fmt_double(k_scale);
+  if (sparse.topk > 0) s += "/topk=" + std::to_string(sparse.topk);
+  if (sparse.window > 0) s += "/win=" + std::to_string(sparse.window);
+  if (sparse.compress > 0) s += "/cmp=" + std::to_string(sparse.compress) + "x" + std::to_string(sparse.extra_topk);
+  if (sparse.active() && sparse.pattern != IndexPattern::kRandom) s += "/idx=" + std::string(index_pattern_name(sparse.pattern));
+  if (sparse.sink) s += "/sink";
   return s;
+}
+
+std::string_view index_pattern_name(IndexPattern p) {
+  switch (p) {
+    case IndexPattern::kRandom: return "random";
+    case IndexPattern::kDuplicates: return "dup";
+    case IndexPattern::kInvalidRows: return "invalid_rows";
+    case IndexPattern::kLengths: return "lens";
+  }
+  return "?";
+}
+
+IndexPattern parse_index_pattern(std::string_view s) {
+  for (IndexPattern p : {IndexPattern::kRandom, IndexPattern::kDuplicates, IndexPattern::kInvalidRows, IndexPattern::kLengths})
+    if (s == index_pattern_name(p)) return p;
+  throw InputError("unknown index pattern '" + std::string(s) + "' (expected random, dup, invalid_rows or lens)");
 }
 
 void CaseSpec::validate() const {
@@ -93,6 +118,18 @@ void CaseSpec::validate() const {
     if (L % 128 != 0) fail("fp8_ds_mla needs kv_lora_rank a multiple of 128, got " + std::to_string(L));
     if (dtype != DType::kBF16) fail("fp8_ds_mla stores RoPE as bf16 verbatim: the model dtype must be bf16");
   }
+  if (kv_cache_dtype == KvCacheDtype::kFp8V4) {
+    if (L != 448 || R != 64) fail("fp8_v4 is DeepSeek V4's entry: dims v4 (kv_lora_rank 448, rope dim 64)");
+    if (dtype != DType::kBF16) fail("fp8_v4 stores RoPE as bf16 verbatim: the model dtype must be bf16");
+  }
+  const SparseSpec& sp = sparse;
+  if (sp.topk < 0 || sp.window < 0 || sp.compress < 0 || sp.extra_topk < 0) fail("sparse parameters must be >= 0");
+  if (sp.topk > 65536 || sp.window > 1 << 20 || sp.extra_topk > 65536) fail("sparse index widths out of range");
+  if (sp.topk > 0 && sp.window > 0) fail("topk (V3.2) and window (V4) exclude each other");
+  if ((sp.compress > 0) != (sp.extra_topk > 0)) fail("compress and extra_topk go together (the V4 compressed cache)");
+  if (sp.compress > 0 && sp.window == 0) fail("a compressed cache (compress) belongs to a V4 case: give window too");
+  if (sp.compress == 1) fail("compress ratio 1 is no compression (use 4 or 128)");
+  if (!sp.active() && (sp.sink || sp.pattern != IndexPattern::kRandom)) fail("sink and index pattern need topk or window");
   const double n = num_heads();
   if (total_t * n * (P + R) > kMaxElements || total_s * (L + R) > kMaxElements || double(L) * n * (P + V) > kMaxElements)
     fail("case too large (more than 4e9 elements in one tensor)");

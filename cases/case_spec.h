@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cases/dtype.h"
@@ -20,8 +21,8 @@ struct Dims {
   int head_size() const { return kv_lora_rank + rope_dim; }  // D = L + R
   bool operator==(const Dims&) const = default;
 };
-Dims dims_preset(const std::string& name);  // "deepseek" | "glm"; throws InputError
-std::string dims_label(const Dims& d);      // "deepseek", "glm" or "L.R.P.V"
+Dims dims_preset(const std::string& name);  // "deepseek" | "glm" | "v4" (L 448, R 64); throws InputError
+std::string dims_label(const Dims& d);      // "deepseek", "glm", "v4" or "L.R.P.V"
 
 // A batch: per-request total lengths and new-token counts (MLA_SPEC section 4).
 struct BatchSpec {
@@ -30,6 +31,32 @@ struct BatchSpec {
   std::vector<int> query_lens;  // q_i = new tokens; c_i = s_i - q_i is cached context
   bool spec_decode = false;     // uniform multi-token decodes (threshold raised to q_len)
   std::string note;             // why the spec exists (edges)
+};
+
+// DeepSeek V3.2 sparse (DSA) and V4 attention: which keys each query token
+// attends to in the sparse_decode and sparse_prefill ops. A dense case has
+// topk 0 and window 0. Every index set is drawn from the case's generator as
+// positions within the token's request, then converted to global slots of
+// each paged cache (cases/sparse.h).
+enum class IndexPattern : std::uint8_t {
+  kRandom,       // distinct random visible positions, -1 for the unused slots, in random order
+  kDuplicates,   // as random, with every fourth valid index a copy of another one
+  kInvalidRows,  // as random, but every third token's indices are all -1 (no key: output 0)
+  kLengths,      // topk_length given; the slots past it name poisoned (null-block) entries
+};
+std::string_view index_pattern_name(IndexPattern p);  // "random", "dup", "invalid_rows", "lens"
+IndexPattern parse_index_pattern(std::string_view s);  // throws InputError
+
+struct SparseSpec {
+  int topk = 0;        // V3.2: index slots per token into the case's cache (any width, not only multiples of 64)
+  int window = 0;      // V4: sliding window (SWA) over the case's cache: positions p - window + 1 .. p
+  int compress = 0;    // V4: ratio of the compressed cache (4: C4A, 128: C128A); 0: no compressed part
+  int extra_topk = 0;  // V4: index slots per token into the compressed cache
+  bool sink = false;   // an attention sink per head: a logit in the softmax denominator with no value
+  IndexPattern pattern = IndexPattern::kRandom;
+  bool active() const { return topk > 0 || window > 0; }
+  bool v4() const { return window > 0; }  // V4: the value is the whole entry (L + R), not the latent alone
+  bool operator==(const SparseSpec&) const = default;
 };
 
 struct CaseSpec {
@@ -48,7 +75,12 @@ struct CaseSpec {
   float k_scale = 1.0f;          // per-tensor cache scale: fp8 and fp8_e4m3 store x / k_scale
                                  // (auto ignores it; fp8_ds_mla must ignore it, its scales are per tile)
 
+  SparseSpec sparse;             // sparse ops only (cases/sparse.h)
+
   KvCacheFormat kv_format() const { return {kv_cache_dtype, scale_rule}; }
+  // Width of the sparse ops' output per head: V3.2 returns the latent (L),
+  // V4 the whole entry (L + R: its value is the key).
+  int sparse_dv() const { return sparse.v4() ? dims.kv_lora_rank + dims.rope_dim : dims.kv_lora_rank; }
 
   int num_heads() const { return total_heads / tp; }
   double softmax_scale() const;

@@ -61,13 +61,14 @@ std::string_view kv_cache_dtype_name(KvCacheDtype t) {
     case KvCacheDtype::kFp8: return "fp8";
     case KvCacheDtype::kFp8E4m3: return "fp8_e4m3";
     case KvCacheDtype::kFp8DsMla: return "fp8_ds_mla";
+    case KvCacheDtype::kFp8V4: return "fp8_v4";
   }
   return "?";
 }
 
 std::span<const KvCacheDtype> kv_cache_dtypes() {
-  static constexpr std::array<KvCacheDtype, 4> kList{KvCacheDtype::kAuto, KvCacheDtype::kFp8,
-                                                     KvCacheDtype::kFp8E4m3, KvCacheDtype::kFp8DsMla};
+  static constexpr std::array<KvCacheDtype, 5> kList{KvCacheDtype::kAuto, KvCacheDtype::kFp8, KvCacheDtype::kFp8E4m3,
+                                                     KvCacheDtype::kFp8DsMla, KvCacheDtype::kFp8V4};
   return kList;
 }
 

@@ -23,8 +23,10 @@ std::span<const DType> model_dtypes();
 // KV cache dtypes (MLA_SPEC section 7; byte layouts in cases/fp8.h):
 // auto: D = L + R elements of the model dtype; fp8, fp8_e4m3 (the same on
 // NVIDIA): D bytes of e4m3fn, x / k_scale; fp8_ds_mla: DeepSeek V3.2's 656-byte
-// entry (e4m3 NoPE in 128-element tiles, fp32 tile scales, bf16 RoPE).
-enum class KvCacheDtype : std::uint8_t { kAuto, kFp8, kFp8E4m3, kFp8DsMla };
+// entry (e4m3 NoPE in 128-element tiles, fp32 tile scales, bf16 RoPE);
+// fp8_v4: DeepSeek V4's 584-byte entry laid out per page (e4m3 NoPE in
+// 64-element tiles with UE8M0 scales, bf16 RoPE; FlashMLA's MODEL1 layout).
+enum class KvCacheDtype : std::uint8_t { kAuto, kFp8, kFp8E4m3, kFp8DsMla, kFp8V4 };
 std::string_view kv_cache_dtype_name(KvCacheDtype t);
 KvCacheDtype parse_kv_cache_dtype(std::string_view s);  // throws InputError
 std::span<const KvCacheDtype> kv_cache_dtypes();

@@ -117,8 +117,27 @@ EntryFormat make_entry_format(KvCacheFormat kv, DType model, int kv_lora_rank, i
       f.k_pe_offset = L + 4 * f.scale_count;
       f.k_pe_elem = 2;
       f.bytes = f.k_pe_offset + 2 * R;
+      f.scale_elem = 4;
+      f.tile = kDsMlaTile;
+      break;
+    case KvCacheDtype::kFp8V4:
+      // The only layout in the wild (FlashMLA MODEL1): 448 NoPE + 64 RoPE.
+      if (L != 448 || R != 64)
+        throw InvalidCase("fp8_v4 is DeepSeek V4's entry: kv_lora_rank 448 and rope dim 64, got " + std::to_string(L) +
+                          " and " + std::to_string(R));
+      if (model != DType::kBF16) throw InvalidCase("fp8_v4 stores RoPE as bf16 verbatim: the model dtype must be bf16");
+      f.kv_c_elem = 1;
+      f.k_pe_offset = L;
+      f.k_pe_elem = 2;
+      f.data_bytes = L + 2 * R;
+      f.scale_offset = f.data_bytes;
+      f.scale_count = L / kV4Tile;
+      f.scale_elem = 1;
+      f.tile = kV4Tile;
+      f.bytes = f.data_bytes + (f.scale_count + 8) / 8 * 8;  // 7 scales + 1 pad = 8
       break;
   }
+  if (f.data_bytes == 0) f.data_bytes = f.bytes;
   if (kv.dtype != KvCacheDtype::kFp8DsMla && kv.scale_rule != ScaleRule::kPow2)
     throw InvalidCase("scale rule " + std::string(scale_rule_name(kv.scale_rule)) + " applies to fp8_ds_mla only");
   return f;
@@ -154,6 +173,19 @@ void encode_entry(const EntryFormat& f, const std::uint16_t* kv_c, const std::ui
       }
       std::memcpy(entry + f.k_pe_offset, k_pe, static_cast<std::size_t>(R) * 2);  // bf16 verbatim
       return;
+    case KvCacheDtype::kFp8V4:
+      std::memset(entry + f.scale_offset, 0, static_cast<std::size_t>(f.bytes - f.scale_offset));  // the pad byte
+      for (int t = 0; t < f.scale_count; ++t) {
+        const std::uint16_t* x = kv_c + t * kV4Tile;
+        float amax = 0;
+        for (int i = 0; i < kV4Tile; ++i) amax = std::max(amax, std::abs(load16(x[i], f.model)));
+        // The pow2 rule's scale is a power of two, so its UE8M0 code is exact.
+        const float scale = ds_mla_tile_scale(amax, ScaleRule::kPow2);
+        for (int i = 0; i < kV4Tile; ++i) out[t * kV4Tile + i] = f32_to_e4m3(load16(x[i], f.model) / scale);
+        out[f.scale_offset + t] = f32_to_ue8m0(scale);
+      }
+      std::memcpy(entry + f.k_pe_offset, k_pe, static_cast<std::size_t>(R) * 2);  // bf16 verbatim
+      return;
   }
 }
 
@@ -183,6 +215,13 @@ void decode_entry(const EntryFormat& f, const std::byte* entry, float* kv_c, flo
       }
       for (int i = 0; i < R; ++i) k_pe[i] = bf16_to_f32(load_bits(f.k_pe_offset, i));
       return;
+    case KvCacheDtype::kFp8V4:
+      for (int t = 0; t < f.scale_count; ++t) {
+        const float scale = ue8m0_to_f32(in[f.scale_offset + t]);
+        for (int i = t * kV4Tile; i < (t + 1) * kV4Tile; ++i) kv_c[i] = e4m3_to_f32(in[i]) * scale;
+      }
+      for (int i = 0; i < R; ++i) k_pe[i] = bf16_to_f32(load_bits(f.k_pe_offset, i));
+      return;
   }
 }
 
@@ -191,17 +230,31 @@ std::string entry_value_dtype(const EntryFormat& f) {
 }
 
 std::string entry_layout_string(const EntryFormat& f) {
-  const std::string k_pe_dtype = f.kv.dtype == KvCacheDtype::kFp8DsMla ? "bfloat16" : entry_value_dtype(f);
+  const bool bf16_rope = f.kv.dtype == KvCacheDtype::kFp8DsMla || f.kv.dtype == KvCacheDtype::kFp8V4;
+  const std::string k_pe_dtype = bf16_rope ? "bfloat16" : entry_value_dtype(f);
   std::string s = "kv_c " + entry_value_dtype(f) + "[" + std::to_string(f.kv_lora_rank) + "] @" + std::to_string(f.kv_c_offset);
-  if (f.scale_count > 0)
-    s += "; scale float32[" + std::to_string(f.scale_count) + "] @" + std::to_string(f.scale_offset);
-  return s + "; k_pe " + k_pe_dtype + "[" + std::to_string(f.rope_dim) + "] @" + std::to_string(f.k_pe_offset);
+  const std::string scale = "; scale " + std::string(f.scale_elem == 1 ? "ue8m0" : "float32") + "[" +
+                            std::to_string(f.scale_count) + "] @" + std::to_string(f.scale_offset);
+  if (f.scale_count > 0 && f.scale_offset < f.k_pe_offset) s += scale;
+  s += "; k_pe " + k_pe_dtype + "[" + std::to_string(f.rope_dim) + "] @" + std::to_string(f.k_pe_offset);
+  if (f.scale_count > 0 && f.scale_offset > f.k_pe_offset) s += scale;
+  if (f.split_pages())
+    s += "; per block: every token's " + std::to_string(f.data_bytes) + " data bytes, then every token's " +
+         std::to_string(f.bytes - f.data_bytes) + " scale bytes, padded to a multiple of " + std::to_string(kV4BlockAlign);
+  return s;
+}
+
+std::int64_t block_bytes(const EntryFormat& f, int block_size) {
+  const std::int64_t raw = static_cast<std::int64_t>(block_size) * f.bytes;
+  if (!f.split_pages()) return raw;
+  return (raw + kV4BlockAlign - 1) / kV4BlockAlign * kV4BlockAlign;
 }
 
 EntryField entry_field(const EntryFormat& f, int offset) {
   if (offset < f.kv_lora_rank * f.kv_c_elem) return {"kv_c", offset / f.kv_c_elem};
-  if (f.scale_count > 0 && offset >= f.scale_offset && offset < f.scale_offset + 4 * f.scale_count)
-    return {"scale", (offset - f.scale_offset) / 4};
+  if (f.scale_count > 0 && offset >= f.scale_offset && offset < f.scale_offset + f.scale_elem * f.scale_count)
+    return {"scale", (offset - f.scale_offset) / f.scale_elem};
+  if (offset >= f.data_bytes) return {"pad", offset - f.data_bytes};
   return {"k_pe", (offset - f.k_pe_offset) / f.k_pe_elem};
 }
 

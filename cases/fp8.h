@@ -38,6 +38,8 @@ float ue8m0_to_f32(std::uint8_t u);
 // all-zero tile -> 2^-13 (pow2) or FLT_MIN = 2^-126 (raw).
 float ds_mla_tile_scale(float amax, ScaleRule rule);
 inline constexpr int kDsMlaTile = 128;
+inline constexpr int kV4Tile = 64;          // fp8_v4 NoPE tile (one UE8M0 scale each)
+inline constexpr int kV4BlockAlign = 576;   // fp8_v4 blocks are padded to a multiple of this (FlashMLA)
 
 // One token's cache entry. Byte offsets (L = kv_lora_rank, R = rope_dim):
 //   auto        [0, 2L) kv_c, [2L, 2L+2R) k_pe, in the model dtype
@@ -45,6 +47,14 @@ inline constexpr int kDsMlaTile = 128;
 //   fp8_ds_mla  [0, L) e4m3(kv_c / tile scale), tiles of 128; [L, L+4T) the
 //               T = L/128 tile scales as fp32; [L+4T, L+4T+2R) k_pe as bf16
 //               verbatim. DeepSeek (L 512, R 64): 512 + 16 + 128 = 656 bytes.
+//   fp8_v4      DeepSeek V4 (FlashMLA's MODEL1 layout; L 448, R 64): [0, L)
+//               e4m3(kv_c / tile scale), tiles of 64; [L, L+2R) k_pe as bf16
+//               verbatim (the token's 576 "data" bytes); [L+2R, L+2R+T) the
+//               T = L/64 tile scales as UE8M0 bytes (power of two, the pow2
+//               rule), then one pad byte: 584 bytes. In the paged cache these
+//               entries are NOT contiguous: a block holds every token's data
+//               bytes first, then every token's 8 scale bytes, and blocks are
+//               padded to a multiple of 576 bytes (PagedCache::load_entry).
 // Every multi-byte field is little endian.
 struct EntryFormat {
   KvCacheFormat kv;
@@ -54,11 +64,17 @@ struct EntryFormat {
   float k_scale = 1.f;         // fp8, fp8_e4m3: values are stored as x / k_scale
   int bytes = 0;               // entry size
   int kv_c_offset = 0, kv_c_elem = 0;  // byte offset and bytes per element of each field
-  int scale_offset = 0, scale_count = 0;  // fp8_ds_mla: fp32 tile scales (count 0 otherwise)
+  int scale_offset = 0, scale_count = 0;  // fp8_ds_mla: fp32 tile scales, fp8_v4: UE8M0 bytes (count 0 otherwise)
+  int scale_elem = 0;                     // bytes per scale: 4 (fp32) or 1 (UE8M0)
+  int tile = 0;                           // elements per scale tile (128 or 64)
   int k_pe_offset = 0, k_pe_elem = 0;
+  // fp8_v4: bytes [0, data_bytes) of the entry sit in the block's data region
+  // and [data_bytes, bytes) in its scale region; data_bytes == bytes otherwise.
+  int data_bytes = 0;
+  bool split_pages() const { return data_bytes != bytes; }
 };
 // Throws InvalidCase when the dims cannot take the format (fp8_ds_mla needs
-// L % 128 == 0 and a bf16 model dtype).
+// L % 128 == 0 and a bf16 model dtype; fp8_v4 L 448, R 64 and bf16).
 EntryFormat make_entry_format(KvCacheFormat kv, DType model, int kv_lora_rank, int rope_dim, float k_scale);
 
 // The reference encoding of one token (what the reference writer stores):
@@ -82,5 +98,10 @@ struct EntryField {
   int element = 0;   // element index within the field
 };
 EntryField entry_field(const EntryFormat& f, int offset);
+
+// Bytes of one block of a paged cache in this format: block_size entries back
+// to back, or for fp8_v4 the data region, the scale region and the padding to
+// a multiple of 576 bytes.
+std::int64_t block_bytes(const EntryFormat& f, int block_size);
 
 }  // namespace mlagate

@@ -47,6 +47,46 @@ std::int64_t PagedCache::slot_of(int request, int pos) const {
   return static_cast<std::int64_t>(block) * block_size + pos % block_size;
 }
 
+void PagedCache::load_entry(std::int64_t slot, std::byte* dst) const {
+  if (!split_pages()) {
+    std::memcpy(dst, entry(slot), static_cast<std::size_t>(entry_bytes));
+    return;
+  }
+  const EntryFormat f = format();
+  const std::byte* block = data.bytes() + slot / block_size * block_bytes;
+  const std::int64_t o = slot % block_size;
+  std::memcpy(dst, block + o * f.data_bytes, static_cast<std::size_t>(f.data_bytes));
+  const int tail = f.bytes - f.data_bytes;
+  std::memcpy(dst + f.data_bytes, block + static_cast<std::int64_t>(block_size) * f.data_bytes + o * tail,
+              static_cast<std::size_t>(tail));
+}
+
+void PagedCache::store_entry(std::int64_t slot, const std::byte* src) {
+  if (!split_pages()) {
+    std::memcpy(entry(slot), src, static_cast<std::size_t>(entry_bytes));
+    return;
+  }
+  const EntryFormat f = format();
+  std::byte* block = data.bytes() + slot / block_size * block_bytes;
+  const std::int64_t o = slot % block_size;
+  std::memcpy(block + o * f.data_bytes, src, static_cast<std::size_t>(f.data_bytes));
+  const int tail = f.bytes - f.data_bytes;
+  std::memcpy(block + static_cast<std::int64_t>(block_size) * f.data_bytes + o * tail, src + f.data_bytes,
+              static_cast<std::size_t>(tail));
+}
+
+std::pair<std::int64_t, int> PagedCache::locate_byte(std::int64_t offset) const {
+  if (!split_pages()) return {offset / entry_bytes, static_cast<int>(offset % entry_bytes)};
+  const EntryFormat f = format();
+  const std::int64_t block = offset / block_bytes, in = offset % block_bytes;
+  const std::int64_t data_end = static_cast<std::int64_t>(block_size) * f.data_bytes;
+  const int tail = f.bytes - f.data_bytes;
+  if (in < data_end) return {block * block_size + in / f.data_bytes, static_cast<int>(in % f.data_bytes)};
+  if (in < data_end + static_cast<std::int64_t>(block_size) * tail)
+    return {block * block_size + (in - data_end) / tail, f.data_bytes + static_cast<int>((in - data_end) % tail)};
+  return {-1, 0};
+}
+
 EntryFormat PagedCache::format() const {
   return make_entry_format({kv_dtype, scale_rule}, elem_dtype, kv_lora_rank, rope_dim, k_scale);
 }
@@ -65,18 +105,23 @@ void reference_cache_write(PagedCache& cache, const TensorView& kv_c, const Tens
   const std::int64_t capacity = static_cast<std::int64_t>(cache.num_blocks) * cache.block_size;
   const auto* kv = static_cast<const std::uint16_t*>(kv_c.data);
   const auto* pe = static_cast<const std::uint16_t*>(k_pe.data);
+  std::vector<std::byte> entry(static_cast<std::size_t>(f.bytes));
   for (std::size_t t = 0; t < slots.size(); ++t) {
     const std::int64_t slot = slots[t];
     if (slot < 0) continue;
     if (slot >= capacity) throw std::out_of_range("reference_cache_write: slot " + std::to_string(slot) + " out of range");
-    encode_entry(f, kv + static_cast<std::int64_t>(t) * L, pe + static_cast<std::int64_t>(t) * R, cache.entry(slot));
+    encode_entry(f, kv + static_cast<std::int64_t>(t) * L, pe + static_cast<std::int64_t>(t) * R, entry.data());
+    cache.store_entry(slot, entry.data());
   }
 }
 
 void reference_cache_read(const PagedCache& cache, std::int64_t slot, float* kv_c, float* k_pe) {
   const std::int64_t capacity = static_cast<std::int64_t>(cache.num_blocks) * cache.block_size;
   if (slot < 0 || slot >= capacity) throw std::out_of_range("reference_cache_read: slot " + std::to_string(slot) + " out of range");
-  decode_entry(cache.format(), cache.entry(slot), kv_c, k_pe);
+  std::byte entry[4096];
+  if (cache.entry_bytes > static_cast<int>(sizeof entry)) throw std::invalid_argument("reference_cache_read: entry too large");
+  cache.load_entry(slot, entry);
+  decode_entry(cache.format(), entry, kv_c, k_pe);
 }
 
 void poison_entry(const EntryFormat& f, Poison p, std::byte* entry) {
@@ -94,6 +139,12 @@ void poison_entry(const EntryFormat& f, Poison p, std::byte* entry) {
   // e4m3: NaN, or 448 (the largest finite) as the sentinel.
   const std::uint8_t e4m3 = nan ? kE4m3NaN : 0x7E;
   std::memset(entry, e4m3, static_cast<std::size_t>(L));
+  if (f.kv.dtype == KvCacheDtype::kFp8V4) {
+    // UE8M0 0xFF is NaN; 0xFE is 2^127.
+    std::memset(entry + f.scale_offset, nan ? 0xFF : 0xFE, static_cast<std::size_t>(f.scale_count));
+    fill16(f.k_pe_offset, R, poison_bits16(p, DType::kBF16));
+    return;
+  }
   if (f.kv.dtype != KvCacheDtype::kFp8DsMla) {
     std::memset(entry + f.k_pe_offset, e4m3, static_cast<std::size_t>(R));
     return;
@@ -154,12 +205,14 @@ std::string first_cache_difference(const PagedCache& got, const PagedCache& expe
     if (a[i] == b[i]) continue;
     if (first == n) first = i;
     ++bytes;
-    const auto e = static_cast<std::int64_t>(i / static_cast<std::size_t>(got.entry_bytes));
+    const std::int64_t e = expected.locate_byte(static_cast<std::int64_t>(i)).first;
     if (e != last_entry) ++entries, last_entry = e;
   }
   if (first == n) return {};
-  const std::int64_t slot = static_cast<std::int64_t>(first / static_cast<std::size_t>(got.entry_bytes));
-  const int offset = static_cast<int>(first % static_cast<std::size_t>(got.entry_bytes));
+  const auto [slot, offset] = expected.locate_byte(static_cast<std::int64_t>(first));
+  if (slot < 0)
+    return "first differing byte: block padding at byte " + std::to_string(first) + " of the cache, got " +
+           hex_byte(a[first]) + " expected " + hex_byte(b[first]) + " (" + std::to_string(bytes) + " byte(s) differ)";
   const EntryField field = entry_field(expected.format(), offset);
   return "first differing byte: " + describe_slot(expected, slot, new_slots, query_start_loc) + ", field " + field.name +
          ", element " + std::to_string(field.element) + ", got " + hex_byte(a[first]) + " expected " + hex_byte(b[first]) +
@@ -219,7 +272,9 @@ PagedCache build_paged_cache(const Case& c, int block_size, const CacheOptions& 
                                                    : unused;
 
   // Everything starts poisoned; writes below leave only unused regions poisoned.
-  pc.data = Tensor(DType::kU8, {pc.num_blocks, block_size, pc.entry_bytes});
+  pc.block_bytes = block_bytes(format, block_size);
+  pc.data = format.split_pages() ? Tensor(DType::kU8, {pc.num_blocks, pc.block_bytes})
+                                 : Tensor(DType::kU8, {pc.num_blocks, block_size, pc.entry_bytes});
   if (pc.kv_dtype == KvCacheDtype::kAuto) {
     const std::uint16_t pb = poison_bits16(opt.poison, pc.elem_dtype);
     if (pb != 0) {
@@ -230,7 +285,7 @@ PagedCache build_paged_cache(const Case& c, int block_size, const CacheOptions& 
     std::vector<std::byte> pattern(static_cast<std::size_t>(pc.entry_bytes));
     poison_entry(format, opt.poison, pattern.data());
     const std::int64_t entries = static_cast<std::int64_t>(pc.num_blocks) * block_size;
-    for (std::int64_t e = 0; e < entries; ++e) std::memcpy(pc.entry(e), pattern.data(), pattern.size());
+    for (std::int64_t e = 0; e < entries; ++e) pc.store_entry(e, pattern.data());
   }
 
   // Context tokens (and, for kernel-level ops, the new tokens) go in through the

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <string>
 
 #include "cases/case.h"
@@ -38,15 +39,26 @@ struct PagedCache {
   int block_size = 0;
   int num_blocks = 0;        // used + 1 (null) + spare
   int used_blocks = 0;       // blocks assigned to requests
-  int entry_bytes = 0;       // bytes per token entry (auto: 2 * (L + R); fp8: L + R; fp8_ds_mla: 656)
+  int entry_bytes = 0;       // bytes per token entry (auto: 2 * (L + R); fp8: L + R; fp8_ds_mla: 656; fp8_v4: 584)
+  std::int64_t block_bytes = 0;  // bytes per block (block_size * entry_bytes; fp8_v4: padded, cases/fp8.h)
   int table_width = 0;       // block-table columns (multiple of 128 / bs)
-  Tensor data;               // [num_blocks, block_size, entry_bytes] uint8
+  Tensor data;               // [num_blocks, block_size, entry_bytes] uint8; fp8_v4: [num_blocks, block_bytes]
   Tensor block_table;        // [B, table_width] int32
   Tensor slot_mapping;       // [T] int64: slot of each new token; < 0 means skip
   CacheOptions options;
 
+  // A token's entry in place: formats whose entries are contiguous (all but
+  // fp8_v4, which must go through load_entry / store_entry).
   std::byte* entry(std::int64_t slot) { return data.bytes() + slot * entry_bytes; }
   const std::byte* entry(std::int64_t slot) const { return data.bytes() + slot * entry_bytes; }
+  bool split_pages() const { return block_bytes != static_cast<std::int64_t>(block_size) * entry_bytes; }
+  // Any format: the entry_bytes bytes of a slot's entry in the logical order
+  // of cases/fp8.h (fp8_v4: data bytes, then scale bytes) out of / into the pages.
+  void load_entry(std::int64_t slot, std::byte* dst) const;
+  void store_entry(std::int64_t slot, const std::byte* src);
+  // Where byte `offset` of `data` belongs: the slot and the offset within its
+  // logical entry; slot -1 for a block's padding (fp8_v4).
+  std::pair<std::int64_t, int> locate_byte(std::int64_t offset) const;
   // Physical slot of token p of request i, through the block table.
   std::int64_t slot_of(int request, int pos) const;
   EntryFormat format() const;

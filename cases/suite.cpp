@@ -4,6 +4,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -172,7 +173,9 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
   if (!groups.IsSequence() || groups.size() == 0) fail_at(source, groups, "suite needs a non-empty 'groups' list");
 
   static const std::set<std::string> kKeys = {"specs", "spec_tags", "tp", "dtype", "kv_cache_dtype", "block_size",
-                                              "seed", "dims", "q_magnitude", "scale", "total_heads", "k_scale", "note"};
+                                              "seed", "dims", "q_magnitude", "scale", "total_heads", "k_scale", "note",
+                                              // sparse ops (cases/sparse.h)
+                                              "topk", "window", "compressed", "sink", "index_pattern"};
   for (const auto& g : groups) {
     if (!g.IsMap()) fail_at(source, g, "each group must be a map");
     for (const auto& kv : g)
@@ -244,12 +247,56 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
     const std::vector<double> qmags = doubles("q_magnitude", {1.0});
     const std::vector<double> scales = doubles("scale", {0.0});  // 0: the default 1/sqrt(D)
     const std::vector<double> kscales = doubles("k_scale", {1.0});
+    // Sparse axes: topk (V3.2), window (V4 SWA), compressed ("RATIOxTOPK" or
+    // "none": V4's compressed cache), sink (bools), index_pattern.
+    std::vector<SparseSpec> sparses{SparseSpec{}};
+    auto sparse_axis = [&](auto values, auto setter) {
+      std::vector<SparseSpec> next;
+      for (const SparseSpec& base : sparses)
+        for (const auto& v : values) {
+          SparseSpec n = base;
+          setter(n, v);
+          next.push_back(n);
+        }
+      sparses = std::move(next);
+    };
+    if (g["topk"]) sparse_axis(ints("topk", {}), [](SparseSpec& sp, int v) { sp.topk = v; });
+    if (g["window"]) sparse_axis(ints("window", {}), [](SparseSpec& sp, int v) { sp.window = v; });
+    if (g["compressed"]) {
+      std::vector<std::pair<int, int>> cmp;
+      for (const auto& t : str_list(source, g["compressed"], "compressed")) {
+        if (t == "none") {
+          cmp.emplace_back(0, 0);
+          continue;
+        }
+        int ratio = 0, width = 0;
+        char x = 0, extra = 0;
+        if (std::sscanf(t.c_str(), "%d%c%d%c", &ratio, &x, &width, &extra) != 3 || x != 'x' || ratio < 2 || width < 1)
+          fail_at(source, g["compressed"], "bad compressed '" + t + "' (expected RATIOxTOPK such as 4x512, or none)");
+        cmp.emplace_back(ratio, width);
+      }
+      sparse_axis(cmp, [](SparseSpec& sp, std::pair<int, int> v) { sp.compress = v.first, sp.extra_topk = v.second; });
+    }
+    if (g["sink"]) {
+      std::vector<bool> sinks;
+      if (!g["sink"].IsSequence()) fail_at(source, g["sink"], "sink must be a list");
+      for (const auto& e : g["sink"]) sinks.push_back(scalar<bool>(source, e, "sink"));
+      sparse_axis(sinks, [](SparseSpec& sp, bool v) { sp.sink = v; });
+    }
+    if (g["index_pattern"]) {
+      std::vector<IndexPattern> pats;
+      try {
+        for (const auto& t : str_list(source, g["index_pattern"], "index_pattern")) pats.push_back(parse_index_pattern(t));
+      } catch (const InputError& e) { fail_at(source, g["index_pattern"], e.what()); }
+      sparse_axis(pats, [](SparseSpec& sp, IndexPattern v) { sp.pattern = v; });
+    }
 
     for (const BatchSpec* b : specs)
       for (int tp : tps) for (int th : heads) for (DType dt : dtypes) for (KvCacheFormat kv : kvs)
         for (int bs : block_sizes) for (std::uint64_t seed : seeds) for (const Dims& dm : dims)
-          for (double qm : qmags) for (double sc : scales) for (double ks : kscales) {
+          for (double qm : qmags) for (double sc : scales) for (double ks : kscales) for (const SparseSpec& sp : sparses) {
             CaseSpec c;
+            c.sparse = sp;
             c.suite = suite.name;
             c.batch = *b;
             c.tp = tp;

@@ -273,7 +273,7 @@ int cmd_list(const std::string& what, const Selection& sel, const std::string& b
 
 struct RunArgs {
   std::string backends = "*";
-  std::vector<std::string> ops{"layer"};
+  std::vector<std::string> ops{"auto"};
   std::string policy = "baseline";
   double atol = 1e-2, rtol = 1e-2;
   double fudge = kDefaultFudge;
@@ -461,8 +461,20 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
   if (ra.repeat < 1) throw InputError("--repeat must be >= 1");
   cfg.ops.clear();
   for (const auto& o : ra.ops) {
+    if (o == "auto") {
+      // The layer op for dense cases, the two sparse ops for sparse ones.
+      const bool any_sparse = std::any_of(cfg.cases.begin(), cfg.cases.end(), [](const CaseSpec& c) { return c.sparse.active(); });
+      const bool any_dense = std::any_of(cfg.cases.begin(), cfg.cases.end(), [](const CaseSpec& c) { return !c.sparse.active(); });
+      if (any_dense || cfg.cases.empty()) cfg.ops.push_back(Op::kLayer);
+      if (any_sparse) cfg.ops.insert(cfg.ops.end(), {Op::kSparseDecode, Op::kSparsePrefill});
+      continue;
+    }
     cfg.ops.push_back(parse_op(o));
   }
+  for (std::size_t i = 1; i < cfg.ops.size(); ++i)  // each op once, in the order given
+    if (std::find(cfg.ops.begin(), cfg.ops.begin() + static_cast<std::ptrdiff_t>(i), cfg.ops[i]) !=
+        cfg.ops.begin() + static_cast<std::ptrdiff_t>(i))
+      cfg.ops.erase(cfg.ops.begin() + static_cast<std::ptrdiff_t>(i--));
   // A case beyond this machine's memory is refused before anything is allocated.
   const bool prefill_op = std::find(cfg.ops.begin(), cfg.ops.end(), Op::kPrefill) != cfg.ops.end();
   if (const std::uint64_t avail = available_memory_bytes(); avail > 0 && !from_file)
@@ -815,7 +827,11 @@ int cli_main(int argc, char** argv) {
   run_sel.add_options(run);
   run->add_option("--backend", ra.backends, "backend globs, comma-separated (e.g. 'cpu.*')")->capture_default_str();
   ra.extra.add_options(run);
-  run->add_option("--op", ra.ops, "ops: layer, decode, prefill, cache_write (comma-separated)")->delimiter(',')->capture_default_str();
+  run->add_option("--op", ra.ops,
+                  "ops: auto (layer for dense cases, sparse_decode and sparse_prefill for sparse ones), layer, decode, "
+                  "prefill, cache_write, sparse_decode, sparse_prefill (comma-separated)")
+      ->delimiter(',')
+      ->capture_default_str();
   run->add_option("--policy", ra.policy, "tolerance policy: baseline | vllm | fixed")->capture_default_str();
   run->add_option("--atol", ra.atol, "absolute tolerance (fixed policy)")->capture_default_str();
   run->add_option("--rtol", ra.rtol, "relative tolerance (fixed policy)")->capture_default_str();

@@ -11,8 +11,11 @@
 #include "cases/case.h"
 #include "cases/encoding.h"
 #include "cases/errors.h"
+#include "cases/sparse.h"
 #include "harness/cache_write.h"
 #include "harness/glue.h"
+#include "harness/sparse_op.h"
+#include "reference/sparse_reference.h"
 #include "reference/golden.h"
 
 namespace mlagate {
@@ -70,6 +73,12 @@ struct CaseContext {
   // for each kernel-level op.
   std::array<std::vector<double>, 2> base_out, base_lse;
   std::optional<BaselineErrors> base_decode_op, base_prefill_op;
+  // Sparse ops: the query, the fp64 reference on it, V4's compressed caches
+  // (by block size) and the model-dtype emulation's errors.
+  std::optional<Tensor> sparse_q;
+  SparseReference sparse_ref;
+  std::map<int, PagedCache> extra_caches;
+  std::optional<BaselineErrors> base_sparse;
 
   void adopt(PreparedCase&& p) {
     c = std::move(p.c);
@@ -160,6 +169,43 @@ struct CaseContext {
       up_project_kv(c, kv.view(), pe.view(), *k_all, *v_all);
     }
   }
+  void prepare_sparse() {
+    if (sparse_q) return;
+    const auto t0 = Clock::now();
+    std::vector<int> tokens(static_cast<std::size_t>(c.num_tokens));
+    for (int t = 0; t < c.num_tokens; ++t) tokens[static_cast<std::size_t>(t)] = t;
+    Tensor ql, qp;
+    absorb_queries(c, tokens, ql, qp);
+    sparse_q = sparse_query(c, ql.view());
+    sparse_ref = sparse_golden(c, sparse_q->view());
+    golden_ms += ms_since(t0);
+  }
+  // V4's compressed cache for a block size (nullptr for cases without one).
+  const PagedCache* extra_cache(int bs, const ExecOptions& opt, double& ms) {
+    if (!c.sparse || c.sparse->extra.empty()) return nullptr;
+    auto it = extra_caches.find(bs);
+    if (it == extra_caches.end()) {
+      const auto t0 = Clock::now();
+      CacheOptions co;
+      co.poison = opt.poison;
+      co.poison_block_table = opt.poison_block_table;
+      it = extra_caches.emplace(bs, build_paged_cache(c.sparse->compressed, bs, co)).first;
+      ms += ms_since(t0);
+    }
+    return &it->second;
+  }
+  BaselineErrors sparse_baseline() {
+    if (!base_sparse) {
+      prepare_sparse();
+      const auto t0 = Clock::now();
+      const SparseReference e = sparse_emulation(c, sparse_q->view());
+      base_sparse = BaselineErrors{max_abs_diff(e.o, sparse_ref.o, 0, e.o.size()),
+                                   max_abs_diff(e.lse, sparse_ref.lse, 0, e.lse.size())};
+      golden_ms += ms_since(t0);
+    }
+    return *base_sparse;
+  }
+
   // err_baseline of the layer op on the given per-request paths; each
   // (form, request) is computed once per case, whichever backend needs it.
   BaselineErrors layer_baseline(const std::vector<std::string>& paths, const BaselineImpl& impl) {
@@ -337,6 +383,17 @@ Record run_one(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg) {
         golden_lse = &ctx.get_golden().lse;
         break;
       }
+      case Op::kSparseDecode:
+      case Op::kSparsePrefill: {
+        const PagedCache& full = ctx.cache(r.block_size, true, cfg.exec, r.timings.cache_ms);
+        const PagedCache* extra = ctx.extra_cache(r.block_size, cfg.exec, r.timings.cache_ms);
+        ctx.prepare_sparse();
+        run = op == Op::kSparseDecode ? run_sparse_decode_op(b, c, full, extra, *ctx.sparse_q, cfg.exec)
+                                      : run_sparse_prefill_op(b, c, full, extra, *ctx.sparse_q, cfg.exec);
+        golden_main = &ctx.sparse_ref.o;
+        golden_lse = &ctx.sparse_ref.lse;
+        break;
+      }
       case Op::kCacheWrite: {
         // Conformance, bit-exact: the backend's writer against the reference writer.
         const PagedCache& base = ctx.cache(r.block_size, false, cfg.exec, r.timings.cache_ms);
@@ -382,6 +439,8 @@ Record run_one(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg) {
       case Op::kDecode: base = ctx.decode_op_baseline(); break;
       case Op::kPrefill: base = ctx.prefill_op_baseline(); break;
       case Op::kCacheWrite: break;
+      case Op::kSparseDecode:
+      case Op::kSparsePrefill: base = ctx.sparse_baseline(); break;
     }
   }
   const Dims& dims = c.spec.dims;
@@ -411,7 +470,9 @@ Record run_one(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg) {
     if (st == Status::kPassed && !m.message.empty() && info_msg.empty()) info_msg = m.message;
     r.metrics.push_back(std::move(m));
   }
-  if (is_fp8(c.spec.kv_cache_dtype) && !run.outputs.empty() && golden_main)
+  // (The sparse ops report no quantization error: their references over the
+  // unquantized inputs are not computed.)
+  if (is_fp8(c.spec.kv_cache_dtype) && !is_sparse_op(op) && !run.outputs.empty() && golden_main)
     r.metrics.push_back(quantization_metrics(ctx, op, run.outputs.front(), *golden_main));
   r.timings.compare_ms = ms_since(t0);
   // MLA_SPEC 8 order: guard bands, then non-finite values, then tolerance.
@@ -458,6 +519,10 @@ CaseContext& CaseStream::enter(const CaseSpec& spec) {
     ctx = std::move(prev);
     ctx->c.spec = spec;
     for (auto& [key, pc] : ctx->caches) {
+      pc.kv_dtype = spec.kv_cache_dtype;
+      pc.k_scale = spec.k_scale;
+    }
+    for (auto& [key, pc] : ctx->extra_caches) {
       pc.kv_dtype = spec.kv_cache_dtype;
       pc.k_scale = spec.k_scale;
     }

@@ -19,4 +19,8 @@ std::unique_ptr<Backend> make_cpu_splitkv();
 // splits past a short request's keys stay empty.
 std::unique_ptr<Backend> make_cpu_splitkv_forced(int num_splits);
 
+// "cpu.sparse": the sparse ops (DeepSeek V3.2 top-k, V4 window + compressed
+// cache) with a GPU kernel's precision; no dense ops.
+std::unique_ptr<Backend> make_cpu_sparse();
+
 }  // namespace mlagate

@@ -15,6 +15,9 @@ std::uint32_t op_bit(Op op) {
     case Op::kPrefill: return MLAGATE_OP_PREFILL;
     case Op::kCacheWrite: return MLAGATE_OP_CACHE_WRITE;
     case Op::kLayer: return MLAGATE_OP_LAYER;
+    // The sparse ops are not in plugin ABI v1: a plugin never lists them.
+    case Op::kSparseDecode:
+    case Op::kSparsePrefill: return 0;
   }
   return 0;
 }
@@ -33,6 +36,7 @@ std::uint32_t kv_bit(KvCacheDtype t) {
     case KvCacheDtype::kFp8: return MLAGATE_KV_FP8;
     case KvCacheDtype::kFp8E4m3: return MLAGATE_KV_FP8_E4M3;
     case KvCacheDtype::kFp8DsMla: return MLAGATE_KV_FP8_DS_MLA;
+    case KvCacheDtype::kFp8V4: return MLAGATE_KV_FP8_V4;
   }
   return 0;
 }

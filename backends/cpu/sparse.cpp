@@ -1,0 +1,245 @@
+// "cpu.sparse": DeepSeek V3.2 / V4 sparse attention on the host with a GPU
+// kernel's precision, written the way FlashMLA's sparse kernels work: per
+// token, the named keys in tiles of 64, each dequantized by this file's own
+// readers and rounded to the model dtype (the bf16 tensor-core operand), fp32
+// logits, an online softmax with a running max, probabilities rounded to the
+// model dtype before P@V, fp32 accumulation, the sink added to the final
+// denominator. Rows with no key return o = 0 and lse = +inf (FlashMLA's
+// convention). Planted faults (tests only) reproduce the sparse bug classes.
+#include <Eigen/Core>
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "backends/cpu/cpu_backends.h"
+#include "backends/cpu/sparse_faults.h"
+#include "cases/encoding.h"
+#include "cases/errors.h"
+#include "cases/fp8.h"
+
+namespace mlagate {
+namespace {
+
+using Index = Eigen::Index;
+using MatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+constexpr Index kTile = 64;  // keys per step of the online softmax (FlashMLA's block of top-k)
+
+float to_model(float x, DType dt) { return dt == DType::kBF16 ? bf16_to_f32(f32_to_bf16(x)) : f16_to_f32(f32_to_f16(x)); }
+float from16(std::uint16_t b, DType dt) { return dt == DType::kBF16 ? bf16_to_f32(b) : f16_to_f32(b); }
+
+// One cache entry as D floats, by this backend's own reading of the layouts
+// in cases/fp8.h (the reference reader is not used, so a layout mistake on
+// either side shows up as a difference).
+void read_entry(const PagedCache& c, std::int64_t slot, float* dst, const SparseFaults& f) {
+  const int L = c.kv_lora_rank, R = c.rope_dim;
+  std::byte buf[4096];  // the largest entry: L + R 16-bit values (auto)
+  if (c.entry_bytes > static_cast<int>(sizeof buf)) throw std::invalid_argument("cpu.sparse: cache entry too large");
+  c.load_entry(slot, buf);
+  const auto* u8 = reinterpret_cast<const std::uint8_t*>(buf);
+  auto bf16_at = [&](int offset) {
+    std::uint16_t b;
+    std::memcpy(&b, buf + offset, 2);
+    return b;
+  };
+  switch (c.kv_dtype) {
+    case KvCacheDtype::kAuto:
+      for (int i = 0; i < L + R; ++i) dst[i] = from16(bf16_at(2 * i), c.elem_dtype);
+      return;
+    case KvCacheDtype::kFp8:
+    case KvCacheDtype::kFp8E4m3:
+      for (int i = 0; i < L + R; ++i) dst[i] = e4m3_to_f32(u8[i]) * c.k_scale;
+      return;
+    case KvCacheDtype::kFp8DsMla:
+      for (int t = 0; t < L / 128; ++t) {
+        std::uint32_t bits;
+        std::memcpy(&bits, buf + L + 4 * t, 4);
+        if (f.reader_pow2_scales) bits &= 0xFF800000u;  // planted: a reader for power-of-two scales only
+        const float s = std::bit_cast<float>(bits);
+        for (int i = t * 128; i < (t + 1) * 128; ++i) dst[i] = e4m3_to_f32(u8[i]) * s;
+      }
+      for (int i = 0; i < R; ++i) dst[L + i] = bf16_to_f32(bf16_at(L + 4 * (L / 128) + 2 * i));
+      return;
+    case KvCacheDtype::kFp8V4:
+      for (int t = 0; t < L / 64; ++t) {
+        const float s = ue8m0_to_f32(u8[L + 2 * R + t]);
+        for (int i = t * 64; i < (t + 1) * 64; ++i) dst[i] = e4m3_to_f32(u8[i]) * s;
+      }
+      for (int i = 0; i < R; ++i) dst[L + i] = bf16_to_f32(bf16_at(L + 2 * i));
+      return;
+  }
+  throw NotSupportedError("cpu.sparse cannot read kv cache dtype " + std::string(kv_cache_dtype_name(c.kv_dtype)));
+}
+
+// The attention of one token over `keys` [n, D] (model-dtype values) for all
+// heads; q [N, D]. Writes o [N, Dv] (model-dtype values) and lse [N].
+void attend(const MatF& q, const MatF& keys, Index n, Index dv, float scale, std::span<const float> sink, DType dt,
+            const SparseFaults& f, float* o, float* lse) {
+  const Index N = q.rows();
+  if (n == 0) {
+    std::fill(o, o + N * dv, 0.f);
+    std::fill(lse, lse + N, std::numeric_limits<float>::infinity());
+    return;
+  }
+  MatF acc = MatF::Zero(N, dv), s, p(N, kTile);
+  std::vector<float> m(static_cast<std::size_t>(N), -std::numeric_limits<float>::infinity()), l(static_cast<std::size_t>(N), 0.f);
+  for (Index j0 = 0; j0 < n; j0 += kTile) {
+    const Index w = std::min(kTile, n - j0);
+    s.noalias() = q * keys.middleRows(j0, w).transpose();
+    p.resize(N, w);
+    for (Index h = 0; h < N; ++h) {
+      float mt = m[static_cast<std::size_t>(h)];
+      for (Index j = 0; j < w; ++j) mt = std::max(mt, s(h, j) * scale);
+      const float corr = std::exp(m[static_cast<std::size_t>(h)] - mt);
+      float sum = 0;
+      for (Index j = 0; j < w; ++j) {
+        const float e = std::exp(s(h, j) * scale - mt);
+        sum += e;
+        p(h, j) = to_model(e, dt);
+      }
+      l[static_cast<std::size_t>(h)] = l[static_cast<std::size_t>(h)] * corr + sum;
+      acc.row(h) *= corr;
+      m[static_cast<std::size_t>(h)] = mt;
+    }
+    acc.noalias() += p * keys.block(j0, 0, w, dv);
+  }
+  for (Index h = 0; h < N; ++h) {
+    const auto hs = static_cast<std::size_t>(h);
+    float denom = l[hs];
+    const float lse_keys = m[hs] + std::log(l[hs]);
+    if (!sink.empty() && !f.drops_sink) denom += std::exp(sink[hs] - m[hs]);
+    lse[h] = f.sink_in_lse && !sink.empty() ? m[hs] + std::log(denom) : lse_keys;
+    for (Index k = 0; k < dv; ++k) o[h * dv + k] = to_model(acc(h, k) / denom, dt);
+  }
+}
+
+void store(const float* o, const float* lse, Index N, Index dv, const TensorView& out, const TensorView& lse_out,
+           std::int64_t t) {
+  auto* ob = out.as<std::uint16_t>() + t * N * dv;
+  for (Index k = 0; k < N * dv; ++k)
+    ob[k] = out.dtype == DType::kBF16 ? f32_to_bf16(o[k]) : f32_to_f16(o[k]);
+  std::copy_n(lse, N, lse_out.as<float>() + t * N);
+}
+
+void load_q(const TensorView& q, std::int64_t t, MatF& out) {
+  const Index N = q.shape[1], D = q.shape[2];
+  out.resize(N, D);
+  const auto* p = q.as<std::uint16_t>() + t * N * D;
+  for (Index k = 0; k < N * D; ++k) out.data()[k] = from16(p[k], q.dtype);
+}
+
+class CpuSparse final : public Backend {
+ public:
+  explicit CpuSparse(SparseFaults f, std::string name) : faults_(f), name_(std::move(name)) {}
+  std::string_view name() const override { return name_; }
+  std::string_view description() const override {
+    return "CPU sparse attention (DeepSeek V3.2 top-k, V4 window + compressed): GPU precision, online softmax in tiles of 64";
+  }
+  Capabilities capabilities() const override {
+    Capabilities caps;
+    caps.ops = {Op::kSparseDecode, Op::kSparsePrefill};
+    caps.block_sizes = {64, 1, 2, 4, 8, 16, 32, 128, 256};
+    caps.query_len_support = QueryLenSupport::kVarlen;
+    caps.dtypes = {DType::kBF16, DType::kF16};
+    caps.kv_dtypes = {KvCacheDtype::kAuto, KvCacheDtype::kFp8, KvCacheDtype::kFp8E4m3, KvCacheDtype::kFp8DsMla,
+                      KvCacheDtype::kFp8V4};
+    return caps;
+  }
+
+  void sparse_decode(const SparseDecodeArgs& a) override {
+    check_sparse_decode_args(a);
+    const Index T = a.q.shape[0], N = a.q.shape[1], D = a.q.shape[2], dv = a.o.shape[2];
+    const DType dt = a.q.dtype;
+    std::vector<std::int32_t> win, win_len;
+    if (a.window > 0) {
+      SparseDecodeArgs w = a;
+      w.window = a.window + faults_.window_extra;  // planted: one key too many (window off by one)
+      sparse_window_slots(w, win, win_len);
+    }
+    const Index W = a.window + faults_.window_extra;
+#pragma omp parallel
+    {
+      MatF q, keys;
+      std::vector<float> o(static_cast<std::size_t>(N * dv)), lse(static_cast<std::size_t>(N)), row(static_cast<std::size_t>(D));
+      std::vector<std::pair<const PagedCache*, std::int64_t>> named;
+#pragma omp for schedule(dynamic)
+      for (Index t = 0; t < T; ++t) {
+        named.clear();
+        if (a.window > 0) {
+          for (Index k = 0; k < win_len[static_cast<std::size_t>(t)]; ++k) named.emplace_back(a.cache, win[static_cast<std::size_t>(t * W + k)]);
+        } else {
+          collect(a.indices, a.topk_length, t, a.cache, named);
+        }
+        if (a.extra_cache) collect(a.extra_indices, a.extra_topk_length, t, a.extra_cache, named);
+        keys.resize(static_cast<Index>(named.size()), D);
+        for (std::size_t j = 0; j < named.size(); ++j) {
+          read_entry(*named[j].first, named[j].second, row.data(), faults_);
+          for (Index k = 0; k < D; ++k) keys(static_cast<Index>(j), k) = to_model(row[static_cast<std::size_t>(k)], dt);
+        }
+        load_q(a.q, t, q);
+        attend(q, keys, keys.rows(), dv, static_cast<float>(a.scale), a.sink, dt, faults_, o.data(), lse.data());
+        store(o.data(), lse.data(), N, dv, a.o, a.lse, t);
+      }
+    }
+  }
+
+  void sparse_prefill(const SparsePrefillArgs& a) override {
+    check_sparse_prefill_args(a);
+    const Index T = a.q.shape[0], N = a.q.shape[1], D = a.q.shape[2], dv = a.o.shape[2], S = a.kv.shape[0];
+    const Index K = a.indices.shape[1];
+    const DType dt = a.q.dtype;
+    const auto* kv = a.kv.as<std::uint16_t>();
+    const auto* idx = a.indices.as<std::int32_t>();
+#pragma omp parallel
+    {
+      MatF q, keys;
+      std::vector<float> o(static_cast<std::size_t>(N * dv)), lse(static_cast<std::size_t>(N));
+#pragma omp for schedule(dynamic)
+      for (Index t = 0; t < T; ++t) {
+        const Index n = a.topk_length.empty() || faults_.ignores_topk_length ? K : a.topk_length[static_cast<std::size_t>(t)];
+        keys.resize(n, D);
+        Index used = 0;
+        for (Index k = 0; k < n; ++k) {
+          std::int32_t r = idx[t * K + k];
+          if (r < 0 && faults_.reads_invalid_index) r = 0;  // planted: -1 clamped to row 0
+          if (r < 0 || r >= S) continue;
+          for (Index x = 0; x < D; ++x) keys(used, x) = from16(kv[r * D + x], dt);
+          ++used;
+        }
+        load_q(a.q, t, q);
+        attend(q, keys, used, dv, static_cast<float>(a.scale), a.sink, dt, faults_, o.data(), lse.data());
+        store(o.data(), lse.data(), N, dv, a.o, a.lse, t);
+      }
+    }
+  }
+
+ private:
+  void collect(const TensorView& idx, std::span<const std::int32_t> lens, Index t, const PagedCache* cache,
+               std::vector<std::pair<const PagedCache*, std::int64_t>>& named) const {
+    const Index K = idx.shape[1];
+    const Index n = lens.empty() || faults_.ignores_topk_length ? K : lens[static_cast<std::size_t>(t)];
+    const std::int64_t capacity = static_cast<std::int64_t>(cache->num_blocks) * cache->block_size;
+    for (Index k = 0; k < n; ++k) {
+      std::int64_t slot = idx.as<std::int32_t>()[t * K + k];
+      if (slot < 0 && faults_.reads_invalid_index) slot = 0;  // planted: -1 read as slot 0 (the null block)
+      if (slot < 0 || slot >= capacity) continue;
+      named.emplace_back(cache, slot);
+    }
+  }
+
+  SparseFaults faults_;
+  std::string name_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_sparse() { return std::make_unique<CpuSparse>(SparseFaults{}, "cpu.sparse"); }
+
+namespace detail {
+std::unique_ptr<Backend> make_cpu_sparse_with_faults(const SparseFaults& faults, const std::string& name) {
+  return std::make_unique<CpuSparse>(faults, name);
+}
+}  // namespace detail
+
+}  // namespace mlagate

@@ -1,0 +1,26 @@
+// Deliberate faults of cpu.sparse for the planted-bug tests of the sparse ops
+// (one per bug class of the README's "Sparse attention"). Production backends
+// always run with the defaults.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backends/backend.h"
+
+namespace mlagate {
+
+struct SparseFaults {
+  bool reads_invalid_index = false;   // -1 read as slot 0 (the null block) instead of skipped
+  bool ignores_topk_length = false;   // every slot of a row read, past topk_length too
+  bool drops_sink = false;            // the sink left out of the denominator
+  bool sink_in_lse = false;           // the sink counted in the returned lse
+  bool reader_pow2_scales = false;    // fp8_ds_mla tile scales read as 2^exponent (a raw-rule cache misread)
+  int window_extra = 0;               // V4 window widened by this many keys (off by one: 1)
+};
+
+namespace detail {
+std::unique_ptr<Backend> make_cpu_sparse_with_faults(const SparseFaults& faults, const std::string& name);
+}  // namespace detail
+
+}  // namespace mlagate
