@@ -79,8 +79,8 @@ Support check_capabilities(const Capabilities& caps, const CaseSpec& spec, Op op
   // Sparse cases (top-k rows, windows) and dense ones have different ops.
   if (is_sparse_op(op) && !spec.sparse.active())
     return Support::no("a dense case: " + std::string(op_name(op)) + " needs a sparse case (topk or window)");
-  if (!is_sparse_op(op) && spec.sparse.active())
-    return Support::no("a sparse case: run it with --op sparse_decode,sparse_prefill");
+  if (!is_sparse_op(op) && op != Op::kCacheWrite && spec.sparse.active())
+    return Support::no("a sparse case: run it with --op sparse_decode,sparse_prefill (or cache_write)");
   switch (op) {
     case Op::kLayer:
       return Support::yes();  // the layer's own routing checks come from the harness

@@ -138,13 +138,41 @@ class CpuSparse final : public Backend {
   }
   Capabilities capabilities() const override {
     Capabilities caps;
-    caps.ops = {Op::kSparseDecode, Op::kSparsePrefill};
+    caps.ops = {Op::kSparseDecode, Op::kSparsePrefill, Op::kCacheWrite};
     caps.block_sizes = {64, 1, 2, 4, 8, 16, 32, 128, 256};
     caps.query_len_support = QueryLenSupport::kVarlen;
     caps.dtypes = {DType::kBF16, DType::kF16};
     caps.kv_dtypes = {KvCacheDtype::kAuto, KvCacheDtype::kFp8, KvCacheDtype::kFp8E4m3, KvCacheDtype::kFp8DsMla,
                       KvCacheDtype::kFp8V4};
     return caps;
+  }
+
+  // Its own writer for every format it reads (the cache_write op checks it
+  // byte for byte against the reference writer).
+  void cache_write(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,
+                   std::span<const std::int64_t> slots) override {
+    const int L = cache.kv_lora_rank, R = cache.rope_dim;
+    const DType dt = cache.elem_dtype;
+    if (kv_c.dtype != dt || k_pe.dtype != dt || kv_c.shape != Shape{static_cast<std::int64_t>(slots.size()), L} ||
+        k_pe.shape != Shape{static_cast<std::int64_t>(slots.size()), R})
+      throw std::invalid_argument("cpu.sparse cache_write: kv_c [n, L] and k_pe [n, R] in the cache's model dtype");
+    const std::int64_t capacity = static_cast<std::int64_t>(cache.num_blocks) * cache.block_size;
+    std::vector<std::uint8_t> e(static_cast<std::size_t>(cache.entry_bytes));
+    for (std::size_t t = 0; t < slots.size(); ++t) {
+      const std::int64_t slot = slots[t];
+      if (slot < 0) continue;
+      if (slot >= capacity) throw std::out_of_range("cpu.sparse cache_write: slot " + std::to_string(slot) + " out of range");
+      const auto* x = kv_c.as<std::uint16_t>() + t * static_cast<std::size_t>(L);
+      const auto* r = k_pe.as<std::uint16_t>() + t * static_cast<std::size_t>(R);
+      std::fill(e.begin(), e.end(), 0);
+      encode(cache, x, r, e.data());
+      if (faults_.writer_contiguous_v4 && cache.split_pages()) {
+        // planted: the 584 bytes written contiguously per token, as if entries were not split per page
+        std::memcpy(cache.data.bytes() + slot * cache.entry_bytes, e.data(), e.size());
+        continue;
+      }
+      cache.store_entry(slot, reinterpret_cast<const std::byte*>(e.data()));
+    }
   }
 
   void sparse_decode(const SparseDecodeArgs& a) override {
@@ -215,6 +243,49 @@ class CpuSparse final : public Backend {
   }
 
  private:
+  // One token's entry in the logical order of cases/fp8.h.
+  void encode(const PagedCache& c, const std::uint16_t* x, const std::uint16_t* r, std::uint8_t* e) const {
+    const int L = c.kv_lora_rank, R = c.rope_dim;
+    const DType dt = c.elem_dtype;
+    auto quant_tiles = [&](int tile, auto&& put_scale) {
+      for (int t = 0; t < L / tile; ++t) {
+        float amax = 0;
+        for (int i = t * tile; i < (t + 1) * tile; ++i) amax = std::max(amax, std::fabs(from16(x[i], dt)));
+        float s = amax / kE4m3Max;
+        if (c.kv_dtype == KvCacheDtype::kFp8DsMla && c.scale_rule == ScaleRule::kRaw) {
+          s = std::max(s, std::numeric_limits<float>::min());
+        } else {
+          // Power of two at or above max(amax / 448, 1e-4), from frexp (exact).
+          int ex = 0;
+          const float m = std::frexp(std::max(s, 1e-4f), &ex);  // value = m * 2^ex, m in [0.5, 1)
+          s = m == 0.5f ? std::ldexp(1.f, ex - 1) : std::ldexp(1.f, ex);
+        }
+        for (int i = t * tile; i < (t + 1) * tile; ++i) e[i] = f32_to_e4m3(from16(x[i], dt) / s);
+        put_scale(t, s);
+      }
+    };
+    switch (c.kv_dtype) {
+      case KvCacheDtype::kAuto:
+        std::memcpy(e, x, static_cast<std::size_t>(L) * 2);
+        std::memcpy(e + 2 * L, r, static_cast<std::size_t>(R) * 2);
+        return;
+      case KvCacheDtype::kFp8:
+      case KvCacheDtype::kFp8E4m3:
+        for (int i = 0; i < L; ++i) e[i] = f32_to_e4m3(from16(x[i], dt) / c.k_scale);
+        for (int i = 0; i < R; ++i) e[L + i] = f32_to_e4m3(from16(r[i], dt) / c.k_scale);
+        return;
+      case KvCacheDtype::kFp8DsMla:
+        quant_tiles(128, [&](int t, float s) { std::memcpy(e + L + 4 * t, &s, 4); });
+        std::memcpy(e + L + 4 * (L / 128), r, static_cast<std::size_t>(R) * 2);
+        return;
+      case KvCacheDtype::kFp8V4:
+        quant_tiles(64, [&](int t, float s) { e[L + 2 * R + t] = f32_to_ue8m0(s); });
+        std::memcpy(e + L, r, static_cast<std::size_t>(R) * 2);
+        return;
+    }
+    throw NotSupportedError("cpu.sparse cannot write kv cache dtype " + std::string(kv_cache_dtype_name(c.kv_dtype)));
+  }
+
   void collect(const TensorView& idx, std::span<const std::int32_t> lens, Index t, const PagedCache* cache,
                std::vector<std::pair<const PagedCache*, std::int64_t>>& named) const {
     const Index K = idx.shape[1];

@@ -17,6 +17,7 @@ struct SparseFaults {
   bool sink_in_lse = false;           // the sink counted in the returned lse
   bool reader_pow2_scales = false;    // fp8_ds_mla tile scales read as 2^exponent (a raw-rule cache misread)
   int window_extra = 0;               // V4 window widened by this many keys (off by one: 1)
+  bool writer_contiguous_v4 = false;  // fp8_v4 entries written as 584 contiguous bytes, not split per page
 };
 
 namespace detail {

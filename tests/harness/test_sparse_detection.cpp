@@ -1,0 +1,132 @@
+// The sparse ops' bug classes, caught by the default gate: each planted fault
+// of cpu.sparse (an invalid index read, topk_length ignored, the sink dropped
+// or counted in lse, an fp8_ds_mla scale rule mismatch, a V4 window off by one,
+// a V4 writer that ignores the per-page layout) fails the sparse or v4 suite
+// under the default policy (baseline, fudge 2) with the status its class gives,
+// and the correct cpu.sparse passes both suites, its writer bit-exact.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <functional>
+#include <map>
+
+#include "backends/cpu/cpu_backends.h"
+#include "backends/cpu/sparse_faults.h"
+#include "cases/suite.h"
+#include "harness/runner.h"
+
+namespace mlagate {
+namespace {
+
+RunConfig gate(const std::vector<CaseSpec>& cases, std::vector<Op> ops) {
+  RunConfig cfg;
+  cfg.cases = cases;
+  cfg.ops = std::move(ops);
+  cfg.policy = make_policy("baseline", 0, 0);  // the CLI's default gate
+  return cfg;
+}
+
+std::vector<CaseSpec> suite_cases(const char* name, const std::function<bool(const CaseSpec&)>& keep = {}) {
+  std::vector<CaseSpec> out;
+  for (const CaseSpec& c : load_suite(name).cases)
+    if (!keep || keep(c)) out.push_back(c);
+  return out;
+}
+
+std::map<Status, int> statuses(const std::vector<Record>& rs) {
+  std::map<Status, int> m;
+  for (const Record& r : rs) ++m[r.status];
+  return m;
+}
+
+TEST(SparseGate, TheCorrectBackendPassesBothSuitesAndItsWriterIsBitExact) {
+  for (const char* suite : {"sparse", "v4"}) {
+    std::vector<std::unique_ptr<Backend>> bs;
+    bs.push_back(make_cpu_sparse());
+    const std::vector<CaseSpec> cases = suite_cases(suite);
+    const std::vector<Record> rs = run_cases(gate(cases, {Op::kSparseDecode, Op::kSparsePrefill, Op::kCacheWrite}), bs);
+    ASSERT_EQ(rs.size(), cases.size() * 3);
+    for (const Record& r : rs) EXPECT_EQ(r.status, Status::kPassed) << r.case_id << " " << r.op << ": " << r.message;
+    double worst = 0;
+    for (const Record& r : rs)
+      for (const Metrics& m : r.metrics)
+        if (m.output == "o") worst = std::max(worst, m.min_fudge);
+    std::printf("%s: %zu records passed; largest err/err_baseline of o: %.3f\n", suite, rs.size(), worst);
+  }
+}
+
+struct Planted {
+  const char* name;
+  SparseFaults faults;
+  const char* suite;
+  std::function<bool(const CaseSpec&)> cases;  // the cases the test runs (exposing ones among them)
+  Status expected;                             // the status of a caught record
+};
+
+TEST(SparseGate, EveryPlantedSparseBugIsCaught) {
+  auto f = [](auto set) {
+    SparseFaults x;
+    set(x);
+    return x;
+  };
+  const std::vector<Planted> bugs = {
+      {"reads_invalid_index", f([](SparseFaults& x) { x.reads_invalid_index = true; }), "sparse",
+       [](const CaseSpec& c) { return c.batch.name == "sparse_mixed" && c.sparse.topk == 100; }, Status::kNonfinite},
+      {"ignores_topk_length", f([](SparseFaults& x) { x.ignores_topk_length = true; }), "sparse",
+       [](const CaseSpec& c) { return c.sparse.pattern == IndexPattern::kLengths; }, Status::kNonfinite},
+      {"ignores_extra_topk_length", f([](SparseFaults& x) { x.ignores_topk_length = true; }), "v4",
+       [](const CaseSpec& c) { return c.batch.name == "v4_mixed" && c.sparse.compress == 4 && c.q_magnitude == 1; },
+       Status::kIncorrect},
+      {"drops_sink", f([](SparseFaults& x) { x.drops_sink = true; }), "v4",
+       [](const CaseSpec& c) { return c.batch.name == "v4_decode" && c.sparse.sink && c.tp == 16; }, Status::kIncorrect},
+      {"sink_in_lse", f([](SparseFaults& x) { x.sink_in_lse = true; }), "sparse",
+       [](const CaseSpec& c) { return c.sparse.sink && c.sparse.pattern == IndexPattern::kRandom; }, Status::kIncorrect},
+      {"scale_rule_mismatch", f([](SparseFaults& x) { x.reader_pow2_scales = true; }), "sparse",
+       [](const CaseSpec& c) { return c.kv_cache_dtype == KvCacheDtype::kFp8DsMla && c.scale_rule == ScaleRule::kRaw; },
+       Status::kIncorrect},
+      {"window_off_by_one", f([](SparseFaults& x) { x.window_extra = 1; }), "v4",
+       [](const CaseSpec& c) { return c.sparse.window == 128 && c.tp == 16 && c.sparse.compress == 0; }, Status::kIncorrect},
+  };
+  for (const Planted& bug : bugs) {
+    SCOPED_TRACE(bug.name);
+    const std::vector<CaseSpec> cases = suite_cases(bug.suite, bug.cases);
+    ASSERT_FALSE(cases.empty());
+    std::vector<std::unique_ptr<Backend>> bs;
+    bs.push_back(detail::make_cpu_sparse_with_faults(bug.faults, std::string("planted.") + bug.name));
+    // The window only exists in the decode kernel's arguments (the prefill op gets explicit rows).
+    std::vector<Op> ops{Op::kSparseDecode};
+    if (bug.faults.window_extra == 0) ops.push_back(Op::kSparsePrefill);
+    const std::vector<Record> rs = run_cases(gate(cases, ops), bs);
+    std::map<Status, int> st = statuses(rs);
+    EXPECT_GT(st[bug.expected], 0) << "never caught as " << status_name(bug.expected);
+    int caught = 0;
+    for (const Record& r : rs) caught += r.status != Status::kPassed;
+    // Every record fails except where the case cannot expose the bug.
+    EXPECT_GE(caught * 2, static_cast<int>(rs.size())) << "caught only " << caught << " of " << rs.size();
+    for (const Record& r : rs) EXPECT_NE(r.status, Status::kCrashed) << r.message;
+    std::printf("%-26s caught on %d of %zu records (%d %s)\n", bug.name, caught, rs.size(), st[bug.expected],
+                std::string(status_name(bug.expected)).c_str());
+  }
+}
+
+TEST(SparseGate, AV4WriterThatIgnoresThePageLayoutFailsCacheWrite) {
+  SparseFaults x;
+  x.writer_contiguous_v4 = true;
+  std::vector<std::unique_ptr<Backend>> bs;
+  bs.push_back(detail::make_cpu_sparse_with_faults(x, "planted.writer_contiguous_v4"));
+  const std::vector<CaseSpec> cases =
+      suite_cases("v4", [](const CaseSpec& c) { return c.batch.name == "v4_mixed" && c.sparse.window == 128; });
+  const std::vector<Record> rs = run_cases(gate(cases, {Op::kCacheWrite}), bs);
+  ASSERT_FALSE(rs.empty());
+  for (const Record& r : rs) {
+    if (r.case_id.find("kv=auto") != std::string::npos) {
+      EXPECT_EQ(r.status, Status::kPassed) << "auto entries are contiguous";
+      continue;
+    }
+    EXPECT_EQ(r.status, Status::kIncorrect) << r.case_id;
+    EXPECT_EQ(r.message.rfind("first differing byte: ", 0), 0u) << r.message;
+  }
+}
+
+}  // namespace
+}  // namespace mlagate
