@@ -56,15 +56,8 @@ void fill_normal16(Tensor& t, std::uint64_t seed, const char* name) {
 // j*ratio .. (j+1)*ratio - 1; the compressor is not under test, so its
 // entries are drawn like any key.
 Case make_compressed(const Case& c) {
-  const SparseSpec& sp = c.spec.sparse;
-  CaseSpec spec = c.spec;
-  spec.sparse = SparseSpec{};
-  spec.seed = c.spec.seed ^ 0x5bd1e995u;  // its own block permutation
-  for (std::size_t i = 0; i < spec.batch.seq_lens.size(); ++i) {
-    spec.batch.seq_lens[i] = spec.batch.seq_lens[i] / sp.compress;
-    spec.batch.query_lens[i] = 0;
-  }
-  Case k = case_layout(spec);
+  Case k = compressed_layout(c);
+  const CaseSpec& spec = k.spec;
   k.kv_c = Tensor(spec.dtype, {k.num_kv_tokens, spec.dims.kv_lora_rank});
   k.k_pe = Tensor(spec.dtype, {k.num_kv_tokens, spec.dims.rope_dim});
   fill_normal16(k.kv_c, c.spec.seed, "kv_c_compressed");
@@ -74,6 +67,19 @@ Case make_compressed(const Case& c) {
 }
 
 }  // namespace
+
+Case compressed_layout(const Case& c) {
+  const SparseSpec& sp = c.spec.sparse;
+  if (sp.compress < 2) throw std::logic_error("compressed_layout: the case has no compressed cache");
+  CaseSpec spec = c.spec;
+  spec.sparse = SparseSpec{};
+  spec.seed = c.spec.seed ^ 0x5bd1e995u;  // its own block permutation
+  for (std::size_t i = 0; i < spec.batch.seq_lens.size(); ++i) {
+    spec.batch.seq_lens[i] = spec.batch.seq_lens[i] / sp.compress;
+    spec.batch.query_lens[i] = 0;
+  }
+  return case_layout(spec);
+}
 
 std::vector<int> token_requests(const Case& c) {
   std::vector<int> req(static_cast<std::size_t>(c.num_tokens));

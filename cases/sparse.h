@@ -49,6 +49,11 @@ std::shared_ptr<const SparseInputs> generate_sparse(const Case& c);
 // only the compressed cache's values change.
 std::shared_ptr<const SparseInputs> retarget_sparse(const SparseInputs& s, const CaseSpec& spec);
 
+// V4's compressed cache as a case without tensors: seq_lens s_i / ratio, no
+// queries, its own seed (block permutation); generate_sparse draws its kv_c
+// and k_pe, a golden file reader fills them from the file.
+Case compressed_layout(const Case& c);
+
 // Request of each query token, from query_start_loc.
 std::vector<int> token_requests(const Case& c);
 // Position of query token t in its request (context_len + u); negative for padding.

@@ -181,6 +181,9 @@ class GoldenReader {
   // Stored references only (run --golden), checked like load_case.
   Golden load_golden(const std::string& id);
   std::optional<PreparedCase::DecodeReference> load_decode_reference(const std::string& id);
+  // A sparse case's stored query and reference, every stored value validated
+  // and the index sets checked equal to c's (the regenerated case).
+  PreparedCase::SparseReference load_sparse(const std::string& id, const Case& c);
   StoredCacheOptions cache_options(const std::string& id, int block_size);
   // Results files: every backend x op stored for the case.
   std::vector<StoredResult> load_results(const std::string& id);

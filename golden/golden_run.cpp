@@ -47,7 +47,8 @@ struct GoldenRun::Impl {
     if (mine.combined != h.hashes.combined) throw GoldenFileError("case " + id + ": input_hash differs from the golden file's");
     PreparedCase pc;
     pc.c = std::move(c);
-    pc.golden = reader->load_golden(id);
+    if (pc.c.sparse) pc.sparse = reader->load_sparse(id, pc.c);
+    else pc.golden = reader->load_golden(id);
     pc.decode = reader->load_decode_reference(id);
     for (int bs : h.cache_block_sizes) {
       const StoredCacheOptions so = reader->cache_options(id, bs);

@@ -11,6 +11,7 @@
 #include "golden/detail/h5.h"
 #include "golden/detail/io.h"
 #include "golden/detail/schema.h"
+#include "golden/detail/sparse_io.h"
 #include "golden/golden_file.h"
 #include "reports/report.h"
 
@@ -122,6 +123,7 @@ struct GoldenReader::Impl {
     const std::vector<std::int32_t> ql = to_i32(io::read_tensor(g, "query_lens", DType::kI32, {B}, w, budget));
     s.batch.seq_lens.assign(seq.begin(), seq.end());
     s.batch.query_lens.assign(ql.begin(), ql.end());
+    s.sparse = golden::read_sparse_spec(g, w);
     // Token counts are ints in Case: their sums must not overflow.
     std::int64_t sum_s = 0, sum_q = 0;
     for (std::int64_t i = 0; i < B; ++i) sum_s += seq[static_cast<std::size_t>(i)], sum_q += ql[static_cast<std::size_t>(i)];
@@ -362,7 +364,13 @@ PreparedCase GoldenReader::load_case(const std::string& id) {
     // latent as a correct reader sees it), as generate_case derives them.
     retarget_case(pc.c, h.spec);
   }
-  pc.golden = m.read_golden(g.get(), h, budget);
+  if (h.spec.sparse.active()) {
+    golden::StoredSparse st = golden::read_sparse_group(g.get(), pc.c, w, budget);
+    pc.c.sparse = std::move(st.inputs);
+    pc.sparse = std::move(st.ref);
+  } else {
+    pc.golden = m.read_golden(g.get(), h, budget);
+  }
   pc.decode = m.read_decode(g.get(), h, budget);
   if (!h.cache_block_sizes.empty()) {
     const h5::Group cg = io::open_group(g.get(), schema::kCacheGroup, w);
@@ -379,6 +387,21 @@ Golden GoldenReader::load_golden(const std::string& id) {
   const CaseHeader h = m.read_header(g.get(), id, budget);
   if (!h.valid) bad(m.case_where(id), "no golden for an invalid case");
   return m.read_golden(g.get(), h, budget);
+}
+
+PreparedCase::SparseReference GoldenReader::load_sparse(const std::string& id, const Case& c) {
+  Impl& m = *impl_;
+  const h5::Group g = m.open_case(id);
+  io::Budget budget(m.max_bytes);
+  golden::StoredSparse st = golden::read_sparse_group(g.get(), c, m.case_where(id), budget);
+  // The stored sets must be the ones the generator gives this case.
+  const SparseInputs& a = *st.inputs;
+  const SparseInputs& b = *c.sparse;
+  auto same = [](const IndexSet& x, const IndexSet& y) { return x.width == y.width && x.pos == y.pos && x.length == y.length; };
+  if (!same(a.main, b.main) || !same(a.extra, b.extra) || a.sink != b.sink)
+    bad(m.case_where(id) / golden::kSparseGroup,
+        "stored index sets or sink differ from the regenerated ones: the generator or the case definition changed");
+  return std::move(st.ref);
 }
 
 std::optional<PreparedCase::DecodeReference> GoldenReader::load_decode_reference(const std::string& id) {
@@ -432,7 +455,9 @@ std::vector<StoredResult> GoldenReader::load_results(const std::string& id) {
     const h5::Group bg = io::open_group(rg.get(), backend, wr);
     const Where wb = wr / backend;
     for (const std::string& op : io::list_group(bg.get(), wb, 16)) {
-      if (op != "layer" && op != "decode" && op != "prefill" && op != "cache_write") bad(wb, "unknown op '" + op + "'");
+      bool known = false;
+      for (Op o : all_ops()) known = known || op == op_name(o);
+      if (!known) bad(wb, "unknown op '" + op + "'");
       const h5::Group og = io::open_group(bg.get(), op, wb);
       const Where wo = wb / op;
       StoredResult r;

@@ -57,7 +57,12 @@ bool output_shape(const CaseSpec& spec, const std::string& op, const std::string
   const Dims& d = spec.dims;
   if (output == "lse") {
     out = {{T, N}, DType::kF32, N, 1};
-    return op == "layer" || op == "decode" || op == "prefill";
+    return op == "layer" || op == "decode" || op == "prefill" || op == "sparse_decode" || op == "sparse_prefill";
+  }
+  if ((op == "sparse_decode" || op == "sparse_prefill") && output == "o") {
+    const std::int64_t dv = spec.sparse_dv();
+    out = {{T, N, dv}, spec.dtype, N, dv};
+    return true;
   }
   if (op == "layer" && output == "out") {
     out = {{T, N * d.v_head_dim}, spec.dtype, N, d.v_head_dim};

@@ -15,6 +15,7 @@
 
 #include "cases/generator.h"
 #include "golden/detail/schema.h"
+#include "golden/detail/sparse_io.h"
 #include "harness/glue.h"
 #include "mlagate/config.h"
 #include "reference/golden.h"
@@ -209,6 +210,7 @@ void write_case_header(hid_t g, const CaseSpec& spec, const InputHashes* hashes,
   io::write_attr(g, "num_requests", spec.num_requests(), w);
   io::write_attr(g, "num_tokens", spec.num_tokens(), w);
   io::write_attr(g, "num_kv_tokens", spec.num_kv_tokens(), w);
+  write_sparse_spec(g, spec.sparse, w);
   io::write_attr(g, "policy", policy.describe(), w);
   io::write_attr(g, "policy_name", policy_name(policy), w);
   io::write_attr(g, "atol", policy.atol, w);
@@ -275,6 +277,7 @@ void write_case_content(hid_t g, const PreparedCase& pc, const io::Where& w) {
     io::write_dataset(gg.get(), "out", DType::kF64, {T, N * d.v_head_dim}, pc.golden->out.data(), wg);
     io::write_dataset(gg.get(), "lse", DType::kF64, {T, N}, pc.golden->lse.data(), wg);
   }
+  if (pc.sparse) write_sparse_group(g, pc.c, *pc.sparse, w);
   if (pc.decode) {
     const h5::Group dg = io::create_group(g, schema::kDecodeGroup, w);
     const io::Where wd = w / schema::kDecodeGroup;
@@ -293,9 +296,14 @@ void write_case_content(hid_t g, const PreparedCase& pc, const io::Where& w) {
 PreparedCase prepare_export_case(const CaseSpec& spec, const ExportOptions& opt) {
   PreparedCase pc;
   pc.c = generate_case(spec);
-  Golden g = golden_absorbed(pc.c);
-  g.o_lat.clear();  // no op compares against it; the decode op has its own reference
-  pc.golden = std::move(g);
+  if (spec.sparse.active()) {
+    // Sparse cases: the sparse ops' query and reference only (no dense op runs them).
+    pc.sparse = golden::compute_sparse_reference(pc.c);
+  } else {
+    Golden g = golden_absorbed(pc.c);
+    g.o_lat.clear();  // no op compares against it; the decode op has its own reference
+    pc.golden = std::move(g);
+  }
   std::vector<int> sizes;
   if (spec.block_size != 0) sizes = {spec.block_size};
   else if (opt.block_sizes) sizes = opt.block_sizes(spec);
@@ -304,7 +312,7 @@ PreparedCase prepare_export_case(const CaseSpec& spec, const ExportOptions& opt)
   co.write_new_tokens = false;  // the layer op's cache_write fills the new tokens
   for (int bs : sizes)
     if (!pc.caches.count(bs)) pc.caches.emplace(bs, build_paged_cache(pc.c, bs, co));
-  if (std::find(opt.ops.begin(), opt.ops.end(), Op::kDecode) != opt.ops.end()) {
+  if (!spec.sparse.active() && std::find(opt.ops.begin(), opt.ops.end(), Op::kDecode) != opt.ops.end()) {
     PreparedCase::DecodeReference d;
     std::vector<int> tokens(static_cast<std::size_t>(pc.c.num_tokens));
     for (int t = 0; t < pc.c.num_tokens; ++t) tokens[static_cast<std::size_t>(t)] = t;

@@ -89,6 +89,11 @@ struct CaseContext {
       mqa_o_lat = std::move(p.decode->o_lat);
       mqa_lse = std::move(p.decode->lse);
     }
+    if (p.sparse) {
+      sparse_q = std::move(p.sparse->q);
+      sparse_ref.o = std::move(p.sparse->o);
+      sparse_ref.lse = std::move(p.sparse->lse);
+    }
     given_caches = std::move(p.caches);
     build_missing_caches = p.build_missing_caches;
   }

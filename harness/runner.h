@@ -57,6 +57,13 @@ struct PreparedCase {
     std::vector<double> o_lat, lse;   // [T, N, L], [T, N]
   };
   std::optional<DecodeReference> decode;
+  // Sparse ops: the kernels' query [T, N, L+R] and the fp64 reference on it
+  // (the case's sparse inputs are in c.sparse).
+  struct SparseReference {
+    Tensor q;
+    std::vector<double> o, lse;  // [T, N, Dv], [T, N]
+  };
+  std::optional<SparseReference> sparse;
   std::map<int, PagedCache> caches;  // block size -> cache without the new tokens (write_new_tokens = false)
   // false: a backend whose block size has no cache here is SKIPPED (replay runs stored caches only).
   bool build_missing_caches = true;
