@@ -32,6 +32,7 @@ const std::vector<BackendEntry>& backend_registry() {
       {"cpu.paged", make_cpu_paged},
       {"cpu.splitkv", make_cpu_splitkv_with},
       {"cpu.sparse", make_cpu_sparse},
+      {"cpu.sparse.splitkv", make_cpu_sparse_splitkv},
 #if MLAGATE_HAS_CUDA
       {"cuda.ref", make_cuda_ref},
       {"cuda.splitkv", make_cuda_splitkv},

@@ -22,5 +22,8 @@ std::unique_ptr<Backend> make_cpu_splitkv_forced(int num_splits);
 // "cpu.sparse": the sparse ops (DeepSeek V3.2 top-k, V4 window + compressed
 // cache) with a GPU kernel's precision; no dense ops.
 std::unique_ptr<Backend> make_cpu_sparse();
+// "cpu.sparse.splitkv": the same with each row's keys in splits of 256 whose
+// fp32 partials are merged through their LSEs (FlashMLA's split-KV + combine).
+std::unique_ptr<Backend> make_cpu_sparse_splitkv();
 
 }  // namespace mlagate

@@ -72,20 +72,17 @@ void read_entry(const PagedCache& c, std::int64_t slot, float* dst, const Sparse
   throw NotSupportedError("cpu.sparse cannot read kv cache dtype " + std::string(kv_cache_dtype_name(c.kv_dtype)));
 }
 
-// The attention of one token over `keys` [n, D] (model-dtype values) for all
-// heads; q [N, D]. Writes o [N, Dv] (model-dtype values) and lse [N].
-void attend(const MatF& q, const MatF& keys, Index n, Index dv, float scale, std::span<const float> sink, DType dt,
-            const SparseFaults& f, float* o, float* lse) {
+// Online softmax over keys [first, first + n) in tiles of 64: the running max
+// m, the sum l of unrounded exponentials, the accumulator of rounded P @ V.
+void online_softmax(const MatF& q, const MatF& keys, Index first, Index n, Index dv, float scale, DType dt, MatF& acc,
+                    std::vector<float>& m, std::vector<float>& l) {
   const Index N = q.rows();
-  if (n == 0) {
-    std::fill(o, o + N * dv, 0.f);
-    std::fill(lse, lse + N, std::numeric_limits<float>::infinity());
-    return;
-  }
-  MatF acc = MatF::Zero(N, dv), s, p(N, kTile);
-  std::vector<float> m(static_cast<std::size_t>(N), -std::numeric_limits<float>::infinity()), l(static_cast<std::size_t>(N), 0.f);
-  for (Index j0 = 0; j0 < n; j0 += kTile) {
-    const Index w = std::min(kTile, n - j0);
+  acc = MatF::Zero(N, dv);
+  m.assign(static_cast<std::size_t>(N), -std::numeric_limits<float>::infinity());
+  l.assign(static_cast<std::size_t>(N), 0.f);
+  MatF s, p;
+  for (Index j0 = first; j0 < first + n; j0 += kTile) {
+    const Index w = std::min(kTile, first + n - j0);
     s.noalias() = q * keys.middleRows(j0, w).transpose();
     p.resize(N, w);
     for (Index h = 0; h < N; ++h) {
@@ -104,13 +101,59 @@ void attend(const MatF& q, const MatF& keys, Index n, Index dv, float scale, std
     }
     acc.noalias() += p * keys.block(j0, 0, w, dv);
   }
+}
+
+// The attention of one token over `keys` [n, D] (model-dtype values) for all
+// heads; q [N, D]. Writes o [N, Dv] (model-dtype values) and lse [N].
+// split > 0: the keys in chunks of `split`, each chunk's fp32 (o, lse) merged
+// through their LSEs afterwards (split-KV decoding with a combine step).
+void attend(const MatF& q, const MatF& keys, Index n, Index dv, float scale, std::span<const float> sink, DType dt,
+            const SparseFaults& f, int split, float* o, float* lse) {
+  const Index N = q.rows();
+  if (n == 0) {
+    std::fill(o, o + N * dv, 0.f);
+    std::fill(lse, lse + N, std::numeric_limits<float>::infinity());
+    return;
+  }
+  MatF acc;
+  std::vector<float> m, l;
+  if (split <= 0 || n <= split) {
+    online_softmax(q, keys, 0, n, dv, scale, dt, acc, m, l);
+    for (Index h = 0; h < N; ++h) {
+      const auto hs = static_cast<std::size_t>(h);
+      float denom = l[hs];
+      const float lse_keys = m[hs] + std::log(l[hs]);
+      if (!sink.empty() && !f.drops_sink) denom += std::exp(sink[hs] - m[hs]);
+      lse[h] = f.sink_in_lse && !sink.empty() ? m[hs] + std::log(denom) : lse_keys;
+      for (Index k = 0; k < dv; ++k) o[h * dv + k] = to_model(acc(h, k) / denom, dt);
+    }
+    return;
+  }
+  // Partials: o_i = acc_i / l_i (fp32), lse_i = m_i + log l_i; then the combine.
+  const Index parts = (n + split - 1) / split;
+  MatF po(parts * N, dv);
+  std::vector<float> plse(static_cast<std::size_t>(parts * N));
+  for (Index c = 0; c < parts; ++c) {
+    online_softmax(q, keys, c * split, std::min<Index>(split, n - c * split), dv, scale, dt, acc, m, l);
+    for (Index h = 0; h < N; ++h) {
+      po.row(c * N + h) = acc.row(h) / l[static_cast<std::size_t>(h)];
+      plse[static_cast<std::size_t>(c * N + h)] = m[static_cast<std::size_t>(h)] + std::log(l[static_cast<std::size_t>(h)]);
+    }
+  }
   for (Index h = 0; h < N; ++h) {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (Index c = 0; c < parts; ++c) mx = std::max(mx, plse[static_cast<std::size_t>(c * N + h)]);
+    float sum = 0;
+    for (Index c = 0; c < parts; ++c) sum += std::exp(plse[static_cast<std::size_t>(c * N + h)] - mx);
+    const float total = mx + std::log(sum);
     const auto hs = static_cast<std::size_t>(h);
-    float denom = l[hs];
-    const float lse_keys = m[hs] + std::log(l[hs]);
-    if (!sink.empty() && !f.drops_sink) denom += std::exp(sink[hs] - m[hs]);
-    lse[h] = f.sink_in_lse && !sink.empty() ? m[hs] + std::log(denom) : lse_keys;
-    for (Index k = 0; k < dv; ++k) o[h * dv + k] = to_model(acc(h, k) / denom, dt);
+    const float keep = sink.empty() || f.drops_sink ? 1.f : 1.f / (1.f + std::exp(sink[hs] - total));
+    lse[h] = f.sink_in_lse && !sink.empty() ? total + std::log1p(std::exp(sink[hs] - total)) : total;
+    for (Index k = 0; k < dv; ++k) {
+      float v = 0;
+      for (Index c = 0; c < parts; ++c) v += std::exp(plse[static_cast<std::size_t>(c * N + h)] - total) * po(c * N + h, k);
+      o[h * dv + k] = to_model(v * keep, dt);
+    }
   }
 }
 
@@ -131,10 +174,11 @@ void load_q(const TensorView& q, std::int64_t t, MatF& out) {
 
 class CpuSparse final : public Backend {
  public:
-  explicit CpuSparse(SparseFaults f, std::string name) : faults_(f), name_(std::move(name)) {}
+  CpuSparse(SparseFaults f, std::string name, int split = 0) : faults_(f), name_(std::move(name)), split_(split) {}
   std::string_view name() const override { return name_; }
   std::string_view description() const override {
-    return "CPU sparse attention (DeepSeek V3.2 top-k, V4 window + compressed): GPU precision, online softmax in tiles of 64";
+    return split_ > 0 ? "CPU sparse attention, split-KV: fp32 partials of 256 keys merged through their LSEs, then the sink"
+                      : "CPU sparse attention (DeepSeek V3.2 top-k, V4 window + compressed): GPU precision, online softmax in tiles of 64";
   }
   Capabilities capabilities() const override {
     Capabilities caps;
@@ -206,7 +250,7 @@ class CpuSparse final : public Backend {
           for (Index k = 0; k < D; ++k) keys(static_cast<Index>(j), k) = to_model(row[static_cast<std::size_t>(k)], dt);
         }
         load_q(a.q, t, q);
-        attend(q, keys, keys.rows(), dv, static_cast<float>(a.scale), a.sink, dt, faults_, o.data(), lse.data());
+        attend(q, keys, keys.rows(), dv, static_cast<float>(a.scale), a.sink, dt, faults_, split_, o.data(), lse.data());
         store(o.data(), lse.data(), N, dv, a.o, a.lse, t);
       }
     }
@@ -236,7 +280,7 @@ class CpuSparse final : public Backend {
           ++used;
         }
         load_q(a.q, t, q);
-        attend(q, keys, used, dv, static_cast<float>(a.scale), a.sink, dt, faults_, o.data(), lse.data());
+        attend(q, keys, used, dv, static_cast<float>(a.scale), a.sink, dt, faults_, split_, o.data(), lse.data());
         store(o.data(), lse.data(), N, dv, a.o, a.lse, t);
       }
     }
@@ -301,11 +345,15 @@ class CpuSparse final : public Backend {
 
   SparseFaults faults_;
   std::string name_;
+  int split_ = 0;  // keys per split-KV partial; 0: one pass
 };
 
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_sparse() { return std::make_unique<CpuSparse>(SparseFaults{}, "cpu.sparse"); }
+std::unique_ptr<Backend> make_cpu_sparse_splitkv() {
+  return std::make_unique<CpuSparse>(SparseFaults{}, "cpu.sparse.splitkv", 256);
+}
 
 namespace detail {
 std::unique_ptr<Backend> make_cpu_sparse_with_faults(const SparseFaults& faults, const std::string& name) {

@@ -3,7 +3,8 @@
 // or counted in lse, an fp8_ds_mla scale rule mismatch, a V4 window off by one,
 // a V4 writer that ignores the per-page layout) fails the sparse or v4 suite
 // under the default policy (baseline, fudge 2) with the status its class gives,
-// and the correct cpu.sparse passes both suites, its writer bit-exact.
+// and the correct cpu.sparse and cpu.sparse.splitkv pass both suites, their
+// writer bit-exact.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -39,14 +40,17 @@ std::map<Status, int> statuses(const std::vector<Record>& rs) {
   return m;
 }
 
-TEST(SparseGate, TheCorrectBackendPassesBothSuitesAndItsWriterIsBitExact) {
+TEST(SparseGate, TheCorrectBackendsPassBothSuitesAndTheWriterIsBitExact) {
   for (const char* suite : {"sparse", "v4"}) {
     std::vector<std::unique_ptr<Backend>> bs;
     bs.push_back(make_cpu_sparse());
+    bs.push_back(make_cpu_sparse_splitkv());
     const std::vector<CaseSpec> cases = suite_cases(suite);
     const std::vector<Record> rs = run_cases(gate(cases, {Op::kSparseDecode, Op::kSparsePrefill, Op::kCacheWrite}), bs);
-    ASSERT_EQ(rs.size(), cases.size() * 3);
-    for (const Record& r : rs) EXPECT_EQ(r.status, Status::kPassed) << r.case_id << " " << r.op << ": " << r.message;
+    ASSERT_EQ(rs.size(), cases.size() * 3 * 2);
+    for (const Record& r : rs) {
+      EXPECT_EQ(r.status, Status::kPassed) << r.backend << " " << r.case_id << " " << r.op << ": " << r.message;
+    }
     double worst = 0;
     for (const Record& r : rs)
       for (const Metrics& m : r.metrics)
