@@ -35,6 +35,7 @@ const std::vector<BackendEntry>& backend_registry() {
 #if MLAGATE_HAS_CUDA
       {"cuda.ref", make_cuda_ref},
       {"cuda.splitkv", make_cuda_splitkv},
+      {"cuda.sparse", make_cuda_sparse},
 #endif
 #if MLAGATE_HAS_TORCH_SDPA
       {"torch.sdpa.flash", make_torch_sdpa_flash},
