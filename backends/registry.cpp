@@ -45,6 +45,7 @@ const std::vector<BackendEntry>& backend_registry() {
 #endif
 #if MLAGATE_HAS_FLASHMLA
       {"flashmla", make_flashmla},
+      {"flashmla.sparse", make_flashmla_sparse},
 #endif
 #if MLAGATE_HAS_FLASHINFER
       {"flashinfer.mla.fa2", make_flashinfer_mla_fa2},
