@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/backend_base.cuh"
 #include "backends/cuda/cache_store.h"
 #include "backends/cuda/cuda_backends.h"
 #include "backends/cuda/device.h"
@@ -87,7 +88,9 @@ void copy_heads(const DeviceBuffer& o, const DeviceBuffer& lse, gpu::GuardedDevi
                                        static_cast<std::size_t>(T), cudaMemcpyDeviceToDevice, s));
 }
 
-class FlashMlaSparse final : public Backend {
+// A CudaBackend for its stream and kernel timing (detail::cuda_last_kernel_ms);
+// it has no dense decode.
+class FlashMlaSparse final : public gpu::CudaBackend {
  public:
   std::string_view name() const override { return "flashmla.sparse"; }
   std::string_view description() const override {
@@ -325,7 +328,7 @@ class FlashMlaSparse final : public Backend {
     stop.record(s);
     copy_heads(out, lse, go, glse, T, N, Hp, s);
     MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));
-    last_ms_ = stop.elapsed_since(start);
+    last_kernel_ms_ = stop.elapsed_since(start);
     gpu::check_guards_or_throw({&go, &glse}, s);
     go.download_to(a.o, s);
     glse.download_to(a.lse, s);
@@ -392,19 +395,16 @@ class FlashMlaSparse final : public Backend {
     stop.record(s);
     copy_heads(out, lse, go, glse, T, N, Hp, s);
     MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));
-    last_ms_ = stop.elapsed_since(start);
+    last_kernel_ms_ = stop.elapsed_since(start);
     gpu::check_guards_or_throw({&go, &glse}, s);
     go.download_to(a.o, s);
     glse.download_to(a.lse, s);
   }
 
- private:
-  cudaStream_t stream() {
-    if (!stream_) stream_ = std::make_unique<gpu::Stream>();
-    return stream_->get();
+ protected:
+  std::unique_ptr<PlannedDecode> plan_decode(const DecodeCall&) override {
+    throw NotSupportedError("flashmla.sparse has no dense decode (see flashmla)");
   }
-  std::unique_ptr<gpu::Stream> stream_;
-  double last_ms_ = 0;
 };
 
 }  // namespace

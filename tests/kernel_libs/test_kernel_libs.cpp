@@ -9,6 +9,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -159,6 +160,37 @@ TEST(KernelLibs, FlashMlaSparseSuitesPass) {
     for (const char* op : {"sparse_decode", "sparse_prefill"}) {
       EXPECT_GT(passed[op], 0) << op;
       std::printf("flashmla.sparse %-6s %-15s %3d passed, %3d not supported\n", suite, op, passed[op], unsupported[op]);
+    }
+  }
+}
+
+// Kernel times (CUDA events around the launches, best of 3) of flashmla.sparse
+// and cuda.sparse on the largest V3.2 and V4 cases, for the README; both must
+// pass there.
+TEST(KernelLibs, SparseKernelTimes) {
+  MLAGATE_REQUIRE_GPU();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"sparse", "sparse/sparse_decode_4k/tp1/bf16/kv=fp8_ds_mla:pow2/bs=auto/seed=0/topk=2048"},
+      {"v4", "v4/v4_decode/tp2/bf16/kv=fp8_v4/bs=auto/seed=0/dims=v4/win=128/cmp=4x64/sink"}};
+  for (const auto& [suite, id] : cases) {
+    RunConfig cfg;
+    for (const CaseSpec& c : load_suite(suite).cases)
+      if (c.id() == id) cfg.cases.push_back(c);
+    ASSERT_EQ(cfg.cases.size(), 1u) << id;
+    cfg.policy = make_policy("baseline", 1e-2, 1e-2);
+    for (Op op : {Op::kSparseDecode, Op::kSparsePrefill}) {
+      cfg.ops = {op};
+      for (const char* name : {"flashmla.sparse", "cuda.sparse"}) {
+        std::vector<std::unique_ptr<Backend>> backends;
+        backends.push_back(make(name));
+        double best = 1e30;
+        for (int i = 0; i < 3; ++i) {
+          for (const Record& r : run_cases(cfg, backends)) EXPECT_EQ(r.status, Status::kPassed) << name << " " << r.message;
+          best = std::min(best, detail::cuda_last_kernel_ms(*backends.front()));
+        }
+        EXPECT_GT(best, 0.0);
+        std::printf("kernel ms  %-15s %-14s %-70s %.3f\n", name, std::string(op_name(op)).c_str(), id.c_str(), best);
+      }
     }
   }
 }
