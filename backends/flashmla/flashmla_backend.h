@@ -23,4 +23,11 @@ std::unique_ptr<Backend> make_flashmla();
 // 512. bf16 only; heads padded to 64 / 128 (at most 128); any page block size.
 std::unique_ptr<Backend> make_flashmla_sparse();
 
+namespace detail {
+// Tests only (never in the registry): "flashmla.sparse+raw", flashmla.sparse
+// that also runs V3.2 decode on fp8_ds_mla:raw caches, to measure the
+// library's bf16 rounding of non-power-of-two tile scales.
+std::unique_ptr<Backend> make_flashmla_sparse_raw_scales();
+}  // namespace detail
+
 }  // namespace mlagate

@@ -92,7 +92,10 @@ void copy_heads(const DeviceBuffer& o, const DeviceBuffer& lse, gpu::GuardedDevi
 // it has no dense decode.
 class FlashMlaSparse final : public gpu::CudaBackend {
  public:
-  std::string_view name() const override { return "flashmla.sparse"; }
+  // raw_scales: run V3.2 decode on fp8_ds_mla:raw caches anyway (tests only:
+  // it measures what the bf16 rounding of the tile scales costs).
+  explicit FlashMlaSparse(bool raw_scales = false) : raw_scales_(raw_scales) {}
+  std::string_view name() const override { return raw_scales_ ? "flashmla.sparse+raw" : "flashmla.sparse"; }
   std::string_view description() const override {
     return "FlashMLA sm90 sparse kernels: V3.2 fp8 sparse decode (fp8_ds_mla), V4 MODEL1 decode (fp8_v4, window + "
            "compressed cache, sinks) and sparse prefill (bf16 rows, d_qk 576 or 512); heads padded to 64/128";
@@ -127,7 +130,7 @@ class FlashMlaSparse final : public gpu::CudaBackend {
         if (spec.kv_cache_dtype != KvCacheDtype::kFp8DsMla)
           return Support::no("sparse decode reads only FlashMLA's fp8 cache: V3.2 needs kv fp8_ds_mla, not " +
                              std::string(kv_cache_dtype_name(spec.kv_cache_dtype)));
-        if (spec.scale_rule != ScaleRule::kPow2)
+        if (spec.scale_rule != ScaleRule::kPow2 && !raw_scales_)
           return Support::no("fp8_ds_mla:raw: the V3.2 kernel converts each fp32 tile scale to bf16 "
                              "(scales[i] = (bf16)scales_float[i]), exact only for power-of-two scales (pow2)");
         if (spec.sparse.pattern == IndexPattern::kLengths)
@@ -155,7 +158,7 @@ class FlashMlaSparse final : public gpu::CudaBackend {
     if (a.q.dtype != DType::kBF16) throw NotSupportedError("FlashMLA sparse decode takes bf16 queries");
     if (cache.kv_dtype != want || (a.extra_cache && a.extra_cache->kv_dtype != want))
       throw NotSupportedError("FlashMLA sparse decode reads kv " + std::string(kv_cache_dtype_name(want)) + " here");
-    if (!v4 && cache.scale_rule != ScaleRule::kPow2)
+    if (!v4 && cache.scale_rule != ScaleRule::kPow2 && !raw_scales_)
       throw NotSupportedError("the V3.2 kernel rounds tile scales to bf16: pow2 scales only");
     if (!v4 && !a.topk_length.empty()) throw NotSupportedError("V3.2 sparse decode takes no topk_length");
     if (!v4 && a.extra_cache) throw NotSupportedError("V3.2 sparse decode takes no extra cache");
@@ -405,10 +408,15 @@ class FlashMlaSparse final : public gpu::CudaBackend {
   std::unique_ptr<PlannedDecode> plan_decode(const DecodeCall&) override {
     throw NotSupportedError("flashmla.sparse has no dense decode (see flashmla)");
   }
+
+ private:
+  bool raw_scales_ = false;
 };
 
 }  // namespace
 
 std::unique_ptr<Backend> make_flashmla_sparse() { return std::make_unique<FlashMlaSparse>(); }
+
+std::unique_ptr<Backend> detail::make_flashmla_sparse_raw_scales() { return std::make_unique<FlashMlaSparse>(true); }
 
 }  // namespace mlagate

@@ -15,6 +15,9 @@
 #include <vector>
 
 #include "backends/cuda/cuda_backends.h"
+#if MLAGATE_HAS_FLASHMLA
+#include "backends/flashmla/flashmla_backend.h"
+#endif
 #include "backends/registry.h"
 #include "cases/case.h"
 #include "cases/paged_cache.h"
@@ -162,6 +165,36 @@ TEST(KernelLibs, FlashMlaSparseSuitesPass) {
       std::printf("flashmla.sparse %-6s %-15s %3d passed, %3d not supported\n", suite, op, passed[op], unsupported[op]);
     }
   }
+}
+
+// What FlashMLA's V3.2 decode does with non-power-of-two (raw) tile scales,
+// which flashmla.sparse refuses: each fp32 scale becomes bf16 in the kernel.
+// Every raw decode record must run (no crash); the figures go to the README.
+TEST(KernelLibs, FlashMlaSparseOnRawScales) {
+  MLAGATE_REQUIRE_GPU();
+  std::vector<std::unique_ptr<Backend>> backends;
+  backends.push_back(detail::make_flashmla_sparse_raw_scales());
+  RunConfig cfg;
+  for (const CaseSpec& c : load_suite("sparse").cases)
+    if (c.kv_cache_dtype == KvCacheDtype::kFp8DsMla && c.scale_rule == ScaleRule::kRaw) cfg.cases.push_back(c);
+  ASSERT_FALSE(cfg.cases.empty());
+  cfg.ops = {Op::kSparseDecode};
+  cfg.policy = make_policy("baseline", 1e-2, 1e-2);
+  int ran = 0;
+  for (const Record& r : run_cases(cfg, backends)) {
+    if (r.status == Status::kNotSupported) {
+      std::printf("raw scales  NOT_SUPPORTED %s: %s\n", r.case_id.c_str(), r.message.c_str());
+      continue;
+    }
+    EXPECT_TRUE(r.status == Status::kPassed || r.status == Status::kIncorrect) << status_name(r.status) << " " << r.message;
+    ++ran;
+    std::printf("raw scales  %-9s %s\n", std::string(status_name(r.status)).c_str(), r.case_id.c_str());
+    for (const Metrics& m : r.metrics)
+      std::printf("            %-3s max_abs %.3g err_baseline %.3g min_fudge %.3g\n", m.output.c_str(), m.max_abs,
+                  m.err_baseline, m.min_fudge);
+    if (!r.message.empty()) std::printf("            %s\n", r.message.c_str());
+  }
+  EXPECT_GT(ran, 0);
 }
 
 // Kernel times (CUDA events around the launches, best of 3) of flashmla.sparse
