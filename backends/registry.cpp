@@ -36,6 +36,7 @@ const std::vector<BackendEntry>& backend_registry() {
 #if MLAGATE_HAS_CUDA
       {"cuda.ref", make_cuda_ref},
       {"cuda.splitkv", make_cuda_splitkv},
+      {"cuda.sparse", make_cuda_sparse},
 #endif
 #if MLAGATE_HAS_TORCH_SDPA
       {"torch.sdpa.flash", make_torch_sdpa_flash},
@@ -45,6 +46,7 @@ const std::vector<BackendEntry>& backend_registry() {
 #endif
 #if MLAGATE_HAS_FLASHMLA
       {"flashmla", make_flashmla},
+      {"flashmla.sparse", make_flashmla_sparse},
 #endif
 #if MLAGATE_HAS_FLASHINFER
       {"flashinfer.mla.fa2", make_flashinfer_mla_fa2},

@@ -82,6 +82,9 @@ gpu_backends='cuda.*'
 [ "${MLAGATE_GPU_TORCH:-0}" = 1 ] && gpu_backends+=',torch.*'
 [ -n "${MLAGATE_GPU_FLASHMLA:-}" ] && gpu_backends+=',flashmla'
 [ -n "${MLAGATE_GPU_FLASHINFER:-}" ] && gpu_backends+=',flashinfer*'
+# The sparse ops' backends (the sparse and v4 suites), with cpu.sparse beside them.
+sparse_backends='cpu.sparse,cuda.sparse'
+[ -n "${MLAGATE_GPU_FLASHMLA:-}" ] && sparse_backends+=',flashmla.sparse'
 
 # One mlagate run; its summary table and failures go to the summary, its
 # JSON report next to the logs.
@@ -141,7 +144,7 @@ if want test; then
   fi
 fi
 if want suites; then
-  say "== suites on $gpu_backends (GPU golden): smoke, edges, fp8 in every op, vllm decode; forced splits; vllm layer with the Eigen golden"
+  say "== suites on $gpu_backends (GPU golden): smoke, edges, fp8 in every op, vllm decode; forced splits; vllm layer with the Eigen golden; sparse and v4 on $sparse_backends"
   ( for s in smoke edges; do
       run_suite "suite_$s" --suite "$s" --backend "$gpu_backends" --op layer,decode,prefill,cache_write --reference cuda
     done
@@ -150,7 +153,8 @@ if want suites; then
     run_suite "suite_fp8" --suite fp8 --backend "$gpu_backends" --op layer,decode,cache_write --reference cuda
     run_suite "suite_edges_splits1" --suite edges --backend cuda.splitkv --splits 1 --op layer,decode
     run_suite "suite_edges_splits1000" --suite edges --backend cuda.splitkv --splits 1000 --op layer,decode
-    run_suite "suite_vllm_eigen" --suite vllm --backend 'cuda.*' --op layer ) &
+    run_suite "suite_vllm_eigen" --suite vllm --backend 'cuda.*' --op layer
+    for s in sparse v4; do run_suite "suite_$s" --suite "$s" --backend "$sparse_backends" --repeat 2; done ) &
   pids+=($!)
 fi
 for p in "${pids[@]}"; do wait "$p"; done
@@ -158,7 +162,7 @@ for p in "${pids[@]}"; do wait "$p"; done
 if want test; then
   { grep -E "Test +#|tests passed|tests failed|Total Test time|ctest exit" "$out/ctest.log"
     # What the tests print (ctest -V prefixes each line with the test's number).
-    grep -E "^[0-9]+: (cuda golden|cache_write:|determinism:|planted|device [0-9]|cuda\.(ref|splitkv): |smoke|edges|vllm)" \
+    grep -E "^[0-9]+: (cuda golden|cache_write:|determinism:|planted|device [0-9]|cuda\.(ref|splitkv): |cuda\.sparse |flashmla\.sparse |kernel ms|raw scales|smoke|edges|vllm)" \
       "$out/ctest.log" | sed -E 's/^[0-9]+: //' | sort -u | head -60
     grep -E "^[0-9]+: .*(Failure|FAILED|Expected|Which is|exception)" "$out/ctest.log" | head -40
   } | tee -a "$summary"

@@ -24,6 +24,13 @@ std::unique_ptr<Backend> make_cuda_ref();
 // forces that many splits per request (--splits), 0 picks them from the work.
 std::unique_ptr<Backend> make_cuda_splitkv(const BackendOptions& options);
 
+// "cuda.sparse": DeepSeek V3.2 / V4 sparse decode and prefill (the sparse ops)
+// with its own readers of every kv cache dtype (fp8_v4 through its per-page
+// layout), the V4 window built on the device, the compressed cache, sinks and
+// topk lengths; model-dtype operands, fp32 online softmax and accumulation,
+// deterministic (no atomics). Any head count; keys up to 576 wide.
+std::unique_ptr<Backend> make_cuda_sparse();
+
 // What the process sees: a device or the reason there is none.
 struct CudaDeviceInfo {
   bool available = false;
