@@ -251,15 +251,16 @@ int cmd_list(const std::string& what, const Selection& sel, const std::string& b
   if (what == "matrix") {
     const std::vector<BackendEntry> extra = ot.entries();
     auto backends = select_backends(backend_globs, {}, extra);
-    std::printf("%-64s", "case (layer op)");
+    std::printf("%-64s", "case (layer op; sparse_decode for sparse cases)");
     for (const auto& b : backends) std::printf(" %-14s", std::string(b->name()).c_str());
     std::printf("\n");
     for (const auto& c : cases) {
       std::printf("%-64s", c.id().c_str());
       std::vector<std::string> reasons;
       for (const auto& b : backends) {
-        Support s = b->supports(c, Op::kLayer);
-        if (s.ok) s = route_requests(b->capabilities(), c).support;
+        const Op op = c.sparse.active() ? Op::kSparseDecode : Op::kLayer;
+        Support s = b->supports(c, op);
+        if (s.ok && op == Op::kLayer) s = route_requests(b->capabilities(), c).support;
         std::printf(" %-14s", s.ok ? "yes" : "NO");
         if (!s.ok) reasons.push_back(std::string(b->name()) + ": " + s.reason);
       }
