@@ -18,10 +18,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-void note_guard(OpRun& run, const GuardedBuffer& buf, const std::string& name) {
-  if (run.guard_violation.empty()) run.guard_violation = buf.check_guards(name);
-}
-
 // Copies rows of a 2-D tensor (row indices given) into a new tensor.
 Tensor gather_rows(const Tensor& t, std::span<const std::int64_t> rows) {
   Shape s = t.shape();
@@ -99,6 +95,10 @@ Routing route_requests(const Capabilities& caps, const CaseSpec& spec) {
       return r;
     }
   return r;
+}
+
+void note_guard(OpRun& run, const GuardedBuffer& buf, const std::string& name) {
+  if (run.guard_violation.empty()) run.guard_violation = buf.check_guards(name);
 }
 
 OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const ExecOptions& opt) {

@@ -44,6 +44,9 @@ struct OpRun {
   double run_ms = 0;               // time inside the backend's kernels
 };
 
+// Records the first guard-band violation of a kernel output buffer in run.
+void note_guard(OpRun& run, const GuardedBuffer& buf, const std::string& name);
+
 // Layer op. base_cache: the case's cache for the backend's block size, built
 // with write_new_tokens = false (the backend's cache_write fills them).
 // Throws NotSupportedError when the routing needs a kernel the backend lacks.

@@ -15,10 +15,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-void note_guard(OpRun& run, const GuardedBuffer& buf, const std::string& name) {
-  if (run.guard_violation.empty()) run.guard_violation = buf.check_guards(name);
-}
-
 struct Outputs {
   ProducedOutput o, lse;
 };
