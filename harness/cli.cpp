@@ -56,13 +56,15 @@ struct Selection {
   std::vector<std::uint64_t> seeds;
 
   void add_options(CLI::App* app) {
-    app->add_option("--suite", suite, "built-in suite (vllm, smoke, edges) or a suite YAML file");
+    std::string names;
+    for (const auto& n : builtin_suite_names()) names += (names.empty() ? "" : ", ") + n;
+    app->add_option("--suite", suite, "built-in suite (" + names + ") or a suite YAML file");
     app->add_option("--filter", filter, "keep cases whose id matches this regex (ECMAScript, search)");
     app->add_option("--spec", specs, "batch specs to sweep (comma-separated); narrows --suite")->delimiter(',');
     app->add_option("--tp", tps, "TP degrees: heads = 128 / tp (comma-separated)")->delimiter(',');
     app->add_option("--dtype", dtypes, "model dtypes: bf16, fp16")->delimiter(',');
     app->add_option("--kv-cache-dtype", kv_dtypes,
-                    "kv cache dtypes: auto, fp8, fp8_e4m3, fp8_ds_mla[:pow2|:raw] (scale rule)")->delimiter(',');
+                    "kv cache dtypes: auto, fp8, fp8_e4m3, fp8_ds_mla[:pow2|:raw] (scale rule), fp8_v4 (DeepSeek V4)")->delimiter(',');
     app->add_option("--block-size", block_sizes, "block sizes, or auto (each backend's preferred)")->delimiter(',');
     app->add_option("--seed", seeds, "seeds (comma-separated)")->delimiter(',');
   }
@@ -867,7 +869,9 @@ int cli_main(int argc, char** argv) {
   exp->add_option("--out", ea.out, "the HDF5 file to write")->required();
   exp->add_option("--backend", ea.backends, "bs=auto: store the cache of each matching backend's block size")
       ->capture_default_str();
-  exp->add_option("--op", ea.ops, "ops to store references for: layer, decode, prefill")->delimiter(',')->capture_default_str();
+  exp->add_option("--op", ea.ops,
+                 "ops to store dense references for: layer, decode, prefill (a sparse case always stores its "
+                 "sparse reference, which serves sparse_decode and sparse_prefill)")->delimiter(',')->capture_default_str();
   exp->add_option("--policy", ea.policy, "tolerance policy recorded with the cases: baseline | vllm | fixed")
       ->capture_default_str();
   exp->add_option("--fudge", ea.fudge, "baseline policy's fudge (recorded)")->capture_default_str();
@@ -882,7 +886,9 @@ int cli_main(int argc, char** argv) {
   replay->add_option("--case", rp.case_ids, "exact case id (repeatable); default every case");
   replay->add_option("--filter", replay_sel.filter, "keep cases whose id matches this regex");
   replay->add_option("--backend", rp.backends, "backend globs, comma-separated")->capture_default_str();
-  replay->add_option("--op", rp.ops, "ops: layer, decode, prefill (comma-separated)")->delimiter(',')->capture_default_str();
+  replay->add_option("--op", rp.ops,
+                    "ops: auto (layer for dense cases, sparse_decode and sparse_prefill for sparse ones), layer, "
+                    "decode, prefill, cache_write, sparse_decode, sparse_prefill (comma-separated)")->delimiter(',')->capture_default_str();
   replay->add_option("--policy", rp.policy, "tolerance policy: baseline | vllm | fixed")->capture_default_str();
   replay->add_option("--atol", rp.atol, "absolute tolerance (fixed policy)")->capture_default_str();
   replay->add_option("--rtol", rp.rtol, "relative tolerance (fixed policy)")->capture_default_str();
