@@ -235,7 +235,9 @@ struct GoldenReader::Impl {
           refuse_hidden_cases(cg.get(), w / name, 0);
         }
       } else {
-        bad(w / name, "'" + child + "' is neither a case that /case_ids lists nor on the path to one (the case list and the case groups disagree)");
+        bad(w / name, "'" + child +
+                          "' is neither a case that /case_ids lists nor on the path to one (the case list and the case "
+                          "groups disagree)");
       }
     }
   }

@@ -204,10 +204,12 @@ TEST_F(HostileCli, NonFiniteReferences) {
   const std::vector<Edit> edits = {
       {"golden", "out", o.golden->out, {T, N * s.dims.v_head_dim}, 5, nan,
        "golden/out: element 5 (request 0, token 0, head 0, dim 5) is nan: a stored reference must be finite"},
-      {"golden", "out", o.golden->out, {T, N * s.dims.v_head_dim}, 7, inf, "golden/out: element 7 (request 0, token 0, head 0, dim 7) is inf"},
+      {"golden", "out", o.golden->out, {T, N * s.dims.v_head_dim}, 7, inf,
+       "golden/out: element 7 (request 0, token 0, head 0, dim 7) is inf"},
       {"golden", "lse", o.golden->lse, {T, N}, 3, nan, "golden/lse: element 3 (request 0, token 0, head 3"},
       {"golden", "lse", o.golden->lse, {T, N}, 0, -inf, "golden/lse: element 0 (request 0, token 0, head 0"},
-      {"decode", "o_lat", o.decode->o_lat, {T, N, s.dims.kv_lora_rank}, 2, nan, "decode/o_lat: element 2 (request 0, token 0, head 0, dim 2) is nan"},
+      {"decode", "o_lat", o.decode->o_lat, {T, N, s.dims.kv_lora_rank}, 2, nan,
+       "decode/o_lat: element 2 (request 0, token 0, head 0, dim 2) is nan"},
   };
   int k = 0;
   for (const Edit& e : edits) {
@@ -238,7 +240,8 @@ TEST_F(HostileCli, EmptyRowLseMustBeMinusInfinity) {
   dl[row1] = std::numeric_limits<double>::quiet_NaN();
   p = copy("empty_row_decode.h5");
   replace_dataset(p, group(padding_id_, "decode"), "lse", doubles(dl, {T, N}));
-  expect_refused(p, {group(padding_id_, "decode/lse") + ": element " + std::to_string(row1) + " (request 1, token 0, head 0, dim 0) is nan"});
+  expect_refused(p, {group(padding_id_, "decode/lse") + ": element " + std::to_string(row1) +
+                     " (request 1, token 0, head 0, dim 0) is nan"});
 }
 
 // Every case and every cache the file holds is validated, whichever the
