@@ -102,6 +102,10 @@ FileCompareSummary compare_results_files(const std::string& path_a, const std::s
   for (GoldenReader* r : {&a, &b})
     if (r->info().kind != FileKind::kResults)
       throw GoldenFileError(r->path() + ": a golden file, not a results file (write one with run --save-results)");
+  // Both files whole before the first line: a bad file is exit 2 with one
+  // message, not a half-printed comparison.
+  a.validate_all();
+  b.validate_all();
   FileCompareSummary sum;
   auto line = [&](const char* tag, const std::string& backend, const std::string& op, const std::string& id) {
     std::fprintf(out, "%-16s %-12s %-7s %s\n", tag, backend.c_str(), op.c_str(), id.c_str());

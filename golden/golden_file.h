@@ -174,6 +174,12 @@ class GoldenReader {
   bool has_case(const std::string& id) const;
 
   CaseHeader header(const std::string& id);
+  // Reads and checks every case the file holds, as load_case (golden files)
+  // or load_results (results files) would, and refuses case groups that
+  // /case_ids does not list. A command runs this before anything else, so a
+  // bad file is an input error before any backend runs, whichever cases the
+  // command selects. Memory: one case at a time, within max_bytes.
+  void validate_all();
   // Everything replay needs: inputs, golden, decode reference (if stored) and
   // the caches by block size, each checked (hashes, shapes, block ids <
   // num_blocks, slot mapping, lengths). build_missing_caches is false.

@@ -30,12 +30,14 @@ struct GoldenRun::Impl {
   std::map<std::string, CaseSpec> specs;  // by id, for records of cases that could not be made
   Policy policy;
 
-  PreparedCase from_golden(const CaseSpec& spec, const ExecOptions& exec) {
-    const std::string id = spec.id();
-    Case c = generate_case(spec);  // InvalidCase: INVALID_CASE records, as in a plain run
+  void require_case(const std::string& id) const {
     if (!reader->has_case(id))
       throw GoldenFileError(opt.golden + ": no case '" + id + "' (export it, or leave out --suite/--spec to run the file's cases)");
-    const CaseHeader h = reader->header(id);
+  }
+
+  // The regenerated inputs must be the ones the file was exported from.
+  void check_regenerated(const Case& c, const CaseHeader& h) const {
+    const std::string& id = h.id;
     const InputHashes mine = input_hashes(c);
     const std::uint64_t a[5] = {mine.q, mine.kv_c, mine.k_pe, mine.w_uk, mine.w_uv};
     const std::uint64_t b[5] = {h.hashes.q, h.hashes.kv_c, h.hashes.k_pe, h.hashes.w_uk, h.hashes.w_uv};
@@ -45,18 +47,32 @@ struct GoldenRun::Impl {
                               ") differs from the golden file's (hash " + hash_hex(b[i]) +
                               "): the generator or the case definition changed since " + opt.golden + " was exported");
     if (mine.combined != h.hashes.combined) throw GoldenFileError("case " + id + ": input_hash differs from the golden file's");
+  }
+
+  // A stored cache is rebuilt with the run's poison options: they must be the file's.
+  StoredCacheOptions stored_cache_options(const std::string& id, int bs, const ExecOptions& exec) {
+    const StoredCacheOptions so = reader->cache_options(id, bs);
+    if (so.poison != exec.poison || so.poison_block_table != exec.poison_block_table)
+      throw GoldenFileError("case " + id + ": the golden file's bs=" + std::to_string(bs) + " cache was built with --poison " +
+                            std::string(poison_name(so.poison)) + (so.poison_block_table ? " --poison-block-table" : "") +
+                            ", this run uses --poison " + std::string(poison_name(exec.poison)) +
+                            (exec.poison_block_table ? " --poison-block-table" : "") + ": run with the same options");
+    return so;
+  }
+
+  PreparedCase from_golden(const CaseSpec& spec, const ExecOptions& exec) {
+    const std::string id = spec.id();
+    Case c = generate_case(spec);  // InvalidCase: INVALID_CASE records, as in a plain run
+    require_case(id);
+    const CaseHeader h = reader->header(id);
+    check_regenerated(c, h);
     PreparedCase pc;
     pc.c = std::move(c);
     if (pc.c.sparse) pc.sparse = reader->load_sparse(id, pc.c);
     else pc.golden = reader->load_golden(id);
     pc.decode = reader->load_decode_reference(id);
     for (int bs : h.cache_block_sizes) {
-      const StoredCacheOptions so = reader->cache_options(id, bs);
-      if (so.poison != exec.poison || so.poison_block_table != exec.poison_block_table)
-        throw GoldenFileError("case " + id + ": the golden file's bs=" + std::to_string(bs) + " cache was built with --poison " +
-                              std::string(poison_name(so.poison)) + (so.poison_block_table ? " --poison-block-table" : "") +
-                              ", this run uses --poison " + std::string(poison_name(exec.poison)) +
-                              (exec.poison_block_table ? " --poison-block-table" : "") + ": run with the same options");
+      const StoredCacheOptions so = stored_cache_options(id, bs, exec);
       CacheOptions co;
       co.poison = exec.poison;
       co.poison_block_table = exec.poison_block_table;
@@ -124,6 +140,24 @@ std::vector<CaseSpec> GoldenRun::file_cases(const std::string& filter) const {
   }
   if (out.empty()) throw InputError("the selection matches no case of " + m.reader->path());
   return out;
+}
+
+void GoldenRun::validate(const std::vector<CaseSpec>& cases, const ExecOptions& exec) {
+  Impl& m = *impl_;
+  if (!m.reader) return;
+  m.reader->validate_all();
+  if (m.opt.golden.empty()) return;
+  // run --golden: what the workers' from_golden would refuse (a case missing
+  // from the file, inputs or caches that rebuild differently, other poison
+  // options) is refused here first, so that no worker meets it and blames a
+  // backend. The same code as the workers', one case at a time.
+  for (const CaseSpec& spec : cases) {
+    try {
+      m.from_golden(spec, exec);
+    } catch (const InvalidCase&) {
+      // A case that cannot be generated: INVALID_CASE records, as in a plain run.
+    }
+  }
 }
 
 void GoldenRun::attach(RunConfig& cfg) {

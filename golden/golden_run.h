@@ -37,6 +37,12 @@ class GoldenRun {
   // --filter regex; every case's attributes validated. Replay always takes its
   // cases from here; run --golden does when no --suite or --spec is given.
   std::vector<CaseSpec> file_cases(const std::string& filter) const;
+  // Validates the whole file before anything runs (GoldenReader::validate_all:
+  // every case, selected or not), and for run --golden checks that each of
+  // `cases` is in the file, regenerates to its stored input hashes and was
+  // exported with `exec`'s poison options. Throws GoldenFileError (exit 2).
+  // The parent process calls it; isolation workers do not repeat it.
+  void validate(const std::vector<CaseSpec>& cases, const ExecOptions& exec);
   // Installs cfg.prepare, cfg.on_outputs and wraps cfg.on_record. Call after
   // cfg.cases, cfg.policy, cfg.exec and cfg.on_record are set.
   void attach(RunConfig& cfg);

@@ -134,6 +134,12 @@ H5L_type_t link_type(hid_t loc, const std::string& name, const std::string& what
   checked(H5Lget_info(loc, name.c_str(), &info, H5P_DEFAULT), "H5Lget_info", what);
   return info.type;
 }
+bool is_group(hid_t loc, const std::string& name, const std::string& what) {
+  const hid_t o = checked(H5Oopen(loc, name.c_str(), H5P_DEFAULT), "H5Oopen", what);
+  const H5I_type_t t = H5Iget_type(o);
+  H5Oclose(o);
+  return t == H5I_GROUP;
+}
 
 namespace {
 struct ListState {

@@ -109,6 +109,23 @@ std::vector<hsize_t> checked_dims(const h5::Dataset& ds, const Where& w) {
   return dims;
 }
 
+// The registered names of filters a foreign writer may have used, so that the
+// message says what the file asks for (h5py's lzf is the usual one).
+std::string filter_label(H5Z_filter_t f) {
+  switch (f) {
+    case H5Z_FILTER_SZIP: return " (szip)";
+    case H5Z_FILTER_NBIT: return " (nbit)";
+    case H5Z_FILTER_SCALEOFFSET: return " (scaleoffset)";
+    case 307: return " (bzip2)";
+    case 32000: return " (lzf)";
+    case 32001: return " (blosc)";
+    case 32004: return " (lz4)";
+    case 32008: return " (bitshuffle)";
+    case 32015: return " (zstd)";
+    default: return "";
+  }
+}
+
 // Storage a reader accepts: in this file, no external or virtual storage, only
 // the portable filters this schema writes, bounded chunk sizes.
 void check_storage(const h5::Dataset& ds, std::size_t elem, const Where& w) {
@@ -122,7 +139,7 @@ void check_storage(const h5::Dataset& ds, std::size_t elem, const Where& w) {
   for (int i = 0; i < nf; ++i) {
     const H5Z_filter_t f = h5::get_filter(dcpl, static_cast<unsigned>(i), w.str());
     if (f != H5Z_FILTER_DEFLATE && f != H5Z_FILTER_SHUFFLE && f != H5Z_FILTER_FLETCHER32)
-      bad(w, "filter " + std::to_string(f) + " is not one of deflate, shuffle, fletcher32");
+      bad(w, "filter " + std::to_string(f) + filter_label(f) + " is not one of deflate, shuffle, fletcher32");
   }
   if (layout == H5D_CHUNKED) {
     std::vector<hsize_t> chunk;

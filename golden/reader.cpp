@@ -3,6 +3,7 @@
 // content hashes, block ids < num_blocks, the slot mapping, a memory budget.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -44,6 +45,43 @@ DType parse_dtype_name(const std::string& s, const Where& w) {
   for (DType d : {DType::kF64, DType::kF32, DType::kBF16, DType::kF16, DType::kI32, DType::kI64, DType::kU8})
     if (s == dtype_name(d)) return d;
   bad(w, "unknown dtype '" + s + "'");
+}
+
+std::string fmt_value(double v) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+// A stored reference is exact fp64 arithmetic on finite inputs: every value is
+// finite, except the lse of a row that sees no key (a seq_len-0 padding
+// request), which is -inf. A NaN there would make every backend look
+// NONFINITE, so it is a corrupt file, refused before any backend runs.
+// `dim` is the elements per (token, head); lse has dim 1.
+void check_reference(const std::vector<double>& v, const CaseHeader& h, std::int64_t heads, std::int64_t dim, bool is_lse,
+                     const Where& w) {
+  const CaseSpec& s = h.spec;
+  const Layout layout{h.query_start_loc, heads, dim};
+  const std::int64_t per_token = heads * dim;
+  for (std::size_t i = 0; i < s.batch.seq_lens.size(); ++i) {
+    const std::int64_t seq = s.batch.seq_lens[i], q = s.batch.query_lens[i];
+    for (std::int64_t u = 0; u < q; ++u) {
+      const bool empty = std::clamp<std::int64_t>(seq - q + u + 1, 0, seq) == 0;
+      const std::int64_t t = h.query_start_loc[i] + u;
+      for (std::int64_t k = t * per_token; k < (t + 1) * per_token; ++k) {
+        const double x = v[static_cast<std::size_t>(k)];
+        if (is_lse && empty) {
+          if (x != -std::numeric_limits<double>::infinity())
+            bad(w, "element " + std::to_string(k) + " (" + layout.locate(k).str() + ") is " + fmt_value(x) +
+                       " for a row that sees no key; the reference there is -inf (corrupt file)");
+        } else if (!std::isfinite(x)) {
+          bad(w, "element " + std::to_string(k) + " (" + layout.locate(k).str() + ") is " + fmt_value(x) +
+                     ": a stored reference must be finite" + (is_lse ? " (-inf only for a row that sees no key)" : "") +
+                     " (corrupt file)");
+        }
+      }
+    }
+  }
 }
 
 Status parse_status_name(const std::string& s, const Where& w) {
@@ -166,6 +204,58 @@ struct GoldenReader::Impl {
     return h;
   }
 
+  // Every group below /cases is a listed case, on the path to one, or a member
+  // of one: a case group that /case_ids does not list (records, inputs) would
+  // be silently ignored by every command, so the file is refused instead.
+  void check_case_tree() {
+    std::set<std::string> on_path;  // every listed id and each of its prefixes
+    for (const std::string& id : ids) {
+      std::string acc;
+      for (const std::string& part : schema::id_path(id)) {
+        acc += (acc.empty() ? "" : "/") + part;
+        on_path.insert(acc);
+      }
+    }
+    if (ids.empty() && !io::has_link(file.get(), schema::kCasesGroup, root)) return;
+    const h5::Group g = io::open_group(file.get(), schema::kCasesGroup, root);
+    walk_cases(g.get(), "", root / schema::kCasesGroup, on_path);
+  }
+
+  void walk_cases(hid_t g, const std::string& rel, const Where& w, const std::set<std::string>& on_path) {
+    const bool is_case = id_set.count(rel) > 0;
+    for (const std::string& name : io::list_group(g, w, schema::kMaxMembers)) {
+      const std::string child = rel.empty() ? name : rel + "/" + name;
+      if (!io::has_link(g, name, w)) continue;  // throws for soft and external links
+      if (on_path.count(child)) {
+        const h5::Group cg = io::open_group(g, name, w);
+        walk_cases(cg.get(), child, w / name, on_path);
+      } else if (is_case) {
+        // The case's own members are checked when the case is read; only a
+        // case hidden among them is refused here.
+        if (h5::is_group(g, name, (w / name).str())) {
+          const h5::Group cg = io::open_group(g, name, w);
+          refuse_hidden_cases(cg.get(), w / name, 0);
+        }
+      } else {
+        bad(w / name, "'" + child +
+                          "' is neither a case that /case_ids lists nor on the path to one (the case list and the case "
+                          "groups disagree)");
+      }
+    }
+  }
+
+  void refuse_hidden_cases(hid_t g, const Where& w, int depth) {
+    if (io::has_attr(g, "case_id", w))
+      bad(w, "a case group ('" + io::read_string(g, "case_id", w, schema::kMaxIdBytes) +
+                 "') that /case_ids does not list (the case list and the case groups disagree)");
+    if (depth >= 16) return;
+    for (const std::string& name : io::list_group(g, w, schema::kMaxMembers)) {
+      if (!io::has_link(g, name, w) || !h5::is_group(g, name, (w / name).str())) continue;
+      const h5::Group cg = io::open_group(g, name, w);
+      refuse_hidden_cases(cg.get(), w / name, depth + 1);
+    }
+  }
+
   CaseHeader header(const std::string& id) {
     const h5::Group g = open_case(id);
     io::Budget budget(max_bytes);
@@ -181,6 +271,8 @@ struct GoldenReader::Impl {
     Golden out;
     out.out = to_vector(io::read_tensor(gg.get(), "out", DType::kF64, {T, N * V}, wg, budget));
     out.lse = to_vector(io::read_tensor(gg.get(), "lse", DType::kF64, {T, N}, wg, budget));
+    check_reference(out.out, h, N, V, false, wg / "out");
+    check_reference(out.lse, h, N, 1, true, wg / "lse");
     return out;
   }
 
@@ -196,6 +288,8 @@ struct GoldenReader::Impl {
     r.q_pe = io::read_tensor(dg.get(), "q_pe", h.spec.dtype, {T, N, d.rope_dim}, wd, budget);
     r.o_lat = to_vector(io::read_tensor(dg.get(), "o_lat", DType::kF64, {T, N, d.kv_lora_rank}, wd, budget));
     r.lse = to_vector(io::read_tensor(dg.get(), "lse", DType::kF64, {T, N}, wd, budget));
+    check_reference(r.o_lat, h, N, d.kv_lora_rank, false, wd / "o_lat");
+    check_reference(r.lse, h, N, 1, true, wd / "lse");
     return r;
   }
 
@@ -337,6 +431,15 @@ const std::vector<std::string>& GoldenReader::case_ids() const { return impl_->i
 bool GoldenReader::has_case(const std::string& id) const { return impl_->id_set.count(id) > 0; }
 
 CaseHeader GoldenReader::header(const std::string& id) { return impl_->header(id); }
+
+void GoldenReader::validate_all() {
+  Impl& m = *impl_;
+  m.check_case_tree();
+  for (const std::string& id : m.ids) {
+    if (m.info.kind == FileKind::kGolden) load_case(id);  // discarded: only the checks matter here
+    else load_results(id);
+  }
+}
 
 PreparedCase GoldenReader::load_case(const std::string& id) {
   Impl& m = *impl_;

@@ -508,6 +508,9 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
     if (!std::filesystem::is_directory(dir)) throw InputError("report path " + *path + ": no directory " + dir.string());
     if (std::filesystem::is_directory(*path)) throw InputError("report path " + *path + " is a directory");
   }
+  // A golden file is validated whole here, in the parent, before any worker
+  // starts: a bad file is exit 2 with one message, never a backend's record.
+  if (golden && !ra.worker) golden->validate(cfg.cases, cfg.exec);
 
   std::string exec_args;
   if (ra.poison != "nan") exec_args += " --poison " + ra.poison;

@@ -8,11 +8,14 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "backends/plugin/abi.h"
 #include "backends/plugin/device_stage.h"
@@ -145,7 +148,7 @@ class PluginBackend final : public Backend {
         t.make(stage->input(a.query_start_loc.data(), a.query_start_loc.size_bytes()), DType::kI32, {b + 1});
     d.o_lat = t.make(stage->output(a.o_lat, "o_lat"), a.o_lat.dtype, a.o_lat.shape);
     d.lse = t.make(stage->output(a.lse, "lse"), a.lse.dtype, a.lse.shape);
-    run(p, args);
+    run(p, args, {{"o_lat", &d.o_lat}, {"lse", &d.lse}});
     stage->finish();
   }
 
@@ -164,7 +167,7 @@ class PluginBackend final : public Backend {
     f.cu_seqlens_k = t.make(stage->input(a.cu_seqlens_k.data(), a.cu_seqlens_k.size_bytes()), DType::kI32, {b});
     f.o = t.make(stage->output(a.o, "o"), a.o.dtype, a.o.shape);
     f.lse = t.make(stage->output(a.lse, "lse"), a.lse.dtype, a.lse.shape);
-    run(p, args);
+    run(p, args, {{"o", &f.o}, {"lse", &f.lse}});
     stage->finish();
   }
 
@@ -181,7 +184,7 @@ class PluginBackend final : public Backend {
     w.k_pe = t.make(stage->input(k_pe.data, k_pe.nbytes()), k_pe.dtype, k_pe.shape);
     w.slot_mapping = t.make(stage->input(slots.data(), slots.size_bytes()), DType::kI64, {n});
     w.kv_cache = t.make(stage->output(cache.data.view(), "kv_cache"), DType::kU8, cache.data.shape());
-    run(p, args);
+    run(p, args, {{"kv_cache", &w.kv_cache}});
     stage->finish();
   }
 
@@ -213,9 +216,56 @@ class PluginBackend final : public Backend {
     }
   }
 
-  void run(const Problem& p, const mlagate_args& args) {
+  // An output as mlagate described it to run(): the plugin writes into these
+  // tensors and must leave their descriptors alone.
+  struct OutputDescriptor {
+    const char* name;
+    const DLTensor* tensor;
+  };
+  struct DescriptorCopy {
+    DLTensor t;
+    std::vector<std::int64_t> shape, strides;
+  };
+  static DescriptorCopy copy_of(const DLTensor& t) {
+    DescriptorCopy c{t, {}, {}};
+    c.shape.assign(t.shape, t.shape + t.ndim);
+    if (t.strides) c.strides.assign(t.strides, t.strides + t.ndim);
+    return c;
+  }
+  static std::string dims(const std::int64_t* d, std::int32_t n) {
+    std::string s = "[";
+    for (std::int32_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+    return s + "]";
+  }
+  // What a plugin changed in an output's descriptor: the outputs mlagate reads
+  // back are the buffers of the shape, dtype and device it passed, so a plugin
+  // that re-describes its output (another shape, dtype or device, another
+  // buffer) produced something other than what is checked. "" when unchanged.
+  // The plugin's own pointers are never dereferenced.
+  static std::string descriptor_change(const DescriptorCopy& before, const DLTensor& after) {
+    const DLTensor& b = before.t;
+    if (after.device.device_type != b.device.device_type || after.device.device_id != b.device.device_id)
+      return "device " + plugin::dl_device_str(b.device) + " -> " + plugin::dl_device_str(after.device);
+    if (after.dtype.code != b.dtype.code || after.dtype.bits != b.dtype.bits || after.dtype.lanes != b.dtype.lanes)
+      return "dtype " + plugin::dl_dtype_str(b.dtype) + " -> " + plugin::dl_dtype_str(after.dtype);
+    if (after.ndim != b.ndim)
+      return "rank " + std::to_string(b.ndim) + " -> " + std::to_string(after.ndim) + " (shape " +
+             dims(before.shape.data(), b.ndim) + ")";
+    if (after.shape != b.shape) return "shape " + dims(before.shape.data(), b.ndim) + " replaced by another array";
+    if (!std::equal(before.shape.begin(), before.shape.end(), after.shape))
+      return "shape " + dims(before.shape.data(), b.ndim) + " -> " + dims(after.shape, after.ndim);
+    if (after.strides != b.strides ||
+        (b.strides && !std::equal(before.strides.begin(), before.strides.end(), after.strides)))
+      return "strides changed";
+    if (after.data != b.data || after.byte_offset != b.byte_offset) return "data pointer moved to another buffer";
+    return "";
+  }
+
+  void run(const Problem& p, const mlagate_args& args, std::initializer_list<OutputDescriptor> outputs) {
     const mlagate_problem cp = p.to_c(b_.device);
     MessageBuffer msg;
+    std::vector<DescriptorCopy> before;
+    for (const OutputDescriptor& o : outputs) before.push_back(copy_of(*o.tensor));
     std::int32_t status = MLAGATE_STATUS_ERROR;
     boundary("run()", [&] { status = b_.run(b_.self, &cp, &args, msg.data(), msg.size()); });
     if (msg.overflowed())
@@ -223,6 +273,15 @@ class PluginBackend final : public Backend {
                                std::to_string(msg.size()) + " bytes)");
     const std::string m = msg.text();
     const std::string op(op_name(p.op));
+    if (status == MLAGATE_STATUS_OK) {
+      std::size_t i = 0;
+      for (const OutputDescriptor& o : outputs) {
+        const std::string change = descriptor_change(before[i++], *o.tensor);
+        if (!change.empty())
+          throw WrongOutputError(name_ + " " + op + ": run() re-described its output " + o.name + " (" + change +
+                                 "); a plugin writes into the output tensors as passed, of their shape, dtype and device");
+      }
+    }
     switch (status) {
       case MLAGATE_STATUS_OK: return;
       case MLAGATE_STATUS_NOT_SUPPORTED:

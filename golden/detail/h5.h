@@ -89,6 +89,8 @@ Group gcreate(hid_t loc, const std::string& name, const std::string& what);  // 
 Group gopen(hid_t loc, const std::string& name, const std::string& what);    // H5Gopen2
 bool lexists(hid_t loc, const std::string& name, const std::string& what);   // H5Lexists
 H5L_type_t link_type(hid_t loc, const std::string& name, const std::string& what);  // H5Lget_info
+// Whether a (hard-linked) member is a group: H5Oopen + H5Iget_type, stable across HDF5 versions.
+bool is_group(hid_t loc, const std::string& name, const std::string& what);
 // Child link names in name order (H5Literate); more than max_names fails.
 std::vector<std::string> list_links(hid_t loc, const std::string& what, std::size_t max_names);
 

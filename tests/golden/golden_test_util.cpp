@@ -2,6 +2,9 @@
 // (golden/detail/h5.h): tests may use the private header, public code may not.
 #include "tests/golden/golden_test_util.h"
 
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +15,8 @@
 #include "cases/suite.h"
 #include "golden/detail/h5.h"
 #include "golden/detail/io.h"
+
+extern char** environ;
 
 namespace mlagate::testing {
 
@@ -207,6 +212,98 @@ std::vector<std::pair<std::uint64_t, std::uint64_t>> metadata_ranges(const fs::p
   }
   if (cur < size) out.emplace_back(cur, size);
   return out;
+}
+
+namespace {
+// A filter that passes bytes through unchanged: registered under a foreign id
+// so that a dataset can carry that id in its pipeline.
+std::size_t pass_through(unsigned, std::size_t, const unsigned[], std::size_t nbytes, std::size_t*, void**) {
+  return nbytes;
+}
+}  // namespace
+
+void replace_dataset_filtered(const fs::path& file, const std::string& group, const std::string& name, const Tensor& t,
+                              int filter) {
+  const auto id = static_cast<H5Z_filter_t>(filter);
+  if (H5Zfilter_avail(id) <= 0) {
+    H5Z_class2_t cls{};
+    cls.version = H5Z_CLASS_T_VERS;
+    cls.id = id;
+    cls.encoder_present = 1;
+    cls.decoder_present = 1;
+    cls.name = "mlagate test pass-through";
+    cls.filter = pass_through;
+    if (H5Zregister(&cls) < 0) h5::fail("H5Zregister", std::to_string(filter));
+  }
+  const h5::File f = open_rw(file);
+  const h5::Group g = h5::gopen(f.get(), group, group);
+  if (H5Ldelete(g.get(), name.c_str(), H5P_DEFAULT) < 0) h5::fail("H5Ldelete", name);
+  const std::vector<hsize_t> dims(t.shape().begin(), t.shape().end());
+  const h5::Dataspace sp = h5::screate_simple(dims, name);
+  const h5::PropList dcpl = h5::pcreate(H5P_DATASET_CREATE, name);
+  h5::set_chunk(dcpl, dims);
+  if (H5Pset_filter(dcpl.get(), id, H5Z_FLAG_MANDATORY, 0, nullptr) < 0) h5::fail("H5Pset_filter", name);
+  if (t.dtype() != DType::kF64) throw std::logic_error("replace_dataset_filtered: float64 datasets only");
+  const h5::Dataset d = h5::dcreate(g.get(), name, H5T_IEEE_F64LE, sp, dcpl, name);
+  h5::dwrite(d, H5T_NATIVE_DOUBLE, t.bytes(), name);
+  const io::Where w{file.string(), group + "/" + name};
+  io::write_attr(d.get(), "dtype", std::string(dtype_name(t.dtype())), w);
+  io::write_attr(d.get(), "fnv1a64", hash_hex(fnv1a64(t.bytes(), t.nbytes())), w);
+}
+
+std::vector<std::pair<std::uint64_t, std::uint64_t>> chunk_ranges(const fs::path& file, const std::string& dataset) {
+  h5::init();
+  const h5::PropList fapl = h5::pcreate(H5P_FILE_ACCESS, "fapl");
+  const h5::File f = h5::fopen(file.string(), H5F_ACC_RDONLY, fapl);
+  const h5::Dataset d(H5Dopen2(f.get(), dataset.c_str(), H5P_DEFAULT));
+  if (!d) h5::fail("H5Dopen2", dataset);
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
+  hsize_t n = 0;
+  const h5::Dataspace space = h5::dget_space(d, dataset);
+  if (H5Dget_num_chunks(d.get(), space.get(), &n) < 0) h5::fail("H5Dget_num_chunks", dataset);
+  for (hsize_t i = 0; i < n; ++i) {
+    hsize_t coords[H5S_MAX_RANK];
+    unsigned mask = 0;
+    haddr_t addr = 0;
+    hsize_t size = 0;
+    if (H5Dget_chunk_info(d.get(), space.get(), i, coords, &mask, &addr, &size) < 0) h5::fail("H5Dget_chunk_info", dataset);
+    out.emplace_back(addr, size);
+  }
+  return out;
+}
+
+void copy_group(const fs::path& file, const std::string& from, const std::string& to) {
+  const h5::File f = open_rw(file);
+  const h5::PropList lcpl = h5::pcreate(H5P_LINK_CREATE, to);
+  if (H5Pset_create_intermediate_group(lcpl.get(), 1) < 0) h5::fail("H5Pset_create_intermediate_group", to);
+  if (H5Ocopy(f.get(), from.c_str(), f.get(), to.c_str(), H5P_DEFAULT, lcpl.get()) < 0) h5::fail("H5Ocopy", from);
+}
+
+BinaryRun run_binary(const std::vector<std::string>& args, const fs::path& scratch) {
+  const std::string out = (scratch / "binary.stdout").string(), err = (scratch / "binary.stderr").string();
+  std::vector<std::string> all{MLAGATE_TEST_BINARY};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = 0;
+  const int sp = posix_spawn(&pid, all[0].c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  BinaryRun r;
+  if (sp != 0) throw std::runtime_error("posix_spawn " + all[0] + " failed: " + std::to_string(sp));
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = read_bytes(out);
+  r.err = read_bytes(err);
+  fs::remove(out);
+  fs::remove(err);
+  return r;
 }
 
 }  // namespace mlagate::testing

@@ -64,4 +64,23 @@ std::vector<std::pair<std::uint64_t, std::uint64_t>> metadata_ranges(const fs::p
 
 std::string case_path(const std::string& id);  // "/cases/<id>"
 
+// Replaces a dataset with a chunked one whose pipeline holds `filter` (an HDF5
+// filter id such as 32000, h5py's lzf). The test registers a pass-through
+// filter of that id when HDF5 lacks it, so the file is what a foreign writer
+// makes; mlagate must refuse it from the pipeline alone.
+void replace_dataset_filtered(const fs::path& file, const std::string& group, const std::string& name, const Tensor& t,
+                              int filter);
+// File offsets and sizes of a chunked dataset's chunks.
+std::vector<std::pair<std::uint64_t, std::uint64_t>> chunk_ranges(const fs::path& file, const std::string& dataset);
+// Copies a group (and everything below it) to a new path, creating missing parents.
+void copy_group(const fs::path& file, const std::string& from, const std::string& to);
+
+// The real mlagate binary (MLAGATE_TEST_BINARY), run as a user runs it: with
+// process isolation, so that workers are spawned as in production.
+struct BinaryRun {
+  int rc = -1;
+  std::string out, err;
+};
+BinaryRun run_binary(const std::vector<std::string>& args, const fs::path& scratch);
+
 }  // namespace mlagate::testing

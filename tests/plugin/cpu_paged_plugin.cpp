@@ -131,6 +131,12 @@ void decode(Backend& b, PlantedFault fault, const mlagate_problem& p, const mlag
   auto* o = static_cast<std::uint16_t*>(d.o_lat.data);
   if (fault == PlantedFault::kNan) o[d.o_lat.numel() / 2] = 0x7FC0;  // one NaN mid o_lat: the record must locate it
   if (fault == PlantedFault::kOutOfBounds) o[d.o_lat.numel()] = 0;   // one element past the end: the guard band must see it
+  // A hostile plugin that casts away const and re-describes its output: the
+  // buffer holds the right answer, the descriptor says it is something else.
+  auto& out = const_cast<DLTensor&>(a.o_lat);
+  if (fault == PlantedFault::kRedescribeShape) out.shape[2] -= 1;
+  if (fault == PlantedFault::kRedescribeDtype) out.dtype = DLDataType{kDLFloat, 32, 1};
+  if (fault == PlantedFault::kRedescribeDevice) out.device = DLDevice{kDLCUDA, 0};
 }
 
 void prefill(Backend& b, const mlagate_problem& p, const mlagate_prefill_args& a) {

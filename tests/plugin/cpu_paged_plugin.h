@@ -11,6 +11,9 @@ enum class PlantedFault {
   kThrows,       // decode throws a C++ exception across the boundary
   kNan,          // decode writes one NaN into o_lat
   kOutOfBounds,  // decode writes one element past the end of o_lat
+  kRedescribeShape,   // decode answers correctly, then rewrites o_lat's descriptor: shape [T, N, L-1]
+  kRedescribeDtype,   // ... o_lat's dtype float32
+  kRedescribeDevice,  // ... o_lat's device cuda:0
   kNoEntry,      // the entry symbol is missing (plugin_entry.cpp exports a misspelled one)
 };
 

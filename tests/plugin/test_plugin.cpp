@@ -170,6 +170,28 @@ TEST(PluginPlanted, OutOfBoundsWriteIsIncorrect) {
   EXPECT_TRUE(contains(records[0].message, "out-of-bounds write: byte 0 past the end of o_lat")) << records[0].message;
 }
 
+// A plugin that rewrites its output's descriptor (shape, dtype or device)
+// after computing the right answer: an INCORRECT record naming the output and
+// the change, not a PASSED one (the buffer mlagate reads holds a correct answer).
+TEST(PluginPlanted, RedescribedOutputIsIncorrect) {
+  const std::pair<const char*, const char*> planted[] = {
+      {"mlagate_planted_shape", "run() re-described its output o_lat (shape [2, 8, 512] -> [2, 8, 511])"},
+      {"mlagate_planted_dtype", "run() re-described its output o_lat (dtype bfloat16 -> float32)"},
+      {"mlagate_planted_device", "run() re-described its output o_lat (device cpu -> cuda:0)"},
+  };
+  for (const auto& [target, words] : planted) {
+    const auto records = run_one_backend(make_one(lib(target)), cases_of("smoke", "small_decode", 16), Op::kDecode);
+    ASSERT_EQ(records.size(), 1u) << target;
+    EXPECT_EQ(records[0].status, Status::kIncorrect) << target << ": " << records[0].message;
+    EXPECT_TRUE(contains(records[0].message, words)) << target << ": " << records[0].message;
+    // The layer op composes the same decode call: the same record there.
+    const auto layer = run_one_backend(make_one(lib(target)), cases_of("smoke", "small_decode", 16), Op::kLayer);
+    ASSERT_EQ(layer.size(), 1u) << target;
+    EXPECT_EQ(layer[0].status, Status::kIncorrect) << target << ": " << layer[0].message;
+    EXPECT_TRUE(contains(layer[0].message, words)) << target << ": " << layer[0].message;
+  }
+}
+
 // The completeness proof: cases through cpu.paged and through cpu.paged built
 // as a plugin give the same statuses, the same messages and bit-identical
 // outputs. Returns how many record pairs were compared.
