@@ -165,6 +165,16 @@ TEST(SparseGolden, HostileSparseValuesAreInputErrors) {
     EXPECT_NE(why.find(v.expect), std::string::npos) << why;
     EXPECT_EQ(cli({"replay", p.string(), "--backend", "cpu.sparse", "--quiet", "--no-progress"}), 2);
     EXPECT_EQ(cli({"run", "--golden", p.string(), "--backend", "cpu.sparse", "--quiet", "--no-progress"}), 2);
+    // The real binary (isolated workers): refused in the parent, one message, no record.
+    const fs::path json = d / "report.json";
+    const BinaryRun r = run_binary({"run", "--golden", p.string(), "--backend", "cpu.sparse*", "--no-progress", "--json",
+                                    json.string()},
+                                   d.path());
+    EXPECT_EQ(r.rc, 2) << r.err;
+    EXPECT_NE(r.err.find(p.string()), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(v.expect), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "");
+    EXPECT_FALSE(fs::exists(json));
   }
 }
 
