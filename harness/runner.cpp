@@ -77,6 +77,7 @@ struct CaseContext {
   // Kernel-level prefill: up-projected keys and values of every token.
   std::optional<Tensor> k_all, v_all;
   std::map<std::pair<int, bool>, PagedCache> caches;  // (block size, new tokens written)
+  LayerMemo layer_memo;  // the layer op's backend-independent glue, shared by its backends
   const ReferenceImpl* reference = nullptr;            // null or empty members: the Eigen golden
   // fp8 caches: the references over the unquantized inputs, for the
   // quantization error each record reports for information.
@@ -408,7 +409,7 @@ Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg
     switch (op) {
       case Op::kLayer: {
         const PagedCache& base = ctx.cache(r.block_size, false, cfg.exec, r.timings.cache_ms);
-        run = run_layer(b, c, base, cfg.exec);
+        run = run_layer(b, c, base, cfg.exec, &ctx.layer_memo);
         golden_main = &ctx.get_golden().out;
         golden_lse = &ctx.get_golden().lse;
         break;
