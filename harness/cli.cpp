@@ -32,6 +32,7 @@
 #include "harness/bench.h"
 #include "harness/layer.h"
 #include "harness/memory_estimate.h"
+#include "harness/profile.h"
 #include "harness/repeat.h"
 #include "harness/sanitize.h"
 #include "harness/runner.h"
@@ -307,6 +308,7 @@ struct RunArgs {
   int sanitize_launch_count = 50;
   std::string save_failures;  // a directory: each failing record's case as a golden file that replay runs
   bool reuse_buffers = false;  // kernel outputs from a pool of earlier cases' buffers instead of fresh ones
+  bool profile = false;        // --profile: where the wall time went, as a table at the end
 };
 
 void add_reliability_options(CLI::App* app, RunArgs& ra) {
@@ -616,11 +618,17 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
     std::printf("resuming from %s: %zu of %zu records already finished\n", journal_path.c_str(), done_count, total);
   const auto progress = cfg.on_record;
   auto record_done = [&](const Record& r) {
+    const auto t0 = std::chrono::steady_clock::now();
     if (journal) journal->append(r);
     fresh[Journal::key(r)] = r;
     ++done_count;
     if (progress) progress(r, done_count, total);
+    run_profile().record_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   };
+  auto profile_ms_since = [](std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  run_profile().setup_ms = profile_ms_since(process_start_time());
 
   StopSignals stop_signals;
   cfg.stop = [] { return g_stop_signal != 0; };
@@ -658,6 +666,7 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
     run_isolated(cfg, names, jobs, io, record_done);
   }
   const int stop_signal = g_stop_signal;
+  const auto post0 = std::chrono::steady_clock::now();
   // Records in run order: journaled ones where this run did not redo them.
   std::vector<Record> records;
   for (std::size_t ci = 0; ci < all_cases.size(); ++ci)
@@ -724,6 +733,7 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
     }
   }
   const std::string results_file = golden ? golden->finish() : std::string();
+  run_profile().post_ms += profile_ms_since(post0);
 
   RunInfo info;
   info.tool_version = MLAGATE_VERSION;
@@ -739,6 +749,10 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
     info.interrupted = (stop_signal == SIGINT ? std::string("SIGINT") : stop_signal == SIGTERM ? std::string("SIGTERM")
                                                                    : "signal " + std::to_string(stop_signal)) +
                        ": " + std::to_string(records.size()) + " of " + std::to_string(total) + " records";
+  const auto reports0 = std::chrono::steady_clock::now();
+  // The JSON report's profile covers the run up to its own writing (the --profile table has the reports too).
+  info.profile_wall_ms = profile_ms_since(process_start_time());
+  info.profile = run_profile().rows(info.profile_wall_ms);
   if (!ra.json.empty()) write_report_file(ra.json, [&](std::ostream& os) { write_json(os, info, records); });
   if (!ra.junit.empty()) write_report_file(ra.junit, [&](std::ostream& os) { write_junit(os, info, records); });
   if (!ra.markdown.empty()) write_report_file(ra.markdown, [&](std::ostream& os) { write_markdown(os, info, records); });
@@ -749,6 +763,7 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
     std::error_code ec;
     std::filesystem::remove(jp, ec);
   }
+  run_profile().reports_ms += profile_ms_since(reports0);
 
   const StatusCounts counts = count_statuses(records);
   if (!ra.quiet) {
@@ -758,6 +773,11 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
                 static_cast<long long>(counts.total), static_cast<long long>(counts.failures), info.policy.c_str(),
                 info.wall_seconds);
     if (!results_file.empty()) std::printf("results: %s\n", results_file.c_str());
+  }
+  if (ra.profile) {
+    const RunProfile& p = run_profile();
+    std::printf("\nprofile (every process of the run; jobs' phases from their records):\n%s",
+                profile_table(p, profile_ms_since(process_start_time())).c_str());
   }
   if (stop_signal != 0) {
     std::printf("INTERRUPTED by %s: %zu of %zu records finished (reports hold them)\n", strsignal(stop_signal),
@@ -857,6 +877,7 @@ int cli_main(int argc, char** argv) {
       ->capture_default_str();
   run->add_flag("--quiet,-q", ra.quiet, "print only failures");
   run->add_flag("--no-progress", ra.no_progress, "no progress bar");
+  run->add_flag("--profile", ra.profile, "print where the wall time went (a table of phases summing to the wall)");
   run->add_option("--golden", ra.golden, "compare against this golden file's stored references (inputs checked by hash)");
   run->add_option("--save-results", ra.save_results, "write every backend's outputs and metrics to this HDF5 file");
   run->add_option("--max-bytes", ra.max_bytes, "memory budget per case read from a file (e.g. 8GiB)")
@@ -907,6 +928,7 @@ int cli_main(int argc, char** argv) {
   replay->add_option("--threads", rp.threads, "OpenMP threads");
   replay->add_flag("--quiet,-q", rp.quiet, "print only failures");
   replay->add_flag("--no-progress", rp.no_progress, "no progress bar");
+  replay->add_flag("--profile", rp.profile, "print where the wall time went (a table of phases summing to the wall)");
   rp.extra.add_options(replay);  // --plugin, --exec: repro bundles of out-of-tree backends replay too
   add_reliability_options(replay, rp);
 

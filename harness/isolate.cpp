@@ -4,7 +4,8 @@
 //
 // Protocol (one line each way per job; the worker's stdout is the channel, so
 // the worker points its own fd 1 at stderr before anything can print):
-//   worker -> parent  READY <cases> <backends>      once, after flags and backends are loaded
+//   worker -> parent  READY <cases> <backends> <ms>  once, after flags and backends are loaded;
+//                                                   <ms>: its initialisation (process start to here)
 //   parent -> worker  JOB <case> <backend> <op>     indices into both sides' identical lists
 //   worker -> parent  RECORD <record_json_line>
 #include "harness/isolate.h"
@@ -30,6 +31,7 @@
 #include <stdexcept>
 
 #include "cases/errors.h"
+#include "harness/profile.h"
 #include "harness/record_json.h"
 
 extern char** environ;
@@ -261,18 +263,28 @@ class IsolatedRun {
 
   // A started worker, or null when the run was stopped while it started.
   std::unique_ptr<WorkerProcess> start() {
+    const auto t0 = Clock::now();
     auto worker = std::make_unique<WorkerProcess>(opt_);
     std::string line;
     const auto w = worker->read_line(line, 600, cfg_.stop);
     if (w == WorkerProcess::Wait::kStopped) return nullptr;
     const std::string expect = "READY " + std::to_string(cfg_.cases.size()) + " " + std::to_string(names_.size());
-    if (w != WorkerProcess::Wait::kLine || line != expect) {
+    // The worker's own initialisation time follows (the profile's "worker init").
+    double init_ms = 0;
+    const bool ready = w == WorkerProcess::Wait::kLine && line.rfind(expect + " ", 0) == 0 &&
+                       std::istringstream(line.substr(expect.size() + 1)) >> init_ms;
+    if (!ready) {
       const std::string how = w == WorkerProcess::Wait::kLine ? "said '" + line + "', expected '" + expect + "'"
                               : w == WorkerProcess::Wait::kTimeout ? worker->kill()
                                                                    : worker->reap();
       throw std::runtime_error("isolation: the worker did not start (" + how + ")\n" +
                                trimmed_tail(worker->stderr_tail(), opt_.stderr_tail_bytes));
     }
+    RunProfile& prof = run_profile();
+    const double start_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    prof.worker_init_ms += std::min(init_ms, start_ms);
+    prof.worker_spawn_ms += std::max(0.0, start_ms - init_ms);
+    ++prof.workers_started;
     return worker;
   }
 
@@ -282,6 +294,8 @@ class IsolatedRun {
     const CaseSpec& spec = cfg_.cases.at(job.case_index);
     const std::string& backend = names_.at(job.backend_index);
     const std::size_t tail_before = worker->stderr_tail().size();
+    const auto t0 = Clock::now();
+    auto wall_ms = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); };
     std::string line;
     WorkerProcess::Wait w = WorkerProcess::Wait::kDied;
     if (worker->send("JOB " + std::to_string(job.case_index) + " " + std::to_string(job.backend_index) + " " +
@@ -291,11 +305,13 @@ class IsolatedRun {
     Record r;
     if (w == WorkerProcess::Wait::kLine && line.rfind("RECORD ", 0) == 0) {
       r = record_from_json_line(line.substr(7));
+      run_profile().add_job(r.timings, wall_ms());
       // An exception inside the worker (a CUDA error among them) may leave its
       // device context unusable: the next job gets a new worker.
       if (r.status == Status::kCrashed) worker->kill(), worker.reset();
       return r;
     }
+    run_profile().lost_job_ms += wall_ms();
     r.case_id = spec.id();
     r.backend = backend;
     r.op = std::string(op_name(job.op));
@@ -429,7 +445,8 @@ int worker_main(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& bac
   if (proto_fd < 0 || ::dup2(2, 1) < 0) throw std::runtime_error("worker: cannot set up its channel");
   FILE* proto = ::fdopen(proto_fd, "w");
   if (!proto) throw std::runtime_error("worker: fdopen failed");
-  std::fprintf(proto, "READY %zu %zu\n", cfg.cases.size(), backends.size());
+  const double init_ms = std::chrono::duration<double, std::milli>(Clock::now() - process_start_time()).count();
+  std::fprintf(proto, "READY %zu %zu %.3f\n", cfg.cases.size(), backends.size(), init_ms);
   std::fflush(proto);
 
   CaseStream stream(cfg);

@@ -5,7 +5,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <string_view>
 
 #include "cases/encoding.h"
 #include "cases/errors.h"
@@ -62,7 +64,50 @@ std::vector<std::int32_t> cumsum(const std::vector<std::int32_t>& lens) {
   return cu;
 }
 
+std::size_t hash_bytes(const Tensor& t) {
+  return std::hash<std::string_view>{}(std::string_view(reinterpret_cast<const char*>(t.bytes()), t.nbytes()));
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.bytes(), b.bytes(), a.nbytes()) == 0;
+}
+
 }  // namespace
+
+std::pair<const Tensor*, const Tensor*> LayerMemo::up_project(const Case& c, const Tensor& kv, const Tensor& pe) {
+  const std::size_t h = hash_bytes(kv) ^ (hash_bytes(pe) * 0x9e3779b97f4a7c15ull);
+  for (const auto& p : projections_)
+    if (p->hash == h && same_bytes(p->kv, kv) && same_bytes(p->pe, pe)) return {&p->k, &p->v};
+  auto p = std::make_unique<Projection>();
+  p->hash = h;
+  up_project_kv(c, kv.view(), pe.view(), p->k, p->v);
+  const std::size_t size = kv.nbytes() + pe.nbytes() + p->k.nbytes() + p->v.nbytes();
+  if (bytes_ + size > kMaxBytes) {
+    spare_ = std::move(p);
+    return {&spare_->k, &spare_->v};
+  }
+  p->kv = kv;
+  p->pe = pe;
+  bytes_ += size;
+  projections_.push_back(std::move(p));
+  return {&projections_.back()->k, &projections_.back()->v};
+}
+
+std::pair<const Tensor*, const Tensor*> LayerMemo::absorb(const Case& c, const std::vector<int>& tokens) {
+  for (const auto& a : absorbed_)
+    if (a->tokens == tokens) return {&a->q_lat, &a->q_pe};
+  auto a = std::make_unique<Absorbed>();
+  a->tokens = tokens;
+  absorb_queries(c, tokens, a->q_lat, a->q_pe);
+  const std::size_t size = a->q_lat.nbytes() + a->q_pe.nbytes();
+  if (bytes_ + size > kMaxBytes) {
+    spare_absorbed_ = std::move(a);
+    return {&spare_absorbed_->q_lat, &spare_absorbed_->q_pe};
+  }
+  bytes_ += size;
+  absorbed_.push_back(std::move(a));
+  return {&absorbed_.back()->q_lat, &absorbed_.back()->q_pe};
+}
 
 Routing route_requests(const Capabilities& caps, const CaseSpec& spec) {
   Routing r;
@@ -101,7 +146,7 @@ void note_guard(OpRun& run, const GuardedBuffer& buf, const std::string& name) {
   if (run.guard_violation.empty()) run.guard_violation = buf.check_guards(name);
 }
 
-OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const ExecOptions& opt) {
+OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const ExecOptions& opt, LayerMemo* memo) {
   const Routing routing = route_requests(b.capabilities(), c.spec);
   if (!routing.support.ok) throw NotSupportedError(routing.support.reason);
   const Dims& d = c.spec.dims;
@@ -142,8 +187,16 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
       seq.push_back(c.seq_lens[i]);
       qsl.push_back(qsl.back() + c.query_lens[i]);
     }
+    // From the memo, copied: a backend that writes into its inputs must not
+    // change the next backend's.
     Tensor q_lat, q_pe;
-    absorb_queries(c, tokens, q_lat, q_pe);
+    if (memo) {
+      const auto [ql, qp] = memo->absorb(c, tokens);
+      q_lat = *ql;
+      q_pe = *qp;
+    } else {
+      absorb_queries(c, tokens, q_lat, q_pe);
+    }
     const std::int64_t Td = static_cast<std::int64_t>(tokens.size());
     GuardedBuffer o_lat(c.spec.dtype, {Td, N, L}, opt.poison, opt.reuse_buffers);
     GuardedBuffer d_lse(DType::kF32, {Td, N}, opt.poison, opt.reuse_buffers);
@@ -192,7 +245,13 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
                             const std::vector<std::int32_t>& cu_k, bool causal, const std::string& what,
                             GuardedBuffer& o, GuardedBuffer& l) {
       Tensor k, v;
-      up_project_kv(c, kv.view(), pe.view(), k, v);
+      if (memo) {
+        const auto [mk, mv] = memo->up_project(c, kv, pe);
+        k = *mk;  // copies (a memcpy, against a GEMM): the backend may write into its inputs
+        v = *mv;
+      } else {
+        up_project_kv(c, kv.view(), pe.view(), k, v);
+      }
       PrefillArgs a;
       a.q = q.view();
       a.k = k.view();

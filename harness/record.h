@@ -61,8 +61,18 @@ struct Metrics {
   std::string message;          // why it failed, empty when it passed
 };
 
+// Milliseconds per phase of one record, in the process that ran it. Work a
+// case's records share (generating it, its golden and err_baseline, a block
+// size's cache) is counted once, in the record whose job triggered it, so the
+// records' timings sum to the run's time without double counting.
 struct Timings {
   double generate_ms = 0, golden_ms = 0, cache_ms = 0, run_ms = 0, compare_ms = 0;
+  double baseline_ms = 0;  // err_baseline: the model-dtype SDPA emulation (or libtorch) against the golden
+  // The harness's own work around the backend calls: gathering inputs, copying
+  // the cache, absorbing queries, up-projecting keys and values, merging and
+  // converting outputs (total_ms less every other phase).
+  double glue_ms = 0;
+  double total_ms = 0;  // the whole job: from taking it (entering its case) to its record
 };
 
 struct Record {

@@ -85,7 +85,7 @@ std::string record_to_json_line(const Record& r) {
                   {"paths", r.paths},
                   {"metrics", std::move(ms)},
                   {"timings", Json::array({num(t.generate_ms), num(t.golden_ms), num(t.cache_ms), num(t.run_ms),
-                                           num(t.compare_ms)})},
+                                           num(t.compare_ms), num(t.baseline_ms), num(t.glue_ms), num(t.total_ms)})},
                   {"repro", r.repro}};
   // Backend messages may hold arbitrary bytes: replaced, never a throw.
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
@@ -130,6 +130,12 @@ Record record_from_json_line(const std::string& line) {
     }
     const Json& t = j.at("timings");
     r.timings = {get_num(t.at(0)), get_num(t.at(1)), get_num(t.at(2)), get_num(t.at(3)), get_num(t.at(4))};
+    // Journals written before baseline, glue and total were timed hold 5.
+    if (t.size() >= 8) {
+      r.timings.baseline_ms = get_num(t.at(5));
+      r.timings.glue_ms = get_num(t.at(6));
+      r.timings.total_ms = get_num(t.at(7));
+    }
     r.repro = j.at("repro").get<std::string>();
     return r;
   } catch (const nlohmann::json::exception& e) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cases/dtype.h"
+#include "harness/profile.h"
 
 namespace mlagate {
 
@@ -48,7 +49,7 @@ Record run_repeated(CaseContext& ctx, Backend& b, Op op, const RunConfig& base, 
     }
   };
   sink = &first;
-  const Record r = run_one(ctx, b, op, cfg);
+  Record r = run_one(ctx, b, op, cfg);
   // Nothing was produced (not supported, skipped, crashed): nothing to compare.
   if (repeat <= 1 || first.empty()) return r;
   int differing_runs = 0;
@@ -57,6 +58,7 @@ Record run_repeated(CaseContext& ctx, Backend& b, Op op, const RunConfig& base, 
     std::vector<Captured> again;
     sink = &again;
     const Record rk = run_one(ctx, b, op, cfg);
+    accumulate(r.timings, rk.timings);  // the record's time is every run's
     bool differs = rk.status != r.status;
     std::string what;
     if (differs) what = "verdict " + std::string(status_name(rk.status)) + " instead of " + std::string(status_name(r.status));

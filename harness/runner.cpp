@@ -14,6 +14,7 @@
 #include "cases/sparse.h"
 #include "harness/cache_write.h"
 #include "harness/glue.h"
+#include "harness/profile.h"
 #include "harness/sparse_op.h"
 #include "reference/sparse_reference.h"
 #include "reference/golden.h"
@@ -50,15 +51,33 @@ struct BaselineErrors {
 // Everything derived from one case, computed on first use and shared by backends.
 struct CaseContext {
   Case c;
-  double generate_ms = 0;
   std::optional<Golden> golden;  // absorbed path: out, lse, o_lat
-  double golden_ms = 0;
+  // Shared work's milliseconds, accumulated as it happens and handed to the
+  // next record run on this context (take_shared): each counted once.
+  double enter_ms = 0;     // CaseStream::enter: generating or retargeting the case (also in generate_ms)
+  double generate_ms = 0;  // inputs: the case, the prefill op's up-projected keys and values
+  double golden_ms = 0;    // fp64 references
+  double baseline_ms = 0;  // err_baseline
+  Timings taken;           // what earlier records already took
+  // Moves the shared work not yet reported into `t`; returns the enter time among it.
+  double take_shared(Timings& t) {
+    t.generate_ms += generate_ms - taken.generate_ms;
+    t.golden_ms += golden_ms - taken.golden_ms;
+    t.baseline_ms += baseline_ms - taken.baseline_ms;
+    const double entered = enter_ms - taken.total_ms;
+    taken.generate_ms = generate_ms;
+    taken.golden_ms = golden_ms;
+    taken.baseline_ms = baseline_ms;
+    taken.total_ms = enter_ms;
+    return entered;
+  }
   // Kernel-level decode: absorbed queries and the reference on exactly them.
   std::optional<Tensor> q_lat, q_pe;
   std::vector<double> mqa_o_lat, mqa_lse;
   // Kernel-level prefill: up-projected keys and values of every token.
   std::optional<Tensor> k_all, v_all;
   std::map<std::pair<int, bool>, PagedCache> caches;  // (block size, new tokens written)
+  LayerMemo layer_memo;  // the layer op's backend-independent glue, shared by its backends
   const ReferenceImpl* reference = nullptr;            // null or empty members: the Eigen golden
   // fp8 caches: the references over the unquantized inputs, for the
   // quantization error each record reports for information.
@@ -164,6 +183,7 @@ struct CaseContext {
   }
   void prepare_prefill() {
     if (k_all) return;
+    const auto t0 = Clock::now();
     k_all.emplace();
     v_all.emplace();
     if (c.kv_c_cache.empty()) {
@@ -173,6 +193,7 @@ struct CaseContext {
       const Tensor kv = to_model_dtype(c.kv_c_cache, c.spec.dtype), pe = to_model_dtype(c.k_pe_cache, c.spec.dtype);
       up_project_kv(c, kv.view(), pe.view(), *k_all, *v_all);
     }
+    generate_ms += ms_since(t0);
   }
   void prepare_sparse() {
     if (sparse_q) return;
@@ -206,7 +227,7 @@ struct CaseContext {
       const SparseReference e = sparse_emulation(c, sparse_q->view());
       base_sparse = BaselineErrors{max_abs_diff(e.o, sparse_ref.o, 0, e.o.size()),
                                    max_abs_diff(e.lse, sparse_ref.lse, 0, e.lse.size())};
-      golden_ms += ms_since(t0);
+      baseline_ms += ms_since(t0);
     }
     return *base_sparse;
   }
@@ -247,7 +268,7 @@ struct CaseContext {
       err.out = std::max(err.out, base_out[f][i]);
       err.lse = std::max(err.lse, base_lse[f][i]);
     }
-    golden_ms += ms_since(t0);
+    baseline_ms += ms_since(t0);
     return err;
   }
   BaselineErrors decode_op_baseline() {
@@ -257,7 +278,7 @@ struct CaseContext {
       const SdpaResult e = emulate_sdpa_decode_op(c, q_lat->view());
       base_decode_op = BaselineErrors{max_abs_diff(e.out, mqa_o_lat, 0, e.out.size()),
                                       max_abs_diff(e.lse, mqa_lse, 0, e.lse.size())};
-      golden_ms += ms_since(t0);
+      baseline_ms += ms_since(t0);
     }
     return *base_decode_op;
   }
@@ -269,7 +290,7 @@ struct CaseContext {
       const SdpaResult e = emulate_sdpa_prefill_op(c, k_all->view(), v_all->view());
       base_prefill_op =
           BaselineErrors{max_abs_diff(e.out, g.out, 0, e.out.size()), max_abs_diff(e.lse, g.lse, 0, e.lse.size())};
-      golden_ms += ms_since(t0);
+      baseline_ms += ms_since(t0);
     }
     return *base_prefill_op;
   }
@@ -327,7 +348,28 @@ Metrics quantization_metrics(CaseContext& ctx, Op op, const ProducedOutput& main
 
 }  // namespace
 
+namespace {
+Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg);
+}  // namespace
+
+// run_one_untimed, with the shared work it triggered (or that earlier
+// records on this context left unreported) and its whole time in the record.
 Record run_one(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg) {
+  const auto t0 = Clock::now();
+  Record r = run_one_untimed(ctx, b, op, cfg);
+  const double wall = ms_since(t0);
+  Timings& t = r.timings;
+  const double entered = ctx.take_shared(t);
+  t.total_ms = wall + entered;
+  // The case's generation happened in enter(), outside `wall`; everything else
+  // named happened inside it.
+  t.glue_ms = std::max(0.0, t.total_ms - (t.generate_ms + t.golden_ms + t.baseline_ms + t.cache_ms + t.run_ms + t.compare_ms));
+  run_profile().add_job(t);  // in a worker this process's profile is not shown: the parent adds the record
+  return r;
+}
+
+namespace {
+Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg) {
   const Case& c = ctx.c;
   Record r;
   r.case_id = c.spec.id();
@@ -354,7 +396,6 @@ Record run_one(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg) {
     return r;
   }
   r.block_size = resolve_block_size(caps, c.spec);
-  r.timings.generate_ms = ctx.generate_ms;
   if (const std::string why = op == Op::kPrefill ? std::string() : ctx.missing_cache(r.block_size); !why.empty()) {
     r.status = Status::kSkipped;
     r.message = why;
@@ -368,7 +409,7 @@ Record run_one(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg) {
     switch (op) {
       case Op::kLayer: {
         const PagedCache& base = ctx.cache(r.block_size, false, cfg.exec, r.timings.cache_ms);
-        run = run_layer(b, c, base, cfg.exec);
+        run = run_layer(b, c, base, cfg.exec, &ctx.layer_memo);
         golden_main = &ctx.get_golden().out;
         golden_lse = &ctx.get_golden().lse;
         break;
@@ -450,11 +491,11 @@ Record run_one(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg) {
   }
   const Dims& dims = c.spec.dims;
   const int dqk = op == Op::kPrefill ? dims.nope_dim + dims.rope_dim : dims.kv_lora_rank + dims.rope_dim;
-  r.timings.golden_ms = ctx.golden_ms;
   r.timings.run_ms = run.run_ms;
   r.paths = run.paths;
 
   const auto t0 = Clock::now();
+  const double golden_before = ctx.golden_ms;  // the fp8 quantization error's reference is golden, not compare
   std::optional<Status> nonfinite, incorrect;
   std::string nonfinite_msg, incorrect_msg, info_msg;
   for (const ProducedOutput& po : run.outputs) {
@@ -479,7 +520,7 @@ Record run_one(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg) {
   // unquantized inputs are not computed.)
   if (is_fp8(c.spec.kv_cache_dtype) && !is_sparse_op(op) && !run.outputs.empty() && golden_main)
     r.metrics.push_back(quantization_metrics(ctx, op, run.outputs.front(), *golden_main));
-  r.timings.compare_ms = ms_since(t0);
+  r.timings.compare_ms = ms_since(t0) - (ctx.golden_ms - golden_before);
   // MLA_SPEC 8 order: guard bands, then non-finite values, then tolerance.
   if (!run.guard_violation.empty()) {
     r.status = Status::kIncorrect;
@@ -497,6 +538,7 @@ Record run_one(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg) {
   if (cfg.on_outputs) cfg.on_outputs(c, r, run.outputs);
   return r;
 }
+}  // namespace
 
 const CaseSpec& context_spec(const CaseContext& ctx) { return ctx.c.spec; }
 
@@ -545,7 +587,10 @@ CaseContext& CaseStream::enter(const CaseSpec& spec) {
     prev.reset();
     ctx->c = generate_case(spec);
   }
-  ctx->generate_ms = ms_since(t0);
+  // A context handed on keeps its counters: what is new is added.
+  const double entered = ms_since(t0);
+  ctx->enter_ms += entered;
+  ctx->generate_ms += entered;
   last_ = std::move(ctx);
   return *last_;
 }

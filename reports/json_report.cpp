@@ -74,7 +74,10 @@ Json record(const Record& r) {
         {"golden", number(t.golden_ms)},
         {"cache", number(t.cache_ms)},
         {"run", number(t.run_ms)},
-        {"compare", number(t.compare_ms)}}},
+        {"compare", number(t.compare_ms)},
+        {"baseline", number(t.baseline_ms)},
+        {"glue", number(t.glue_ms)},
+        {"total", number(t.total_ms)}}},
       {"repro", r.repro},
   };
 }
@@ -100,7 +103,7 @@ Json summary(const StatusCounts& counts) {
 void write_json(std::ostream& os, const RunInfo& run, std::span<const Record> records) {
   Json all_records = Json::array();
   for (const Record& r : records) all_records.push_back(record_with_details(r));
-  const Json doc = {
+  Json doc = {
       {"schema", "mlagate.report"},
       {"schema_version", 1},
       {"run",
@@ -115,6 +118,12 @@ void write_json(std::ostream& os, const RunInfo& run, std::span<const Record> re
       {"summary", summary(count_statuses(records))},
       {"records", std::move(all_records)},
   };
+  if (!run.profile.empty()) {
+    // After the documented keys: {"wall_ms", "phases_ms": {phase: ms, ..., "unaccounted": ms}}.
+    Json phases = Json::object();
+    for (const auto& [name, ms] : run.profile) phases[name] = number(ms);
+    doc["profile"] = {{"wall_ms", number(run.profile_wall_ms)}, {"phases_ms", std::move(phases)}};
+  }
   // Messages from backends may hold arbitrary bytes; strict mode would throw on them.
   if (!run.interrupted.empty()) {
     Json d = doc;

@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "harness/record.h"
@@ -26,6 +27,10 @@ struct RunInfo {
   int generator_version = 0;
   // Set when SIGINT/SIGTERM stopped the run: the records are what finished.
   std::string interrupted;               // e.g. "SIGINT: 9 of 30 records"; empty for a whole run
+  // Where the wall went up to the reports (harness/profile.h): (phase, ms) rows
+  // summing to profile_wall_ms, from this process's start. Empty: no "profile" key.
+  std::vector<std::pair<std::string, double>> profile;
+  double profile_wall_ms = 0;
 };
 
 // Every Status in enum order, so that counts can be indexed by the enum value.
