@@ -162,8 +162,12 @@ std::string caps_str(const Capabilities& caps) {
   std::string ops, bss;
   for (Op o : caps.ops) ops += (ops.empty() ? "" : ",") + std::string(op_name(o));
   for (int b : caps.block_sizes) bss += (bss.empty() ? "" : ",") + std::to_string(b);
+  std::string dts, kvs;
+  for (DType t : caps.dtypes) dts += (dts.empty() ? "" : ",") + std::string(dtype_short(t));
+  for (KvCacheDtype k : caps.kv_dtypes) kvs += (kvs.empty() ? "" : ",") + std::string(kv_cache_dtype_name(k));
+  // The same keys as --exec-caps, so a line can be pasted back as one.
   return "ops=" + ops + " block_sizes=" + bss + " query_len=" + std::string(query_len_support_name(caps.query_len_support)) +
-         " reorder_threshold=" + std::to_string(caps.reorder_threshold);
+         " reorder_threshold=" + std::to_string(caps.reorder_threshold) + " dtypes=" + dts + " kv_dtypes=" + kvs;
 }
 
 // Out-of-tree backends (--plugin, --exec): made from flags, matched by --backend
@@ -289,6 +293,7 @@ struct RunArgs {
   std::string reference = "eigen";    // --reference: where the golden is computed
   std::string json, junit, markdown;
   bool quiet = false, no_progress = false;
+  bool allow_nothing_ran = false;  // exit 0, not kExitNothingRan, when no record ran
   int threads = 0;
   // Golden files (golden/): run --golden F, replay F [--case ID], --save-results R.
   std::string golden, replay, save_results;
@@ -307,6 +312,7 @@ struct RunArgs {
   std::string sanitizer;    // its path (default: default_sanitizer())
   int sanitize_launch_count = 50;
   std::string save_failures;  // a directory: each failing record's case as a golden file that replay runs
+  int order_checks = 10;       // --order-checks: failures rerun alone to tell order dependence, per backend
   bool reuse_buffers = false;  // kernel outputs from a pool of earlier cases' buffers instead of fresh ones
   bool profile = false;        // --profile: where the wall time went, as a table at the end
 };
@@ -325,6 +331,11 @@ void add_reliability_options(CLI::App* app, RunArgs& ra) {
   app->add_option("--order", ra.order,
                   "case order: given | reverse | shuffle:SEED | pairs (each case alone, then after every other one)")
       ->capture_default_str();
+  app->add_option("--order-checks", ra.order_checks,
+                  "per backend: failures after other cases rerun alone (and after their predecessor) to tell "
+                  "order-dependent ones; past this many a record says no check was made")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000000));
   app->add_flag("--worker", ra.worker, "internal: run as an isolation worker")->group("");
   app->add_option("--sanitize", ra.sanitize,
                   "rerun failing records (every record with --case) under compute-sanitizer: memcheck | initcheck | racecheck");
@@ -663,6 +674,7 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
     io.argv.push_back("--worker");
     io.timeout_s = ra.timeout;
     io.pairs = ra.order == "pairs";
+    io.max_order_checks = static_cast<std::size_t>(ra.order_checks);
     run_isolated(cfg, names, jobs, io, record_done);
   }
   const int stop_signal = g_stop_signal;
@@ -786,7 +798,15 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
     std::fflush(stdout);
     return kExitInterruptedBase + stop_signal;
   }
-  return counts.failures > 0 ? kExitFailed : kExitPassed;
+  if (counts.failures > 0) return kExitFailed;
+  if (counts[Status::kPassed] == 0 && !ra.allow_nothing_ran) {
+    std::fprintf(stderr,
+                 "mlagate: nothing ran: %lld records, none executed (skipped or not supported); exit %d "
+                 "(--allow-nothing-ran accepts this)\n",
+                 static_cast<long long>(counts.total), kExitNothingRan);
+    return kExitNothingRan;
+  }
+  return kExitPassed;
 }
 
 struct ExportArgs {
@@ -877,6 +897,8 @@ int cli_main(int argc, char** argv) {
       ->capture_default_str();
   run->add_flag("--quiet,-q", ra.quiet, "print only failures");
   run->add_flag("--no-progress", ra.no_progress, "no progress bar");
+  run->add_flag("--allow-nothing-ran", ra.allow_nothing_ran,
+                "exit 0 when no record ran (every one skipped or not supported); default: exit 4");
   run->add_flag("--profile", ra.profile, "print where the wall time went (a table of phases summing to the wall)");
   run->add_option("--golden", ra.golden, "compare against this golden file's stored references (inputs checked by hash)");
   run->add_option("--save-results", ra.save_results, "write every backend's outputs and metrics to this HDF5 file");
@@ -928,6 +950,8 @@ int cli_main(int argc, char** argv) {
   replay->add_option("--threads", rp.threads, "OpenMP threads");
   replay->add_flag("--quiet,-q", rp.quiet, "print only failures");
   replay->add_flag("--no-progress", rp.no_progress, "no progress bar");
+  replay->add_flag("--allow-nothing-ran", rp.allow_nothing_ran,
+                   "exit 0 when no record ran (every one skipped or not supported); default: exit 4");
   replay->add_flag("--profile", rp.profile, "print where the wall time went (a table of phases summing to the wall)");
   rp.extra.add_options(replay);  // --plugin, --exec: repro bundles of out-of-tree backends replay too
   add_reliability_options(replay, rp);

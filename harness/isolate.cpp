@@ -398,7 +398,7 @@ std::vector<Record> run_isolated(const RunConfig& cfg, const std::vector<std::st
   // The previous job of each backend on the current worker: state a backend
   // keeps between calls (workspaces) comes from there.
   std::map<std::size_t, Job> previous;
-  std::size_t confirmations = 0;
+  std::map<std::size_t, std::size_t> confirmations;  // order checks made, per backend
   for (const Job& job : jobs) {
     if (cfg.stop && cfg.stop()) break;
     if (job.fresh_worker) worker.reset();
@@ -412,8 +412,13 @@ std::vector<Record> run_isolated(const RunConfig& cfg, const std::vector<std::st
     // the case fail alone? If not, the failure depends on what ran before it;
     // find the case it fails after and say how to run exactly that sequence.
     const auto prev = previous.find(job.backend_index);
-    if (is_verdict_failure(r->status) && prev != previous.end() && confirmations < opt.max_order_checks) {
-      ++confirmations;
+    const bool after_others = is_verdict_failure(r->status) && prev != previous.end();
+    if (after_others && confirmations[job.backend_index] >= opt.max_order_checks) {
+      r->details = "no order-dependence check: this backend's " + std::to_string(opt.max_order_checks) +
+                   " checks of the run are used (--order-checks); rerun this case alone with --case to tell" +
+                   (r->details.empty() ? "" : "\n" + r->details);
+    } else if (after_others) {
+      ++confirmations[job.backend_index];
       const std::optional<Record> alone = iso.run_sequence({job});
       if (alone && alone->status == Status::kPassed) {
         const CaseSpec& before = cfg.cases.at(prev->second.case_index);

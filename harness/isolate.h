@@ -42,7 +42,9 @@ struct IsolationOptions {
   std::size_t stderr_tail_bytes = 3000;
   // Wrong answers from a backend that ran other cases before in the same
   // worker are rerun alone and after their predecessor (new workers) to tell
-  // order-dependent failures apart; at most this many per run.
+  // order-dependent failures apart; at most this many per backend and run
+  // (per backend, so one backend's ordinary failures cannot use up another's
+  // checks). A failure past the cap says so in its details. --order-checks.
   std::size_t max_order_checks = 10;
   // --order pairs: every job alone in a new worker, then after every other
   // case of the run (ordered pairs, new worker each); a case that passes alone

@@ -271,7 +271,7 @@ void attend(const AttendInput& in, float* o, float* lse, AttendScratch& scratch)
     }
     AlignedArrMap p(row, vis);
     p *= in.scale;
-    const float m = p.maxCoeff();
+    const float m = in.without_max ? 0.f : p.maxCoeff();
     p = (p - m).exp();
     sums[i] = p.sum();
     lse[i] = m + std::log(sums[i]);

@@ -22,6 +22,10 @@ struct KernelFaults {
   bool reader_pow2_scales = false;        // fp8_ds_mla tile scales read as 2^exponent (mantissa dropped)
   bool writer_truncates = false;          // e4m3 rounded toward zero instead of to nearest even
   bool writer_saturates_240 = false;      // e4m3 clamped to +-240 (the e4m3fnuz range) instead of 448
+  // decode's softmax takes exp(s) without subtracting the row max, as a
+  // split-KV partial kept in fp32 without a running max does: exact until a
+  // logit passes ~88.7, then exp overflows to inf and the output is NaN.
+  bool softmax_without_max = false;
 };
 
 // cpu.paged with faults planted (tests only); make_cpu_paged() is this with none.
@@ -93,6 +97,7 @@ struct AttendInput {
   const int* visible = nullptr;  // [rows]: row r sees keys 0 .. visible[r]-1 of the range
   float scale = 0;
   DType p_dtype = DType::kBF16;  // P is rounded to this before P@V, as GPU kernels do
+  bool without_max = false;      // planted fault only (KernelFaults::softmax_without_max)
 };
 
 // Scratch of attend(), reused across calls by one thread. Its rows start on

@@ -46,7 +46,8 @@ void paged_decode(const DecodeArgs& a, const KernelFaults& faults, detail::Gathe
       const AttendInput in{.q = q.data(), .rows = blk.rows, .dqk = d,
                            .k = k, .k_stride = d, .v = k, .v_stride = d, .dv = l,
                            .nk = a.seq_lens[b], .visible = visible.data(),
-                           .scale = static_cast<float>(a.scale), .p_dtype = dt};
+                           .scale = static_cast<float>(a.scale), .p_dtype = dt,
+                           .without_max = faults.softmax_without_max};
       detail::attend(in, o.data(), row_lse.data(), scratch);
       const std::int64_t flat = static_cast<std::int64_t>(a.query_start_loc[b]) * n + blk.first_row;
       detail::narrow(o.data(), o_lat + flat * l, static_cast<std::int64_t>(blk.rows) * l, dt);

@@ -13,7 +13,7 @@ namespace mlagate {
 namespace {
 
 enum class Bug {
-  kCausalOffByOne, kScale1Pct, kNullBlockLastToken, kHeadsSwapped, kOneNaN, kLseWrongAxis,
+  kCausalOffByOne, kScale1Pct, kNullBlockLastToken, kHeadsSwapped, kOneNaN, kLseWrongAxis, kSoftmaxWithoutMax,
   kFp8ReaderPow2Scales, kFp8WriterTruncates, kFp8ReaderIgnoresKScale, kFp8WriterSaturates240
 };
 
@@ -21,6 +21,7 @@ detail::KernelFaults faults_for(Bug bug) {
   detail::KernelFaults f;
   if (bug == Bug::kCausalOffByOne) f.extra_visible_keys = 1;
   if (bug == Bug::kNullBlockLastToken) f.last_key_from_null_block = true;
+  if (bug == Bug::kSoftmaxWithoutMax) f.softmax_without_max = true;
   if (bug == Bug::kFp8ReaderPow2Scales) f.reader_pow2_scales = true;
   if (bug == Bug::kFp8WriterTruncates) f.writer_truncates = true;
   if (bug == Bug::kFp8ReaderIgnoresKScale) f.reader_ignores_k_scale = true;
@@ -111,6 +112,10 @@ const std::vector<PlantedBug>& planted_bugs() {
     add("bug.lse_wrong_axis",
         "lse written as [N, T] into the [T, N] buffer; invisible when T == 1",
         Status::kIncorrect, Bug::kLseWrongAxis);
+    add("bug.softmax_without_max",
+        "decode's softmax is exp(s) / sum exp(s) without subtracting the row max (a split-KV partial in fp32 "
+        "without a running max): right until a logit passes ~88.7, then inf / inf; only large-magnitude Q reaches it",
+        Status::kNonfinite, Bug::kSoftmaxWithoutMax);
     return v;
   }();
   return bugs;

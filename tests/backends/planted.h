@@ -24,7 +24,7 @@ struct PlantedBug {
 };
 
 // bug.causal_off_by_one, bug.scale_1pct, bug.null_block_last_token,
-// bug.heads_swapped, bug.one_nan, bug.lse_wrong_axis. Each keeps cpu.paged's
+// bug.heads_swapped, bug.one_nan, bug.lse_wrong_axis, bug.softmax_without_max. Each keeps cpu.paged's
 // capabilities, so it runs on the same cases.
 const std::vector<PlantedBug>& planted_bugs();
 

@@ -51,6 +51,31 @@ TEST(Cli, PassingRunExitsZeroAndWritesReports) {
   EXPECT_TRUE(fs::file_size(d / "r.md") > 0);
 }
 
+// A run in which no record executed must not look like a pass to a CI gate
+// (a CPU-only runner given --backend 'cuda.*' used to exit 0): exit 4, the
+// reports still written, unless --allow-nothing-ran. cpu.sparse takes no dense
+// case, so every record is NOT_SUPPORTED on any machine.
+TEST(Cli, NothingRanExitsFourUnlessAllowed) {
+  const fs::path d = temp_dir();
+  const fs::path json = d / "nothing.json";
+  fs::remove(json);
+  EXPECT_EQ(cli({"run", "--spec", "small_decode", "--tp", "16", "--backend", "cpu.sparse", "--no-progress", "--json",
+                 json.string()}),
+            kExitNothingRan);
+  std::ifstream js(json);
+  const auto j = nlohmann::json::parse(js);
+  EXPECT_EQ(j["summary"]["verdict"], "NOTHING RAN");
+  ASSERT_EQ(j["records"].size(), 1u);
+  EXPECT_EQ(j["records"][0]["status"], "NOT_SUPPORTED");
+  EXPECT_EQ(cli({"run", "--spec", "small_decode", "--tp", "16", "--backend", "cpu.sparse", "--no-progress", "-q",
+                 "--allow-nothing-ran"}),
+            kExitPassed);
+  // One record that ran is enough: the NOT_SUPPORTED rows beside it do not fail the run.
+  EXPECT_EQ(cli({"run", "--spec", "small_decode", "--tp", "16", "--backend", "cpu.sparse,cpu.paged", "--no-progress",
+                 "-q"}),
+            kExitPassed);
+}
+
 TEST(Cli, FailingVerdictExitsOneWithReproInJunit) {
   const fs::path d = temp_dir();
   // A zero tolerance fails any bf16 backend: a verdict failure, not an error.

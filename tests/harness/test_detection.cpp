@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <set>
 
 #include "backends/cpu/cpu_backends.h"
 #include "cases/suite.h"
@@ -95,7 +96,9 @@ TEST(Detection, WhatTheVllmPolicyMisses) {
     std::printf("%-26s vllm: %s\n", bug.name.c_str(), failures ? "caught" : "MISSED");
     if (failures == 0) missed.push_back(bug.name);
   }
-  EXPECT_EQ(missed, (std::vector<std::string>{"bug.causal_off_by_one", "bug.scale_1pct"}));
+  // bug.softmax_without_max needs logits past ~88.7: only the edges suite's
+  // large-magnitude Q (64, 128) reaches them, no vllm case does.
+  EXPECT_EQ(missed, (std::vector<std::string>{"bug.causal_off_by_one", "bug.scale_1pct", "bug.softmax_without_max"}));
 }
 
 // The baseline policy at its default fudge (the README's "The fudge, from data"
@@ -139,11 +142,18 @@ TEST_P(CorrectBackends, PassEveryCase) {
   // The baseline policy's verdict from the same run: every output's smallest
   // passing fudge within the default (err_baseline computed alongside).
   cfg.baseline.always = true;
+  // Logits past fp32 exp's range (Q magnitude 64, 128) make a fixed atol
+  // meaningless (the output error grows with the logits: measured up to 0.28
+  // on the correct backends); there the baseline policy (below) is the gate.
+  std::set<std::string> large_q;
+  for (const CaseSpec& c : cfg.cases)
+    if (c.q_magnitude > 16) large_q.insert(c.id());
   double worst = 0;
   std::string worst_at;
   for (const Record& r : run_cases(cfg, bs)) {
     SCOPED_TRACE(r.case_id + " " + r.backend);
-    EXPECT_EQ(r.status, Status::kPassed) << status_name(r.status) << ": " << r.message;
+    if (large_q.count(r.case_id)) EXPECT_FALSE(status_is_failure(r.status) && r.status != Status::kIncorrect) << r.message;
+    else EXPECT_EQ(r.status, Status::kPassed) << status_name(r.status) << ": " << r.message;
     for (const Metrics& m : r.metrics) {
       if (std::isnan(m.err_baseline)) continue;  // not gated (fp8 quantization error, for information)
       EXPECT_LE(m.min_fudge, kDefaultFudge) << m.output << ": err " << m.max_abs << ", err_baseline " << m.err_baseline;

@@ -133,6 +133,27 @@ TEST(PluginCli, LoadErrorsExitTwo) {
   }
 }
 
+// list backends shows what a plugin declares, dtypes and kv cache dtypes
+// included: the plugin twin of cpu.paged shows the same capability line.
+TEST(PluginCli, ListBackendsShowsThePluginsDtypesAndKvCacheDtypes) {
+  ::testing::internal::CaptureStdout();
+  const int rc = cli({"list", "backends", "--plugin", kCpuPlugin, "--backend", "cpu.paged*"});
+  std::fflush(stdout);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  ASSERT_EQ(rc, kExitPassed);
+  auto caps_of = [&out](const std::string& name) {
+    const std::size_t at = out.find(name + " ");
+    if (at == std::string::npos) return std::string("(no line for " + name + ")");
+    const std::size_t line2 = out.find('\n', at) + 1;
+    const std::string caps = out.substr(line2, out.find('\n', line2) - line2);
+    return caps.substr(caps.find_first_not_of(' '));
+  };
+  const std::string in_tree = caps_of("cpu.paged"), plugin = caps_of("cpu.paged.plugin");
+  EXPECT_NE(plugin.find(" dtypes=bf16,fp16 "), std::string::npos) << plugin;
+  EXPECT_NE(plugin.find(" kv_dtypes=auto,fp8,fp8_e4m3,fp8_ds_mla"), std::string::npos) << plugin;
+  EXPECT_EQ(plugin, in_tree);
+}
+
 TEST(PluginCli, RunSelectsPluginBackendsByGlobAndReprosNameThePlugin) {
   const fs::path d = temp_dir();
   EXPECT_EQ(cli({"list", "backends", "--plugin", kCpuPlugin, "--backend", "cpu.paged.*"}), kExitPassed);

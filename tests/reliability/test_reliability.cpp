@@ -475,6 +475,32 @@ TEST(Order, StaleWorkspaceFailsOnlyAfterAnotherCase) {
             0);
 }
 
+// The order-dependence checks are capped per backend: another backend's
+// ordinary failures (rel.skip_padding fails edge_padding in any order) must not
+// use up rel.stale's check. With one check per run in all, rel.stale's failure
+// went undiagnosed; past the cap a record says that no check was made.
+TEST(Order, ChecksAreCappedPerBackend) {
+  const fs::path d = temp_dir("order_cap");
+  const std::string pad = "edges/edge_padding/tp16/bf16/kv=auto/bs=16/seed=0";
+  const std::string pad2 = "edges/edge_padding/tp1/bf16/kv=auto/bs=16/seed=0";
+  const std::string before = "edges/edge_block_boundary/tp16/bf16/kv=auto/bs=16/seed=0";
+  EXPECT_EQ(run_mlagate(with_plugin({"run", "--suite", "edges", "--case", before, "--case", pad, "--case", pad2,
+                                     "--backend", "rel.skip_padding,rel.stale", "--order-checks", "1", "--json",
+                                     (d / "r.json").string()}),
+                        d),
+            1);
+  const auto recs = records_of(d / "r.json");
+  // rel.skip_padding's first failure used its one check (a plain failure: not
+  // order-dependent); its second says no check was made.
+  EXPECT_EQ(std::string(recs.at({"rel.skip_padding", pad}).at("message")).find("order-dependent"), std::string::npos);
+  const std::string second = recs.at({"rel.skip_padding", pad2}).at("details");
+  EXPECT_NE(second.find("no order-dependence check: this backend's 1 checks of the run are used"), std::string::npos)
+      << second;
+  // rel.stale's failure right after the first case still gets its own check.
+  const std::string msg = recs.at({"rel.stale", pad}).at("message");
+  EXPECT_NE(msg.find("order-dependent (passes alone, fails right after " + before + ")"), std::string::npos) << msg;
+}
+
 // --sanitize folds the sanitizer's findings into the record; here a stand-in
 // for compute-sanitizer (same "=========" report format and exit code) so the
 // parsing is checked without a GPU. With --case a passing record is rerun too
