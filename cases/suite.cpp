@@ -155,8 +155,8 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
   if (!root.IsMap()) throw InputError(source + ": a suite file must be a YAML map with name and groups");
   for (const auto& kv : root) {
     const std::string key = kv.first.Scalar();
-    if (key != "name" && key != "description" && key != "groups" && key != "specs")
-      fail_at(source, kv.first, "unknown top-level key '" + key + "' (expected name, description, specs, groups)");
+    if (key != "name" && key != "description" && key != "groups" && key != "specs" && key != "repeat")
+      fail_at(source, kv.first, "unknown top-level key '" + key + "' (expected name, description, repeat, specs, groups)");
   }
   Suite suite;
   suite.source = source;
@@ -165,6 +165,10 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
   if (suite.name.empty() || suite.name.find('/') != std::string::npos)
     fail_at(source, root["name"], "suite name must be non-empty and contain no '/'");
   if (root["description"]) suite.description = scalar<std::string>(source, root["description"], "description");
+  if (root["repeat"]) {
+    suite.repeat = scalar<int>(source, root["repeat"], "repeat");
+    if (suite.repeat < 1 || suite.repeat > 100) fail_at(source, root["repeat"], "repeat must be in [1, 100]");
+  }
   // A suite file may define its own batch specs beside the built-in ones.
   SpecTable local = builtin_specs();
   if (root["specs"]) parse_specs(source, root["specs"], local);

@@ -19,6 +19,9 @@ struct Suite {
   std::string name;
   std::string description;
   std::string source;  // the built-in name or the file path given
+  // Runs of each (case, backend, op) compared bitwise when the user gives no
+  // --repeat: the gate suite says 2, so a nondeterministic kernel fails it.
+  int repeat = 1;
   std::vector<CaseSpec> cases;
 };
 

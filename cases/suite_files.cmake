@@ -8,4 +8,5 @@ set(MLAGATE_SUITE_FILES
   ${MLAGATE_CASES_DIR}/suites/edges.yaml
   ${MLAGATE_CASES_DIR}/suites/fp8.yaml
   ${MLAGATE_CASES_DIR}/suites/sparse.yaml
-  ${MLAGATE_CASES_DIR}/suites/v4.yaml)
+  ${MLAGATE_CASES_DIR}/suites/v4.yaml
+  ${MLAGATE_CASES_DIR}/suites/gate.yaml)

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -107,6 +108,9 @@ struct Selection {
     if (cases.empty()) throw InputError("the selection matches no case");
     return cases;
   }
+
+  // The selected suite's repeat (Suite::repeat); 1 without a suite.
+  int suite_repeat() const { return suite.empty() ? 1 : load_suite(suite).repeat; }
 
   // The selection flags (without --filter) as a command-line fragment.
   std::string args() const {
@@ -305,7 +309,7 @@ struct RunArgs {
   double timeout = 600;     // seconds per (case, backend, op) in a worker
   std::string journal;      // empty: next to the first report file
   bool resume = false;
-  int repeat = 1;
+  int repeat = 0;            // 0: the suite's repeat (Suite::repeat; 1 without a suite)
   std::string order = "given";
   bool worker = false;      // hidden: this process is an isolation worker
   std::string sanitize;     // memcheck | initcheck | racecheck: failing records rerun under compute-sanitizer
@@ -326,8 +330,10 @@ void add_reliability_options(CLI::App* app, RunArgs& ra) {
   app->add_option("--journal", ra.journal,
                   "append every record here as it completes (default: <first report path>.journal.jsonl)");
   app->add_flag("--resume", ra.resume, "continue an interrupted run from its journal: finished records are not rerun");
-  app->add_option("--repeat", ra.repeat, "run each case N times and compare outputs bitwise (NONDETERMINISTIC)")
-      ->capture_default_str();
+  app->add_option("--repeat", ra.repeat,
+                  "run each case N times and compare outputs bitwise (NONDETERMINISTIC); default: the suite's "
+                  "repeat (2 for the gate suite, else 1)")
+      ->check([](const std::string& v) { return std::atoi(v.c_str()) >= 1 ? std::string() : "--repeat must be >= 1"; });
   app->add_option("--order", ra.order,
                   "case order: given | reverse | shuffle:SEED | pairs (each case alone, then after every other one)")
       ->capture_default_str();
@@ -452,6 +458,12 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
     RunArgs w = ra;
     w.save_results.clear();
     return cmd_run(sel, w, command_line, args);
+  }
+  if (ra.repeat == 0) {
+    // No --repeat: the suite's (a golden file's cases run once).
+    RunArgs r = ra;
+    r.repeat = ra.replay.empty() ? sel.suite_repeat() : 1;
+    return cmd_run(sel, r, command_line, args);
   }
   const auto wall0 = std::chrono::steady_clock::now();
   if (ra.threads > 0) omp_set_num_threads(ra.threads);

@@ -151,6 +151,7 @@ if want suites; then
     # vllm's layer op on every GPU backend is the perf stage's third run
     run_suite "suite_vllm" --suite vllm --backend "$gpu_backends" --op decode --reference cuda
     run_suite "suite_fp8" --suite fp8 --backend "$gpu_backends" --op layer,decode,cache_write --reference cuda
+    run_suite "suite_gate" --suite gate --backend "$gpu_backends" --reference cuda   # the CI gate (repeat 2)
     run_suite "suite_edges_splits1" --suite edges --backend cuda.splitkv --splits 1 --op layer,decode
     run_suite "suite_edges_splits1000" --suite edges --backend cuda.splitkv --splits 1000 --op layer,decode
     run_suite "suite_vllm_eigen" --suite vllm --backend 'cuda.*' --op layer

@@ -181,6 +181,8 @@ void gather_keys(const DecodeArgs& a, const KernelFaults& faults, GatheredKeys& 
       std::int64_t block = table[row * width + p / bs];
       if (faults.last_key_from_null_block && p == s - 1) block = 0;
       slots[keys.start[i] + p] = block * bs + p % bs;
+      // The planted stride bug, kept inside the cache (a CPU test process must not fault).
+      if (faults.block_stride_16) slots[keys.start[i] + p] = (block * 16 + p % bs) % (static_cast<std::int64_t>(cache.num_blocks) * bs);
     }
   }
 

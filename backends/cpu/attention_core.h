@@ -26,6 +26,10 @@ struct KernelFaults {
   // split-KV partial kept in fp32 without a running max does: exact until a
   // logit passes ~88.7, then exp overflows to inf and the output is NaN.
   bool softmax_without_max = false;
+  // decode computes a key's slot as block * 16 + offset whatever the cache's
+  // block size (a stride hard-coded to the backend's preferred size): exact at
+  // block size 16, wrong keys at every other.
+  bool block_stride_16 = false;
 };
 
 // cpu.paged with faults planted (tests only); make_cpu_paged() is this with none.

@@ -4,6 +4,8 @@
 #include "tests/backends/planted.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "backends/cpu/attention_core.h"
@@ -14,6 +16,7 @@ namespace {
 
 enum class Bug {
   kCausalOffByOne, kScale1Pct, kNullBlockLastToken, kHeadsSwapped, kOneNaN, kLseWrongAxis, kSoftmaxWithoutMax,
+  kBlockStride16, kEmptyRowsNaN, kNondeterministic,
   kFp8ReaderPow2Scales, kFp8WriterTruncates, kFp8ReaderIgnoresKScale, kFp8WriterSaturates240
 };
 
@@ -22,6 +25,7 @@ detail::KernelFaults faults_for(Bug bug) {
   if (bug == Bug::kCausalOffByOne) f.extra_visible_keys = 1;
   if (bug == Bug::kNullBlockLastToken) f.last_key_from_null_block = true;
   if (bug == Bug::kSoftmaxWithoutMax) f.softmax_without_max = true;
+  if (bug == Bug::kBlockStride16) f.block_stride_16 = true;
   if (bug == Bug::kFp8ReaderPow2Scales) f.reader_pow2_scales = true;
   if (bug == Bug::kFp8WriterTruncates) f.writer_truncates = true;
   if (bug == Bug::kFp8ReaderIgnoresKScale) f.reader_ignores_k_scale = true;
@@ -71,6 +75,20 @@ class PlantedBackend final : public Backend {
       case Bug::kOneNaN:
         if (o.numel() > 0) o.as<std::uint16_t>()[0] = o.dtype == DType::kBF16 ? kBF16QuietNaN : kF16QuietNaN;
         return;
+      case Bug::kEmptyRowsNaN: {
+        // A row that sees no key divides 0 by 0 (lse -inf marks it).
+        const float* l = lse.as<float>();
+        auto* p = o.as<std::uint16_t>();
+        const std::uint16_t nan = o.dtype == DType::kBF16 ? kBF16QuietNaN : kF16QuietNaN;
+        for (std::int64_t i = 0; i < t * n; ++i)
+          if (std::isinf(l[i]) && l[i] < 0) std::fill(p + i * w, p + (i + 1) * w, nan);
+        return;
+      }
+      case Bug::kNondeterministic:
+        // An atomics-order reduction: the last bit of one element depends on
+        // the call (far inside any tolerance; only a bitwise repeat sees it).
+        if (o.numel() > 0 && (calls_++ % 2 == 1)) o.as<std::uint16_t>()[0] ^= 1u;
+        return;
       case Bug::kLseWrongAxis: {
         float* p = lse.as<float>();
         const std::vector<float> right(p, p + t * n);
@@ -86,6 +104,7 @@ class PlantedBackend final : public Backend {
   std::string name_;
   std::string description_;
   Bug bug_;
+  mutable std::uint64_t calls_ = 0;
   std::unique_ptr<Backend> inner_;
 };
 
@@ -116,6 +135,27 @@ const std::vector<PlantedBug>& planted_bugs() {
         "decode's softmax is exp(s) / sum exp(s) without subtracting the row max (a split-KV partial in fp32 "
         "without a running max): right until a logit passes ~88.7, then inf / inf; only large-magnitude Q reaches it",
         Status::kNonfinite, Bug::kSoftmaxWithoutMax);
+    return v;
+  }();
+  return bugs;
+}
+
+const std::vector<PlantedBug>& planted_gate_bugs() {
+  static const std::vector<PlantedBug> bugs = [] {
+    std::vector<PlantedBug> v;
+    auto add = [&v](std::string name, std::string description, Status expected, Bug bug) {
+      v.push_back({name, description, expected,
+                   [=] { return std::make_unique<PlantedBackend>(name, description, bug); }});
+    };
+    add("bug.block_stride_16",
+        "decode addresses a key as block * 16 + offset whatever the cache's block size: exact at block size 16 "
+        "(cpu.paged's preferred, the only one the vllm suite runs), wrong keys at every other: the poisoned "
+        "(NaN) unused slots of the cache, or another request's keys",
+        Status::kNonfinite, Bug::kBlockStride16);
+    add("bug.empty_rows_nan", "rows that see no key (seq_len 0 padding, no context) divide 0 by 0: NaN, not 0",
+        Status::kNonfinite, Bug::kEmptyRowsNaN);
+    add("bug.nondeterministic", "the last bit of output element 0 flips on every other call (an atomics-order reduction)",
+        Status::kNondeterministic, Bug::kNondeterministic);
     return v;
   }();
   return bugs;

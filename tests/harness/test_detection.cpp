@@ -12,6 +12,7 @@
 
 #include "backends/cpu/cpu_backends.h"
 #include "cases/suite.h"
+#include "harness/repeat.h"
 #include "harness/runner.h"
 #include "../backends/planted.h"
 
@@ -162,6 +163,61 @@ TEST_P(CorrectBackends, PassEveryCase) {
   }
   std::printf("%s: largest min_fudge %.3g (%s), default fudge %g\n", GetParam().c_str(), worst, worst_at.c_str(),
               kDefaultFudge);
+}
+
+// The gate suite (the CI gate) catches what the vllm suite lets through: a
+// stride hard-coded to block size 16, a reader that forgets k_scale, a 0/0 on
+// rows without keys, a softmax without max subtraction and a nondeterministic
+// reduction. Each planted bug passes every vllm case (run once, as the vllm
+// suite runs; TP 16, to keep CI short) and fails the gate suite (run twice, as
+// the gate suite says) with its status.
+TEST(Gate, CatchesWhatTheVllmSuiteMisses) {
+  std::vector<const PlantedBug*> bugs;
+  for (const PlantedBug& b : planted_gate_bugs()) bugs.push_back(&b);
+  for (const PlantedBug& b : planted_bugs())
+    if (b.name == "bug.softmax_without_max") bugs.push_back(&b);
+  for (const PlantedBug& b : planted_fp8_bugs())
+    if (b.name == "bug.fp8_reader_ignores_k_scale") bugs.push_back(&b);
+  ASSERT_EQ(bugs.size(), 5u);
+  auto run = [&bugs](std::vector<CaseSpec> cases, int repeat) {
+    std::vector<std::unique_ptr<Backend>> bs;
+    for (const PlantedBug* b : bugs) bs.push_back(b->make());
+    RunConfig cfg;
+    cfg.cases = std::move(cases);
+    cfg.policy = make_policy("baseline", 0, 0);
+    if (repeat > 1)
+      cfg.run_job = [&cfg, repeat](CaseContext& ctx, Backend& b, Op op) { return run_repeated(ctx, b, op, cfg, repeat); };
+    std::map<std::string, std::map<Status, int>> counts;
+    for (const Record& r : run_cases(cfg, bs)) ++counts[r.backend][r.status];
+    return counts;
+  };
+  std::vector<CaseSpec> vllm;
+  for (const CaseSpec& c : load_suite("vllm").cases)
+    if (c.tp == 16) vllm.push_back(c);
+  const Suite gate = load_suite("gate");
+  ASSERT_EQ(gate.repeat, 2);
+  const auto on_vllm = run(vllm, load_suite("vllm").repeat);
+  const auto on_gate = run(gate.cases, gate.repeat);
+  for (const PlantedBug* b : bugs) {
+    SCOPED_TRACE(b->name);
+    int vllm_failures = 0, gate_failures = 0;
+    for (const auto& [st, n] : on_vllm.at(b->name))
+      if (status_is_failure(st)) vllm_failures += n;
+    for (const auto& [st, n] : on_gate.at(b->name))
+      if (status_is_failure(st)) {
+        gate_failures += n;
+        // The stride bug reads poisoned slots (NONFINITE) or, where it lands on
+        // written ones, wrong keys (INCORRECT): the same bug.
+        const bool ok = st == b->expected || (b->name == "bug.block_stride_16" && st == Status::kIncorrect);
+        EXPECT_TRUE(ok) << n << " x " << status_name(st);
+      }
+    const int expected = on_gate.at(b->name).count(b->expected) ? on_gate.at(b->name).at(b->expected) : 0;
+    EXPECT_EQ(vllm_failures, 0) << "the vllm suite catches it: the gate test proves nothing";
+    EXPECT_GT(expected, 0) << "the gate suite never reports " << status_name(b->expected);
+    std::printf("%-32s vllm (TP 16, %zu cases): %s; gate (%zu cases, repeat 2): %s on %d\n", b->name.c_str(), vllm.size(),
+                vllm_failures ? "caught" : "missed", gate.cases.size(), std::string(status_name(b->expected)).c_str(),
+                gate_failures);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Suites, CorrectBackends, ::testing::Values("vllm:auto", "vllm:fp8", "vllm:fp8_e4m3", "edges"));

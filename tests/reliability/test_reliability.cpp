@@ -606,6 +606,7 @@ TEST(BadInput, ExitTwoWithAClearMessage) {
       {"", {"--spec", "small_decode", "--isolate", "threads"}, "--isolate 'threads'"},
       {"", {"--spec", "small_decode", "--order", "shuffle:x"}, "shuffle:SEED"},
       {"", {"--spec", "small_decode", "--repeat", "0"}, "--repeat must be >= 1"},
+      {"name: a\nrepeat: 0\ngroups:\n  - specs: [small_decode]\n", {}, "repeat must be in [1, 100]"},
       {"", {"--spec", "small_decode", "--order", "pairs", "--isolate", "none"}, "--order pairs needs --isolate process"},
       {"", {"--spec", "small_decode", "--sanitize", "leakcheck"}, "expected memcheck, initcheck or racecheck"},
       {"", {"--spec", "small_decode", "--resume"}, "no journal to resume"},
