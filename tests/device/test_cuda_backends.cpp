@@ -44,12 +44,22 @@ const std::vector<Op> kAllOps = {Op::kLayer, Op::kDecode, Op::kPrefill, Op::kCac
 // lacks the kernel (cuda.splitkv has no prefill).
 void expect_all_pass(const std::vector<CaseSpec>& cases, std::vector<std::unique_ptr<Backend>>& backends,
                      const std::vector<Op>& ops, const std::string& what) {
-  RunConfig cfg;
-  cfg.cases = cases;
-  cfg.ops = ops;
-  cfg.policy = strict();
+  // Q magnitudes past 16 (edges' 64 and 128) put logits beyond fp32 exp's
+  // range: the output error grows with them (0.28 on the correct CPU
+  // backends), so a fixed atol means nothing there; the baseline policy,
+  // whose emulation makes the same error, gates those cases.
+  std::vector<Record> records;
+  for (const bool large_q : {false, true}) {
+    RunConfig cfg;
+    for (const CaseSpec& c : cases)
+      if ((c.q_magnitude > 16) == large_q) cfg.cases.push_back(c);
+    if (cfg.cases.empty()) continue;
+    cfg.ops = ops;
+    cfg.policy = large_q ? make_policy("baseline", 0, 0) : strict();
+    for (Record& r : run_cases(cfg, backends)) records.push_back(std::move(r));
+  }
   std::map<std::string, int> passed;
-  for (const Record& r : run_cases(cfg, backends)) {
+  for (const Record& r : records) {
     if (r.status == Status::kNotSupported && r.backend == "cuda.splitkv" && r.op == "prefill") continue;
     EXPECT_EQ(r.status, Status::kPassed) << what << ": " << status_name(r.status) << " " << r.backend << " " << r.op
                                          << " " << r.case_id << ": " << r.message;
