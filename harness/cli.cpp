@@ -2,12 +2,14 @@
 // and compare subcommands, progress and console output, report files, and the
 // exit-code mapping.
 #include "harness/cli.h"
+#include "harness/shrink.h"
 
 #include <CLI/CLI.hpp>
 #include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <csignal>
@@ -821,6 +823,67 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
   return kExitPassed;
 }
 
+struct ShrinkArgs {
+  std::string backend, op = "auto", out = "shrunk", policy = "baseline", poison = "nan";
+  std::vector<std::string> case_ids;
+  double atol = 1e-2, rtol = 1e-2, fudge = kDefaultFudge;
+  int max_runs = 200, splits = 0;
+  OutOfTree extra;
+};
+
+// mlagate shrink: the selection resolves to the failing case (the last --case;
+// earlier --case ids are its predecessors, as an order-dependent record's
+// repro gives them); every candidate run gets the backend flags given here.
+int cmd_shrink(const Selection& sel, const ShrinkArgs& sa) {
+  std::vector<CaseSpec> cases = sel.resolve();
+  if (!sa.case_ids.empty()) {
+    std::vector<CaseSpec> picked;
+    for (const std::string& id : sa.case_ids) {
+      auto it = std::find_if(cases.begin(), cases.end(), [&](const CaseSpec& c) { return c.id() == id; });
+      if (it == cases.end()) throw InputError("--case '" + id + "': no such case in the selection");
+      picked.push_back(*it);
+    }
+    cases = std::move(picked);
+  } else if (cases.size() != 1) {
+    throw InputError("shrink: the selection has " + std::to_string(cases.size()) +
+                     " cases; name the failing one with --case (or narrow --filter to one)");
+  }
+  ShrinkOptions o;
+  o.target = cases.back();
+  o.before.assign(cases.begin(), cases.end() - 1);
+  o.backend = sa.backend;
+  o.op = sa.op == "auto" ? (o.target.sparse.active() ? Op::kSparseDecode : Op::kLayer) : parse_op(sa.op);
+  o.out_dir = sa.out;
+  o.max_runs = sa.max_runs;
+  if (sa.max_runs < 1) throw InputError("--max-runs must be >= 1");
+  // The backend must exist (a plugin or exec backend is loaded here to check).
+  bool found = false;
+  for (const auto& e : sa.extra.entries()) found = found || e.name == sa.backend;
+  for (const auto& e : backend_registry()) found = found || e.name == sa.backend;
+  if (!found) throw InputError("shrink: no backend named '" + sa.backend + "' (one exact name)");
+  auto& a = o.run_args;
+  // Shortest text that reads back as the same double (std::to_string would
+  // print 1e-8 as 0.000000 and change the policy of every candidate run).
+  const auto num = [](double x) {
+    char buf[32];
+    const auto r = std::to_chars(buf, buf + sizeof buf, x);
+    return std::string(buf, r.ptr);
+  };
+  for (const auto& p : sa.extra.plugins) a.insert(a.end(), {"--plugin", p});
+  for (std::size_t i = 0; i < sa.extra.exec_commands.size(); ++i) {
+    a.insert(a.end(), {"--exec", sa.extra.exec_commands[i]});
+    if (i < sa.extra.exec_names.size()) a.insert(a.end(), {"--exec-name", sa.extra.exec_names[i]});
+    if (i < sa.extra.exec_caps.size()) a.insert(a.end(), {"--exec-caps", sa.extra.exec_caps[i]});
+  }
+  if (!sa.extra.exec_commands.empty()) a.insert(a.end(), {"--exec-timeout", std::to_string(sa.extra.exec_timeout)});
+  a.insert(a.end(), {"--policy", sa.policy});
+  if (sa.policy == "fixed") a.insert(a.end(), {"--atol", num(sa.atol), "--rtol", num(sa.rtol)});
+  if (sa.policy == "baseline") a.insert(a.end(), {"--fudge", num(sa.fudge)});
+  if (sa.poison != "nan") a.insert(a.end(), {"--poison", sa.poison});
+  if (sa.splits != 0) a.insert(a.end(), {"--splits", std::to_string(sa.splits)});
+  return shrink_main(o);
+}
+
 struct ExportArgs {
   std::string out, backends = "*", policy = "baseline", poison = "nan";
   std::vector<std::string> ops{"layer"};
@@ -996,6 +1059,26 @@ int cli_main(int argc, char** argv) {
       ->capture_default_str();
   bench->add_option("--splits", bench_opt.backend_options.num_splits, "cuda.splitkv: force N splits per request");
 
+  Selection shrink_sel;
+  ShrinkArgs sa;
+  CLI::App* shrink = app.add_subcommand(
+      "shrink", "from a failing record, the smallest case that still fails the same way; saves it and prints its repro");
+  shrink_sel.add_options(shrink);
+  shrink->add_option("--case", sa.case_ids,
+                     "the failing case's exact id; earlier --case ids run before it (an order-dependent failure)");
+  shrink->add_option("--backend", sa.backend, "the failing backend (one exact name)")->required();
+  shrink->add_option("--op", sa.op, "the failing op (auto: layer, or sparse_decode for sparse cases)")->capture_default_str();
+  sa.extra.add_options(shrink);
+  shrink->add_option("--policy", sa.policy, "tolerance policy: baseline | vllm | fixed")->capture_default_str();
+  shrink->add_option("--atol", sa.atol, "absolute tolerance (fixed policy)")->capture_default_str();
+  shrink->add_option("--rtol", sa.rtol, "relative tolerance (fixed policy)")->capture_default_str();
+  shrink->add_option("--fudge", sa.fudge, "baseline policy's fudge")->capture_default_str();
+  shrink->add_option("--poison", sa.poison, "poison: nan | sentinel | zero | none")->capture_default_str();
+  shrink->add_option("--splits", sa.splits, "forced splits of split-KV backends (0: from the work)")->capture_default_str();
+  shrink->add_option("--out", sa.out, "folder for shrunk.yaml, the golden bundle and the runs' scratch")
+      ->capture_default_str();
+  shrink->add_option("--max-runs", sa.max_runs, "runs at most before the final one (the first run counts)")->capture_default_str();
+
   std::string command_line;
   for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + Selection::quote(argv[i]);
   const std::vector<std::string> args(argv, argv + argc);  // isolation workers get the same flags
@@ -1012,6 +1095,7 @@ int cli_main(int argc, char** argv) {
     if (replay->parsed()) return cmd_run(replay_sel, rp, command_line, args);
     if (compare->parsed()) return cmd_compare(cmp_a, cmp_b, cmp);
     if (bench->parsed()) return run_bench(bench_opt, stdout);
+    if (shrink->parsed()) return cmd_shrink(shrink_sel, sa);
   } catch (const InputError& e) {
     std::fprintf(stderr, "mlagate: error: %s\n", e.what());
     return kExitUsage;
