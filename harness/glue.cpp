@@ -3,6 +3,7 @@
 #include "harness/glue.h"
 
 #include <Eigen/Dense>
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -98,24 +99,39 @@ void up_project_kv(const Case& c, const TensorView& kv_c, const TensorView& k_pe
   v = Tensor(c.spec.dtype, {s, N, V});
   if (s == 0) return;
   const std::vector<float> kv = to_f32(kv_c);
-  Eigen::Map<const MatF> a(kv.data(), s, L);
   const std::vector<float> wk = to_f32(c.w_uk.view()), wv = to_f32(c.w_uv.view());
-  // One GEMM each: [s, L] x [L, N*P] and [s, L] x [L, N*V].
-  const MatF kn = a * Eigen::Map<const MatF>(wk.data(), L, N * P);
-  const MatF vv = a * Eigen::Map<const MatF>(wv.data(), L, N * V);
+  const Eigen::Map<const MatF> wkm(wk.data(), L, N * P), wvm(wv.data(), L, N * V);
   const Round16 round = rounder(c.spec.dtype);
   std::uint16_t* kt = k.data<std::uint16_t>();
   std::uint16_t* vt = v.data<std::uint16_t>();
   const auto* pe = static_cast<const std::uint16_t*>(k_pe.data);  // model dtype bits, copied verbatim
-#pragma omp parallel for schedule(static)
-  for (std::int64_t j = 0; j < s; ++j)
-    for (std::int64_t h = 0; h < N; ++h) {
-      std::uint16_t* krow = kt + (j * N + h) * (P + R);
-      for (std::int64_t p = 0; p < P; ++p) krow[p] = round(kn(j, h * P + p));
-      for (std::int64_t r = 0; r < R; ++r) krow[P + r] = pe[j * R + r];
-      std::uint16_t* vrow = vt + (j * N + h) * V;
-      for (std::int64_t x = 0; x < V; ++x) vrow[x] = round(vv(j, h * V + x));
+  // Row blocks, each one GEMM per weight ([rows, L] x [L, N*P] and [L, N*V])
+  // into a per-thread fp32 tile that stays warm: the whole fp32 product of a
+  // long context (gigabytes at TP 1) is never materialised, only the rounded
+  // result. Deterministic for a given row count; Eigen's split of the sum over
+  // L may differ from one big GEMM's in the last fp32 bit before rounding, as
+  // it already does between machines with other cache sizes.
+  constexpr std::int64_t kRows = 64;
+  const std::int64_t blocks = (s + kRows - 1) / kRows;
+#pragma omp parallel
+  {
+    MatF kn, vv;
+#pragma omp for schedule(static)
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::int64_t j0 = b * kRows, rows = std::min(kRows, s - j0);
+      const Eigen::Map<const MatF> a(kv.data() + j0 * L, rows, L);
+      kn.noalias() = a * wkm;
+      vv.noalias() = a * wvm;
+      for (std::int64_t j = 0; j < rows; ++j)
+        for (std::int64_t h = 0; h < N; ++h) {
+          std::uint16_t* krow = kt + ((j0 + j) * N + h) * (P + R);
+          for (std::int64_t p = 0; p < P; ++p) krow[p] = round(kn(j, h * P + p));
+          for (std::int64_t r = 0; r < R; ++r) krow[P + r] = pe[(j0 + j) * R + r];
+          std::uint16_t* vrow = vt + ((j0 + j) * N + h) * V;
+          for (std::int64_t x = 0; x < V; ++x) vrow[x] = round(vv(j, h * V + x));
+        }
     }
+  }
 }
 
 void merge_states(std::vector<float>& acc_o, std::vector<float>& acc_lse, const TensorView& part_o,
