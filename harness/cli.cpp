@@ -875,7 +875,7 @@ int cmd_shrink(const Selection& sel, const ShrinkArgs& sa) {
     if (i < sa.extra.exec_names.size()) a.insert(a.end(), {"--exec-name", sa.extra.exec_names[i]});
     if (i < sa.extra.exec_caps.size()) a.insert(a.end(), {"--exec-caps", sa.extra.exec_caps[i]});
   }
-  if (!sa.extra.exec_commands.empty()) a.insert(a.end(), {"--exec-timeout", std::to_string(sa.extra.exec_timeout)});
+  if (!sa.extra.exec_commands.empty()) a.insert(a.end(), {"--exec-timeout", num(sa.extra.exec_timeout)});
   a.insert(a.end(), {"--policy", sa.policy});
   if (sa.policy == "fixed") a.insert(a.end(), {"--atol", num(sa.atol), "--rtol", num(sa.rtol)});
   if (sa.policy == "baseline") a.insert(a.end(), {"--fudge", num(sa.fudge)});
