@@ -105,13 +105,30 @@ void reference_cache_write(PagedCache& cache, const TensorView& kv_c, const Tens
   const std::int64_t capacity = static_cast<std::int64_t>(cache.num_blocks) * cache.block_size;
   const auto* kv = static_cast<const std::uint16_t*>(kv_c.data);
   const auto* pe = static_cast<const std::uint16_t*>(k_pe.data);
-  std::vector<std::byte> entry(static_cast<std::size_t>(f.bytes));
-  for (std::size_t t = 0; t < slots.size(); ++t) {
-    const std::int64_t slot = slots[t];
-    if (slot < 0) continue;
+  // Slots checked first (no exception may leave a parallel loop). Distinct
+  // slots are encoded in parallel (fp8 entry encoding was most of building a
+  // cache); each entry's bytes depend on its token alone, so the cache is the
+  // same bits either way. A repeated slot must end with the last token's
+  // entry, so then the loop stays sequential.
+  std::vector<std::int64_t> sorted;
+  sorted.reserve(slots.size());
+  for (const std::int64_t slot : slots) {
     if (slot >= capacity) throw std::out_of_range("reference_cache_write: slot " + std::to_string(slot) + " out of range");
-    encode_entry(f, kv + static_cast<std::int64_t>(t) * L, pe + static_cast<std::int64_t>(t) * R, entry.data());
-    cache.store_entry(slot, entry.data());
+    if (slot >= 0) sorted.push_back(slot);
+  }
+  std::sort(sorted.begin(), sorted.end());
+  const bool distinct = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
+  const auto n = static_cast<std::int64_t>(slots.size());
+#pragma omp parallel if (distinct && n >= 64)
+  {
+    std::vector<std::byte> entry(static_cast<std::size_t>(f.bytes));
+#pragma omp for schedule(static)
+    for (std::int64_t t = 0; t < n; ++t) {
+      const std::int64_t slot = slots[static_cast<std::size_t>(t)];
+      if (slot < 0) continue;
+      encode_entry(f, kv + t * L, pe + t * R, entry.data());
+      cache.store_entry(slot, entry.data());
+    }
   }
 }
 
