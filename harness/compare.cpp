@@ -2,10 +2,14 @@
 #include "harness/compare.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <cstdio>
 #include <stdexcept>
 
+#include "cases/encoding.h"
 #include "cases/errors.h"
 
 namespace mlagate {
@@ -92,19 +96,71 @@ Location Layout::locate(std::int64_t flat) const {
   return l;
 }
 
-double ulp_of(double y, DType d) {
-  int mant_bits, min_exp;  // precision (incl. implicit bit) and smallest normal exponent
+namespace {
+
+struct UlpFormat {
+  int mant_bits;  // precision, implicit bit included
+  int min_exp;    // smallest normal exponent
+};
+
+UlpFormat ulp_format(DType d) {
   switch (d) {
-    case DType::kBF16: mant_bits = 8; min_exp = -126; break;
-    case DType::kF16: mant_bits = 11; min_exp = -14; break;
-    case DType::kF32: mant_bits = 24; min_exp = -126; break;
-    default: mant_bits = 53; min_exp = -1022; break;
+    case DType::kBF16: return {8, -126};
+    case DType::kF16: return {11, -14};
+    case DType::kF32: return {24, -126};
+    default: return {53, -1022};
   }
-  int e = 0;
-  std::frexp(std::fabs(y), &e);  // |y| in [2^(e-1), 2^e); 0 gives e = 0
-  const int exp = y == 0 ? min_exp : std::max(e - 1, min_exp);
-  return std::ldexp(1.0, exp - (mant_bits - 1));
 }
+
+// The spacing of format f at |y| (y finite). Normal doubles read their
+// exponent from the bits (the compare loop calls this per element); zero and
+// subnormals go through frexp. Both give the same power of two.
+double ulp_in(double y, UlpFormat f) {
+  const auto bits = std::bit_cast<std::uint64_t>(y);
+  const int biased = static_cast<int>((bits >> 52) & 0x7ff);
+  int exp;
+  if (biased != 0) {
+    exp = std::max(biased - 1023, f.min_exp);
+  } else {
+    int e = 0;
+    std::frexp(std::fabs(y), &e);  // |y| in [2^(e-1), 2^e); 0 gives e = 0
+    exp = y == 0 ? f.min_exp : std::max(e - 1, f.min_exp);
+  }
+  const int p = exp - (f.mant_bits - 1);
+  if (p >= -1022) return std::bit_cast<double>(static_cast<std::uint64_t>(p + 1023) << 52);
+  return std::ldexp(1.0, p);
+}
+
+// Every element as double, one switch per tensor instead of per element.
+std::vector<double> as_f64(const TensorView& v) {
+  const std::int64_t n = v.numel();
+  std::vector<double> out(static_cast<std::size_t>(n));
+  switch (v.dtype) {
+    case DType::kF64: std::memcpy(out.data(), v.data, static_cast<std::size_t>(n) * 8); break;
+    case DType::kF32: {
+      const float* p = static_cast<const float*>(v.data);
+      for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = p[i];
+      break;
+    }
+    case DType::kBF16: {
+      const auto* p = static_cast<const std::uint16_t*>(v.data);
+      for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = bf16_to_f32(p[i]);
+      break;
+    }
+    case DType::kF16: {
+      const auto* p = static_cast<const std::uint16_t*>(v.data);
+      for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = f16_to_f32(p[i]);
+      break;
+    }
+    default:
+      for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = v.get(i);
+  }
+  return out;
+}
+
+}  // namespace
+
+double ulp_of(double y, DType d) { return ulp_in(y, ulp_format(d)); }
 
 Status compare_output(const OutputCheck& c, const Policy& p, Metrics& m) {
   m = Metrics{};
@@ -119,12 +175,14 @@ Status compare_output(const OutputCheck& c, const Policy& p, Metrics& m) {
   const std::vector<double>& y = *c.golden;
   if (static_cast<std::int64_t>(y.size()) != m.numel)
     throw std::logic_error("compare_output: golden size mismatch for " + c.name);
+  const std::vector<double> got = as_f64(c.got);
+  const UlpFormat ulp_fmt = ulp_format(c.expected_dtype);
 
   // 3. Non-finite positions must match the reference's (an empty row's lse may
   // be either infinity; anything else non-finite is a mismatch).
   int plus_inf_rows = 0;
   for (std::int64_t i = 0; i < m.numel; ++i) {
-    const double x = c.got.get(i), r = y[static_cast<std::size_t>(i)];
+    const double x = got[static_cast<std::size_t>(i)], r = y[static_cast<std::size_t>(i)];
     const bool xf = std::isfinite(x), rf = std::isfinite(r);
     if (xf && rf) continue;
     bool ok = false;
@@ -150,7 +208,7 @@ Status compare_output(const OutputCheck& c, const Policy& p, Metrics& m) {
   m.max_ulp = 0;
   m.min_atol = 0;
   for (std::int64_t i = 0; i < m.numel; ++i) {
-    const double x = c.got.get(i), r = y[static_cast<std::size_t>(i)];
+    const double x = got[static_cast<std::size_t>(i)], r = y[static_cast<std::size_t>(i)];
     if (!std::isfinite(x) || !std::isfinite(r)) continue;
     const double d = std::fabs(x - r);
     ++n;
@@ -164,7 +222,7 @@ Status compare_output(const OutputCheck& c, const Policy& p, Metrics& m) {
       m.max_abs = d;
       worst = i;
     }
-    m.max_ulp = std::max(m.max_ulp, d / ulp_of(r, c.expected_dtype));
+    m.max_ulp = std::max(m.max_ulp, d / ulp_in(r, ulp_fmt));
     m.min_atol = std::max(m.min_atol, d - rtol * std::fabs(r));
   }
   m.ref_norm = std::sqrt(sum_y2);
@@ -179,7 +237,7 @@ Status compare_output(const OutputCheck& c, const Policy& p, Metrics& m) {
     m.rel_floor = std::max(1e-2 * std::sqrt(sum_y2 / static_cast<double>(n)), 1e-30);
     m.max_rel = 0;
     for (std::int64_t i = 0; i < m.numel; ++i) {
-      const double x = c.got.get(i), r = y[static_cast<std::size_t>(i)];
+      const double x = got[static_cast<std::size_t>(i)], r = y[static_cast<std::size_t>(i)];
       if (std::isfinite(x) && std::isfinite(r))
         m.max_rel = std::max(m.max_rel, std::fabs(x - r) / std::max(std::fabs(r), m.rel_floor));
     }

@@ -121,6 +121,25 @@ TEST(Compare, UlpOfBf16) {
   EXPECT_DOUBLE_EQ(ulp_of(0.0, DType::kF16), std::ldexp(1.0, -24));
 }
 
+// ulp_of reads normal doubles' exponents from the bits: the same powers of two
+// as frexp's definition, for normals, subnormals, zero and both signs, in every
+// output dtype.
+TEST(Compare, UlpOfEqualsTheFrexpDefinition) {
+  const auto by_frexp = [](double y, int mant_bits, int min_exp) {
+    int e = 0;
+    std::frexp(std::fabs(y), &e);
+    const int exp = y == 0 ? min_exp : std::max(e - 1, min_exp);
+    return std::ldexp(1.0, exp - (mant_bits - 1));
+  };
+  const struct { DType d; int mant, min_exp; } fmts[] = {
+      {DType::kBF16, 8, -126}, {DType::kF16, 11, -14}, {DType::kF32, 24, -126}, {DType::kF64, 53, -1022}};
+  std::vector<double> ys = {0.0, -0.0, 1.0, -1.0, 0.75, 3.0, 65504.0, 1e-300, 5e-324, -4e-320, 1e300,
+                            std::numeric_limits<double>::min(), std::numeric_limits<double>::max()};
+  for (int k = -1074; k <= 1023; k += 7) ys.push_back(std::ldexp(1.37, k));
+  for (const auto& f : fmts)
+    for (double y : ys) EXPECT_EQ(ulp_of(y, f.d), by_frexp(y, f.mant, f.min_exp)) << y << " " << dtype_name(f.d);
+}
+
 TEST(Guarded, DetectsWritesPastEitherEnd) {
   GuardedBuffer b(DType::kF32, {4}, Poison::kNaN);
   EXPECT_TRUE(std::isnan(b.view().get(3)));
