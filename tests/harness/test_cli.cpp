@@ -4,12 +4,17 @@
 #include <nlohmann/json.hpp>
 #include <pugixml.hpp>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "backends/registry.h"
+#include "cases/suite.h"
 #include "harness/cli.h"
 
 namespace mlagate {
@@ -152,13 +157,46 @@ TEST(Cli, CustomSuiteFileWithItsOwnSpec) {
   EXPECT_EQ(cli({"run", "--suite", (d / "mine.yaml").string(), "--backend", "cpu.*", "--no-progress"}), kExitPassed);
 }
 
-TEST(Cli, ListingsSucceed) {
-  EXPECT_EQ(cli({"list", "suites"}), kExitPassed);
-  EXPECT_EQ(cli({"list", "specs"}), kExitPassed);
-  EXPECT_EQ(cli({"list", "backends"}), kExitPassed);
-  EXPECT_EQ(cli({"list", "cases", "--suite", "vllm", "--filter", "tp8"}), kExitPassed);
-  EXPECT_EQ(cli({"list", "matrix", "--spec", "spec_decode_small", "--block-size", "8,16"}), kExitPassed);
-  EXPECT_EQ(cli({"list", "everything"}), kExitUsage);
+// Each listing says what it lists: every built-in suite with its case count,
+// the specs' lengths, every registered backend, exactly the filtered cases,
+// and the matrix's verdicts with their reasons.
+TEST(Cli, ListingsSayWhatTheyList) {
+  const auto listing = [](std::initializer_list<std::string> args, int expected_rc = kExitPassed) {
+    ::testing::internal::CaptureStdout();
+    const int rc = cli(args);
+    std::fflush(stdout);
+    const std::string out = ::testing::internal::GetCapturedStdout();
+    EXPECT_EQ(rc, expected_rc) << out;
+    return out;
+  };
+  const auto lines_of = [](const std::string& text) {
+    std::vector<std::string> lines;
+    std::istringstream in(text);
+    for (std::string l; std::getline(in, l);)
+      if (!l.empty()) lines.push_back(l);
+    return lines;
+  };
+  const std::string suites = listing({"list", "suites"});
+  for (const std::string& name : builtin_suite_names()) {
+    const std::regex row("(^|\\n)" + name + " +" + std::to_string(load_suite(name).cases.size()) + " cases ");
+    EXPECT_TRUE(std::regex_search(suites, row)) << name << " with its case count, in:\n" << suites;
+  }
+  const std::string specs = listing({"list", "specs"});
+  EXPECT_TRUE(std::regex_search(specs, std::regex("small_decode +seq_lens=32,40 +query_lens=1,1"))) << specs;
+  const std::string backends = listing({"list", "backends"});
+  for (const BackendEntry& e : backend_registry())
+    EXPECT_TRUE(std::regex_search(backends, std::regex("(^|\\n)" + std::regex_replace(e.name, std::regex("\\."), "\\.") + " ")))
+        << e.name << " in:\n" << backends;
+  const auto cases = lines_of(listing({"list", "cases", "--suite", "vllm", "--filter", "tp8"}));
+  std::size_t tp8 = 0;
+  for (const CaseSpec& c : load_suite("vllm").cases) tp8 += c.tp == 8;
+  EXPECT_EQ(cases.size(), tp8);
+  for (const std::string& l : cases) EXPECT_NE(l.find("/tp8/"), std::string::npos) << l;
+  const std::string matrix = listing({"list", "matrix", "--spec", "spec_decode_small", "--block-size", "8,16"});
+  EXPECT_TRUE(std::regex_search(matrix, std::regex("sweep/spec_decode_small/tp1/bf16/kv=auto/bs=8/seed=0 +NO +NO"))) << matrix;
+  EXPECT_TRUE(std::regex_search(matrix, std::regex("sweep/spec_decode_small/tp1/bf16/kv=auto/bs=16/seed=0 +yes +yes"))) << matrix;
+  EXPECT_NE(matrix.find("cpu.paged: block size 8 not in {16, 1, 32, 64, 128}"), std::string::npos) << matrix;
+  listing({"list", "everything"}, kExitUsage);
 }
 
 }  // namespace
