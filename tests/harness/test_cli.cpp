@@ -8,7 +8,9 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <memory>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -197,6 +199,20 @@ TEST(Cli, ListingsSayWhatTheyList) {
   EXPECT_TRUE(std::regex_search(matrix, std::regex("sweep/spec_decode_small/tp1/bf16/kv=auto/bs=16/seed=0 +yes +yes"))) << matrix;
   EXPECT_NE(matrix.find("cpu.paged: block size 8 not in {16, 1, 32, 64, 128}"), std::string::npos) << matrix;
   listing({"list", "everything"}, kExitUsage);
+}
+
+// One name per backend: the registry lists each backend under the name it
+// reports itself (records, globs and plugins' duplicate check all use it),
+// and no name is listed twice.
+TEST(Registry, EveryNameIsTheBackendsOwn) {
+  std::set<std::string> seen;
+  for (const BackendEntry& e : backend_registry()) {
+    EXPECT_TRUE(seen.insert(e.name).second) << e.name << " is listed twice";
+    const std::unique_ptr<Backend> b = e.make({});
+    ASSERT_NE(b, nullptr) << e.name;
+    EXPECT_EQ(b->name(), e.name);
+  }
+  EXPECT_GE(seen.size(), 4u);  // cpu.paged, cpu.splitkv, cpu.sparse, cpu.sparse.splitkv at least
 }
 
 }  // namespace
