@@ -65,7 +65,11 @@ void expect_close(const std::vector<double>& stored, const std::vector<double>& 
                           << at;
 }
 
-TEST(H5Regression, CommittedGoldenIsReproducedBitExactly) {
+// Inputs and caches bit for bit; the fp64 references to 1e-12, not bit for
+// bit: the build uses -march=native and Eigen picks its GEMM blocking from the
+// machine's cache sizes, so the order of an fp64 sum (and its last bits)
+// differs between machines while the generator's integer-exact inputs do not.
+TEST(H5Regression, CommittedGoldenInputsBitExactReferencesWithin1e12) {
   GoldenReader r(MLAGATE_REGRESSION_GOLDEN);
   ASSERT_EQ(r.info().generator_version, gen::kGeneratorVersion)
       << "the committed golden was made by generator version " << r.info().generator_version
