@@ -49,7 +49,7 @@ struct BackendOptions {
   int num_splits = 0;  // split-KV backends: 0 chooses from the work; N > 0 forces N splits (--splits)
 };
 
-// Kernel-level decode (absorbed MQA over the paged cache), MLA_SPEC section 6.
+// Kernel-level decode (absorbed MQA over the paged cache), SPEC: Ops.
 struct DecodeArgs {
   TensorView q_lat;   // [T, N, L] model dtype (q_nope absorbed through W_UK)
   TensorView q_pe;    // [T, N, R] model dtype

@@ -1,4 +1,4 @@
-// The case model: every parameter of one MLA problem (MLA_SPEC sections 1-2)
+// The case model: every parameter of one MLA problem (SPEC: Dimensions and Inputs)
 // and its stable id string, the key for filters, reports and repro commands.
 #pragma once
 
@@ -24,7 +24,7 @@ struct Dims {
 Dims dims_preset(const std::string& name);  // "deepseek" | "glm" | "v4" (L 448, R 64); throws InputError
 std::string dims_label(const Dims& d);      // "deepseek", "glm", "v4" or "L.R.P.V"
 
-// A batch: per-request total lengths and new-token counts (MLA_SPEC section 4).
+// A batch: per-request total lengths and new-token counts (SPEC: Batch specs).
 struct BatchSpec {
   std::string name;
   std::vector<int> seq_lens;    // s_i = context + new tokens

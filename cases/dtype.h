@@ -20,7 +20,7 @@ DType parse_model_dtype(std::string_view s);  // "bf16" | "fp16"; throws InputEr
 // Model dtypes a case may use. One source of truth for sweeps and validation.
 std::span<const DType> model_dtypes();
 
-// KV cache dtypes (MLA_SPEC section 7; byte layouts in cases/fp8.h):
+// KV cache dtypes (SPEC: KV cache dtypes; byte layouts in cases/fp8.h):
 // auto: D = L + R elements of the model dtype; fp8, fp8_e4m3 (the same on
 // NVIDIA): D bytes of e4m3fn, x / k_scale; fp8_ds_mla: DeepSeek V3.2's 656-byte
 // entry (e4m3 NoPE in 128-element tiles, fp32 tile scales, bf16 RoPE);
@@ -33,7 +33,7 @@ std::span<const KvCacheDtype> kv_cache_dtypes();
 bool is_fp8(KvCacheDtype t);  // every dtype but auto
 
 // How an fp8_ds_mla writer picks a tile's scale from its amax (both exist in
-// the wild, MLA_SPEC section 7): kPow2 = 2^ceil(log2(max(amax/448, 1e-4)))
+// the wild, SPEC: KV cache dtypes): kPow2 = 2^ceil(log2(max(amax/448, 1e-4)))
 // (current vLLM and FlashMLA), kRaw = max(amax/448, FLT_MIN) (older writers).
 enum class ScaleRule : std::uint8_t { kPow2, kRaw };
 std::string_view scale_rule_name(ScaleRule r);  // "pow2" | "raw"

@@ -1,4 +1,4 @@
-// Builds the randomized paged KV cache of MLA_SPEC section 5 and implements the
+// Builds the randomized paged KV cache of SPEC: The paged cache and implements the
 // reference cache writer and reader for every kv cache dtype (cases/fp8.h).
 #include "cases/paged_cache.h"
 

@@ -1,4 +1,4 @@
-// The paged KV cache exactly as MLA_SPEC section 5: null block 0, each request's
+// The paged KV cache exactly as SPEC: The paged cache: null block 0, each request's
 // blocks consecutive from 1 then permuted by the case's generator, a block table
 // padded to a multiple of 128/bs, spare blocks, slot mapping and poison.
 #pragma once

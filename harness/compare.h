@@ -1,4 +1,4 @@
-// Comparison against the fp64 golden, MLA_SPEC section 8 in order: shape and
+// Comparison against the fp64 golden, SPEC: Pass rules in order: shape and
 // dtype, guard bands (checked by the caller, see guarded.h), non-finite
 // positions, metrics, the tolerance policy, the sanity rule, and the smallest
 // tolerance that would have passed.
@@ -18,7 +18,7 @@ namespace mlagate {
 // err / err_baseline on the vllm and edges suites (README, "The fudge, from data").
 inline constexpr double kDefaultFudge = 2.0;
 
-// Tolerance policies (MLA_SPEC section 8.5).
+// Tolerance policies (SPEC: Pass rules, rule 5).
 struct Policy {
   enum class Kind { kVllm, kFixed, kBaseline } kind = Kind::kVllm;
   double atol = 0.5, rtol = 1e-2;

@@ -1,5 +1,5 @@
 // Runs one op of one backend on one case: the layer op composed from the
-// backend's kernels as vLLM's MLAAttention does (MLA_SPEC section 6), or a
+// backend's kernels as vLLM's MLAAttention does (SPEC: Ops), or a
 // kernel-level decode / prefill op. Outputs come back in guarded buffers.
 #pragma once
 

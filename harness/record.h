@@ -11,7 +11,7 @@
 
 namespace mlagate {
 
-// MLA_SPEC section 8. Never report "not run" as a pass.
+// SPEC: Pass rules. Never report "not run" as a pass.
 enum class Status : std::uint8_t {
   kPassed,
   kIncorrect,     // wrong shape/dtype, guard band touched, or error beyond tolerance
@@ -35,7 +35,7 @@ struct Location {
   std::string str() const;  // "request 2, token 3, head 17, dim 100"
 };
 
-// Metrics of one output against the fp64 golden (MLA_SPEC 8.4).
+// Metrics of one output against the fp64 golden (SPEC: Pass rules, rule 4).
 struct Metrics {
   std::string output;           // "out", "lse", "o_lat"
   std::int64_t numel = 0;

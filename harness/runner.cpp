@@ -86,7 +86,7 @@ struct CaseContext {
   // From a PreparedCase: caches without the new tokens, by block size.
   std::map<int, PagedCache> given_caches;
   bool build_missing_caches = true;
-  // The baseline policy's err_baseline (MLA_SPEC 8.5): the max abs error of the
+  // The baseline policy's err_baseline (SPEC: Pass rules, rule 5): the max abs error of the
   // model-dtype SDPA reference against the golden, for the layer op per form
   // (decode, prefill) and request (NaN until a backend routes it that way), and
   // for each kernel-level op.
@@ -459,12 +459,12 @@ Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg
     r.message = e.what();
     return r;
   } catch (const OutOfBoundsWriteError& e) {
-    // Found by the backend's own device-side guard bands (MLA_SPEC 8.2).
+    // Found by the backend's own device-side guard bands (SPEC: Pass rules, rule 2).
     r.status = Status::kIncorrect;
     r.message = e.what();
     return r;
   } catch (const WrongOutputError& e) {
-    // Found by the backend's own output checks (MLA_SPEC 8.1: shape and dtype).
+    // Found by the backend's own output checks (SPEC: Pass rules, rule 1: shape and dtype).
     r.status = Status::kIncorrect;
     r.message = e.what();
     return r;
@@ -521,7 +521,7 @@ Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg
   if (is_fp8(c.spec.kv_cache_dtype) && !is_sparse_op(op) && !run.outputs.empty() && golden_main)
     r.metrics.push_back(quantization_metrics(ctx, op, run.outputs.front(), *golden_main));
   r.timings.compare_ms = ms_since(t0) - (ctx.golden_ms - golden_before);
-  // MLA_SPEC 8 order: guard bands, then non-finite values, then tolerance.
+  // SPEC: Pass rules order: guard bands, then non-finite values, then tolerance.
   if (!run.guard_violation.empty()) {
     r.status = Status::kIncorrect;
     r.message = run.guard_violation;

@@ -32,7 +32,7 @@ struct ReferenceImpl {
       mqa;  // as reference_mqa
 };
 
-// Where err_baseline comes from (--baseline; MLA_SPEC 8.5): the seed test's
+// Where err_baseline comes from (--baseline; SPEC: Pass rules, rule 5): the seed test's
 // SDPA reference in the model dtype, per case and op, on the paths the backend
 // took. Default: the CPU emulation (reference/sdpa_emulation.h); `layer` may
 // replace it for the layer op's output (the libtorch reference; lse and the

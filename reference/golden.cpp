@@ -1,4 +1,4 @@
-// The fp64 golden reference: MLA_SPEC section 3 (absorbed and MHA paths) as
+// The fp64 golden reference: SPEC: The two paths (absorbed and MHA paths) as
 // Eigen GEMMs over request-sized blocks, parallelized with OpenMP over a fixed
 // set of independent work units so the bits never depend on the thread count.
 #include "reference/golden.h"
@@ -124,7 +124,7 @@ Layout layout_of(const Case& c) {
 }
 
 // The keys as the cache holds them: for fp8 caches the dequantized values a
-// correct reader sees (MLA_SPEC section 7), else the inputs themselves.
+// correct reader sees (SPEC: KV cache dtypes), else the inputs themselves.
 TensorView cached_kv_c(const Case& c) { return c.kv_c_cache.empty() ? c.kv_c.view() : c.kv_c_cache.view(); }
 TensorView cached_k_pe(const Case& c) { return c.k_pe_cache.empty() ? c.k_pe.view() : c.k_pe_cache.view(); }
 

@@ -1,4 +1,4 @@
-// The fp64 golden reference (Eigen): both paths of MLA_SPEC section 3 from the
+// The fp64 golden reference (Eigen): both paths of SPEC: The two paths from the
 // rounded inputs, and the attention core on given latent queries for the
 // kernel-level decode op. Visibility: query u of request i (position c_i + u)
 // sees keys 0 .. c_i + u of that request; a request with no visible key gives

@@ -1,6 +1,6 @@
 // The seed test's SDPA reference in the model dtype, emulated on the CPU in
 // fp32 with the model-dtype roundings where torch's einsum and fused
-// scaled_dot_product_attention store 16-bit tensors (MLA_SPEC section 8.5).
+// scaled_dot_product_attention store 16-bit tensors (SPEC: Pass rules, rule 5).
 // The baseline policy measures how far this plain same-precision
 // implementation lands from the fp64 golden; no libtorch is needed.
 #pragma once
@@ -15,7 +15,7 @@
 
 namespace mlagate {
 
-// The two forms of the seed test's reference (MLA_SPEC section 3).
+// The two forms of the seed test's reference (SPEC: The two paths).
 enum class SdpaForm : std::uint8_t {
   kDecode,   // ql = einsum(q_nope, W_UK); SDPA over [kv_c | k_pe] with v = kv_c (MQA); einsum(o_lat, W_UV)
   kPrefill,  // [k_nope | v] = einsum(kv_c, [W_UK | W_UV]); SDPA over [k_nope | k_pe] with v (MHA)

@@ -1,5 +1,5 @@
 // Device-side reading of cache entries and 16-bit model values: one element of
-// a key, dequantized on load (MLA_SPEC section 7). Every conversion is exact
+// a key, dequantized on load (SPEC: KV cache dtypes). Every conversion is exact
 // (16-bit and fp8 values are all representable in fp32) and mirrors the host
 // encodings of cases/encoding.h.
 #pragma once

@@ -7,8 +7,8 @@ mlagate writes a case bundle (HDF5) per kernel call and runs this program:
         --exec 'python3 examples/exec_python/decode.py {in} {out}' --exec-name py.decode \
         --exec-caps 'ops=decode block_sizes=16,32 query_len=VARLEN reorder_threshold=1000000'
 
-It reads every call of the bundle, computes the absorbed decode (MLA_SPEC
-section 3) through the paged cache and writes o_lat and lse of each call to the
+It reads every call of the bundle, computes the absorbed decode (SPEC: The
+two paths, reference/SPEC.md) through the paged cache and writes o_lat and lse of each call to the
 outputs file; calls of other ops get status "not_supported". The file formats
 are documented in backends/exec/SCHEMA.md. Needs numpy and h5py (Debian:
 python3-numpy python3-h5py).

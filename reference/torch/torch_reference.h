@@ -1,7 +1,7 @@
 // The seed test's SDPA reference computed with libtorch (vLLM's
 // test_mla_backends.py): per request, torch's scaled_dot_product_attention in
 // the model dtype with the boolean mask (context visible, causal on the query
-// part), in both forms of MLA_SPEC section 3. A plain C++ API: libtorch stays
+// part), in both forms of SPEC: The two paths. A plain C++ API: libtorch stays
 // inside reference/torch/; without libtorch this compiles to a stub that says so.
 #pragma once
 

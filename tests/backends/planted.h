@@ -28,7 +28,7 @@ struct PlantedBug {
 // capabilities, so it runs on the same cases.
 const std::vector<PlantedBug>& planted_bugs();
 
-// fp8 cache bugs (MLA_SPEC sections 7 and 9: writers and readers disagreeing
+// fp8 cache bugs (SPEC: KV cache dtypes and Bug classes: writers and readers disagreeing
 // about scales and rounding), a separate list because only fp8 cases expose
 // them: bug.fp8_reader_pow2_scales, bug.fp8_writer_truncates,
 // bug.fp8_reader_ignores_k_scale, bug.fp8_writer_saturates_240. The writer

@@ -528,7 +528,7 @@ TEST(PlantedBugs, OutputBugsAlsoChangeThePrefillOutput) {
   }
 }
 
-// fp8 caches (MLA_SPEC section 7). Every fp8 format with a k_scale of 1 (many
+// fp8 caches (SPEC: KV cache dtypes). Every fp8 format with a k_scale of 1 (many
 // bf16 values tie in e4m3), 3 (divisions), and 0.01 (values beyond 240 and 448).
 struct Fp8Format {
   KvCacheDtype dtype;

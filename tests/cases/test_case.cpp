@@ -1,4 +1,4 @@
-// Tests for cases/case: generate_case lays out the MLA_SPEC section 2 inputs,
+// Tests for cases/case: generate_case lays out the inputs of SPEC: Inputs,
 // each element is the generator's normal scaled and rounded, the bits are
 // pinned, and the data does not depend on thread count or case order.
 #include "cases/case.h"
@@ -90,7 +90,7 @@ TEST(GenerateCase, PaddingRequestHasNoKvRows) {
 }
 
 // Every element is round(normal(seed, key(name), flat index) * factor): q scaled
-// by q_magnitude, weights by 1/sqrt(L), caches unscaled (MLA_SPEC section 2).
+// by q_magnitude, weights by 1/sqrt(L), caches unscaled (SPEC: Inputs).
 TEST(GenerateCase, ElementsAreScaledRoundedNormals) {
   for (DType dt : model_dtypes()) {
     CaseSpec s = spec_of("small_decode", 16, 5);

@@ -149,7 +149,7 @@ TEST(Ue8m0, RoundsUpToAPowerOfTwo) {
   EXPECT_EQ(f32_to_ue8m0(std::numeric_limits<float>::quiet_NaN()), 0xFF);
 }
 
-// MLA_SPEC section 7's contract examples, then the rules against exact
+// the contract examples of SPEC: KV cache dtypes, then the rules against exact
 // double arithmetic over every positive bf16 amax.
 TEST(DsMlaScale, ContractExamples) {
   EXPECT_EQ(ds_mla_tile_scale(336.f, ScaleRule::kPow2), 1.0f);

@@ -1,4 +1,4 @@
-// Tests for cases/paged_cache against MLA_SPEC section 5: gathering through the
+// Tests for cases/paged_cache against SPEC: The paged cache: gathering through the
 // block table returns the case's rows bit-exactly, blocks are a seeded
 // permutation of 1..used, and every byte no request owns holds the poison.
 #include "cases/paged_cache.h"

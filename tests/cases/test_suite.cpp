@@ -1,4 +1,4 @@
-// Tests for cases/suite: the built-in suites hold exactly the MLA_SPEC section 4
+// Tests for cases/suite: the built-in suites hold exactly the SPEC: Batch specs
 // cases, malformed suite files fail with file:line, suite files may define
 // their own specs, and command-line sweeps expand and replace axes.
 #include "cases/suite.h"
@@ -25,7 +25,7 @@ namespace {
 
 std::vector<int> rep(int value, int times) { return std::vector<int>(static_cast<std::size_t>(times), value); }
 
-// MLA_SPEC section 4's table, written out independently of specs.yaml.
+// the table of SPEC: Batch specs, written out independently of specs.yaml.
 const std::map<std::string, std::pair<std::vector<int>, std::vector<int>>>& vllm_table() {
   static const std::map<std::string, std::pair<std::vector<int>, std::vector<int>>> t = {
       {"small_decode", {{32, 40}, {1, 1}}},
@@ -66,7 +66,7 @@ TEST(Suites, VllmIsTheSeedSweep) {
   for (const CaseSpec& c : s.cases) {
     SCOPED_TRACE(c.id());
     const auto it = vllm_table().find(c.batch.name);
-    ASSERT_NE(it, vllm_table().end()) << "not in MLA_SPEC section 4";
+    ASSERT_NE(it, vllm_table().end()) << "not in SPEC: Batch specs";
     EXPECT_EQ(c.batch.seq_lens, it->second.first);
     EXPECT_EQ(c.batch.query_lens, it->second.second);
     EXPECT_EQ(c.batch.spec_decode, c.batch.name.starts_with("spec_decode"));

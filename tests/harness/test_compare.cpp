@@ -1,4 +1,4 @@
-// compare_output: each rule of MLA_SPEC section 8 in isolation, on hand-made
+// compare_output: each rule of SPEC: Pass rules in isolation, on hand-made
 // outputs, so a regression in one rule cannot hide behind another.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// The fp8 cache bugs of MLA_SPEC sections 7 and 9, caught: each planted fp8
+// The fp8 cache bugs of SPEC: KV cache dtypes and Bug classes, caught: each planted fp8
 // bug (writers and readers disagreeing about scales, rounding and range) fails
 // INCORRECT on the fp8 cases that expose it and passes on the others; the
 // writer bugs fail the cache_write conformance op with the first differing
