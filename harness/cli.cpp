@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <csignal>
@@ -24,6 +23,7 @@
 #include <sstream>
 
 #include "backends/exec/exec_backend.h"
+#include "backends/exec/subprocess.h"
 #include "backends/plugin/plugin_backends.h"
 #include "backends/registry.h"
 #include "cases/errors.h"
@@ -136,13 +136,7 @@ struct Selection {
     return s;
   }
 
-  static std::string quote(const std::string& s) {
-    if (s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=,:") == std::string::npos)
-      return s;
-    std::string r = "'";
-    for (char ch : s) r += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-    return r + "'";
-  }
+  static std::string quote(const std::string& s) { return exec::shell_word(s); }
 };
 
 std::string regex_escape(const std::string& s) {
@@ -862,23 +856,16 @@ int cmd_shrink(const Selection& sel, const ShrinkArgs& sa) {
   for (const auto& e : backend_registry()) found = found || e.name == sa.backend;
   if (!found) throw InputError("shrink: no backend named '" + sa.backend + "' (one exact name)");
   auto& a = o.run_args;
-  // Shortest text that reads back as the same double (std::to_string would
-  // print 1e-8 as 0.000000 and change the policy of every candidate run).
-  const auto num = [](double x) {
-    char buf[32];
-    const auto r = std::to_chars(buf, buf + sizeof buf, x);
-    return std::string(buf, r.ptr);
-  };
   for (const auto& p : sa.extra.plugins) a.insert(a.end(), {"--plugin", p});
   for (std::size_t i = 0; i < sa.extra.exec_commands.size(); ++i) {
     a.insert(a.end(), {"--exec", sa.extra.exec_commands[i]});
     if (i < sa.extra.exec_names.size()) a.insert(a.end(), {"--exec-name", sa.extra.exec_names[i]});
     if (i < sa.extra.exec_caps.size()) a.insert(a.end(), {"--exec-caps", sa.extra.exec_caps[i]});
   }
-  if (!sa.extra.exec_commands.empty()) a.insert(a.end(), {"--exec-timeout", num(sa.extra.exec_timeout)});
+  if (!sa.extra.exec_commands.empty()) a.insert(a.end(), {"--exec-timeout", exact_number(sa.extra.exec_timeout)});
   a.insert(a.end(), {"--policy", sa.policy});
-  if (sa.policy == "fixed") a.insert(a.end(), {"--atol", num(sa.atol), "--rtol", num(sa.rtol)});
-  if (sa.policy == "baseline") a.insert(a.end(), {"--fudge", num(sa.fudge)});
+  if (sa.policy == "fixed") a.insert(a.end(), {"--atol", exact_number(sa.atol), "--rtol", exact_number(sa.rtol)});
+  if (sa.policy == "baseline") a.insert(a.end(), {"--fudge", exact_number(sa.fudge)});
   if (sa.poison != "nan") a.insert(a.end(), {"--poison", sa.poison});
   if (sa.splits != 0) a.insert(a.end(), {"--splits", std::to_string(sa.splits)});
   return shrink_main(o);

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "backends/exec/subprocess.h"
 #include "cases/errors.h"
 #include "cases/suite.h"
 #include "harness/isolate.h"
@@ -26,12 +28,6 @@ namespace mlagate {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string num(double v) {
-  char b[40];
-  std::snprintf(b, sizeof b, "%.17g", v);
-  return b;
-}
 
 std::string ints(const std::vector<int>& v) {
   std::string s = "[";
@@ -45,12 +41,7 @@ struct Outcome {
   std::string status, message;
 };
 
-std::string quote(const std::string& s) {
-  if (s.find_first_of(" '\"\\$*?[]{}()|&;<>`!#~") == std::string::npos && !s.empty()) return s;
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+std::string quote(const std::string& s) { return exec::shell_word(s); }
 
 class Shrinker {
  public:
@@ -211,6 +202,12 @@ std::string shape(const CaseSpec& c) {
 
 }  // namespace
 
+std::string exact_number(double v) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
 std::string cases_as_suite_yaml(const std::vector<CaseSpec>& cases) {
   std::ostringstream y;
   y << "# Written by mlagate shrink: the cases as they ran (rerun with the command it printed).\n"
@@ -232,9 +229,9 @@ std::string cases_as_suite_yaml(const std::vector<CaseSpec>& cases) {
       << "    block_size: [" << (c.block_size ? std::to_string(c.block_size) : std::string("auto")) << "]\n"
       << "    seed: [" << c.seed << "]\n"
       << "    dims: [" << dims << "]\n"
-      << "    q_magnitude: [" << num(c.q_magnitude) << "]\n"
-      << "    k_scale: [" << num(c.k_scale) << "]\n";
-    if (c.scale) y << "    scale: [" << num(*c.scale) << "]\n";
+      << "    q_magnitude: [" << exact_number(c.q_magnitude) << "]\n"
+      << "    k_scale: [" << exact_number(c.k_scale) << "]\n";
+    if (c.scale) y << "    scale: [" << exact_number(*c.scale) << "]\n";
   }
   // What the file gives back must be these cases, bit for bit (ids carry every field).
   const Suite back = parse_suite_yaml(y.str(), "shrunk.yaml");

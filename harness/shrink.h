@@ -27,6 +27,10 @@ struct ShrinkOptions {
   int max_runs = 200;              // candidate runs at most
 };
 
+// The shortest text that reads back as the same double (std::to_string would
+// print 1e-8 as 0.000000): numbers in the suite file and the runs' flags.
+std::string exact_number(double v);
+
 // Serializes cases as a suite file (name "shrunk", one inline batch spec per
 // case, named by the case's batch.name). Throws InputError for what a suite
 // file cannot express (dims other than the presets, sparse cases).

@@ -131,4 +131,11 @@ std::string shell_quote(const std::string& s) {
   return r + "'";
 }
 
+std::string shell_word(const std::string& s) {
+  if (!s.empty() &&
+      s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=,:") == std::string::npos)
+    return s;
+  return shell_quote(s);
+}
+
 }  // namespace mlagate::exec

@@ -24,4 +24,8 @@ std::string tail_of_file(const std::string& path, std::size_t max_bytes = 1500);
 // `s` quoted for /bin/sh.
 std::string shell_quote(const std::string& s);
 
+// `s` as one /bin/sh word for a printed command: as is when every character
+// is plainly safe (ids, paths, numbers), else shell_quote(s).
+std::string shell_word(const std::string& s);
+
 }  // namespace mlagate::exec
