@@ -29,121 +29,12 @@
 #include "cases/suite.h"
 #include "harness/memory_estimate.h"
 #include "harness/record_json.h"
-
-extern char** environ;
+#include "tests/reliability/run_mlagate.h"
 
 namespace mlagate {
 namespace {
 
-namespace fs = std::filesystem;
-using Json = nlohmann::json;
-
-const std::string kBin = MLAGATE_TEST_BINARY;
-const std::string kPlugin = MLAGATE_TEST_REL_PLUGIN;
-
-fs::path temp_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("mlagate_rel_" + std::to_string(::getpid())) / name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// mlagate started in the background: stdout and stderr to files; `fault_on`
-// sets MLAGATE_TEST_FAULT_ON for the planted backends (empty: unset).
-struct Child {
-  pid_t pid = -1;
-  fs::path out, err;
-
-  Child(const std::vector<std::string>& args, const fs::path& dir, const std::string& fault_on) {
-    out = dir / "stdout.txt";
-    err = dir / "stderr.txt";
-    std::vector<std::string> env_store;
-    for (char** e = environ; *e; ++e)
-      if (std::string(*e).rfind("MLAGATE_TEST_FAULT_ON=", 0) != 0) env_store.emplace_back(*e);
-    if (!fault_on.empty()) env_store.push_back("MLAGATE_TEST_FAULT_ON=" + fault_on);
-    std::vector<char*> envp;
-    for (auto& e : env_store) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    std::vector<std::string> argv_store{kBin};
-    argv_store.insert(argv_store.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : argv_store) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int rc = posix_spawn(&pid, kBin.c_str(), &fa, nullptr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) throw std::runtime_error("cannot start " + kBin);
-  }
-  // Exit code, or 128 + signal; -1 (a test failure) when it ran past the
-  // limit: a hang fails the test with a message instead of stalling ctest.
-  int wait(double limit_s = 240) {
-    int st = 0;
-    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
-    while (::waitpid(pid, &st, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > until) {
-        ADD_FAILURE() << "mlagate ran past " << limit_s << " s; stderr:\n" << slurp(err);
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, &st, 0);
-        pid = -1;
-        return -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    pid = -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  }
-  ~Child() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  }
-};
-
-int run_mlagate(const std::vector<std::string>& args, const fs::path& dir, const std::string& fault_on = "") {
-  Child c(args, dir, fault_on);
-  return c.wait();
-}
-
-std::vector<std::string> with_plugin(std::vector<std::string> args) {
-  args.insert(args.begin() + 1, {"--plugin", kPlugin, "--no-progress"});
-  return args;
-}
-
-// Records of a JSON report by (backend, case id).
-std::map<std::pair<std::string, std::string>, Json> records_of(const fs::path& json) {
-  std::map<std::pair<std::string, std::string>, Json> m;
-  const Json j = Json::parse(slurp(json));
-  for (const Json& r : j.at("records")) m[{r.at("backend"), r.at("id")}] = r;
-  return m;
-}
-
-std::size_t journal_records(const fs::path& p) {
-  std::ifstream in(p);
-  std::string line;
-  std::size_t n = 0;
-  while (std::getline(in, line)) n += line.rfind("{\"backend\"", 0) == 0;
-  return n;
-}
-
-bool wait_for(const std::function<bool()>& ok, double seconds) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < until) {
-    if (ok()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
-}
+using namespace rel_test;
 
 TEST(RecordJson, RoundTripsEveryField) {
   Record r;
@@ -499,71 +390,6 @@ TEST(Order, ChecksAreCappedPerBackend) {
   // rel.stale's failure right after the first case still gets its own check.
   const std::string msg = recs.at({"rel.stale", pad}).at("message");
   EXPECT_NE(msg.find("order-dependent (passes alone, fails right after " + before + ")"), std::string::npos) << msg;
-}
-
-// mlagate shrink: a padding NaN (rel.skip_padding) on a 4-request, 8-head
-// case shrinks to the padding request alone, one head, block size 1; the
-// suite file it writes and the golden bundle fail the same way when rerun.
-TEST(Shrink, PaddingNanShrinksToThePaddingRequestAlone) {
-  const fs::path d = temp_dir("shrink_pad");
-  const std::string pad = "edges/edge_padding/tp16/bf16/kv=auto/bs=64/seed=0";
-  ASSERT_EQ(run_mlagate({"shrink", "--plugin", kPlugin, "--suite", "edges", "--case", pad, "--backend",
-                         "rel.skip_padding", "--out", (d / "s").string()},
-                        d),
-            0)
-      << slurp(d / "stderr.txt");
-  const std::string out = slurp(d / "stdout.txt");
-  EXPECT_NE(out.find("from: 4 requests, 4 query tokens, 72 keys, 8 heads, block size 64"), std::string::npos) << out;
-  EXPECT_NE(out.find("to:   1 requests, 1 query tokens, 0 keys, 1 heads, block size 1"), std::string::npos) << out;
-  EXPECT_NE(out.find("NONFINITE: out: NaN where the reference has 0 at request 0, token 0, head 0, dim 0"),
-            std::string::npos)
-      << out;
-  // The suite file reruns it; the bundle replays it.
-  EXPECT_EQ(run_mlagate(with_plugin({"run", "--suite", (d / "s" / "shrunk.yaml").string(), "--backend",
-                                     "rel.skip_padding", "--json", (d / "r.json").string()}),
-                        d),
-            1);
-  const auto recs = records_of(d / "r.json");
-  ASSERT_EQ(recs.size(), 1u);
-  EXPECT_EQ(recs.begin()->second.at("status"), "NONFINITE");
-  std::vector<fs::path> bundles;
-  for (const auto& e : fs::directory_iterator(d / "s" / "bundle")) bundles.push_back(e.path());
-  ASSERT_EQ(bundles.size(), 1u);
-  EXPECT_EQ(run_mlagate(with_plugin({"replay", bundles[0].string(), "--backend", "rel.skip_padding"}), d), 1);
-}
-
-// A crash shrinks too (each candidate runs in its own process); an
-// order-dependent failure keeps its predecessor and stays order-dependent; a
-// passing record is an input error (nothing to shrink).
-TEST(Shrink, CrashesAndOrderDependentFailures) {
-  const fs::path d = temp_dir("shrink_more");
-  ASSERT_EQ(run_mlagate({"shrink", "--plugin", kPlugin, "--suite", "smoke", "--case",
-                         "smoke/mixed_small/tp16/bf16/kv=auto/bs=auto/seed=0", "--backend", "rel.segv", "--max-runs", "4", "--out", (d / "c").string()},
-                        d),
-            0)
-      << slurp(d / "stderr.txt");
-  std::string out = slurp(d / "stdout.txt");
-  EXPECT_NE(out.find("shrinking rel.segv layer: CRASHED"), std::string::npos) << out;
-  EXPECT_NE(out.find("drop request 0                     CRASHED"), std::string::npos) << out;
-  EXPECT_NE(out.find("(5 runs)"), std::string::npos) << out;  // the first run, 3 candidates, the final run
-
-  const std::string pad = "edges/edge_padding/tp16/bf16/kv=auto/bs=16/seed=0";
-  const std::string before = "edges/edge_block_boundary/tp16/bf16/kv=auto/bs=16/seed=0";
-  ASSERT_EQ(run_mlagate({"shrink", "--plugin", kPlugin, "--suite", "edges", "--case", before, "--case", pad, "--backend",
-                         "rel.stale", "--max-runs", "3", "--out", (d / "o").string()},
-                        d),
-            0)
-      << slurp(d / "stderr.txt");
-  out = slurp(d / "stdout.txt");
-  EXPECT_NE(out.find("shrinking rel.stale layer: INCORRECT"), std::string::npos) << out;
-  EXPECT_NE(out.find("order-dependent (passes alone, fails right after shrunk/before0/"), std::string::npos) << out;
-  EXPECT_NE(out.find("--case shrunk/before0/"), std::string::npos) << out;  // the repro runs the pair
-
-  EXPECT_EQ(run_mlagate({"shrink", "--suite", "smoke", "--spec", "small_decode", "--tp", "16", "--backend", "cpu.paged",
-                         "--out", (d / "p").string()},
-                        d),
-            2);
-  EXPECT_NE(slurp(d / "stderr.txt").find("is PASSED: nothing to shrink"), std::string::npos) << slurp(d / "stderr.txt");
 }
 
 // --sanitize folds the sanitizer's findings into the record; here a stand-in

@@ -1,0 +1,83 @@
+// mlagate shrink end to end, through the real binary and the planted backends
+// of libmlagate_reliability_plugin.so: a NaN, a crash and an order-dependent
+// failure shrink to their smallest cases, and what shrink saves reruns them.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tests/reliability/run_mlagate.h"
+
+namespace mlagate {
+namespace {
+
+using namespace rel_test;
+
+// mlagate shrink: a padding NaN (rel.skip_padding) on a 4-request, 8-head
+// case shrinks to the padding request alone, one head, block size 1; the
+// suite file it writes and the golden bundle fail the same way when rerun.
+TEST(Shrink, PaddingNanShrinksToThePaddingRequestAlone) {
+  const fs::path d = temp_dir("shrink_pad");
+  const std::string pad = "edges/edge_padding/tp16/bf16/kv=auto/bs=64/seed=0";
+  ASSERT_EQ(run_mlagate({"shrink", "--plugin", kPlugin, "--suite", "edges", "--case", pad, "--backend",
+                         "rel.skip_padding", "--out", (d / "s").string()},
+                        d),
+            0)
+      << slurp(d / "stderr.txt");
+  const std::string out = slurp(d / "stdout.txt");
+  EXPECT_NE(out.find("from: 4 requests, 4 query tokens, 72 keys, 8 heads, block size 64"), std::string::npos) << out;
+  EXPECT_NE(out.find("to:   1 requests, 1 query tokens, 0 keys, 1 heads, block size 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("NONFINITE: out: NaN where the reference has 0 at request 0, token 0, head 0, dim 0"),
+            std::string::npos)
+      << out;
+  // The suite file reruns it; the bundle replays it.
+  EXPECT_EQ(run_mlagate(with_plugin({"run", "--suite", (d / "s" / "shrunk.yaml").string(), "--backend",
+                                     "rel.skip_padding", "--json", (d / "r.json").string()}),
+                        d),
+            1);
+  const auto recs = records_of(d / "r.json");
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_EQ(recs.begin()->second.at("status"), "NONFINITE");
+  std::vector<fs::path> bundles;
+  for (const auto& e : fs::directory_iterator(d / "s" / "bundle")) bundles.push_back(e.path());
+  ASSERT_EQ(bundles.size(), 1u);
+  EXPECT_EQ(run_mlagate(with_plugin({"replay", bundles[0].string(), "--backend", "rel.skip_padding"}), d), 1);
+}
+
+// A crash shrinks too (each candidate runs in its own process); an
+// order-dependent failure keeps its predecessor and stays order-dependent; a
+// passing record is an input error (nothing to shrink).
+TEST(Shrink, CrashesAndOrderDependentFailures) {
+  const fs::path d = temp_dir("shrink_more");
+  ASSERT_EQ(run_mlagate({"shrink", "--plugin", kPlugin, "--suite", "smoke", "--case",
+                         "smoke/mixed_small/tp16/bf16/kv=auto/bs=auto/seed=0", "--backend", "rel.segv", "--max-runs", "4", "--out", (d / "c").string()},
+                        d),
+            0)
+      << slurp(d / "stderr.txt");
+  std::string out = slurp(d / "stdout.txt");
+  EXPECT_NE(out.find("shrinking rel.segv layer: CRASHED"), std::string::npos) << out;
+  EXPECT_NE(out.find("drop request 0                     CRASHED"), std::string::npos) << out;
+  EXPECT_NE(out.find("(5 runs)"), std::string::npos) << out;  // the first run, 3 candidates, the final run
+
+  const std::string pad = "edges/edge_padding/tp16/bf16/kv=auto/bs=16/seed=0";
+  const std::string before = "edges/edge_block_boundary/tp16/bf16/kv=auto/bs=16/seed=0";
+  ASSERT_EQ(run_mlagate({"shrink", "--plugin", kPlugin, "--suite", "edges", "--case", before, "--case", pad, "--backend",
+                         "rel.stale", "--max-runs", "3", "--out", (d / "o").string()},
+                        d),
+            0)
+      << slurp(d / "stderr.txt");
+  out = slurp(d / "stdout.txt");
+  EXPECT_NE(out.find("shrinking rel.stale layer: INCORRECT"), std::string::npos) << out;
+  EXPECT_NE(out.find("order-dependent (passes alone, fails right after shrunk/before0/"), std::string::npos) << out;
+  EXPECT_NE(out.find("--case shrunk/before0/"), std::string::npos) << out;  // the repro runs the pair
+
+  EXPECT_EQ(run_mlagate({"shrink", "--suite", "smoke", "--spec", "small_decode", "--tp", "16", "--backend", "cpu.paged",
+                         "--out", (d / "p").string()},
+                        d),
+            2);
+  EXPECT_NE(slurp(d / "stderr.txt").find("is PASSED: nothing to shrink"), std::string::npos) << slurp(d / "stderr.txt");
+}
+
+}  // namespace
+}  // namespace mlagate
