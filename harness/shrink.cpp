@@ -296,7 +296,7 @@ int shrink_main(const ShrinkOptions& in) {
   final_flags.insert(final_flags.end(), {"--save-failures", bundle.string()});
   const Outcome last = sh.run(cur, final_flags);
   std::string cmd = "mlagate";
-  for (const auto& a : Shrinker(opt).run_args(yaml, cases, flags)) cmd += " " + quote(a);
+  for (const auto& a : sh.run_args(yaml, cases, flags)) cmd += " " + quote(a);
   std::printf("  to:   %s (%d runs)\n  %s: %s\n  suite file: %s\n", shape(cur).c_str(), sh.runs(), last.status.c_str(),
               last.message.c_str(), yaml.c_str());
   std::string flags_str;
