@@ -11,18 +11,12 @@
 #include <vector>
 
 #include "cases/case_spec.h"
+#include "cases/op.h"
 #include "cases/paged_cache.h"
 #include "cases/tensor.h"
 
 namespace mlagate {
 
-// kSparseDecode / kSparsePrefill: DeepSeek V3.2 and V4 sparse attention
-// (cases/sparse.h); they run on sparse cases only, the others on dense ones.
-enum class Op : std::uint8_t { kDecode, kPrefill, kLayer, kCacheWrite, kSparseDecode, kSparsePrefill };
-std::string_view op_name(Op op);
-Op parse_op(std::string_view s);  // throws InputError
-std::span<const Op> all_ops();    // every op, in the order above
-bool is_sparse_op(Op op);
 
 // How a backend's decode kernel accepts query lengths (vLLM's QueryLenSupport).
 enum class QueryLenSupport : std::uint8_t { kSingleOnly, kUniform, kVarlen };

@@ -1,7 +1,7 @@
 // Inputs of the sparse ops (DeepSeek V3.2 DSA and V4 attention): each query
 // token's index sets, drawn as positions within the token's request and turned
 // into global slots of a paged cache per block size; the attention sink; and
-// V4's compressed cache. Semantics (README, "Sparse attention"):
+// V4's compressed cache. Semantics (reference/SPARSE.md):
 // - V3.2: token t attends to the keys its top-k row names; -1 names none.
 //   Duplicates count once per occurrence (FlashMLA gathers every index).
 // - V4: token t at position p attends to the window p - window + 1 .. p of its

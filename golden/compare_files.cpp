@@ -8,7 +8,7 @@
 #include <map>
 #include <set>
 
-#include "golden/golden_run.h"
+#include "golden/compare_files.h"
 
 namespace mlagate {
 

@@ -16,10 +16,11 @@
 #include "cases/case.h"
 #include "cases/errors.h"
 #include "cases/paged_cache.h"
-#include "harness/compare.h"
-#include "harness/layer.h"
-#include "harness/record.h"
-#include "harness/runner.h"
+#include "cases/op.h"
+#include "cases/tensor.h"
+#include "reference/compare.h"
+#include "reference/prepared_case.h"
+#include "reports/record.h"
 
 namespace mlagate {
 
@@ -109,8 +110,13 @@ class ResultsWriter {
   // The case group (idempotent). `c` gives the input hashes; null for a case
   // that could not be generated (INVALID_CASE records).
   void add_case(const CaseSpec& spec, const Case* c, const Policy& policy);
+  // One output of a record as the backend produced it (dtype and shape).
+  struct Output {
+    std::string name;  // "out", "lse", "o_lat", "o"
+    TensorView data;
+  };
   // One record and its outputs (empty when nothing ran). The case must be added.
-  void add_record(const Record& r, std::span<const ProducedOutput> outputs);
+  void add_record(const Record& r, std::span<const Output> outputs);
   bool has_record(const Record& r) const;
   void commit();
 

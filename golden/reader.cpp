@@ -14,7 +14,6 @@
 #include "golden/detail/schema.h"
 #include "golden/detail/sparse_io.h"
 #include "golden/golden_file.h"
-#include "reports/report.h"
 
 namespace mlagate {
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "cases/errors.h"
-#include "harness/glue.h"
+#include "reference/glue.h"
 #include "reference/sparse_reference.h"
 
 namespace mlagate::golden {

@@ -16,7 +16,7 @@
 #include "cases/generator.h"
 #include "golden/detail/schema.h"
 #include "golden/detail/sparse_io.h"
-#include "harness/glue.h"
+#include "reference/glue.h"
 #include "mlagate/config.h"
 #include "reference/golden.h"
 
@@ -54,15 +54,6 @@ namespace golden {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string iso_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 void write_provenance(hid_t g, const io::Where& w) {
   io::write_attr(g, "schema", kGoldenSchema, w);
@@ -253,7 +244,7 @@ void write_case_content(hid_t g, const PreparedCase& pc, const io::Where& w) {
       io::write_attr(b.get(), "table_width", cache.table_width, wb);
       io::write_attr(b.get(), "kv_cache_dtype", std::string(kv_cache_dtype_name(cache.kv_dtype)), wb);
       io::write_attr(b.get(), "elem_dtype", std::string(dtype_name(cache.elem_dtype)), wb);
-      // The entry format in full (README "KV cache formats"): data is uint8, fp8 values float8_e4m3fn.
+      // The entry format in full (cases/KV_CACHE.md): data is uint8, fp8 values float8_e4m3fn.
       io::write_attr(b.get(), "value_dtype", entry_value_dtype(cache.format()), wb);
       io::write_attr(b.get(), "entry_layout", entry_layout_string(cache.format()), wb);
       if (cache.kv_dtype == KvCacheDtype::kFp8DsMla)
@@ -384,7 +375,7 @@ namespace golden {
 std::string clip_message(const std::string& s) { return clip(s); }
 }  // namespace golden
 
-void ResultsWriter::add_record(const Record& r, std::span<const ProducedOutput> outputs) {
+void ResultsWriter::add_record(const Record& r, std::span<const Output> outputs) {
   namespace io = golden::io;
   const auto clip = golden::clip_message;
   if (!impl_->records.insert(r.case_id + "\n" + r.backend + "\n" + r.op).second)
@@ -415,8 +406,8 @@ void ResultsWriter::add_record(const Record& r, std::span<const ProducedOutput> 
   io::write_attr(g, "paths", clip(paths), w);
   io::write_attr(g, "run_ms", r.timings.run_ms, w);
   io::write_attr(g, "golden_ms", r.timings.golden_ms, w);
-  for (const ProducedOutput& po : outputs) {
-    const TensorView v = po.buf.view();
+  for (const Output& po : outputs) {
+    const TensorView& v = po.data;
     io::write_dataset(g, po.name, v.dtype, v.shape, v.data, w);
     const golden::h5::Dataset ds = golden::h5::dopen(g, po.name, (w / po.name).str());
     const io::Where wo = w / po.name;

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "harness/record.h"
+#include "reports/record.h"
 
 namespace mlagate {
 
@@ -27,20 +27,11 @@ struct RunInfo {
   int generator_version = 0;
   // Set when SIGINT/SIGTERM stopped the run: the records are what finished.
   std::string interrupted;               // e.g. "SIGINT: 9 of 30 records"; empty for a whole run
-  // Where the wall went up to the reports (harness/profile.h): (phase, ms) rows
+  // Where the wall went up to the reports (reports/profile.h): (phase, ms) rows
   // summing to profile_wall_ms, from this process's start. Empty: no "profile" key.
   std::vector<std::pair<std::string, double>> profile;
   double profile_wall_ms = 0;
 };
-
-// Every Status in enum order, so that counts can be indexed by the enum value.
-// record.h holds no such list; the static_assert catches a status appended to the enum.
-inline constexpr std::array kAllStatuses = {
-    Status::kPassed,  Status::kIncorrect,    Status::kNonfinite, Status::kCrashed,
-    Status::kTimeout, Status::kNotSupported, Status::kSkipped,   Status::kInvalidCase,
-    Status::kNondeterministic,
-};
-static_assert(static_cast<std::size_t>(Status::kNondeterministic) + 1 == kAllStatuses.size());
 
 struct StatusCounts {
   std::array<std::int64_t, kAllStatuses.size()> by_status{};  // indexed by the Status value

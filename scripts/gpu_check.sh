@@ -169,7 +169,7 @@ if want test; then
   } | tee -a "$summary"
 fi
 if want plugins; then
-  # The README's "Test your kernel in ten minutes" on the GPU machine: both
+  # "Test your kernel in ten minutes" (backends/plugin/README.md) on the GPU machine: both
   # example plugins copied out of the tree, built against include/ alone, run
   # on the whole vllm suite; then the in-tree-twin completeness test on it.
   say "== plugins: example plugins built out of tree, vllm suite; PluginCompleteness on the whole vllm suite"

@@ -1,5 +1,5 @@
 // Deliberate faults of cpu.sparse for the planted-bug tests of the sparse ops
-// (one per bug class of the README's "Sparse attention"). Production backends
+// (one per bug class of reference/SPARSE.md). Production backends
 // always run with the defaults.
 #pragma once
 

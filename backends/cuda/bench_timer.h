@@ -1,4 +1,4 @@
-// GPU timing for `mlagate bench` (harness/bench.cpp): one stream, CUDA events
+// GPU timing for `mlagate bench` (harness/bench/bench.cpp): one stream, CUDA events
 // around one launch, an L2 flush before each launch outside the timed region,
 // and the device's HBM peak. Free of CUDA headers (streams travel as void*);
 // built only when MLAGATE_HAS_CUDA.

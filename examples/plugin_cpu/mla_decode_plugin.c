@@ -1,7 +1,7 @@
 /* An mlagate plugin in plain C: MLA decode (absorbed MQA over the paged KV
  * cache) with fp32 logits, softmax and accumulation. It includes
  * mlagate/plugin.h and nothing else of mlagate; CMakeLists.txt builds it
- * anywhere. Try it (README, "Test your kernel in ten minutes"):
+ * anywhere. Try it (backends/plugin/README.md, "Test your kernel in ten minutes"):
  *
  *   mlagate run --plugin build/libmla_decode_example.so --backend example.cpu_decode --suite smoke
  *

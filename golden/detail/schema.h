@@ -46,7 +46,7 @@ std::array<Shape, 5> input_shapes(const CaseSpec& spec);
 // so every format of cases/ (fp8 ones included) is validated the same way.
 PagedCache cache_template(const CaseSpec& spec, int block_size);
 
-// Shape, dtype, (heads, dim) of an output an op produces, as harness/layer.cpp allocates it.
+// Shape, dtype, (heads, dim) of an output an op produces, as harness/run/layer.cpp allocates it.
 struct OutputShape {
   Shape shape;
   DType dtype;

@@ -12,7 +12,7 @@
 
 #include "cases/sparse.h"
 #include "golden/detail/io.h"
-#include "harness/runner.h"
+#include "reference/prepared_case.h"
 
 namespace mlagate::golden {
 

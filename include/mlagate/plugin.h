@@ -13,7 +13,7 @@
  * Calls: for each case mlagate asks supports() (when given), then runs the
  * kernel ops through run(): the layer op is composed by mlagate from the
  * backend's decode, prefill and cache_write kernels exactly as for in-tree
- * backends (README, "Ops"). One backend instance gets one call at a time.
+ * backends (reference/POLICIES.md, "Ops"). One backend instance gets one call at a time.
  *
  * Rules of the boundary:
  *  - No exception may leave supports(), run() or destroy(): catch everything
@@ -143,7 +143,7 @@ typedef struct {
 #define MLAGATE_KV_FP8 2u        /* L + R bytes of e4m3fn, x = e4m3 * k_scale */
 #define MLAGATE_KV_FP8_E4M3 4u   /* the same as FP8 on NVIDIA */
 #define MLAGATE_KV_FP8_DS_MLA 8u /* DeepSeek V3.2: e4m3 kv_c in 128-element tiles, fp32 tile scales, bf16 k_pe */
-#define MLAGATE_KV_FP8_V4 16u    /* DeepSeek V4: 584-byte entries laid out per page (README, fp8_v4) */
+#define MLAGATE_KV_FP8_V4 16u    /* DeepSeek V4: 584-byte entries laid out per page (reference/SPARSE.md, fp8_v4) */
 
 /* fp8_ds_mla tile-scale rule the cache was written with. */
 #define MLAGATE_SCALE_RULE_POW2 0u

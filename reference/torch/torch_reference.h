@@ -33,7 +33,7 @@ bool torch_cuda_available();  // libtorch with CUDA and a GPU
 // head against the shared latent key (the seed expands the key to N heads
 // with stride 0: libtorch's CPU matmul materializes that copy, and PyTorch
 // 2.11's efficient CUDA kernel returns a wrong answer for it on a 33-token
-// request without context, README "Torch reference"; options.seed_layout
+// request without context, reference/POLICIES.md "Torch reference"; options.seed_layout
 // keeps the literal layout); the prefill form runs heads in groups to bound
 // memory; a seq_len-0 padding request gets 0 (SDPA over no key gives NaN);
 // fp8 caches read the dequantized cache.

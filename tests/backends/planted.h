@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "backends/backend.h"
-#include "harness/record.h"
+#include "reports/record.h"
 
 namespace mlagate {
 

@@ -17,7 +17,7 @@
 #include "cases/paged_cache.h"
 #include "cases/sparse.h"
 #include "cases/suite.h"
-#include "harness/glue.h"
+#include "reference/glue.h"
 #include "reference/sparse_reference.h"
 
 namespace mlagate {

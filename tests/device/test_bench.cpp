@@ -15,8 +15,8 @@
 
 #include "backends/cuda/cuda_backends.h"
 #include "cases/errors.h"
-#include "harness/bench.h"
-#include "harness/cli.h"
+#include "harness/bench/bench.h"
+#include "harness/cli/cli.h"
 
 namespace mlagate {
 namespace {

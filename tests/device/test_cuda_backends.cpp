@@ -16,8 +16,8 @@
 #include "backends/cuda/cuda_backends.h"
 #include "cases/errors.h"
 #include "cases/suite.h"
-#include "harness/cli.h"
-#include "harness/runner.h"
+#include "harness/cli/cli.h"
+#include "harness/run/runner.h"
 
 namespace mlagate {
 namespace {
@@ -248,7 +248,7 @@ TEST(CudaCache, UploadedOncePerCaseAndBlockSize) {
 }
 
 // Kernel time comes from CUDA events around the launches; printed for the
-// decode op on a few vllm shapes at TP 1 (the README quotes them).
+// decode op on a few vllm shapes at TP 1 (backends/cuda/README.md quotes them).
 TEST(CudaTiming, KernelTimeIsMeasured) {
   MLAGATE_REQUIRE_GPU();
   auto backends = cuda_backends();

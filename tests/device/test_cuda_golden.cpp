@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "backends/cuda/cuda_backends.h"
-#include "backends/cuda/cuda_reference.h"
+#include "reference/cuda/cuda_reference.h"
 #include "cases/case.h"
 #include "cases/paged_cache.h"
 #include "cases/suite.h"
-#include "harness/glue.h"
+#include "reference/glue.h"
 #include "reference/golden.h"
 
 namespace mlagate {
@@ -25,7 +25,7 @@ namespace {
     if (!cuda_device_info().available) GTEST_SKIP() << cuda_device_info().error; \
   } while (0)
 
-// The agreement the README documents for --reference cuda.
+// The agreement backends/cuda/README.md documents for --reference cuda.
 constexpr double kRelTol = 1e-10;
 
 double rms(const std::vector<double>& v) {

@@ -17,8 +17,8 @@
 #include "cases/paged_cache.h"
 #include "cases/sparse.h"
 #include "cases/suite.h"
-#include "harness/compare.h"
-#include "harness/runner.h"
+#include "reference/compare.h"
+#include "harness/run/runner.h"
 
 namespace mlagate {
 namespace {
@@ -77,7 +77,7 @@ TEST(CudaSparse, WithoutADeviceRecordsAreSkipped) {
   for (const Record& r : run_cases(cfg, backends)) EXPECT_EQ(r.status, Status::kSkipped) << r.message;
 }
 
-// One V3.2 decode case's arguments, built the way harness/sparse_op.cpp builds them.
+// One V3.2 decode case's arguments, built the way harness/run/sparse_op.cpp builds them.
 struct DecodeFixture {
   Case c;
   PagedCache cache;

@@ -14,7 +14,7 @@
 #include "cases/case_spec.h"
 #include "cases/tensor.h"
 #include "golden/golden_file.h"
-#include "harness/cli.h"
+#include "harness/cli/cli.h"
 
 namespace mlagate::testing {
 

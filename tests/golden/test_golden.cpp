@@ -10,8 +10,9 @@
 
 #include "backends/registry.h"
 #include "cases/generator.h"
-#include "golden/golden_run.h"
-#include "harness/glue.h"
+#include "golden/compare_files.h"
+#include "harness/run/golden_run.h"
+#include "reference/glue.h"
 #include "reference/golden.h"
 #include "tests/golden/golden_test_util.h"
 

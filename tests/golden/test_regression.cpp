@@ -3,7 +3,7 @@
 // and paged caches bit for bit, and today's fp64 reference its goldens to
 // 1e-12. A change to either (a new random stream, a different rounding, a
 // reordered sum that moves the reference) fails here, naming the case and the
-// tensor; regenerating the file is then a deliberate act (README).
+// tensor; regenerating the file is then a deliberate act (golden/README.md).
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
@@ -73,7 +73,7 @@ TEST(H5Regression, CommittedGoldenInputsBitExactReferencesWithin1e12) {
   GoldenReader r(MLAGATE_REGRESSION_GOLDEN);
   ASSERT_EQ(r.info().generator_version, gen::kGeneratorVersion)
       << "the committed golden was made by generator version " << r.info().generator_version
-      << ": a new generator version needs a new regression golden (README)";
+      << ": a new generator version needs a new regression golden (golden/README.md)";
   ASSERT_GE(r.case_ids().size(), 4u);
   int fp8_cases = 0;
   for (const std::string& id : r.case_ids()) {

@@ -17,7 +17,7 @@
 
 #include "backends/registry.h"
 #include "cases/suite.h"
-#include "harness/cli.h"
+#include "harness/cli/cli.h"
 
 namespace mlagate {
 namespace {

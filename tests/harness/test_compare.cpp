@@ -6,8 +6,8 @@
 #include <limits>
 
 #include "cases/errors.h"
-#include "harness/compare.h"
-#include "harness/guarded.h"
+#include "reference/compare.h"
+#include "harness/run/guarded.h"
 
 namespace mlagate {
 namespace {

@@ -1,7 +1,7 @@
 // The harness's reason to exist, as tests: every planted bug is reported with
 // the right status, and the correct CPU backends pass the whole vllm and edges
 // suites. Also pins which planted bugs the vllm policy (the seed test's gate)
-// lets through, the table the README shows.
+// lets through, the table reference/POLICIES.md shows.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,8 +12,8 @@
 
 #include "backends/cpu/cpu_backends.h"
 #include "cases/suite.h"
-#include "harness/repeat.h"
-#include "harness/runner.h"
+#include "harness/reliability/repeat.h"
+#include "harness/run/runner.h"
 #include "../backends/planted.h"
 
 namespace mlagate {
@@ -79,7 +79,7 @@ TEST(Detection, EveryPlantedBugFailsWithItsStatus) {
 }
 
 // On the seed test's own cases (its 12 batch specs, here at TP 16), its gate
-// misses these planted bugs; the README's detection table says so. If this
+// misses these planted bugs; reference/POLICIES.md's detection table says so. If this
 // changes, update the table.
 TEST(Detection, WhatTheVllmPolicyMisses) {
   // kv dtype auto only: the fp8 variants of the same specs (the seed's other
@@ -102,10 +102,10 @@ TEST(Detection, WhatTheVllmPolicyMisses) {
   EXPECT_EQ(missed, (std::vector<std::string>{"bug.causal_off_by_one", "bug.scale_1pct", "bug.softmax_without_max"}));
 }
 
-// The baseline policy at its default fudge (the README's "The fudge, from data"
+// The baseline policy at its default fudge (reference/POLICIES.md, "The fudge, from data"
 // chose it from the correct backends' data) catches every planted bug on the
 // seed test's 12 batch specs at TP 16 and the detection cases; what each bug
-// would need to pass is the README's detection table.
+// would need to pass is reference/POLICIES.md's detection table.
 TEST(Detection, TheBaselinePolicyCatchesEveryPlantedBug) {
   std::vector<CaseSpec> cases;
   for (const CaseSpec& c : load_suite("vllm").cases)

@@ -12,7 +12,7 @@
 
 #include "backends/cpu/cpu_backends.h"
 #include "cases/suite.h"
-#include "harness/runner.h"
+#include "harness/run/runner.h"
 #include "../backends/planted.h"
 
 namespace mlagate {

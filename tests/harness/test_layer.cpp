@@ -6,8 +6,8 @@
 #include "backends/cpu/cpu_backends.h"
 #include "cases/errors.h"
 #include "cases/suite.h"
-#include "harness/layer.h"
-#include "harness/runner.h"
+#include "harness/run/layer.h"
+#include "harness/run/runner.h"
 
 namespace mlagate {
 namespace {

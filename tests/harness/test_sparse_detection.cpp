@@ -14,7 +14,7 @@
 #include "backends/cpu/cpu_backends.h"
 #include "backends/cpu/sparse_faults.h"
 #include "cases/suite.h"
-#include "harness/runner.h"
+#include "harness/run/runner.h"
 
 namespace mlagate {
 namespace {

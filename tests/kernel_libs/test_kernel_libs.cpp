@@ -22,8 +22,8 @@
 #include "cases/case.h"
 #include "cases/paged_cache.h"
 #include "cases/suite.h"
-#include "harness/cli.h"
-#include "harness/runner.h"
+#include "harness/cli/cli.h"
+#include "harness/run/runner.h"
 
 namespace mlagate {
 namespace {
@@ -169,7 +169,7 @@ TEST(KernelLibs, FlashMlaSparseSuitesPass) {
 
 // What FlashMLA's V3.2 decode does with non-power-of-two (raw) tile scales,
 // which flashmla.sparse refuses: each fp32 scale becomes bf16 in the kernel.
-// Every raw decode record must run (no crash); the figures go to the README.
+// Every raw decode record must run (no crash); the figures go to backends/kernel_libs/README.md.
 TEST(KernelLibs, FlashMlaSparseOnRawScales) {
   MLAGATE_REQUIRE_GPU();
   std::vector<std::unique_ptr<Backend>> backends;
@@ -198,7 +198,7 @@ TEST(KernelLibs, FlashMlaSparseOnRawScales) {
 }
 
 // Kernel times (CUDA events around the launches, best of 3) of flashmla.sparse
-// and cuda.sparse on the largest V3.2 and V4 cases, for the README; both must
+// and cuda.sparse on the largest V3.2 and V4 cases, for backends/kernel_libs/README.md; both must
 // pass there.
 TEST(KernelLibs, SparseKernelTimes) {
   MLAGATE_REQUIRE_GPU();

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's "Test your kernel in ten minutes", as a test: the example plugin
+# backends/plugin/README.md's "Test your kernel in ten minutes", as a test: the example plugin
 # copied out of mlagate's tree, configured and built on its own against
 # include/ alone, then run through mlagate on the smoke suite (every op the
 # harness composes) and on the vllm suite at TP 16 (every spec and kv cache

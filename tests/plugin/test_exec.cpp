@@ -11,7 +11,7 @@
 #include "backends/exec/exec_backend.h"
 #include "cases/errors.h"
 #include "cases/suite.h"
-#include "harness/runner.h"
+#include "harness/run/runner.h"
 
 namespace mlagate {
 namespace {

@@ -19,8 +19,8 @@
 #include "backends/cpu/cpu_backends.h"
 #include "backends/plugin/plugin_backends.h"
 #include "cases/suite.h"
-#include "harness/cli.h"
-#include "harness/runner.h"
+#include "harness/cli/cli.h"
+#include "harness/run/runner.h"
 
 namespace mlagate {
 namespace {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Isolation and the sanitizer on the GPU machine (README, "Chasing a NaN"):
+# Isolation and the sanitizer on the GPU machine (harness/reliability/RELIABILITY.md, "Chasing a NaN"):
 # builds mlagate and the planted-fault plugins like scripts/gpu_check.sh, then
 # shows a segfault, an abort, a hang and a CUDA illegal address recorded as
 # CRASHED / TIMEOUT while the run goes on, the guard band catching a device

@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "cases/suite.h"
-#include "harness/memory_estimate.h"
-#include "harness/record_json.h"
+#include "harness/reliability/memory_estimate.h"
+#include "reports/record_json.h"
 #include "tests/reliability/run_mlagate.h"
 
 namespace mlagate {

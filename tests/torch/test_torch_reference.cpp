@@ -74,7 +74,7 @@ TEST(TorchReference, SaysWhatItIs) {
 // The decode form in the seed's literal layout (the latent key expanded to N
 // heads with stride 0) against the folded layout, in the model dtype on the
 // GPU: equal on every case whose requests all have context; cases with a
-// request without context are printed (README, "Torch reference").
+// request without context are printed (reference/POLICIES.md, "Torch reference").
 TEST(TorchReference, SeedLayoutOnCuda) {
   if (!torch_cuda_available()) GTEST_SKIP() << "no CUDA (" << torch_reference_info() << ")";
   for (const CaseSpec& spec : smoke_and_edges()) {
@@ -115,7 +115,7 @@ TEST(TorchReference, Fp64EqualsEigenGolden) {
 // kernels are the emulation's pipeline: the ratio was 1.000 on every case.
 // libtorch 1.13's CPU math kernel also rounds the logits to bf16: up to 3.6x
 // with Q magnitude 16. The bound catches a broken reference, not a sloppy one
-// (README, "Where err_baseline comes from").
+// (reference/POLICIES.md, "Where err_baseline comes from").
 TEST(TorchReference, ModelDtypeErrorIsTheEmulations) {
   if (!torch_reference_available()) GTEST_SKIP() << torch_reference_info();
   for (const TorchReferenceOptions& o : devices()) {

@@ -1,0 +1,134 @@
+// The command line (CLI11): the subcommands and their option groups
+// (options.h), dispatched to commands.h; exceptions become exit codes here and
+// nowhere else.
+#include "harness/cli/cli.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "backends/exec/subprocess.h"
+#include "cases/errors.h"
+#include "cases/suite.h"
+#include "harness/bench/bench.h"
+#include "harness/cli/commands.h"
+#include "harness/cli/options.h"
+#include "mlagate/config.h"
+
+namespace mlagate {
+
+int cli_main(int argc, char** argv) {
+  CLI::App app{"mlagate: differential correctness and conformance harness for MLA attention kernels"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string(MLAGATE_VERSION) + " (" + MLAGATE_GIT_COMMIT + ")");
+
+  Selection list_sel, run_sel;
+  std::string list_what = "cases", list_backends = "*";
+  CLI::App* list = app.add_subcommand("list", "list suites, specs, cases, backends or the support matrix");
+  list->add_option("what", list_what, "suites | specs | cases | backends | matrix")->capture_default_str();
+  list->add_option("--backend", list_backends, "backend globs (comma-separated)");
+  list_sel.add_options(list);
+  OutOfTree list_extra;
+  list_extra.add_options(list);
+
+  RunArgs ra;
+  CLI::App* run = app.add_subcommand("run", "run cases on backends and compare against the fp64 reference");
+  run_sel.add_options(run);
+  run->add_option("--golden", ra.golden, "compare against this golden file's stored references (inputs checked by hash)");
+  ra.add_options(run, false);
+
+  // Golden files (golden/SCHEMA.md): export, replay, compare.
+  Selection export_sel, replay_sel;
+  ExportArgs ea;
+  CLI::App* exp = app.add_subcommand("export", "write a golden file: inputs, paged caches and fp64 references");
+  export_sel.add_options(exp);
+  exp->add_option("--out", ea.out, "the HDF5 file to write")->required();
+  exp->add_option("--backend", ea.backends, "bs=auto: store the cache of each matching backend's block size")
+      ->capture_default_str();
+  exp->add_option("--op", ea.ops,
+                 "ops to store dense references for: layer, decode, prefill (a sparse case always stores its "
+                 "sparse reference, which serves sparse_decode and sparse_prefill)")->delimiter(',')->capture_default_str();
+  ea.policy.add_options(exp);
+  ea.poison.add_options(exp, "unused cache regions", true);
+
+  RunArgs rp;
+  CLI::App* replay = app.add_subcommand("replay", "run a golden file's stored inputs and caches (no regeneration)");
+  replay->add_option("file", rp.replay, "golden file")->required();
+  replay->add_option("--filter", replay_sel.filter, "keep cases whose id matches this regex");
+  rp.add_options(replay, true);
+
+  std::string cmp_a, cmp_b;
+  FileCompareOptions cmp;
+  CLI::App* compare = app.add_subcommand("compare", "compare two results files: bit-identical, or how far apart");
+  compare->add_option("a", cmp_a, "results file A (before)")->required();
+  compare->add_option("b", cmp_b, "results file B (after)")->required();
+  compare->add_option("--atol", cmp.atol, "exit 1 when |a - b| > atol + rtol * |a| anywhere")->capture_default_str();
+  compare->add_option("--rtol", cmp.rtol, "relative part of the tolerance")->capture_default_str();
+  compare->add_flag("--ignore-missing", cmp.ignore_missing, "cases or records in one file only do not fail");
+  compare->add_flag("--verbose,-v", cmp.verbose, "list identical records too");
+  compare->add_option("--max-bytes", cmp.max_bytes, "memory budget per case pair (e.g. 8GiB)")
+      ->transform(CLI::AsSizeValue(false));
+
+  // `mlagate bench` (harness/bench/bench.h): decode speed side by side on the GPU.
+  BenchOptions bench_opt;
+  CLI::App* bench = app.add_subcommand("bench", "time every benchmarkable backend's decode on the same cases (GPU)");
+  bench->add_option("--backend", bench_opt.backends, "backend globs, comma-separated")->capture_default_str();
+  bench->add_option("--case-set", bench_opt.case_set,
+                    "bench case set (" + [] {
+                      std::string n;
+                      for (const std::string& s : bench_case_set_names()) n += (n.empty() ? "" : ", ") + s;
+                      return n;
+                    }() + "), or a suite name or YAML file")
+      ->capture_default_str();
+  bench->add_option("--json", bench_opt.json, "write the rows as JSON here");
+  bench->add_option("--min-time", bench_opt.min_time_s, "minimum timed seconds per row (Google Benchmark)")
+      ->capture_default_str();
+  bench->add_option("--splits", bench_opt.backend_options.num_splits, "cuda.splitkv: force N splits per request");
+
+  Selection shrink_sel;
+  ShrinkArgs sa;
+  CLI::App* shrink = app.add_subcommand(
+      "shrink", "from a failing record, the smallest case that still fails the same way; saves it and prints its repro");
+  shrink_sel.add_options(shrink);
+  shrink->add_option("--case", sa.case_ids,
+                     "the failing case's exact id; earlier --case ids run before it (an order-dependent failure)");
+  shrink->add_option("--backend", sa.backend, "the failing backend (one exact name)")->required();
+  shrink->add_option("--op", sa.op, "the failing op (auto: layer, or sparse_decode for sparse cases)")->capture_default_str();
+  sa.extra.add_options(shrink);
+  sa.policy.add_options(shrink);
+  sa.poison.add_options(shrink, "outputs and unused cache", false);
+  shrink->add_option("--splits", sa.splits, "forced splits of split-KV backends (0: from the work)")->capture_default_str();
+  shrink->add_option("--out", sa.out, "folder for shrunk.yaml, the golden bundle and the runs' scratch")
+      ->capture_default_str();
+  shrink->add_option("--max-runs", sa.max_runs, "runs at most before the final one (the first run counts)")->capture_default_str();
+
+  std::string command_line;
+  for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + exec::shell_word(argv[i]);
+  const std::vector<std::string> args(argv, argv + argc);  // isolation workers get the same flags
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? kExitPassed : kExitUsage;
+  }
+  try {
+    if (list->parsed()) return cmd_list(list_what, list_sel, list_backends, list_extra);
+    if (run->parsed()) return cmd_run(run_sel, ra, command_line, args);
+    if (exp->parsed()) return cmd_export(export_sel, ea, command_line);
+    if (replay->parsed()) return cmd_run(replay_sel, rp, command_line, args);
+    if (compare->parsed()) return cmd_compare(cmp_a, cmp_b, cmp);
+    if (bench->parsed()) return run_bench(bench_opt, stdout);
+    if (shrink->parsed()) return cmd_shrink(shrink_sel, sa);
+  } catch (const InputError& e) {
+    std::fprintf(stderr, "mlagate: error: %s\n", e.what());
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mlagate: internal error: %s\n", e.what());
+    return kExitInternal;
+  }
+  return kExitUsage;
+}
+
+}  // namespace mlagate

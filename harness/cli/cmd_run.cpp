@@ -1,0 +1,565 @@
+// `mlagate run` and `mlagate replay`, in four steps: plan (the cases, ops,
+// policy, references and backends, everything checked before anything runs),
+// execute (journaled, in worker processes or in this one), follow up (sanitizer
+// reruns, saved failures) and finish (reports, console summary, exit code).
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <optional>
+
+#include "backends/registry.h"
+#include "cases/errors.h"
+#include "cases/generator.h"
+#include "harness/cli/cli.h"
+#include "backends/exec/subprocess.h"
+#include "harness/cli/commands.h"
+#include "harness/reliability/isolate.h"
+#include "harness/reliability/journal.h"
+#include "harness/reliability/memory_estimate.h"
+#include "harness/reliability/repeat.h"
+#include "harness/reliability/sanitize.h"
+#include "harness/run/golden_run.h"
+#include "harness/run/layer.h"
+#include "harness/run/runner.h"
+#include "mlagate/config.h"
+#include "reference/torch/torch_reference.h"
+#include "reports/profile.h"
+#include "reports/report.h"
+#if MLAGATE_HAS_CUDA
+#include "backends/cuda/cuda_backends.h"
+#include "reference/cuda/cuda_reference.h"
+#endif
+
+namespace mlagate {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+// --order: the cases in another order (every order runs the same records).
+void apply_order(std::vector<CaseSpec>& cases, const std::string& order) {
+  if (order == "given" || order == "pairs") return;  // pairs: the isolated runner pairs them (isolate.h)
+  if (order == "reverse") {
+    std::reverse(cases.begin(), cases.end());
+    return;
+  }
+  if (order.rfind("shuffle:", 0) == 0) {
+    std::uint64_t seed = 0;
+    try {
+      std::size_t pos = 0;
+      seed = std::stoull(order.substr(8), &pos);
+      if (pos != order.size() - 8) throw std::invalid_argument(order);
+    } catch (const std::exception&) {
+      throw InputError("--order '" + order + "': shuffle:SEED needs a non-negative integer seed");
+    }
+    // Fisher-Yates over splitmix64: the same order on every platform and library
+    // (std::shuffle's use of the engine is implementation-defined).
+    auto next = [&seed] {
+      std::uint64_t z = (seed += 0x9E3779B97F4A7C15ull);
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      return z ^ (z >> 31);
+    };
+    for (std::size_t i = cases.size(); i > 1; --i) std::swap(cases[i - 1], cases[next() % i]);
+    return;
+  }
+  throw InputError("--order '" + order + "' (expected given, reverse, shuffle:SEED or pairs)");
+}
+
+// --op: "auto" is layer for dense cases and the two sparse ops for sparse ones;
+// each op once, in the order given.
+std::vector<Op> resolve_ops(const std::vector<std::string>& names, const std::vector<CaseSpec>& cases) {
+  std::vector<Op> ops;
+  auto add = [&ops](Op op) {
+    if (std::find(ops.begin(), ops.end(), op) == ops.end()) ops.push_back(op);
+  };
+  for (const auto& o : names) {
+    if (o != "auto") {
+      add(parse_op(o));
+      continue;
+    }
+    const bool any_sparse = std::any_of(cases.begin(), cases.end(), [](const CaseSpec& c) { return c.sparse.active(); });
+    const bool any_dense = std::any_of(cases.begin(), cases.end(), [](const CaseSpec& c) { return !c.sparse.active(); });
+    if (any_dense || cases.empty()) add(Op::kLayer);
+    if (any_sparse) {
+      add(Op::kSparseDecode);
+      add(Op::kSparsePrefill);
+    }
+  }
+  return ops;
+}
+
+// SIGINT/SIGTERM during a run: the run stops between records, writes the
+// reports of what finished and exits 128 + signal. A second signal acts as usual.
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+struct StopSignals {
+  struct sigaction old_int {}, old_term {};
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND;  // no SA_RESTART: waits wake up at once
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+};
+
+// --baseline: where err_baseline comes from.
+BaselineImpl make_baseline(const std::string& name) {
+  BaselineImpl b;
+  b.always = true;  // min_fudge in every verdict, whatever the policy
+  if (name == "emulated") return b;
+  if (name == "none") {
+    b.name = "none";
+    b.always = false;
+    return b;
+  }
+  if (name == "torch") {
+    if (!torch_reference_available())
+      throw InputError("--baseline torch: this build has no libtorch (" + torch_reference_info() + ")");
+    b.name = "torch";
+    const TorchReferenceOptions options{.cuda = torch_cuda_available()};  // the GPU when there is one
+    b.layer = [options](const Case& c, SdpaForm form, std::span<const int> requests) {
+      return torch_sdpa_layer(c, form, requests, options);
+    };
+    return b;
+  }
+  throw InputError("--baseline '" + name + "' (expected emulated, torch or none)");
+}
+
+// --reference: the fp64 reference on the CPU (Eigen) or on the GPU.
+ReferenceImpl make_reference(const std::string& name) {
+  ReferenceImpl r;
+  if (name == "eigen") return r;
+  if (name == "cuda") {
+#if MLAGATE_HAS_CUDA
+    if (!cuda_device_info().available) throw InputError("--reference cuda: " + cuda_device_info().error);
+    r.name = "cuda";
+    r.absorbed = cuda_golden_absorbed;
+    r.mqa = cuda_reference_mqa;
+    return r;
+#else
+    throw InputError("--reference cuda: this build has no CUDA");
+#endif
+  }
+  throw InputError("--reference '" + name + "' (expected eigen or cuda)");
+}
+
+// One run from its plan to its exit code; the steps share this state.
+class RunCommand {
+ public:
+  RunCommand(const Selection& sel, const RunArgs& ra, const std::string& command_line,
+             const std::vector<std::string>& args)
+      : sel_(sel), ra_(ra), command_line_(command_line), args_(args) {}
+
+  int main() {
+    plan();
+    if (ra_.worker) return worker_main(cfg_, backends_);
+    plan_parent();
+    execute();
+    const auto post0 = Clock::now();
+    collect_records();
+    if (stop_signal_ == 0) {
+      sanitize();
+      save_failures();
+    }
+    const std::string results_file = golden_ ? golden_->finish() : std::string();
+    run_profile().post_ms += ms_since(post0);
+    return finish(results_file);
+  }
+
+ private:
+  // The cases, ops, policy, references, backends and repro commands; every
+  // input checked before anything runs (workers run this too).
+  void plan() {
+    if (ra_.threads > 0) omp_set_num_threads(ra_.threads);
+    // Golden files: replay takes the file's cases, so does run --golden when no
+    // selection flag is given; stored references replace the recomputed ones.
+    if (!ra_.golden.empty() || !ra_.replay.empty() || !ra_.save_results.empty())
+      golden_.emplace(GoldenRunOptions{ra_.golden, ra_.replay, ra_.case_ids, ra_.save_results, ra_.max_bytes, command_line_});
+    from_file_ = !ra_.replay.empty() || (!ra_.golden.empty() && sel_.argv().empty());
+    if (from_file_) cfg_.cases = golden_->file_cases(sel_.filter);
+    else if (!ra_.case_ids.empty()) cfg_.cases = sel_.resolve_ids(ra_.case_ids);  // the order-dependent repro's order
+    else cfg_.cases = sel_.resolve();
+    apply_order(cfg_.cases, ra_.order);
+    if (ra_.repeat < 1) throw InputError("--repeat must be >= 1");
+    cfg_.ops = resolve_ops(ra_.ops, cfg_.cases);
+    // A case beyond this machine's memory is refused before anything is allocated.
+    const bool prefill_op = std::find(cfg_.ops.begin(), cfg_.ops.end(), Op::kPrefill) != cfg_.ops.end();
+    if (const std::uint64_t avail = available_memory_bytes(); avail > 0 && !from_file_)
+      for (const CaseSpec& c : cfg_.cases)
+        if (const std::uint64_t need = estimate_case_bytes(c, prefill_op); need > avail) {
+          char msg[160];
+          std::snprintf(msg, sizeof msg, " needs about %.1f GiB (estimated), more than the %.1f GiB available",
+                        static_cast<double>(need) / (1ull << 30), static_cast<double>(avail) / (1ull << 30));
+          throw InputError("case " + c.id() + msg + ": refused before allocating");
+        }
+    cfg_.policy = ra_.policy.make();
+    cfg_.baseline = make_baseline(ra_.baseline);
+    if (cfg_.baseline.name == "none" && cfg_.policy.kind == Policy::Kind::kBaseline)
+      throw InputError("--baseline none: the baseline policy needs err_baseline (choose --policy vllm or fixed)");
+    const CacheOptions cache = ra_.poison.cache_options();
+    cfg_.exec.poison = cache.poison;
+    cfg_.exec.poison_block_table = cache.poison_block_table;
+    cfg_.exec.reuse_buffers = ra_.reuse_buffers;
+    if (ra_.prefill_chunk < 1) throw InputError("--prefill-chunk must be >= 1");
+    cfg_.exec.prefill_chunk = ra_.prefill_chunk;
+    if (ra_.splits < 0) throw InputError("--splits must be >= 1 (or 0: chosen from the work)");
+    cfg_.reference = make_reference(ra_.reference);
+    extra_entries_ = ra_.extra.entries();
+    backends_ = select_backends(ra_.backends, BackendOptions{ra_.splits}, extra_entries_);
+    ra_.reports.check_paths();
+    // A golden file is validated whole here, in the parent, before any worker
+    // starts: a bad file is exit 2 with one message, never a backend's record.
+    if (golden_ && !ra_.worker) golden_->validate(cfg_.cases, cfg_.exec);
+    make_repro_commands();
+    install_console();
+    if (golden_) golden_->attach(cfg_);
+    if (ra_.repeat > 1)
+      cfg_.run_job = [this, n = ra_.repeat](CaseContext& ctx, Backend& b, Op op) { return run_repeated(ctx, b, op, cfg_, n); };
+  }
+
+  // Repro commands: the selection (or the file), the case, the backend and
+  // op, then the flags that change what a record computes.
+  void make_repro_commands() {
+    const RunArgs& ra = ra_;
+    const std::vector<std::string> sel = sel_.argv();
+    const std::vector<std::string> computation = ra.computation_argv();
+    run_prefix_ = "mlagate run" + (sel.empty() ? "" : " " + join_shell_words(sel)) +
+                  (ra.golden.empty() ? "" : " --golden " + exec::shell_word(ra.golden));
+    const std::vector<std::string> extra = ra.extra.argv();
+    extra_args_ = extra.empty() ? "" : " " + join_shell_words(extra);
+    computation_args_ = " " + join_shell_words(computation);
+    cfg_.repro = [this](const CaseSpec& c, const std::string& backend, Op op) {
+      const std::string tail = extra_args_ + " --backend " + backend + " --op " + std::string(op_name(op)) + computation_args_;
+      if (!ra_.replay.empty()) return "mlagate replay " + exec::shell_word(ra_.replay) + " --case " + exec::shell_word(c.id()) + tail;
+      return run_prefix_ + " --filter " + exec::shell_word("^" + regex_escape(c.id()) + "$") + tail;
+    };
+    if (!from_file_)
+      cfg_.repro_sequence = [this](const std::vector<const CaseSpec*>& seq, const std::string& backend, Op op) {
+        std::string cases;
+        for (const CaseSpec* c : seq) cases += " --case " + exec::shell_word(c->id());
+        return run_prefix_ + cases + extra_args_ + " --backend " + backend + " --op " + std::string(op_name(op)) +
+               computation_args_;
+      };
+  }
+
+  // Failures as they come (with their repro) and a progress bar on a terminal.
+  void install_console() {
+    tty_ = isatty(STDERR_FILENO) && !ra_.no_progress && !ra_.quiet;
+    cfg_.on_record = [this](const Record& r, std::size_t done, std::size_t total) {
+      if (status_is_failure(r.status)) {
+        ++failed_so_far_;
+        if (tty_) std::fprintf(stderr, "\r\033[K");
+        std::printf("%-10s %-12s %-7s %s\n  %s\n  repro: %s\n", std::string(status_name(r.status)).c_str(),
+                    r.backend.c_str(), r.op.c_str(), r.case_id.c_str(), r.message.c_str(), r.repro.c_str());
+        std::fflush(stdout);
+      }
+      if (tty_) {
+        const int width = 30;
+        const int filled = static_cast<int>(width * done / std::max<std::size_t>(total, 1));
+        std::fprintf(stderr, "\r\033[K[%.*s%*s] %zu/%zu  failed %zu  %s", filled, "##############################",
+                     width - filled, "", done, total, failed_so_far_, r.case_id.c_str());
+        if (done == total) std::fprintf(stderr, "\r\033[K");
+        std::fflush(stderr);
+      }
+    };
+  }
+
+  // The parent's choices: isolation, reliability options, the journal.
+  void plan_parent() {
+    isolate_ = ra_.isolate;
+    if (isolate_.empty()) isolate_ = !worker_executable().empty() && ra_.save_results.empty() ? "process" : "none";
+    if (isolate_ != "process" && isolate_ != "none") throw InputError("--isolate '" + isolate_ + "' (expected process or none)");
+    if (isolate_ == "process" && worker_executable().empty())
+      throw InputError("--isolate process: no worker executable (mlagate is embedded); use --isolate none");
+    if (isolate_ == "process" && !ra_.save_results.empty())
+      throw InputError("--save-results keeps every output in this process: use it with --isolate none");
+    if (!(ra_.timeout >= 0)) throw InputError("--timeout must be >= 0");
+    if (ra_.order == "pairs" && isolate_ != "process") throw InputError("--order pairs needs --isolate process");
+    if (!ra_.save_failures.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(ra_.save_failures, ec);
+      if (!std::filesystem::is_directory(ra_.save_failures))
+        throw InputError("--save-failures " + ra_.save_failures + ": not a directory" + (ec ? " (" + ec.message() + ")" : ""));
+    }
+    if (!ra_.sanitize.empty()) {
+      check_sanitize_tool(ra_.sanitize);
+      if (worker_executable().empty()) throw InputError("--sanitize: no mlagate executable to rerun (mlagate is embedded)");
+      if (ra_.sanitize_launch_count < 1) throw InputError("--sanitize-launch-count must be >= 1");
+    }
+    // The journal: every record on disk as it completes; --resume reads it back.
+    std::string journal_path = ra_.journal;
+    for (const std::string* p : ra_.reports.paths())
+      if (journal_path.empty() && !p->empty()) journal_path = *p + ".journal.jsonl";
+    if (ra_.resume && journal_path.empty())
+      throw InputError("--resume: no journal to resume (give --journal FILE, or the interrupted run's report path)");
+    if (!journal_path.empty()) journal_.emplace(journal_path, fingerprint(), ra_.resume);
+    if (journal_)
+      for (const Record& r : journal_->previous()) finished_[Journal::key(r)] = r;
+    all_cases_ = cfg_.cases;  // in-process resume narrows cfg_.cases
+    total_ = cfg_.cases.size() * backends_.size() * cfg_.ops.size();
+    for (std::size_t ci = 0; ci < cfg_.cases.size(); ++ci)
+      for (std::size_t bi = 0; bi < backends_.size(); ++bi)
+        for (Op op : cfg_.ops) done_count_ += finished_.count(job_key(ci, bi, op));
+    if (ra_.resume && !ra_.quiet)
+      std::printf("resuming from %s: %zu of %zu records already finished\n", journal_path.c_str(), done_count_, total_);
+  }
+
+  // What a journal must have been written by to be resumed: the same command
+  // up to its report paths and reliability flags.
+  std::string fingerprint() const {
+    std::string ops;
+    for (Op o : cfg_.ops) ops += (ops.empty() ? "" : ",") + std::string(op_name(o));
+    std::string ids;
+    for (const auto& id : ra_.case_ids) ids += " --case " + exec::shell_word(id);
+    return (ra_.replay.empty() ? run_prefix_.substr(std::string("mlagate ").size())
+                               : "replay " + exec::shell_word(ra_.replay)) +
+           (sel_.filter.empty() ? "" : " --filter " + exec::shell_word(sel_.filter)) + ids + extra_args_ +
+           " --backend " + exec::shell_word(ra_.backends) + " --op " + ops + computation_args_ +
+           (ra_.order == "given" ? "" : " --order " + ra_.order);
+  }
+
+  std::string job_key(std::size_t ci, std::size_t bi, Op op) const {
+    return Journal::key(all_cases_[ci].id(), std::string(backends_[bi]->name()), std::string(op_name(op)));
+  }
+
+  // Every record not already in the journal, in worker processes or here.
+  void execute() {
+    const auto progress = cfg_.on_record;
+    auto record_done = [this, progress](const Record& r) {
+      const auto t0 = Clock::now();
+      if (journal_) journal_->append(r);
+      fresh_[Journal::key(r)] = r;
+      ++done_count_;
+      if (progress) progress(r, done_count_, total_);
+      run_profile().record_ms += ms_since(t0);
+    };
+    run_profile().setup_ms = ms_since(process_start_time());
+
+    StopSignals stop_signals;
+    cfg_.stop = [] { return g_stop_signal != 0; };
+    if (isolate_ == "none") {
+      std::erase_if(cfg_.cases, [&](const CaseSpec& c) {
+        for (const auto& b : backends_)
+          for (Op op : cfg_.ops)
+            if (!finished_.count(Journal::key(c.id(), std::string(b->name()), std::string(op_name(op))))) return false;
+        return true;
+      });
+      auto inner = cfg_.run_job;
+      cfg_.run_job = [this, inner](CaseContext& ctx, Backend& b, Op op) -> Record {
+        const auto it = finished_.find(Journal::key(context_spec(ctx).id(), std::string(b.name()), std::string(op_name(op))));
+        if (it != finished_.end()) return it->second;
+        return inner ? inner(ctx, b, op) : run_one(ctx, b, op, cfg_);
+      };
+      cfg_.on_record = [this, record_done](const Record& r, std::size_t, std::size_t) {
+        if (!finished_.count(Journal::key(r))) record_done(r);
+      };
+      run_cases(cfg_, backends_);
+    } else {
+      std::vector<std::string> names;
+      for (const auto& b : backends_) names.emplace_back(b->name());
+      std::vector<Job> jobs;
+      for (std::size_t ci = 0; ci < cfg_.cases.size(); ++ci)
+        for (std::size_t bi = 0; bi < backends_.size(); ++bi)
+          for (Op op : cfg_.ops)
+            if (!finished_.count(job_key(ci, bi, op))) jobs.push_back(Job{ci, bi, op});
+      IsolationOptions io;
+      io.argv.push_back(worker_executable());
+      io.argv.insert(io.argv.end(), args_.begin() + 1, args_.end());
+      io.argv.push_back("--worker");
+      io.timeout_s = ra_.timeout;
+      io.pairs = ra_.order == "pairs";
+      io.max_order_checks = static_cast<std::size_t>(ra_.order_checks);
+      run_isolated(cfg_, names, jobs, io, record_done);
+    }
+    stop_signal_ = g_stop_signal;
+  }
+
+  // Records in run order: journaled ones where this run did not redo them.
+  void collect_records() {
+    for (std::size_t ci = 0; ci < all_cases_.size(); ++ci)
+      for (std::size_t bi = 0; bi < backends_.size(); ++bi)
+        for (Op op : cfg_.ops) {
+          const std::string k = job_key(ci, bi, op);
+          if (auto it = fresh_.find(k); it != fresh_.end()) records_.push_back(it->second);
+          else if (auto jt = finished_.find(k); jt != finished_.end()) records_.push_back(jt->second);
+        }
+  }
+
+  // --sanitize: failing records (or every selected one) rerun under compute-sanitizer.
+  void sanitize() {
+    if (ra_.sanitize.empty()) return;
+    SanitizeOptions so;
+    so.tool = ra_.sanitize;
+    so.sanitizer = ra_.sanitizer.empty() ? default_sanitizer() : ra_.sanitizer;
+    const std::filesystem::path self = worker_executable();
+    so.mlagate = (std::filesystem::is_symlink(self) ? std::filesystem::read_symlink(self) : self).string();
+    so.launch_count = ra_.sanitize_launch_count;
+    int budget = 20;  // reruns per run: each is a whole process under the sanitizer
+    for (Record& r : records_) {
+      if (r.status == Status::kNotSupported || r.status == Status::kSkipped || r.status == Status::kInvalidCase) continue;
+      if (!status_is_failure(r.status) && ra_.case_ids.empty()) continue;
+      if (budget-- <= 0) break;
+      if (!ra_.quiet) std::printf("sanitizing (%s): %s %s %s\n", so.tool.c_str(), r.backend.c_str(), r.op.c_str(), r.case_id.c_str());
+      sanitize_record(r, so);
+      if (journal_) journal_->append(r);
+    }
+  }
+
+  // --save-failures: each failing record's case as a golden file, and the command that replays it.
+  void save_failures() {
+    if (ra_.save_failures.empty()) return;
+    for (Record& r : records_) {
+      if (!status_is_failure(r.status) || r.status == Status::kInvalidCase) continue;
+      const Op op = parse_op(r.op);
+      if (op == Op::kCacheWrite) continue;  // golden files hold no cache_write reference
+      const auto spec =
+          std::find_if(all_cases_.begin(), all_cases_.end(), [&](const CaseSpec& c) { return c.id() == r.case_id; });
+      const auto b = std::find_if(backends_.begin(), backends_.end(), [&](const auto& x) { return x->name() == r.backend; });
+      if (spec == all_cases_.end() || b == backends_.end()) continue;
+      std::string file;
+      for (char ch : r.case_id + "__" + r.backend + "__" + r.op)
+        file += std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '-' || ch == '_' ? ch : '_';
+      const std::string path = (std::filesystem::path(ra_.save_failures) / (file + ".h5")).string();
+      ExportOptions eo;
+      eo.ops = {op};
+      eo.policy = cfg_.policy;
+      eo.cache.poison = cfg_.exec.poison;
+      eo.cache.poison_block_table = cfg_.exec.poison_block_table;
+      eo.command_line = command_line_;
+      const int bs = r.block_size > 0 ? r.block_size : resolve_block_size((*b)->capabilities(), *spec);
+      eo.block_sizes = [bs](const CaseSpec&) { return std::vector<int>{bs}; };
+      try {
+        export_golden({*spec}, path, eo);
+        const std::string cmd = "mlagate replay " + exec::shell_word(path) + extra_args_ + " --backend " + r.backend +
+                                " --op " + r.op + computation_args_;
+        r.details += (r.details.empty() ? "" : "\n") + std::string("repro bundle: ") + cmd;
+        if (!ra_.quiet) std::printf("saved %s\n  replay: %s\n", path.c_str(), cmd.c_str());
+      } catch (const std::exception& e) {
+        r.details += (r.details.empty() ? "" : "\n") + std::string("repro bundle not written: ") + e.what();
+      }
+    }
+  }
+
+  // Reports, the console summary and the exit code.
+  int finish(const std::string& results_file) {
+    RunInfo info;
+    info.tool_version = MLAGATE_VERSION;
+    info.git_commit = MLAGATE_GIT_COMMIT;
+    info.command_line = command_line_;
+    info.suite = sel_.suite.empty() ? (sel_.specs.empty() ? "smoke" : "sweep") : sel_.suite;
+    if (from_file_) info.suite = ra_.replay.empty() ? ra_.golden : ra_.replay;
+    info.policy = cfg_.policy.describe();
+    info.started_at = iso_now();
+    info.wall_seconds = std::chrono::duration<double>(Clock::now() - wall0_).count();
+    info.generator_version = gen::kGeneratorVersion;
+    if (stop_signal_ != 0)
+      info.interrupted = (stop_signal_ == SIGINT    ? std::string("SIGINT")
+                          : stop_signal_ == SIGTERM ? std::string("SIGTERM")
+                                                    : "signal " + std::to_string(stop_signal_)) +
+                         ": " + std::to_string(records_.size()) + " of " + std::to_string(total_) + " records";
+    const auto reports0 = Clock::now();
+    // The JSON report's profile covers the run up to its own writing (the --profile table has the reports too).
+    info.profile_wall_ms = ms_since(process_start_time());
+    info.profile = run_profile().rows(info.profile_wall_ms);
+    const ReportArgs& rep = ra_.reports;
+    if (!rep.json.empty()) write_report_file(rep.json, [&](std::ostream& os) { write_json(os, info, records_); });
+    if (!rep.junit.empty()) write_report_file(rep.junit, [&](std::ostream& os) { write_junit(os, info, records_); });
+    if (!rep.markdown.empty()) write_report_file(rep.markdown, [&](std::ostream& os) { write_markdown(os, info, records_); });
+    // A whole run's reports hold every record: its journal has done its job.
+    if (journal_ && stop_signal_ == 0) {
+      const std::string jp = journal_->path();
+      journal_.reset();
+      std::error_code ec;
+      std::filesystem::remove(jp, ec);
+    }
+    run_profile().reports_ms += ms_since(reports0);
+
+    const StatusCounts counts = count_statuses(records_);
+    if (!ra_.quiet) {
+      std::printf("\n%s", summary_table(records_).c_str());
+      std::printf("%s: %lld records, %lld failed, policy %s, %.1f s\n",
+                  stop_signal_ != 0 ? "INTERRUPTED" : std::string(overall_verdict(counts)).c_str(),
+                  static_cast<long long>(counts.total), static_cast<long long>(counts.failures), info.policy.c_str(),
+                  info.wall_seconds);
+      if (!results_file.empty()) std::printf("results: %s\n", results_file.c_str());
+    }
+    if (ra_.profile)
+      std::printf("\nprofile (every process of the run; jobs' phases from their records):\n%s",
+                  profile_table(run_profile(), ms_since(process_start_time())).c_str());
+    if (stop_signal_ != 0) {
+      std::printf("INTERRUPTED by %s: %zu of %zu records finished (reports hold them)\n", strsignal(stop_signal_),
+                  records_.size(), total_);
+      if (journal_) std::printf("continue with: %s%s\n", command_line_.c_str(), ra_.resume ? "" : " --resume");
+      std::fflush(stdout);
+      return kExitInterruptedBase + stop_signal_;
+    }
+    if (counts.failures > 0) return kExitFailed;
+    if (counts[Status::kPassed] == 0 && !ra_.allow_nothing_ran) {
+      std::fprintf(stderr,
+                   "mlagate: nothing ran: %lld records, none executed (skipped or not supported); exit %d "
+                   "(--allow-nothing-ran accepts this)\n",
+                   static_cast<long long>(counts.total), kExitNothingRan);
+      return kExitNothingRan;
+    }
+    return kExitPassed;
+  }
+
+  const Selection& sel_;
+  const RunArgs& ra_;
+  const std::string& command_line_;
+  const std::vector<std::string>& args_;
+  const Clock::time_point wall0_ = Clock::now();
+
+  RunConfig cfg_;
+  std::optional<GoldenRun> golden_;
+  bool from_file_ = false;
+  std::vector<BackendEntry> extra_entries_;
+  std::vector<std::unique_ptr<Backend>> backends_;
+  std::string run_prefix_, extra_args_, computation_args_;
+  bool tty_ = false;
+  std::size_t failed_so_far_ = 0;
+
+  std::string isolate_;
+  std::optional<Journal> journal_;
+  std::map<std::string, Record> finished_, fresh_;
+  std::vector<CaseSpec> all_cases_;
+  std::size_t total_ = 0, done_count_ = 0;
+  int stop_signal_ = 0;
+  std::vector<Record> records_;
+};
+
+}  // namespace
+
+int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_line,
+            const std::vector<std::string>& args) {
+  if ((ra.worker && !ra.save_results.empty()) || ra.repeat == 0) {
+    RunArgs r = ra;
+    if (r.worker) r.save_results.clear();  // the results file is the parent's to write; the worker only runs
+    // No --repeat: the suite's (a golden file's cases run once).
+    if (r.repeat == 0) r.repeat = ra.replay.empty() ? sel.suite_repeat() : 1;
+    return RunCommand(sel, r, command_line, args).main();
+  }
+  return RunCommand(sel, ra, command_line, args).main();
+}
+
+}  // namespace mlagate

@@ -1,0 +1,41 @@
+// The subcommands behind cli_main: each takes its parsed option groups and
+// returns an exit code (cli.h); errors are exceptions (InputError: exit 2).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "golden/compare_files.h"
+#include "harness/cli/options.h"
+
+namespace mlagate {
+
+// mlagate list suites|specs|cases|backends|matrix
+int cmd_list(const std::string& what, const Selection& sel, const std::string& backend_globs, const OutOfTree& ot);
+
+// mlagate run / replay (ra.replay set). `args`: this process's argv, which
+// isolation workers get again with --worker.
+int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_line,
+            const std::vector<std::string>& args);
+
+struct ExportArgs {
+  std::string out, backends = "*";
+  std::vector<std::string> ops{"layer"};
+  PolicyArgs policy;
+  PoisonArgs poison;
+};
+int cmd_export(const Selection& sel, const ExportArgs& ea, const std::string& command_line);
+
+int cmd_compare(const std::string& a, const std::string& b, const FileCompareOptions& opt);
+
+struct ShrinkArgs {
+  std::string backend, op = "auto", out = "shrunk";
+  std::vector<std::string> case_ids;
+  PolicyArgs policy;
+  PoisonArgs poison;
+  int max_runs = 200, splits = 0;
+  OutOfTree extra;
+};
+int cmd_shrink(const Selection& sel, const ShrinkArgs& sa);
+
+}  // namespace mlagate

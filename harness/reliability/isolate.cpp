@@ -1,0 +1,488 @@
+// Worker processes for isolation (isolate.h): spawning the mlagate binary in
+// worker mode, the line protocol between parent and worker, deadlines, and the
+// records made for workers that die or hang.
+//
+// Protocol (one line each way per job; the worker's stdout is the channel, so
+// the worker points its own fd 1 at stderr before anything can print):
+//   worker -> parent  READY <cases> <backends> <ms>  once, after flags and backends are loaded;
+//                                                   <ms>: its initialisation (process start to here)
+//   parent -> worker  JOB <case> <backend> <op>     indices into both sides' identical lists
+//   worker -> parent  RECORD <record_json_line>
+#include "harness/reliability/isolate.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+
+#include "cases/errors.h"
+#include "reports/profile.h"
+#include "reports/record_json.h"
+
+extern char** environ;
+
+namespace mlagate {
+
+namespace {
+
+std::string& worker_exe() {
+  static std::string path;
+  return path;
+}
+
+using Clock = std::chrono::steady_clock;
+
+std::string describe_wait_status(int status) {
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* name = strsignal(sig);
+    return "killed by signal " + std::to_string(sig) + " (" + (name ? name : "?") + ")";
+  }
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  return "ended with wait status " + std::to_string(status);
+}
+
+// The last non-empty line of a text, for one-line messages.
+std::string last_line(const std::string& text) {
+  std::size_t end = text.find_last_not_of("\r\n \t");
+  if (end == std::string::npos) return {};
+  const std::size_t start = text.rfind('\n', end);
+  return text.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
+}
+
+// One worker process and its three pipes. The destructor kills and reaps it.
+class WorkerProcess {
+ public:
+  enum class Wait { kLine, kDied, kTimeout, kStopped };
+
+  explicit WorkerProcess(const IsolationOptions& opt) : tail_limit_(opt.stderr_tail_bytes) {
+    int in[2], out[2], err[2];
+    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)
+      throw std::runtime_error(std::string("isolation: pipe: ") + std::strerror(errno));
+    posix_spawn_file_actions_t files;
+    posix_spawnattr_t attr;
+    posix_spawn_file_actions_init(&files);
+    posix_spawnattr_init(&attr);
+    // dup2 onto 0, 1, 2 clears close-on-exec there; every other pipe end closes at exec.
+    posix_spawn_file_actions_adddup2(&files, in[0], 0);
+    posix_spawn_file_actions_adddup2(&files, out[1], 1);
+    posix_spawn_file_actions_adddup2(&files, err[1], 2);
+    // Its own process group: a terminal's Ctrl-C reaches the parent only, which
+    // then ends the worker itself and writes the reports.
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+    posix_spawnattr_setpgroup(&attr, 0);
+    sigset_t def, none;
+    sigemptyset(&def);
+    for (int s : {SIGPIPE, SIGINT, SIGTERM, SIGSEGV, SIGABRT, SIGBUS, SIGFPE}) sigaddset(&def, s);
+    sigemptyset(&none);
+    posix_spawnattr_setsigdefault(&attr, &def);
+    posix_spawnattr_setsigmask(&attr, &none);
+    std::vector<char*> argv;
+    for (const auto& a : opt.argv) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    const int rc = posix_spawn(&pid_, argv[0], &files, &attr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&files);
+    posix_spawnattr_destroy(&attr);
+    ::close(in[0]);
+    ::close(out[1]);
+    ::close(err[1]);
+    to_ = in[1];
+    from_ = out[0];
+    err_ = err[0];
+    if (rc != 0) {
+      pid_ = -1;
+      throw std::runtime_error("isolation: cannot start worker " + opt.argv.at(0) + ": " + std::strerror(rc));
+    }
+  }
+  ~WorkerProcess() {
+    for (int fd : {to_, from_, err_})
+      if (fd >= 0) ::close(fd);
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      int st = 0;
+      reap_within(pid_, st, std::chrono::seconds(10));
+    }
+  }
+  WorkerProcess(const WorkerProcess&) = delete;
+  WorkerProcess& operator=(const WorkerProcess&) = delete;
+
+  // false when the worker is gone (its stdin is closed).
+  bool send(const std::string& line) {
+    std::size_t done = 0;
+    while (done < line.size()) {
+      const ssize_t n = ::write(to_, line.data() + done, line.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      done += static_cast<std::size_t>(n);
+    }
+    return true;
+  }
+
+  // The next protocol line, or why there is none. timeout_s <= 0: no deadline.
+  Wait read_line(std::string& line, double timeout_s, const std::function<bool()>& stop) {
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+    for (;;) {
+      if (const std::size_t nl = buf_.find('\n'); nl != std::string::npos) {
+        line = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        return Wait::kLine;
+      }
+      if (stop && stop()) return Wait::kStopped;
+      int wait_ms = 200;  // short slices: a SIGINT between two polls is seen within 0.2 s
+      if (timeout_s > 0) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+        if (left <= 0) return Wait::kTimeout;
+        wait_ms = static_cast<int>(std::min<long long>(wait_ms, left));
+      }
+      pollfd fds[2] = {{from_, POLLIN, 0}, {err_, POLLIN, 0}};
+      const int n = ::poll(fds, err_ >= 0 ? 2 : 1, wait_ms);
+      if (n < 0 && errno != EINTR) throw std::runtime_error(std::string("isolation: poll: ") + std::strerror(errno));
+      if (n <= 0) continue;
+      if (err_ >= 0 && (fds[1].revents & (POLLIN | POLLHUP))) drain_stderr_once();
+      if (fds[0].revents & (POLLIN | POLLHUP)) {
+        char chunk[65536];
+        const ssize_t got = ::read(from_, chunk, sizeof chunk);
+        if (got > 0) {
+          buf_.append(chunk, static_cast<std::size_t>(got));
+        } else if (got == 0 || errno != EINTR) {
+          return Wait::kDied;
+        }
+      }
+    }
+  }
+
+  // After kDied: the rest of its stderr, then how it ended.
+  std::string reap() {
+    const auto until = Clock::now() + std::chrono::seconds(2);
+    while (err_ >= 0 && Clock::now() < until) {
+      pollfd p{err_, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      if (!drain_stderr_once()) break;
+    }
+    return end(false);
+  }
+  // Kills it (timeout, restart after a CRASHED record) and says how it ended.
+  std::string kill() { return end(true); }
+
+  const std::string& stderr_tail() const { return tail_; }
+
+ private:
+  // Reads what is there; false at end of file.
+  bool drain_stderr_once() {
+    char chunk[16384];
+    const ssize_t got = ::read(err_, chunk, sizeof chunk);
+    if (got <= 0) {
+      if (got < 0 && errno == EINTR) return true;
+      ::close(err_);
+      err_ = -1;
+      return false;
+    }
+    tail_.append(chunk, static_cast<std::size_t>(got));
+    if (tail_.size() > 2 * tail_limit_) tail_.erase(0, tail_.size() - tail_limit_);
+    return true;
+  }
+  // waitpid with a deadline: a process stuck in the driver (uninterruptible
+  // sleep) must not stall the run; it is left to the init process then.
+  static bool reap_within(pid_t pid, int& st, Clock::duration limit) {
+    const auto until = Clock::now() + limit;
+    for (;;) {
+      const pid_t r = ::waitpid(pid, &st, WNOHANG);
+      if (r == pid || (r < 0 && errno != EINTR)) return r == pid;
+      if (Clock::now() >= until) return false;
+      ::usleep(10000);
+    }
+  }
+  std::string end(bool kill_first) {
+    if (pid_ <= 0) return "not running";
+    if (kill_first) ::kill(pid_, SIGKILL);
+    int st = 0;
+    // A worker that closed its stdout but lingers is killed after a grace period.
+    bool reaped = reap_within(pid_, st, std::chrono::seconds(5));
+    if (!reaped) {
+      ::kill(pid_, SIGKILL);
+      reaped = reap_within(pid_, st, std::chrono::seconds(10));
+    }
+    const pid_t pid = pid_;
+    pid_ = -1;
+    return reaped ? describe_wait_status(st) : "pid " + std::to_string(pid) + " did not exit 15 s after SIGKILL";
+  }
+
+  pid_t pid_ = -1;
+  int to_ = -1, from_ = -1, err_ = -1;
+  std::string buf_, tail_;
+  std::size_t tail_limit_;
+};
+
+std::string trimmed_tail(const std::string& tail, std::size_t limit) {
+  if (tail.size() <= limit) return tail;
+  std::string t = tail.substr(tail.size() - limit);
+  if (const std::size_t nl = t.find('\n'); nl != std::string::npos && nl + 1 < t.size()) t.erase(0, nl + 1);
+  return "...\n" + t;
+}
+
+// SIGPIPE ignored while workers run: a write to a worker that just died must
+// return EPIPE, not end the parent.
+struct IgnoreSigpipe {
+  struct sigaction old {};
+  IgnoreSigpipe() {
+    struct sigaction sa {};
+    sa.sa_handler = SIG_IGN;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGPIPE, &sa, &old);
+  }
+  ~IgnoreSigpipe() { sigaction(SIGPIPE, &old, nullptr); }
+};
+
+}  // namespace
+
+void set_worker_executable(std::string path) { worker_exe() = std::move(path); }
+const std::string& worker_executable() { return worker_exe(); }
+
+namespace {
+
+// Jobs on workers: one job on a given worker, and whole sequences on new ones.
+class IsolatedRun {
+ public:
+  IsolatedRun(const RunConfig& cfg, const std::vector<std::string>& names, const IsolationOptions& opt)
+      : cfg_(cfg), names_(names), opt_(opt) {}
+
+  // A started worker, or null when the run was stopped while it started.
+  std::unique_ptr<WorkerProcess> start() {
+    const auto t0 = Clock::now();
+    auto worker = std::make_unique<WorkerProcess>(opt_);
+    std::string line;
+    const auto w = worker->read_line(line, 600, cfg_.stop);
+    if (w == WorkerProcess::Wait::kStopped) return nullptr;
+    const std::string expect = "READY " + std::to_string(cfg_.cases.size()) + " " + std::to_string(names_.size());
+    // The worker's own initialisation time follows (the profile's "worker init").
+    double init_ms = 0;
+    const bool ready = w == WorkerProcess::Wait::kLine && line.rfind(expect + " ", 0) == 0 &&
+                       std::istringstream(line.substr(expect.size() + 1)) >> init_ms;
+    if (!ready) {
+      const std::string how = w == WorkerProcess::Wait::kLine ? "said '" + line + "', expected '" + expect + "'"
+                              : w == WorkerProcess::Wait::kTimeout ? worker->kill()
+                                                                   : worker->reap();
+      throw std::runtime_error("isolation: the worker did not start (" + how + ")\n" +
+                               trimmed_tail(worker->stderr_tail(), opt_.stderr_tail_bytes));
+    }
+    RunProfile& prof = run_profile();
+    const double start_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    prof.worker_init_ms += std::min(init_ms, start_ms);
+    prof.worker_spawn_ms += std::max(0.0, start_ms - init_ms);
+    ++prof.workers_started;
+    return worker;
+  }
+
+  // Runs `job` on `worker`; resets `worker` when it died, hung or crashed (a
+  // new one must take the next job). nullopt: stopped by a signal.
+  std::optional<Record> run(std::unique_ptr<WorkerProcess>& worker, const Job& job) {
+    const CaseSpec& spec = cfg_.cases.at(job.case_index);
+    const std::string& backend = names_.at(job.backend_index);
+    const std::size_t tail_before = worker->stderr_tail().size();
+    const auto t0 = Clock::now();
+    auto wall_ms = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); };
+    std::string line;
+    WorkerProcess::Wait w = WorkerProcess::Wait::kDied;
+    if (worker->send("JOB " + std::to_string(job.case_index) + " " + std::to_string(job.backend_index) + " " +
+                     std::string(op_name(job.op)) + "\n"))
+      w = worker->read_line(line, opt_.timeout_s, cfg_.stop);
+    if (w == WorkerProcess::Wait::kStopped) return std::nullopt;  // unfinished: not recorded, rerun on --resume
+    Record r;
+    if (w == WorkerProcess::Wait::kLine && line.rfind("RECORD ", 0) == 0) {
+      r = record_from_json_line(line.substr(7));
+      run_profile().add_job(r.timings, wall_ms());
+      // An exception inside the worker (a CUDA error among them) may leave its
+      // device context unusable: the next job gets a new worker.
+      if (r.status == Status::kCrashed) worker->kill(), worker.reset();
+      return r;
+    }
+    run_profile().lost_job_ms += wall_ms();
+    r.case_id = spec.id();
+    r.backend = backend;
+    r.op = std::string(op_name(job.op));
+    r.policy = cfg_.policy.describe();
+    if (cfg_.repro) r.repro = cfg_.repro(spec, backend, job.op);
+    if (w == WorkerProcess::Wait::kTimeout) {
+      const std::string how = worker->kill();
+      r.status = Status::kTimeout;
+      std::ostringstream m;
+      m << "no result within --timeout " << opt_.timeout_s << " s; worker " << how;
+      r.message = m.str();
+    } else {
+      const std::string how = w == WorkerProcess::Wait::kLine ? worker->kill() : worker->reap();
+      r.status = Status::kCrashed;
+      r.message = "worker " + how + " while running this case";
+      if (w == WorkerProcess::Wait::kLine) r.message += " (protocol error: '" + line.substr(0, 80) + "')";
+    }
+    // The stderr of this job only (earlier jobs' warnings are not its last words).
+    const std::string& all = worker->stderr_tail();
+    const std::string mine = all.substr(std::min(tail_before, all.size()));
+    if (const std::string last = last_line(mine); !last.empty()) r.message += "; last stderr line: " + last;
+    if (!mine.empty()) r.details = "worker stderr (tail):\n" + trimmed_tail(mine, opt_.stderr_tail_bytes);
+    worker.reset();
+    return r;
+  }
+
+  // The last job's record when `seq` runs alone in a new worker; nullopt when
+  // an earlier job did not finish normally or the run was stopped.
+  std::optional<Record> run_sequence(const std::vector<Job>& seq) {
+    auto worker = start();
+    if (!worker) return std::nullopt;
+    std::optional<Record> r;
+    for (const Job& j : seq) {
+      if (!worker) return std::nullopt;
+      r = run(worker, j);
+      if (!r) return std::nullopt;
+    }
+    return r;
+  }
+
+ private:
+  const RunConfig& cfg_;
+  const std::vector<std::string>& names_;
+  const IsolationOptions& opt_;
+};
+
+bool is_verdict_failure(Status s) {
+  return s == Status::kIncorrect || s == Status::kNonfinite || s == Status::kNondeterministic;
+}
+
+}  // namespace
+
+std::vector<Record> run_isolated(const RunConfig& cfg, const std::vector<std::string>& backend_names,
+                                 const std::vector<Job>& jobs, const IsolationOptions& opt,
+                                 const std::function<void(const Record&)>& on_record) {
+  IgnoreSigpipe sigpipe;
+  IsolatedRun iso(cfg, backend_names, opt);
+  std::vector<Record> records;
+  if (opt.pairs) {
+    for (const Job& job : jobs) {
+      std::optional<Record> r = iso.run_sequence({job});
+      if (!r) break;
+      // Only a case that passes alone can be order-dependent.
+      for (std::size_t a = 0; r->status == Status::kPassed && a < cfg.cases.size(); ++a) {
+        if (a == job.case_index) continue;
+        const Job before{a, job.backend_index, job.op};
+        const std::optional<Record> pair = iso.run_sequence({before, job});
+        if (!pair) return records;  // stopped
+        if (!is_verdict_failure(pair->status)) continue;
+        const Record alone = *r;
+        r = *pair;
+        r->message = "order-dependent (passes alone, fails right after " + cfg.cases[a].id() + "): " + r->message;
+        r->details = "--order pairs: passes alone; fails when run right after " + cfg.cases[a].id() +
+                     (r->details.empty() ? "" : "\n" + r->details);
+        if (cfg.repro_sequence) r->repro = cfg.repro_sequence({&cfg.cases[a], &cfg.cases[job.case_index]}, r->backend, job.op);
+        break;
+      }
+      records.push_back(std::move(*r));
+      if (on_record) on_record(records.back());
+    }
+    return records;
+  }
+  std::unique_ptr<WorkerProcess> worker;
+  // The previous job of each backend on the current worker: state a backend
+  // keeps between calls (workspaces) comes from there.
+  std::map<std::size_t, Job> previous;
+  std::map<std::size_t, std::size_t> confirmations;  // order checks made, per backend
+  for (const Job& job : jobs) {
+    if (cfg.stop && cfg.stop()) break;
+    if (job.fresh_worker) worker.reset();
+    if (!worker) {
+      previous.clear();
+      if (!(worker = iso.start())) break;
+    }
+    std::optional<Record> r = iso.run(worker, job);
+    if (!r) break;
+    // A wrong answer after other cases ran on the same backend instance: does
+    // the case fail alone? If not, the failure depends on what ran before it;
+    // find the case it fails after and say how to run exactly that sequence.
+    const auto prev = previous.find(job.backend_index);
+    const bool after_others = is_verdict_failure(r->status) && prev != previous.end();
+    if (after_others && confirmations[job.backend_index] >= opt.max_order_checks) {
+      r->details = "no order-dependence check: this backend's " + std::to_string(opt.max_order_checks) +
+                   " checks of the run are used (--order-checks); rerun this case alone with --case to tell" +
+                   (r->details.empty() ? "" : "\n" + r->details);
+    } else if (after_others) {
+      ++confirmations[job.backend_index];
+      const std::optional<Record> alone = iso.run_sequence({job});
+      if (alone && alone->status == Status::kPassed) {
+        const CaseSpec& before = cfg.cases.at(prev->second.case_index);
+        const std::optional<Record> pair = iso.run_sequence({prev->second, job});
+        const bool confirmed = pair && pair->status == r->status;
+        r->details = "passes when run alone; " +
+                     std::string(confirmed ? "fails again when run right after " + before.id()
+                                           : "does not fail right after " + before.id() + " alone (an earlier case matters)") +
+                     (r->details.empty() ? "" : "\n" + r->details);
+        r->message = (confirmed ? "order-dependent (passes alone, fails right after " + before.id() + "): "
+                                : std::string("order-dependent (passes alone, fails after earlier cases on this worker): ")) +
+                     r->message;
+        if (confirmed && cfg.repro_sequence)
+          r->repro = cfg.repro_sequence({&before, &cfg.cases.at(job.case_index)}, r->backend, job.op);
+      }
+    }
+    if (worker) previous[job.backend_index] = job;
+    records.push_back(std::move(*r));
+    if (on_record) on_record(records.back());
+  }
+  return records;
+}
+
+int worker_main(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& backends) {
+  // A worker never outlives its parent (kill -9 of the run, say).
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // The protocol owns the original stdout; anything else printed goes to stderr.
+  const int proto_fd = ::dup(1);
+  if (proto_fd < 0 || ::dup2(2, 1) < 0) throw std::runtime_error("worker: cannot set up its channel");
+  FILE* proto = ::fdopen(proto_fd, "w");
+  if (!proto) throw std::runtime_error("worker: fdopen failed");
+  const double init_ms = std::chrono::duration<double, std::milli>(Clock::now() - process_start_time()).count();
+  std::fprintf(proto, "READY %zu %zu %.3f\n", cfg.cases.size(), backends.size(), init_ms);
+  std::fflush(proto);
+
+  CaseStream stream(cfg);
+  std::optional<std::size_t> current;
+  CaseContext* ctx = nullptr;
+  std::string invalid;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string word, op_s;
+    std::size_t ci = 0, bi = 0;
+    if (!(in >> word >> ci >> bi >> op_s) || word != "JOB" || ci >= cfg.cases.size() || bi >= backends.size())
+      throw std::runtime_error("worker: bad job line '" + line + "'");
+    const Op op = parse_op(op_s);
+    if (current != ci) {
+      current = ci;
+      invalid.clear();
+      ctx = nullptr;
+      try {
+        ctx = &stream.enter(cfg.cases[ci]);
+      } catch (const InvalidCase& e) {
+        invalid = e.what();
+      }
+    }
+    Backend& b = *backends[bi];
+    const Record r = ctx ? (cfg.run_job ? cfg.run_job(*ctx, b, op) : run_one(*ctx, b, op, cfg))
+                         : invalid_case_record(cfg, cfg.cases[ci], std::string(b.name()), op, invalid);
+    std::fprintf(proto, "RECORD %s\n", record_to_json_line(r).c_str());
+    std::fflush(proto);
+  }
+  return 0;
+}
+
+}  // namespace mlagate

@@ -1,0 +1,66 @@
+// Isolation (ARCHITECTURE.md, "Isolation"): backends run in a worker process,
+// the mlagate binary itself started by posix_spawn in its hidden worker mode
+// (`mlagate run <same flags> --worker`; never fork after CUDA init). The
+// parent feeds it jobs over a pipe; a worker that dies (segfault, abort,
+// uncaught exception, CUDA error) gives a CRASHED record with the tail of its
+// stderr, one that outlives --timeout is killed and gives TIMEOUT; a new worker
+// starts and the run goes on. A wrong answer that disappears when its case
+// runs alone is reported as order-dependent, with the case it fails after and
+// a repro command running exactly that sequence.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "reports/record.h"
+#include "harness/run/runner.h"
+
+namespace mlagate {
+
+// One (case, backend, op) of a run, by index into RunConfig::cases and the
+// selected backends (the worker resolves the same lists from the same flags).
+struct Job {
+  std::size_t case_index = 0;
+  std::size_t backend_index = 0;
+  Op op = Op::kLayer;
+  bool fresh_worker = false;  // start this job in a new worker (--order pairs, repro sequences)
+};
+
+// The executable workers are started from; empty (the default, e.g. tests that
+// call cli_main in-process) means process isolation is unavailable.
+void set_worker_executable(std::string path);
+const std::string& worker_executable();
+
+struct IsolationOptions {
+  std::vector<std::string> argv;     // the worker's command line: argv[0] = worker_executable(), ..., "--worker"
+  double timeout_s = 0;              // per job; 0: none
+  std::size_t stderr_tail_bytes = 3000;
+  // Wrong answers from a backend that ran other cases before in the same
+  // worker are rerun alone and after their predecessor (new workers) to tell
+  // order-dependent failures apart; at most this many per backend and run
+  // (per backend, so one backend's ordinary failures cannot use up another's
+  // checks). A failure past the cap says so in its details. --order-checks.
+  std::size_t max_order_checks = 10;
+  // --order pairs: every job alone in a new worker, then after every other
+  // case of the run (ordered pairs, new worker each); a case that passes alone
+  // and fails after another gets the first such pair. O(cases^2) workers.
+  bool pairs = false;
+};
+
+// Runs `jobs` in order in worker processes; each record goes to on_record as it
+// arrives. Stops early (returning what finished) when cfg.stop() turns true.
+// Throws std::runtime_error when a worker cannot start at all.
+std::vector<Record> run_isolated(const RunConfig& cfg, const std::vector<std::string>& backend_names,
+                                 const std::vector<Job>& jobs, const IsolationOptions& opt,
+                                 const std::function<void(const Record&)>& on_record);
+
+// The worker's side (`--worker`): announces itself, then runs each job read from
+// stdin and answers its record; returns the process exit code at end of input.
+int worker_main(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& backends);
+
+}  // namespace mlagate

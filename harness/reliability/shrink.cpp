@@ -1,0 +1,311 @@
+// mlagate shrink (shrink.h): greedy one-step reductions, each checked by a
+// separate `mlagate run` of the binary on a suite file written here.
+#include "harness/reliability/shrink.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <sstream>
+#include <stdexcept>
+
+#include "backends/exec/subprocess.h"
+#include "cases/errors.h"
+#include "cases/suite.h"
+#include "harness/reliability/isolate.h"
+#include "reports/record.h"
+
+extern char** environ;
+
+namespace mlagate {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ints(const std::vector<int>& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+// What one run of a candidate said about the target record.
+struct Outcome {
+  bool ran = false;  // the run produced a record for the target
+  std::string status, message;
+};
+
+std::string quote(const std::string& s) { return exec::shell_word(s); }
+
+class Shrinker {
+ public:
+  explicit Shrinker(const ShrinkOptions& o) : opt_(o) {
+    fs::create_directories(fs::path(opt_.out_dir) / "runs");
+    if (worker_executable().empty()) throw InputError("shrink runs the mlagate binary: unavailable in this process");
+  }
+
+  // The run's arguments (after the binary) for `cases`, the last being the target.
+  std::vector<std::string> run_args(const std::string& yaml, const std::vector<CaseSpec>& cases,
+                                    const std::vector<std::string>& flags) const {
+    std::vector<std::string> a = {"run", "--suite", yaml, "--backend", opt_.backend, "--op", std::string(op_name(opt_.op))};
+    if (cases.size() > 1)
+      for (const CaseSpec& c : cases) a.insert(a.end(), {"--case", c.id()});
+    a.insert(a.end(), opt_.run_args.begin(), opt_.run_args.end());
+    a.insert(a.end(), flags.begin(), flags.end());
+    return a;
+  }
+
+  Outcome run(const CaseSpec& target, const std::vector<std::string>& flags) {
+    ++runs_;
+    std::vector<CaseSpec> cases = opt_.before;
+    cases.push_back(target);
+    const fs::path dir = fs::path(opt_.out_dir) / "runs";
+    const std::string yaml = (dir / "candidate.yaml").string();
+    {
+      std::ofstream f(yaml);
+      f << cases_as_suite_yaml(cases);
+    }
+    const std::string json = (dir / "candidate.json").string();
+    fs::remove(json);
+    std::vector<std::string> argv = {worker_executable()};
+    for (auto& s : run_args(yaml, cases, flags)) argv.push_back(s);
+    for (const char* s : {"--no-progress", "-q", "--allow-nothing-ran", "--json"}) argv.push_back(s);
+    argv.push_back(json);
+    spawn_and_wait(argv, (dir / "candidate.out").string());
+    Outcome o;
+    std::ifstream in(json);
+    if (!in) return o;  // an input error (an impossible case): not the same failure
+    nlohmann::json doc;
+    try {
+      doc = nlohmann::json::parse(in);
+    } catch (const std::exception&) {
+      return o;
+    }
+    for (const auto& r : doc.value("records", nlohmann::json::array()))
+      if (r.value("id", "") == target.id() && r.value("backend", "") == opt_.backend &&
+          r.value("op", "") == op_name(opt_.op)) {
+        o.ran = true;
+        o.status = r.value("status", "");
+        o.message = r.value("message", "");
+      }
+    return o;
+  }
+
+  bool same(const Outcome& want, const Outcome& got) const {
+    if (!got.ran || got.status != want.status) return false;
+    // An order-dependent failure must stay one (not become a plain failure).
+    const bool od = want.message.rfind("order-dependent", 0) == 0;
+    return !od || got.message.rfind("order-dependent", 0) == 0;
+  }
+
+  int runs() const { return runs_; }
+
+ private:
+  static void spawn_and_wait(const std::vector<std::string>& args, const std::string& out) {
+    std::vector<char*> argv;
+    for (const auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    pid_t pid = 0;
+    const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) throw std::runtime_error("shrink: cannot start " + args[0]);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+
+  const ShrinkOptions& opt_;
+  int runs_ = 0;
+};
+
+struct Candidate {
+  std::string what;
+  CaseSpec spec;
+  std::vector<std::string> flags;
+};
+
+bool valid(const CaseSpec& c) {
+  try {
+    c.validate();
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// One-step reductions of (spec, flags), biggest first.
+std::vector<Candidate> candidates(const CaseSpec& s, const std::vector<std::string>& flags, bool splits_given) {
+  std::vector<Candidate> out;
+  auto add = [&](std::string what, CaseSpec c, std::vector<std::string> f) {
+    if (valid(c)) out.push_back({std::move(what), std::move(c), std::move(f)});
+  };
+  const int b = s.num_requests();
+  for (int i = 0; i < b && b > 1; ++i) {
+    CaseSpec c = s;
+    c.batch.seq_lens.erase(c.batch.seq_lens.begin() + i);
+    c.batch.query_lens.erase(c.batch.query_lens.begin() + i);
+    add("drop request " + std::to_string(i), c, flags);
+  }
+  if (s.total_heads % (s.tp * 2) == 0) {
+    CaseSpec c = s;
+    c.tp *= 2;
+    add("heads " + std::to_string(s.num_heads()) + " -> " + std::to_string(c.num_heads()), c, flags);
+  }
+  for (int i = 0; i < b; ++i) {
+    const int q = s.batch.query_lens[i], sl = s.batch.seq_lens[i];
+    if (sl - q > 0) {
+      CaseSpec c = s;
+      c.batch.seq_lens[i] = q + (sl - q) / 2;
+      add("request " + std::to_string(i) + " context " + std::to_string(sl - q) + " -> " + std::to_string((sl - q) / 2), c,
+          flags);
+    }
+    if (q > 1) {
+      CaseSpec c = s;
+      c.batch.query_lens[i] = q / 2;
+      c.batch.seq_lens[i] = sl - (q - q / 2);
+      // Spec decode keeps its query lengths uniform.
+      if (c.batch.spec_decode)
+        for (int j = 0; j < b; ++j) {
+          c.batch.seq_lens[j] = s.batch.seq_lens[j] - (s.batch.query_lens[j] - q / 2);
+          c.batch.query_lens[j] = q / 2;
+        }
+      add("request " + std::to_string(i) + " query " + std::to_string(q) + " -> " + std::to_string(q / 2), c, flags);
+    }
+  }
+  for (int bs : {1, 2, 4, 8, 16, 32, 64}) {
+    if (s.block_size != 0 && bs >= s.block_size) break;
+    CaseSpec c = s;
+    c.block_size = bs;
+    add("block size " + (s.block_size ? std::to_string(s.block_size) : std::string("auto")) + " -> " + std::to_string(bs),
+        c, flags);
+  }
+  if (!splits_given && flags.empty()) add("one split (--splits 1)", s, {"--splits", "1"});
+  return out;
+}
+
+std::string shape(const CaseSpec& c) {
+  const std::vector<int>& s = c.batch.seq_lens;
+  return std::to_string(c.num_requests()) + " requests, " + std::to_string(c.num_tokens()) + " query tokens, " +
+         std::to_string(std::accumulate(s.begin(), s.end(), 0)) + " keys, " + std::to_string(c.num_heads()) +
+         " heads, block size " + (c.block_size ? std::to_string(c.block_size) : std::string("auto"));
+}
+
+}  // namespace
+
+std::string cases_as_suite_yaml(const std::vector<CaseSpec>& cases) {
+  std::ostringstream y;
+  y << "# Written by mlagate shrink: the cases as they ran (rerun with the command it printed).\n"
+    << "name: shrunk\ndescription: cases written by mlagate shrink\nspecs:\n";
+  for (const CaseSpec& c : cases) {
+    if (c.sparse.active()) throw InputError("shrink: sparse cases are not supported yet");
+    y << "  " << c.batch.name << ": {seq_lens: " << ints(c.batch.seq_lens) << ", query_lens: " << ints(c.batch.query_lens)
+      << (c.batch.spec_decode ? ", spec_decode: true" : "") << "}\n";
+  }
+  y << "groups:\n";
+  for (const CaseSpec& c : cases) {
+    const std::string dims = dims_label(c.dims);
+    if (dims.find('.') != std::string::npos) throw InputError("shrink: dims " + dims + " are not a preset");
+    y << "  - specs: [" << c.batch.name << "]\n"
+      << "    tp: [" << c.tp << "]\n"
+      << "    total_heads: [" << c.total_heads << "]\n"
+      << "    dtype: [" << (c.dtype == DType::kBF16 ? "bf16" : "fp16") << "]\n"
+      << "    kv_cache_dtype: [\"" << kv_cache_format_name(c.kv_format()) << "\"]\n"
+      << "    block_size: [" << (c.block_size ? std::to_string(c.block_size) : std::string("auto")) << "]\n"
+      << "    seed: [" << c.seed << "]\n"
+      << "    dims: [" << dims << "]\n"
+      << "    q_magnitude: [" << exact_number(c.q_magnitude) << "]\n"
+      << "    k_scale: [" << exact_number(c.k_scale) << "]\n";
+    if (c.scale) y << "    scale: [" << exact_number(*c.scale) << "]\n";
+  }
+  // What the file gives back must be these cases, bit for bit (ids carry every field).
+  const Suite back = parse_suite_yaml(y.str(), "shrunk.yaml");
+  if (back.cases.size() != cases.size())
+    throw std::logic_error("shrink: the suite file holds " + std::to_string(back.cases.size()) + " cases");
+  for (std::size_t i = 0; i < cases.size(); ++i)
+    if (back.cases[i].id() != cases[i].id())
+      throw std::logic_error("shrink: " + cases[i].id() + " reads back as " + back.cases[i].id());
+  return y.str();
+}
+
+int shrink_main(const ShrinkOptions& in) {
+  ShrinkOptions opt = in;
+  // The cases as the suite file names them: suite "shrunk", batch specs named apart.
+  for (std::size_t i = 0; i < opt.before.size(); ++i) {
+    opt.before[i].suite = "shrunk";
+    opt.before[i].batch.name = "before" + std::to_string(i);
+  }
+  opt.target.suite = "shrunk";
+  opt.target.batch.name = "target";
+  bool splits_given = false;
+  for (const auto& a : opt.run_args) splits_given = splits_given || a == "--splits";
+  Shrinker sh(opt);
+  CaseSpec cur = opt.target;
+  std::vector<std::string> flags;
+  const Outcome want = sh.run(cur, flags);
+  if (!want.ran) throw InputError("shrink: the case gave no record for " + opt.backend + " " + std::string(op_name(opt.op)) +
+                                  " (see " + (fs::path(opt.out_dir) / "runs" / "candidate.out").string() + ")");
+  if (want.status == "PASSED" || want.status == "NOT_SUPPORTED" || want.status == "SKIPPED")
+    throw InputError("shrink: " + opt.backend + " " + std::string(op_name(opt.op)) + " on " + in.target.id() + " is " +
+                     want.status + ": nothing to shrink");
+  std::printf("shrinking %s %s: %s\n  %s\n  from: %s\n", opt.backend.c_str(), std::string(op_name(opt.op)).c_str(),
+              want.status.c_str(), want.message.c_str(), shape(cur).c_str());
+  std::fflush(stdout);
+  bool progress = true;
+  while (progress && sh.runs() < opt.max_runs) {
+    progress = false;
+    for (const Candidate& c : candidates(cur, flags, splits_given)) {
+      if (sh.runs() >= opt.max_runs) break;
+      const Outcome got = sh.run(c.spec, c.flags);
+      if (!sh.same(want, got)) continue;
+      cur = c.spec;
+      flags = c.flags;
+      std::printf("  %-34s %s\n", c.what.c_str(), got.status.c_str());
+      std::fflush(stdout);
+      progress = true;
+      break;
+    }
+  }
+  // The result: its suite file, a golden bundle of it (--save-failures) and the command.
+  const fs::path dir(opt.out_dir);
+  std::vector<CaseSpec> cases = opt.before;
+  cases.push_back(cur);
+  const std::string yaml = (dir / "shrunk.yaml").string();
+  {
+    std::ofstream f(yaml);
+    f << cases_as_suite_yaml(cases);
+  }
+  const fs::path bundle = dir / "bundle";
+  fs::remove_all(bundle);
+  std::vector<std::string> final_flags = flags;
+  final_flags.insert(final_flags.end(), {"--save-failures", bundle.string()});
+  const Outcome last = sh.run(cur, final_flags);
+  std::string cmd = "mlagate";
+  for (const auto& a : sh.run_args(yaml, cases, flags)) cmd += " " + quote(a);
+  std::printf("  to:   %s (%d runs)\n  %s: %s\n  suite file: %s\n", shape(cur).c_str(), sh.runs(), last.status.c_str(),
+              last.message.c_str(), yaml.c_str());
+  std::string flags_str;
+  for (const auto& a : opt.run_args) flags_str += " " + quote(a);
+  for (const auto& a : flags) flags_str += " " + quote(a);
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(bundle, ec))
+    std::printf("  golden bundle: %s\n  replay: mlagate replay %s --backend %s --op %s%s\n", e.path().c_str(),
+                quote(e.path().string()).c_str(), opt.backend.c_str(), std::string(op_name(opt.op)).c_str(),
+                flags_str.c_str());
+  std::printf("  repro: %s\n", cmd.c_str());
+  if (!sh.same(want, last)) std::printf("  note: the last run gave %s, not %s (a flaky failure?)\n", last.status.c_str(),
+                                        want.status.c_str());
+  return 0;
+}
+
+}  // namespace mlagate

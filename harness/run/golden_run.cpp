@@ -1,0 +1,200 @@
+// run --golden, replay and --save-results as hooks on the runner: the runner's
+// own comparison logic runs unchanged on cases made from a file.
+#include "harness/run/golden_run.h"
+
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <regex>
+
+#include "cases/generator.h"
+
+namespace mlagate {
+
+namespace {
+
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  if (std::filesystem::equivalent(a, b, ec)) return true;
+  return std::filesystem::weakly_canonical(a, ec) == std::filesystem::weakly_canonical(b, ec);
+}
+
+const char* kInputLabels[5] = {"q", "kv_c", "k_pe", "W_UK", "W_UV"};
+
+}  // namespace
+
+struct GoldenRun::Impl {
+  GoldenRunOptions opt;
+  std::optional<GoldenReader> reader;  // --golden or replay
+  std::optional<ResultsWriter> writer;  // --save-results
+  std::map<std::string, CaseSpec> specs;  // by id, for records of cases that could not be made
+  Policy policy;
+
+  void require_case(const std::string& id) const {
+    if (!reader->has_case(id))
+      throw GoldenFileError(opt.golden + ": no case '" + id + "' (export it, or leave out --suite/--spec to run the file's cases)");
+  }
+
+  // The regenerated inputs must be the ones the file was exported from.
+  void check_regenerated(const Case& c, const CaseHeader& h) const {
+    const std::string& id = h.id;
+    const InputHashes mine = input_hashes(c);
+    const std::uint64_t a[5] = {mine.q, mine.kv_c, mine.k_pe, mine.w_uk, mine.w_uv};
+    const std::uint64_t b[5] = {h.hashes.q, h.hashes.kv_c, h.hashes.k_pe, h.hashes.w_uk, h.hashes.w_uv};
+    for (int i = 0; i < 5; ++i)
+      if (a[i] != b[i])
+        throw GoldenFileError("case " + id + ": regenerated input " + kInputLabels[i] + " (hash " + hash_hex(a[i]) +
+                              ") differs from the golden file's (hash " + hash_hex(b[i]) +
+                              "): the generator or the case definition changed since " + opt.golden + " was exported");
+    if (mine.combined != h.hashes.combined) throw GoldenFileError("case " + id + ": input_hash differs from the golden file's");
+  }
+
+  // A stored cache is rebuilt with the run's poison options: they must be the file's.
+  StoredCacheOptions stored_cache_options(const std::string& id, int bs, const ExecOptions& exec) {
+    const StoredCacheOptions so = reader->cache_options(id, bs);
+    if (so.poison != exec.poison || so.poison_block_table != exec.poison_block_table)
+      throw GoldenFileError("case " + id + ": the golden file's bs=" + std::to_string(bs) + " cache was built with --poison " +
+                            std::string(poison_name(so.poison)) + (so.poison_block_table ? " --poison-block-table" : "") +
+                            ", this run uses --poison " + std::string(poison_name(exec.poison)) +
+                            (exec.poison_block_table ? " --poison-block-table" : "") + ": run with the same options");
+    return so;
+  }
+
+  PreparedCase from_golden(const CaseSpec& spec, const ExecOptions& exec) {
+    const std::string id = spec.id();
+    Case c = generate_case(spec);  // InvalidCase: INVALID_CASE records, as in a plain run
+    require_case(id);
+    const CaseHeader h = reader->header(id);
+    check_regenerated(c, h);
+    PreparedCase pc;
+    pc.c = std::move(c);
+    if (pc.c.sparse) pc.sparse = reader->load_sparse(id, pc.c);
+    else pc.golden = reader->load_golden(id);
+    pc.decode = reader->load_decode_reference(id);
+    for (int bs : h.cache_block_sizes) {
+      const StoredCacheOptions so = stored_cache_options(id, bs, exec);
+      CacheOptions co;
+      co.poison = exec.poison;
+      co.poison_block_table = exec.poison_block_table;
+      co.write_new_tokens = false;
+      co.spare_blocks = so.spare_blocks;
+      PagedCache built = build_paged_cache(pc.c, bs, co);
+      const std::pair<const char*, const Tensor*> parts[3] = {
+          {"data", &built.data}, {"block_table", &built.block_table}, {"slot_mapping", &built.slot_mapping}};
+      const std::uint64_t stored[3] = {so.hash_data, so.hash_block_table, so.hash_slot_mapping};
+      for (int i = 0; i < 3; ++i) {
+        const std::uint64_t hh = fnv1a64(parts[i].second->bytes(), parts[i].second->nbytes());
+        if (hh != stored[i])
+          throw GoldenFileError("case " + id + ": rebuilt cache bs=" + std::to_string(bs) + " " + parts[i].first + " (hash " +
+                                hash_hex(hh) + ") differs from the golden file's (hash " + hash_hex(stored[i]) +
+                                "): the cache layout changed since " + opt.golden + " was exported");
+      }
+      pc.caches.emplace(bs, std::move(built));
+    }
+    return pc;
+  }
+};
+
+GoldenRun::GoldenRun(const GoldenRunOptions& opt) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.opt = opt;
+  if (!opt.golden.empty() && !opt.replay.empty()) throw InputError("--golden and replay exclude each other");
+  const std::string& source = opt.golden.empty() ? opt.replay : opt.golden;
+  if (!source.empty()) {
+    m.reader.emplace(source, opt.max_bytes);
+    if (m.reader->info().kind != FileKind::kGolden)
+      throw GoldenFileError(source + ": a results file holds no inputs or references (use its golden file)");
+    if (!opt.golden.empty() && m.reader->info().generator_version != gen::kGeneratorVersion)
+      throw GoldenFileError(source + ": exported with generator version " + std::to_string(m.reader->info().generator_version) +
+                            ", this mlagate generates version " + std::to_string(gen::kGeneratorVersion) +
+                            ": regenerated inputs cannot match (replay it, or export it again)");
+    for (const std::string& id : opt.case_ids)
+      if (!m.reader->has_case(id)) throw GoldenFileError(source + ": no case '" + id + "' in this file");
+  }
+  if (!opt.save_results.empty()) {
+    if (!source.empty() && same_file(source, opt.save_results))
+      throw InputError("--save-results " + opt.save_results + " would replace the golden file being read");
+    m.writer.emplace(opt.save_results, opt.command_line);
+  }
+}
+
+GoldenRun::~GoldenRun() = default;
+
+std::vector<CaseSpec> GoldenRun::file_cases(const std::string& filter) const {
+  const Impl& m = *impl_;
+  if (!m.reader) throw std::logic_error("GoldenRun::file_cases without a file");
+  std::optional<std::regex> re;
+  if (!filter.empty()) {
+    try {
+      re.emplace(filter, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      throw InputError("--filter: invalid regex '" + filter + "': " + e.what());
+    }
+  }
+  std::vector<CaseSpec> out;
+  for (const std::string& id : m.reader->case_ids()) {
+    if (!m.opt.case_ids.empty() && std::find(m.opt.case_ids.begin(), m.opt.case_ids.end(), id) == m.opt.case_ids.end())
+      continue;
+    if (re && !std::regex_search(id, *re)) continue;
+    out.push_back(const_cast<GoldenReader&>(*m.reader).header(id).spec);
+  }
+  if (out.empty()) throw InputError("the selection matches no case of " + m.reader->path());
+  return out;
+}
+
+void GoldenRun::validate(const std::vector<CaseSpec>& cases, const ExecOptions& exec) {
+  Impl& m = *impl_;
+  if (!m.reader) return;
+  m.reader->validate_all();
+  if (m.opt.golden.empty()) return;
+  // run --golden: what the workers' from_golden would refuse (a case missing
+  // from the file, inputs or caches that rebuild differently, other poison
+  // options) is refused here first, so that no worker meets it and blames a
+  // backend. The same code as the workers', one case at a time.
+  for (const CaseSpec& spec : cases) {
+    try {
+      m.from_golden(spec, exec);
+    } catch (const InvalidCase&) {
+      // A case that cannot be generated: INVALID_CASE records, as in a plain run.
+    }
+  }
+}
+
+void GoldenRun::attach(RunConfig& cfg) {
+  Impl* m = impl_.get();
+  m->policy = cfg.policy;
+  for (const CaseSpec& s : cfg.cases) m->specs.emplace(s.id(), s);
+  const ExecOptions exec = cfg.exec;
+  cfg.prepare = [m, exec](const CaseSpec& spec) {
+    PreparedCase pc;
+    if (!m->opt.replay.empty()) pc = m->reader->load_case(spec.id());
+    else if (!m->opt.golden.empty()) pc = m->from_golden(spec, exec);
+    else pc.c = generate_case(spec);
+    if (m->writer) m->writer->add_case(spec, &pc.c, m->policy);
+    return pc;
+  };
+  if (!m->writer) return;
+  cfg.on_outputs = [m](const Case&, const Record& r, std::span<const ProducedOutput> outputs) {
+    std::vector<ResultsWriter::Output> views;
+    views.reserve(outputs.size());
+    for (const ProducedOutput& po : outputs) views.push_back({po.name, po.buf.view()});
+    m->writer->add_record(r, views);
+  };
+  auto prev = std::move(cfg.on_record);
+  cfg.on_record = [m, prev](const Record& r, std::size_t done, std::size_t total) {
+    if (!m->writer->has_record(r)) {
+      // Records that produced no outputs (not supported, crashed, invalid case).
+      if (auto it = m->specs.find(r.case_id); it != m->specs.end()) m->writer->add_case(it->second, nullptr, m->policy);
+      m->writer->add_record(r, {});
+    }
+    if (prev) prev(r, done, total);
+  };
+}
+
+std::string GoldenRun::finish() {
+  if (!impl_->writer) return {};
+  impl_->writer->commit();
+  return impl_->opt.save_results;
+}
+
+}  // namespace mlagate

@@ -1,0 +1,403 @@
+// Layer composition and kernel-level op execution over guarded buffers.
+#include "harness/run/layer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <string_view>
+
+#include "cases/encoding.h"
+#include "cases/errors.h"
+#include "reference/glue.h"
+
+namespace mlagate {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+// Copies rows of a 2-D tensor (row indices given) into a new tensor.
+Tensor gather_rows(const Tensor& t, std::span<const std::int64_t> rows) {
+  Shape s = t.shape();
+  const std::size_t row_bytes = t.nbytes() / static_cast<std::size_t>(std::max<std::int64_t>(s[0], 1));
+  s[0] = static_cast<std::int64_t>(rows.size());
+  Tensor out(t.dtype(), s);
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    std::memcpy(out.bytes() + i * row_bytes, t.bytes() + static_cast<std::size_t>(rows[i]) * row_bytes, row_bytes);
+  return out;
+}
+
+// Reads latent rows of request r, positions [from, to), back out of the paged
+// cache through the block table (the context a chunked prefill gathers). fp8
+// entries are dequantized by the reference reader and rounded to the model
+// dtype, as vLLM's gather-and-upconvert into a bf16 workspace does.
+void gather_from_cache(const Case& c, const PagedCache& cache, int r, int from, int to, Tensor& kv, Tensor& pe,
+                       std::int64_t out_row) {
+  const std::int64_t L = c.spec.dims.kv_lora_rank, R = c.spec.dims.rope_dim;
+  if (is_fp8(cache.kv_dtype)) {
+    std::vector<float> kv_f(static_cast<std::size_t>(L)), pe_f(static_cast<std::size_t>(R));
+    std::uint16_t (*round)(float) = c.spec.dtype == DType::kBF16 ? f32_to_bf16 : f32_to_f16;
+    for (int p = from; p < to; ++p) {
+      reference_cache_read(cache, cache.slot_of(r, p), kv_f.data(), pe_f.data());
+      const std::int64_t row = out_row + p - from;
+      std::uint16_t* kv_out = kv.data<std::uint16_t>() + row * L;
+      std::uint16_t* pe_out = pe.data<std::uint16_t>() + row * R;
+      for (std::int64_t k = 0; k < L; ++k) kv_out[k] = round(kv_f[static_cast<std::size_t>(k)]);
+      for (std::int64_t k = 0; k < R; ++k) pe_out[k] = round(pe_f[static_cast<std::size_t>(k)]);
+    }
+    return;
+  }
+  for (int p = from; p < to; ++p) {
+    const std::byte* e = cache.entry(cache.slot_of(r, p));
+    std::memcpy(kv.bytes() + (out_row + p - from) * L * 2, e, static_cast<std::size_t>(L * 2));
+    std::memcpy(pe.bytes() + (out_row + p - from) * R * 2, e + L * 2, static_cast<std::size_t>(R * 2));
+  }
+}
+
+std::vector<std::int32_t> cumsum(const std::vector<std::int32_t>& lens) {
+  std::vector<std::int32_t> cu{0};
+  for (auto l : lens) cu.push_back(cu.back() + l);
+  return cu;
+}
+
+std::size_t hash_bytes(const Tensor& t) {
+  return std::hash<std::string_view>{}(std::string_view(reinterpret_cast<const char*>(t.bytes()), t.nbytes()));
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.bytes(), b.bytes(), a.nbytes()) == 0;
+}
+
+}  // namespace
+
+std::pair<const Tensor*, const Tensor*> LayerMemo::up_project(const Case& c, const Tensor& kv, const Tensor& pe) {
+  const std::size_t h = hash_bytes(kv) ^ (hash_bytes(pe) * 0x9e3779b97f4a7c15ull);
+  for (const auto& p : projections_)
+    if (p->hash == h && same_bytes(p->kv, kv) && same_bytes(p->pe, pe)) return {&p->k, &p->v};
+  auto p = std::make_unique<Projection>();
+  p->hash = h;
+  up_project_kv(c, kv.view(), pe.view(), p->k, p->v);
+  const std::size_t size = kv.nbytes() + pe.nbytes() + p->k.nbytes() + p->v.nbytes();
+  if (bytes_ + size > kMaxBytes) {
+    spare_ = std::move(p);
+    return {&spare_->k, &spare_->v};
+  }
+  p->kv = kv;
+  p->pe = pe;
+  bytes_ += size;
+  projections_.push_back(std::move(p));
+  return {&projections_.back()->k, &projections_.back()->v};
+}
+
+std::pair<const Tensor*, const Tensor*> LayerMemo::absorb(const Case& c, const std::vector<int>& tokens) {
+  for (const auto& a : absorbed_)
+    if (a->tokens == tokens) return {&a->q_lat, &a->q_pe};
+  auto a = std::make_unique<Absorbed>();
+  a->tokens = tokens;
+  absorb_queries(c, tokens, a->q_lat, a->q_pe);
+  const std::size_t size = a->q_lat.nbytes() + a->q_pe.nbytes();
+  if (bytes_ + size > kMaxBytes) {
+    spare_absorbed_ = std::move(a);
+    return {&spare_absorbed_->q_lat, &spare_absorbed_->q_pe};
+  }
+  bytes_ += size;
+  absorbed_.push_back(std::move(a));
+  return {&absorbed_.back()->q_lat, &absorbed_.back()->q_pe};
+}
+
+Routing route_requests(const Capabilities& caps, const CaseSpec& spec) {
+  Routing r;
+  const auto& q = spec.batch.query_lens;
+  const bool has_decode = std::find(caps.ops.begin(), caps.ops.end(), Op::kDecode) != caps.ops.end();
+  const bool has_prefill = std::find(caps.ops.begin(), caps.ops.end(), Op::kPrefill) != caps.ops.end();
+  int threshold = caps.reorder_threshold;
+  if (spec.batch.spec_decode) {
+    if (caps.query_len_support == QueryLenSupport::kSingleOnly) {
+      r.support = Support::no("spec decode needs QueryLenSupport UNIFORM or VARLEN (decode kernel is SINGLE_ONLY)");
+      return r;
+    }
+    threshold = std::max(threshold, *std::max_element(q.begin(), q.end()));
+  }
+  if (!has_decode) threshold = 0;
+  int uniform_len = -1;
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    bool dec = q[i] <= threshold;
+    if (dec && caps.query_len_support == QueryLenSupport::kSingleOnly) dec = q[i] == 1;
+    if (dec && caps.query_len_support == QueryLenSupport::kUniform) {
+      if (uniform_len < 0) uniform_len = q[i];
+      dec = q[i] == uniform_len;
+    }
+    r.is_decode.push_back(dec);
+  }
+  for (std::size_t i = 0; i < q.size(); ++i)
+    if (!r.is_decode[i] && !has_prefill) {
+      r.support = Support::no("request " + std::to_string(i) + " (query_len " + std::to_string(q[i]) +
+                              ") takes the prefill path and the backend has no prefill kernel");
+      return r;
+    }
+  return r;
+}
+
+void note_guard(OpRun& run, const GuardedBuffer& buf, const std::string& name) {
+  if (run.guard_violation.empty()) run.guard_violation = buf.check_guards(name);
+}
+
+OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const ExecOptions& opt, LayerMemo* memo) {
+  const Routing routing = route_requests(b.capabilities(), c.spec);
+  if (!routing.support.ok) throw NotSupportedError(routing.support.reason);
+  const Dims& d = c.spec.dims;
+  const std::int64_t N = c.spec.num_heads(), L = d.kv_lora_rank, R = d.rope_dim, V = d.v_head_dim;
+  const std::int64_t T = c.num_tokens;
+  OpRun run;
+  PagedCache cache = base_cache;
+
+  // 1. New tokens into the cache through the backend's own writer.
+  std::vector<std::int64_t> kv_rows;
+  std::vector<std::int64_t> write_slots;
+  for (int i = 0; i < c.num_requests; ++i) {
+    if (c.seq_lens[i] == 0) continue;  // padding: nothing to write
+    for (int u = 0; u < c.query_lens[i]; ++u) {
+      kv_rows.push_back(c.kv_start_loc[i] + c.context_lens[i] + u);
+      write_slots.push_back(cache.slot_mapping.data<std::int64_t>()[c.query_start_loc[i] + u]);
+    }
+  }
+  {
+    const Tensor kv_new = gather_rows(c.kv_c, kv_rows), pe_new = gather_rows(c.k_pe, kv_rows);
+    const auto t0 = Clock::now();
+    b.cache_write(cache, kv_new.view(), pe_new.view(), write_slots);
+    run.run_ms += ms_since(t0);
+  }
+
+  Tensor out(c.spec.dtype, {T, N * V});
+  Tensor lse(DType::kF32, {T, N});
+  std::vector<int> dec_req, pre_req;
+  for (int i = 0; i < c.num_requests; ++i) (routing.is_decode[i] ? dec_req : pre_req).push_back(i);
+  for (int i = 0; i < c.num_requests; ++i) run.paths.push_back(routing.is_decode[i] ? "decode" : "prefill");
+
+  // 2. Decodes first (vLLM reorders the batch), absorbed into latent space.
+  if (!dec_req.empty()) {
+    std::vector<int> tokens;
+    std::vector<std::int32_t> seq, qsl{0};
+    for (int i : dec_req) {
+      for (int u = 0; u < c.query_lens[i]; ++u) tokens.push_back(c.query_start_loc[i] + u);
+      seq.push_back(c.seq_lens[i]);
+      qsl.push_back(qsl.back() + c.query_lens[i]);
+    }
+    // From the memo, copied: a backend that writes into its inputs must not
+    // change the next backend's.
+    Tensor q_lat, q_pe;
+    if (memo) {
+      const auto [ql, qp] = memo->absorb(c, tokens);
+      q_lat = *ql;
+      q_pe = *qp;
+    } else {
+      absorb_queries(c, tokens, q_lat, q_pe);
+    }
+    const std::int64_t Td = static_cast<std::int64_t>(tokens.size());
+    GuardedBuffer o_lat(c.spec.dtype, {Td, N, L}, opt.poison, opt.reuse_buffers);
+    GuardedBuffer d_lse(DType::kF32, {Td, N}, opt.poison, opt.reuse_buffers);
+    std::vector<std::int32_t> rows(dec_req.begin(), dec_req.end());
+    DecodeArgs a;
+    a.q_lat = q_lat.view();
+    a.q_pe = q_pe.view();
+    a.cache = &cache;
+    a.seq_lens = seq;
+    a.query_start_loc = qsl;
+    a.block_table_rows = rows;
+    a.scale = c.spec.softmax_scale();
+    a.k_scale = c.spec.k_scale;
+    a.o_lat = o_lat.view();
+    a.lse = d_lse.view();
+    const auto t0 = Clock::now();
+    b.decode(a);
+    run.run_ms += ms_since(t0);
+    note_guard(run, o_lat, "decode o_lat");
+    note_guard(run, d_lse, "decode lse");
+    project_latent_output(c, o_lat.view(), tokens, out);
+    for (std::int64_t i = 0; i < Td; ++i)
+      for (std::int64_t h = 0; h < N; ++h) lse.set(tokens[i] * N + h, d_lse.view().get(i * N + h));
+  }
+
+  // 3. Prefills: causal attention over the new tokens, then the context read
+  // back from the paged cache in chunks, merged through the LSEs.
+  if (!pre_req.empty()) {
+    std::vector<std::int64_t> q_rows, new_kv_rows;
+    std::vector<std::int32_t> qlens;
+    std::vector<std::int64_t> first_token;  // per prefill request: its first row in the prefill batch
+    for (int i : pre_req) {
+      first_token.push_back(static_cast<std::int64_t>(q_rows.size()));
+      for (int u = 0; u < c.query_lens[i]; ++u) {
+        q_rows.push_back(c.query_start_loc[i] + u);
+        new_kv_rows.push_back(c.kv_start_loc[i] + c.context_lens[i] + u);
+      }
+      qlens.push_back(c.query_lens[i]);
+    }
+    const std::int64_t Tp = static_cast<std::int64_t>(q_rows.size());
+    const Tensor q_all = gather_rows(c.q, q_rows);
+    std::vector<float> acc_o(static_cast<std::size_t>(Tp * N * V), 0.f);
+    std::vector<float> acc_lse(static_cast<std::size_t>(Tp * N), -std::numeric_limits<float>::infinity());
+
+    auto call_prefill = [&](const Tensor& q, const Tensor& kv, const Tensor& pe, const std::vector<std::int32_t>& cu_q,
+                            const std::vector<std::int32_t>& cu_k, bool causal, const std::string& what,
+                            GuardedBuffer& o, GuardedBuffer& l) {
+      Tensor k, v;
+      if (memo) {
+        const auto [mk, mv] = memo->up_project(c, kv, pe);
+        k = *mk;  // copies (a memcpy, against a GEMM): the backend may write into its inputs
+        v = *mv;
+      } else {
+        up_project_kv(c, kv.view(), pe.view(), k, v);
+      }
+      PrefillArgs a;
+      a.q = q.view();
+      a.k = k.view();
+      a.v = v.view();
+      a.cu_seqlens_q = cu_q;
+      a.cu_seqlens_k = cu_k;
+      a.causal = causal;
+      a.scale = c.spec.softmax_scale();
+      a.o = o.view();
+      a.lse = l.view();
+      const auto t0 = Clock::now();
+      b.prefill(a);
+      run.run_ms += ms_since(t0);
+      note_guard(run, o, what + " o");
+      note_guard(run, l, what + " lse");
+    };
+
+    {
+      Tensor kv = gather_rows(c.kv_c, new_kv_rows), pe = gather_rows(c.k_pe, new_kv_rows);
+      if (is_fp8(cache.kv_dtype)) {
+        // fp8 caches: the new tokens too are read back from the cache the
+        // backend's cache_write filled, so the golden (over the dequantized
+        // cache) is one function of the cache and a writer's error shows here.
+        std::int64_t row = 0;
+        for (int i : pre_req) {
+          if (c.seq_lens[i] > 0) gather_from_cache(c, cache, i, c.context_lens[i], c.seq_lens[i], kv, pe, row);
+          row += c.query_lens[i];
+        }
+      }
+      GuardedBuffer o(c.spec.dtype, {Tp, N, V}, opt.poison, opt.reuse_buffers);
+      GuardedBuffer l(DType::kF32, {Tp, N}, opt.poison, opt.reuse_buffers);
+      const auto cu = cumsum(qlens);
+      call_prefill(q_all, kv, pe, cu, cu, true, "prefill", o, l);
+      merge_states(acc_o, acc_lse, o.view(), l.view(), Tp, N, V);
+    }
+
+    const int chunk = std::max(1, opt.prefill_chunk);
+    for (int offset = 0;; offset += chunk) {
+      std::vector<std::size_t> sub;  // indices into pre_req with context left at this offset
+      for (std::size_t k = 0; k < pre_req.size(); ++k)
+        if (c.context_lens[pre_req[k]] > offset) sub.push_back(k);
+      if (sub.empty()) break;
+      std::vector<std::int64_t> sub_q_rows;
+      std::vector<std::int32_t> sub_qlens, sub_klens;
+      std::int64_t total_k = 0;
+      for (std::size_t k : sub) {
+        const int i = pre_req[k];
+        for (int u = 0; u < c.query_lens[i]; ++u) sub_q_rows.push_back(first_token[k] + u);
+        sub_qlens.push_back(c.query_lens[i]);
+        sub_klens.push_back(std::min(c.context_lens[i], offset + chunk) - offset);
+        total_k += sub_klens.back();
+      }
+      Tensor kv(c.spec.dtype, {total_k, L}), pe(c.spec.dtype, {total_k, R});
+      std::int64_t row = 0;
+      for (std::size_t j = 0; j < sub.size(); ++j) {
+        gather_from_cache(c, cache, pre_req[sub[j]], offset, offset + sub_klens[j], kv, pe, row);
+        row += sub_klens[j];
+      }
+      const Tensor q_sub = gather_rows(q_all, sub_q_rows);
+      const std::int64_t Ts = static_cast<std::int64_t>(sub_q_rows.size());
+      GuardedBuffer o(c.spec.dtype, {Ts, N, V}, opt.poison, opt.reuse_buffers);
+      GuardedBuffer l(DType::kF32, {Ts, N}, opt.poison, opt.reuse_buffers);
+      call_prefill(q_sub, kv, pe, cumsum(sub_qlens), cumsum(sub_klens), false, "context chunk", o, l);
+      // Scatter into full-size partials (absent rows: lse -inf, weight 0) and merge.
+      Tensor part_o(DType::kF32, {Tp, N, V}), part_l(DType::kF32, {Tp, N});
+      std::fill_n(part_l.data<float>(), Tp * N, -std::numeric_limits<float>::infinity());
+      for (std::int64_t i = 0; i < Ts; ++i)
+        for (std::int64_t h = 0; h < N; ++h) {
+          part_l.data<float>()[sub_q_rows[i] * N + h] = static_cast<float>(l.view().get(i * N + h));
+          for (std::int64_t x = 0; x < V; ++x)
+            part_o.data<float>()[(sub_q_rows[i] * N + h) * V + x] = static_cast<float>(o.view().get((i * N + h) * V + x));
+        }
+      merge_states(acc_o, acc_lse, part_o.view(), part_l.view(), Tp, N, V);
+    }
+    const TensorView ov = out.view();
+    for (std::int64_t i = 0; i < Tp; ++i)
+      for (std::int64_t h = 0; h < N; ++h) {
+        lse.set(q_rows[i] * N + h, acc_lse[static_cast<std::size_t>(i * N + h)]);
+        for (std::int64_t x = 0; x < V; ++x)
+          ov.set(q_rows[i] * N * V + h * V + x, acc_o[static_cast<std::size_t>((i * N + h) * V + x)]);
+      }
+  }
+
+  ProducedOutput po{"out", GuardedBuffer(c.spec.dtype, {T, N * V}, Poison::kZero), N, V, false};
+  std::memcpy(po.buf.view().data, out.bytes(), out.nbytes());
+  ProducedOutput pl{"lse", GuardedBuffer(DType::kF32, {T, N}, Poison::kZero), N, 1, true};
+  std::memcpy(pl.buf.view().data, lse.bytes(), lse.nbytes());
+  run.outputs.push_back(std::move(po));
+  run.outputs.push_back(std::move(pl));
+  return run;
+}
+
+OpRun run_decode_op(Backend& b, const Case& c, const PagedCache& cache, const Tensor& q_lat, const Tensor& q_pe,
+                    const ExecOptions& opt) {
+  const std::int64_t N = c.spec.num_heads(), L = c.spec.dims.kv_lora_rank, T = c.num_tokens;
+  OpRun run;
+  ProducedOutput o{"o_lat", GuardedBuffer(c.spec.dtype, {T, N, L}, opt.poison, opt.reuse_buffers), N, L, false};
+  ProducedOutput l{"lse", GuardedBuffer(DType::kF32, {T, N}, opt.poison, opt.reuse_buffers), N, 1, true};
+  std::vector<std::int32_t> rows(static_cast<std::size_t>(c.num_requests));
+  for (int i = 0; i < c.num_requests; ++i) rows[i] = i;
+  DecodeArgs a;
+  a.q_lat = q_lat.view();
+  a.q_pe = q_pe.view();
+  a.cache = &cache;
+  a.seq_lens = c.seq_lens;
+  a.query_start_loc = c.query_start_loc;
+  a.block_table_rows = rows;
+  a.scale = c.spec.softmax_scale();
+  a.k_scale = c.spec.k_scale;
+  a.o_lat = o.buf.view();
+  a.lse = l.buf.view();
+  const auto t0 = Clock::now();
+  b.decode(a);
+  run.run_ms = ms_since(t0);
+  note_guard(run, o.buf, "o_lat");
+  note_guard(run, l.buf, "lse");
+  for (int i = 0; i < c.num_requests; ++i) run.paths.push_back("decode");
+  run.outputs.push_back(std::move(o));
+  run.outputs.push_back(std::move(l));
+  return run;
+}
+
+OpRun run_prefill_op(Backend& b, const Case& c, const Tensor& k, const Tensor& v, const ExecOptions& opt) {
+  const std::int64_t N = c.spec.num_heads(), V = c.spec.dims.v_head_dim, T = c.num_tokens;
+  OpRun run;
+  ProducedOutput o{"o", GuardedBuffer(c.spec.dtype, {T, N, V}, opt.poison, opt.reuse_buffers), N, V, false};
+  ProducedOutput l{"lse", GuardedBuffer(DType::kF32, {T, N}, opt.poison, opt.reuse_buffers), N, 1, true};
+  PrefillArgs a;
+  a.q = c.q.view();
+  a.k = k.view();
+  a.v = v.view();
+  a.cu_seqlens_q = c.query_start_loc;
+  a.cu_seqlens_k = c.kv_start_loc;
+  a.causal = true;
+  a.scale = c.spec.softmax_scale();
+  a.o = o.buf.view();
+  a.lse = l.buf.view();
+  const auto t0 = Clock::now();
+  b.prefill(a);
+  run.run_ms = ms_since(t0);
+  note_guard(run, o.buf, "o");
+  note_guard(run, l.buf, "lse");
+  for (int i = 0; i < c.num_requests; ++i) run.paths.push_back("prefill");
+  run.outputs.push_back(std::move(o));
+  run.outputs.push_back(std::move(l));
+  return run;
+}
+
+}  // namespace mlagate

@@ -1,0 +1,97 @@
+// Runs one op of one backend on one case: the layer op composed from the
+// backend's kernels as vLLM's MLAAttention does (SPEC: Ops), or a
+// kernel-level decode / prefill op. Outputs come back in guarded buffers.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "cases/case.h"
+#include "cases/paged_cache.h"
+#include "harness/run/guarded.h"
+
+namespace mlagate {
+
+struct ExecOptions {
+  Poison poison = Poison::kNaN;     // outputs, workspaces and unused cache regions
+  bool poison_block_table = false;  // unused block-table entries = an invalid huge id
+  int prefill_chunk = 2048;         // context tokens per chunk of the MHA prefill path
+  bool reuse_buffers = false;       // kernel outputs from a pool of earlier ones (GuardedBuffer reuse), not fresh
+};
+
+// Which requests take the decode path: q_len <= reorder threshold, with
+// UNIFORM decodes sharing the first decode's q_len and SINGLE_ONLY decodes
+// having q_len 1; spec-decode batches raise the threshold to the longest
+// query for backends that are not SINGLE_ONLY (as the seed test does).
+struct Routing {
+  Support support;
+  std::vector<bool> is_decode;  // [B]
+};
+Routing route_requests(const Capabilities& caps, const CaseSpec& spec);
+
+struct ProducedOutput {
+  std::string name;  // "out", "lse", "o_lat", "o"
+  GuardedBuffer buf;
+  std::int64_t heads = 1, dim = 1;  // for locating elements
+  bool is_lse = false;
+};
+
+struct OpRun {
+  std::vector<ProducedOutput> outputs;
+  std::vector<std::string> paths;  // layer: per request
+  std::string guard_violation;     // first out-of-bounds write into a kernel output
+  double run_ms = 0;               // time inside the backend's kernels
+};
+
+// Records the first guard-band violation of a kernel output buffer in run.
+void note_guard(OpRun& run, const GuardedBuffer& buf, const std::string& name);
+
+// The layer op's harness glue that does not depend on the backend, kept for
+// the next backend that runs the same case: the prefill path's up-projected
+// keys and values (a GEMM per chunk of context, the bulk of the glue) and the
+// decode path's absorbed queries. Up-projections are keyed by their input
+// bytes and reused only for byte-identical inputs, so a backend whose cache
+// writer damaged the context still gets that context's own projection; the
+// results are the bits up_project_kv / absorb_queries return.
+class LayerMemo {
+ public:
+  // up_project_kv(c, kv, pe), computed on a miss. The tensors live as long as the memo.
+  std::pair<const Tensor*, const Tensor*> up_project(const Case& c, const Tensor& kv, const Tensor& pe);
+  // absorb_queries(c, tokens), computed on a miss.
+  std::pair<const Tensor*, const Tensor*> absorb(const Case& c, const std::vector<int>& tokens);
+  std::size_t bytes() const { return bytes_; }
+  static constexpr std::size_t kMaxBytes = std::size_t{2} << 30;  // beyond: computed, not kept
+
+ private:
+  struct Projection {
+    std::size_t hash;
+    Tensor kv, pe, k, v;
+  };
+  struct Absorbed {
+    std::vector<int> tokens;
+    Tensor q_lat, q_pe;
+  };
+  std::vector<std::unique_ptr<Projection>> projections_;
+  std::vector<std::unique_ptr<Absorbed>> absorbed_;
+  std::unique_ptr<Projection> spare_;  // a miss over the limit: valid until the next call
+  std::unique_ptr<Absorbed> spare_absorbed_;
+  std::size_t bytes_ = 0;
+};
+
+// Layer op. base_cache: the case's cache for the backend's block size, built
+// with write_new_tokens = false (the backend's cache_write fills them).
+// Throws NotSupportedError when the routing needs a kernel the backend lacks.
+// memo (optional): glue shared with the other backends running this case.
+OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const ExecOptions& opt,
+                LayerMemo* memo = nullptr);
+// Kernel-level decode of every request on absorbed queries (q_lat [T,N,L], q_pe [T,N,R]).
+// cache: built with write_new_tokens = true.
+OpRun run_decode_op(Backend& b, const Case& c, const PagedCache& cache, const Tensor& q_lat, const Tensor& q_pe,
+                    const ExecOptions& opt);
+// Kernel-level prefill of every request over the up-projected keys (k [S,N,P+R], v [S,N,V]).
+OpRun run_prefill_op(Backend& b, const Case& c, const Tensor& k, const Tensor& v, const ExecOptions& opt);
+
+}  // namespace mlagate

@@ -1,0 +1,102 @@
+// The runner: cases x backends x ops -> records. Each case's inputs and golden
+// are computed once and shared by every backend; each block size's paged cache
+// is built once per case and copied per run.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "cases/case.h"
+#include "cases/case_spec.h"
+#include "cases/paged_cache.h"
+#include "reference/compare.h"
+#include "harness/run/layer.h"
+#include "reports/record.h"
+#include "reference/golden.h"
+#include "reference/prepared_case.h"
+#include "reference/sdpa_emulation.h"
+
+namespace mlagate {
+
+// Where the golden comes from (--reference): an empty member means the fp64
+// Eigen reference of reference/golden.h; `cuda` puts the same math on the GPU.
+struct ReferenceImpl {
+  std::string name = "eigen";
+  std::function<Golden(const Case&)> absorbed;  // as golden_absorbed
+  std::function<void(const Case&, const TensorView& q_lat, std::vector<double>& o_lat, std::vector<double>& lse)>
+      mqa;  // as reference_mqa
+};
+
+// Where err_baseline comes from (--baseline; SPEC: Pass rules, rule 5): the seed test's
+// SDPA reference in the model dtype, per case and op, on the paths the backend
+// took. Default: the CPU emulation (reference/sdpa_emulation.h); `layer` may
+// replace it for the layer op's output (the libtorch reference; lse and the
+// kernel-level ops keep the emulation).
+struct BaselineImpl {
+  std::string name = "emulated";
+  // err_baseline is computed when the policy is baseline, or for every record
+  // when `always` (min_fudge in every verdict: the CLI's default).
+  bool always = false;
+  std::function<SdpaResult(const Case&, SdpaForm, std::span<const int> requests)> layer;
+};
+
+struct CaseContext;
+
+struct RunConfig {
+  std::vector<CaseSpec> cases;
+  std::vector<Op> ops{Op::kLayer};
+  Policy policy;
+  ExecOptions exec;
+  ReferenceImpl reference;
+  BaselineImpl baseline;
+  // One-line command that reruns exactly (case, backend, op); set by the CLI.
+  std::function<std::string(const CaseSpec&, const std::string& backend, Op op)> repro;
+  // (optional) One-line command running exactly these cases in this order on
+  // one backend instance (order-dependent failures).
+  std::function<std::string(const std::vector<const CaseSpec*>&, const std::string& backend, Op op)> repro_sequence;
+  // Called after every record (progress, console lines).
+  std::function<void(const Record&, std::size_t done, std::size_t total)> on_record;
+  // (optional) makes each case instead of generate_case (golden files); InvalidCase
+  // gives INVALID_CASE records, any other exception ends the run.
+  std::function<PreparedCase(const CaseSpec&)> prepare;
+  // (optional) each record that ran, with its outputs, before they are freed (results files).
+  std::function<void(const Case&, const Record&, std::span<const ProducedOutput>)> on_outputs;
+  // (optional) polled between records: true ends the run early (SIGINT/SIGTERM).
+  std::function<bool()> stop;
+  // (optional) runs one (case, backend, op) instead of run_one (--repeat).
+  std::function<Record(CaseContext&, Backend&, Op)> run_job;
+};
+
+std::vector<Record> run_cases(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& backends);
+
+// Runs one (case, backend, op) on an already generated case and golden; used by
+// run_cases and by tests. golden_decode_* are only read for Op::kDecode.
+Record run_one(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg);
+
+// A run's cases in sequence (run_cases, isolation workers): each case's context
+// is made on entry, reusing the previous case's inputs, golden and caches where
+// they are the same. The returned context lives until the next enter().
+class CaseStream {
+ public:
+  explicit CaseStream(const RunConfig& cfg);
+  ~CaseStream();
+  CaseContext& enter(const CaseSpec& spec);  // throws InvalidCase
+ private:
+  const RunConfig& cfg_;
+  std::unique_ptr<CaseContext> last_;
+};
+
+// The case a context holds.
+const CaseSpec& context_spec(const CaseContext& ctx);
+
+// The record of a (case, backend, op) whose case cannot be made.
+Record invalid_case_record(const RunConfig& cfg, const CaseSpec& spec, const std::string& backend, Op op,
+                           const std::string& why);
+
+}  // namespace mlagate

@@ -1,0 +1,300 @@
+// Metrics and verdicts for one output against the fp64 golden.
+#include "reference/compare.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <cstdio>
+#include <stdexcept>
+
+#include "cases/encoding.h"
+#include "cases/errors.h"
+
+namespace mlagate {
+
+namespace {
+
+std::string fmt(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.4g", v);
+  return b;
+}
+
+const char* nonfinite_kind(double v) {
+  if (std::isnan(v)) return "NaN";
+  return v > 0 ? "+inf" : "-inf";
+}
+
+}  // namespace
+
+std::string Policy::describe() const {
+  switch (kind) {
+    case Kind::kVllm: return "vllm(atol=" + fmt(atol) + ", rtol=" + fmt(rtol) + ", output only)";
+    case Kind::kFixed: return "fixed(atol=" + fmt(atol) + ", rtol=" + fmt(rtol) + ")";
+    case Kind::kBaseline: return "baseline(fudge=" + fmt(fudge) + ")";
+  }
+  return "?";
+}
+
+std::vector<std::string> Policy::cli_argv() const {
+  if (kind == Kind::kVllm) return {"--policy", "vllm"};
+  if (kind == Kind::kBaseline) return {"--policy", "baseline", "--fudge", exact_number(fudge)};
+  return {"--policy", "fixed", "--atol", exact_number(atol), "--rtol", exact_number(rtol)};
+}
+
+std::string Policy::cli_args() const {
+  std::string s;
+  for (const std::string& w : cli_argv()) s += (s.empty() ? "" : " ") + w;
+  return s;
+}
+
+bool Policy::gates(const std::string& output) const {
+  // The seed test only compares the layer output; lse and o_lat are extra.
+  if (kind == Kind::kVllm) return output == "out" || output == "o" || output == "o_lat";
+  return true;
+}
+
+Policy make_policy(const std::string& name, double atol, double rtol, double fudge) {
+  Policy p;
+  if (name == "vllm") {
+    p.kind = Policy::Kind::kVllm;
+    p.atol = 0.5;
+    p.rtol = 1e-2;
+  } else if (name == "fixed") {
+    if (!(atol >= 0) || !(rtol >= 0)) throw InputError("--atol and --rtol must be >= 0");
+    p.kind = Policy::Kind::kFixed;
+    p.atol = atol;
+    p.rtol = rtol;
+  } else if (name == "baseline") {
+    if (!(fudge >= 0) || !std::isfinite(fudge)) throw InputError("--fudge must be finite and >= 0");
+    p.kind = Policy::Kind::kBaseline;
+    p.atol = 0;
+    p.rtol = 0;
+    p.fudge = fudge;
+  } else {
+    throw InputError("unknown policy '" + name + "' (expected baseline, vllm or fixed)");
+  }
+  return p;
+}
+
+double baseline_floor(double max_abs_ref, DType out_dtype, bool is_lse, int dqk) {
+  if (is_lse) return std::max(dqk, 1) * 0.5 * ulp_of(std::max(1.0, max_abs_ref), DType::kF32);
+  return 0.5 * ulp_of(max_abs_ref, out_dtype);
+}
+
+Location Layout::locate(std::int64_t flat) const {
+  Location l;
+  l.flat = flat;
+  if (flat < 0) return l;
+  const std::int64_t per_token = heads * dim;
+  const std::int64_t t = flat / per_token;
+  l.head = static_cast<int>((flat / dim) % heads);
+  l.dim = static_cast<int>(flat % dim);
+  l.token = static_cast<int>(t);
+  for (std::size_t r = 0; r + 1 < query_start_loc.size(); ++r)
+    if (t >= query_start_loc[r] && t < query_start_loc[r + 1]) {
+      l.request = static_cast<int>(r);
+      l.token = static_cast<int>(t - query_start_loc[r]);
+      break;
+    }
+  return l;
+}
+
+namespace {
+
+struct UlpFormat {
+  int mant_bits;  // precision, implicit bit included
+  int min_exp;    // smallest normal exponent
+};
+
+UlpFormat ulp_format(DType d) {
+  switch (d) {
+    case DType::kBF16: return {8, -126};
+    case DType::kF16: return {11, -14};
+    case DType::kF32: return {24, -126};
+    default: return {53, -1022};
+  }
+}
+
+// The spacing of format f at |y| (y finite). Normal doubles read their
+// exponent from the bits (the compare loop calls this per element); zero and
+// subnormals go through frexp. Both give the same power of two.
+double ulp_in(double y, UlpFormat f) {
+  const auto bits = std::bit_cast<std::uint64_t>(y);
+  const int biased = static_cast<int>((bits >> 52) & 0x7ff);
+  int exp;
+  if (biased != 0) {
+    exp = std::max(biased - 1023, f.min_exp);
+  } else {
+    int e = 0;
+    std::frexp(std::fabs(y), &e);  // |y| in [2^(e-1), 2^e); 0 gives e = 0
+    exp = y == 0 ? f.min_exp : std::max(e - 1, f.min_exp);
+  }
+  const int p = exp - (f.mant_bits - 1);
+  if (p >= -1022) return std::bit_cast<double>(static_cast<std::uint64_t>(p + 1023) << 52);
+  return std::ldexp(1.0, p);
+}
+
+// Every element as double, one switch per tensor instead of per element.
+std::vector<double> as_f64(const TensorView& v) {
+  const std::int64_t n = v.numel();
+  std::vector<double> out(static_cast<std::size_t>(n));
+  switch (v.dtype) {
+    case DType::kF64: std::memcpy(out.data(), v.data, static_cast<std::size_t>(n) * 8); break;
+    case DType::kF32: {
+      const float* p = static_cast<const float*>(v.data);
+      for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = p[i];
+      break;
+    }
+    case DType::kBF16: {
+      const auto* p = static_cast<const std::uint16_t*>(v.data);
+      for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = bf16_to_f32(p[i]);
+      break;
+    }
+    case DType::kF16: {
+      const auto* p = static_cast<const std::uint16_t*>(v.data);
+      for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = f16_to_f32(p[i]);
+      break;
+    }
+    default:
+      for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = v.get(i);
+  }
+  return out;
+}
+
+}  // namespace
+
+double ulp_of(double y, DType d) { return ulp_in(y, ulp_format(d)); }
+
+Status compare_output(const OutputCheck& c, const Policy& p, Metrics& m) {
+  m = Metrics{};
+  m.output = c.name;
+  m.numel = shape_numel(c.expected_shape);
+  // 1. Shape and dtype first: a wrong axis must not be hidden by broadcasting.
+  if (c.got.shape != c.expected_shape || c.got.dtype != c.expected_dtype) {
+    m.message = c.name + ": produced " + shape_str(c.got.shape) + " " + std::string(dtype_name(c.got.dtype)) +
+                ", expected " + shape_str(c.expected_shape) + " " + std::string(dtype_name(c.expected_dtype));
+    return Status::kIncorrect;
+  }
+  const std::vector<double>& y = *c.golden;
+  if (static_cast<std::int64_t>(y.size()) != m.numel)
+    throw std::logic_error("compare_output: golden size mismatch for " + c.name);
+  const std::vector<double> got = as_f64(c.got);
+  const UlpFormat ulp_fmt = ulp_format(c.expected_dtype);
+
+  // 3. Non-finite positions must match the reference's (an empty row's lse may
+  // be either infinity; anything else non-finite is a mismatch).
+  int plus_inf_rows = 0;
+  for (std::int64_t i = 0; i < m.numel; ++i) {
+    const double x = got[static_cast<std::size_t>(i)], r = y[static_cast<std::size_t>(i)];
+    const bool xf = std::isfinite(x), rf = std::isfinite(r);
+    if (xf && rf) continue;
+    bool ok = false;
+    if (!xf && !rf) ok = c.is_lse ? std::isinf(x) && std::isinf(r) : (std::isnan(x) == std::isnan(r) && x == r);
+    if (ok && c.is_lse && x > 0) ++plus_inf_rows;
+    if (!ok) {
+      if (m.nonfinite_mismatches == 0) {
+        m.first_nonfinite = c.layout.locate(i);
+        m.message = c.name + ": " + (xf ? fmt(x) : nonfinite_kind(x)) + " where the reference has " +
+                    (rf ? fmt(r) : nonfinite_kind(r)) + " at " + m.first_nonfinite.str();
+      }
+      ++m.nonfinite_mismatches;
+    }
+  }
+
+  // 4. Metrics over positions where both are finite.
+  // lse is a logarithm: an absolute error e scales every probability by e^e,
+  // whatever lse's size, so it is judged on atol alone.
+  const double rtol = c.is_lse ? 0.0 : p.rtol;
+  double sum_abs = 0, sum_d2 = 0, sum_y2 = 0, sum_x2 = 0, sum_xy = 0, max_abs_y = 0;
+  std::int64_t n = 0, worst = -1;
+  m.max_abs = 0;
+  m.max_ulp = 0;
+  m.min_atol = 0;
+  for (std::int64_t i = 0; i < m.numel; ++i) {
+    const double x = got[static_cast<std::size_t>(i)], r = y[static_cast<std::size_t>(i)];
+    if (!std::isfinite(x) || !std::isfinite(r)) continue;
+    const double d = std::fabs(x - r);
+    ++n;
+    sum_abs += d;
+    sum_d2 += d * d;
+    sum_y2 += r * r;
+    sum_x2 += x * x;
+    sum_xy += x * r;
+    max_abs_y = std::max(max_abs_y, std::fabs(r));
+    if (d > m.max_abs || worst < 0) {
+      m.max_abs = d;
+      worst = i;
+    }
+    m.max_ulp = std::max(m.max_ulp, d / ulp_in(r, ulp_fmt));
+    m.min_atol = std::max(m.min_atol, d - rtol * std::fabs(r));
+  }
+  m.ref_norm = std::sqrt(sum_y2);
+  m.out_norm = std::sqrt(sum_x2);
+  if (n > 0) {
+    m.mean_abs = sum_abs / static_cast<double>(n);
+    m.nmse = sum_y2 > 0 ? sum_d2 / sum_y2 : (sum_d2 > 0 ? INFINITY : 0.0);
+    const double denom = sum_x2 + sum_y2;
+    m.cos_diff = denom > 0 ? 1.0 - 2.0 * sum_xy / denom : 0.0;
+    // Relative error with a floor at 1% of the reference's RMS, so near-zero
+    // reference elements do not dominate.
+    m.rel_floor = std::max(1e-2 * std::sqrt(sum_y2 / static_cast<double>(n)), 1e-30);
+    m.max_rel = 0;
+    for (std::int64_t i = 0; i < m.numel; ++i) {
+      const double x = got[static_cast<std::size_t>(i)], r = y[static_cast<std::size_t>(i)];
+      if (std::isfinite(x) && std::isfinite(r))
+        m.max_rel = std::max(m.max_rel, std::fabs(x - r) / std::max(std::fabs(r), m.rel_floor));
+    }
+    m.worst = c.layout.locate(worst);
+  } else {
+    m.max_abs = kNaN;
+    m.max_ulp = kNaN;
+  }
+  // The baseline policy's terms, and the smallest fudge that would have passed.
+  m.err_baseline = c.err_baseline;
+  if (std::isfinite(c.err_baseline) || p.kind == Policy::Kind::kBaseline)
+    m.baseline_floor = baseline_floor(max_abs_y, c.expected_dtype, c.is_lse, c.dqk);
+  if (n > 0 && std::isfinite(c.err_baseline)) {
+    const double excess = std::max(0.0, m.max_abs - m.baseline_floor);
+    m.min_fudge = excess == 0 ? 0.0 : (c.err_baseline > 0 ? excess / c.err_baseline : INFINITY);
+  }
+
+  if (m.nonfinite_mismatches > 0) {
+    m.min_atol = INFINITY;
+    if (std::isfinite(c.err_baseline)) m.min_fudge = INFINITY;
+    m.passed = false;
+    return Status::kNonfinite;
+  }
+  if (c.is_lse && plus_inf_rows > 0) m.message = c.name + ": " + std::to_string(plus_inf_rows) + " empty row(s) returned +inf";
+
+  // 5. The policy, on the outputs it gates.
+  if (p.gates(c.name) && p.kind == Policy::Kind::kBaseline) {
+    if (!std::isfinite(c.err_baseline)) throw std::logic_error("compare_output: baseline policy without err_baseline for " + c.name);
+    const double limit = p.fudge * c.err_baseline + m.baseline_floor;
+    if (m.max_abs > limit) {
+      m.passed = false;
+      m.message = c.name + ": max abs err " + fmt(m.max_abs) + " at " + m.worst.str() + " exceeds " + p.describe() +
+                  ": " + fmt(p.fudge) + " x err_baseline " + fmt(c.err_baseline) + " + floor " + fmt(m.baseline_floor) +
+                  " = " + fmt(limit) + " (needs fudge " + fmt(m.min_fudge) + ")";
+      return Status::kIncorrect;
+    }
+  } else if (p.gates(c.name) && m.min_atol > p.atol) {
+    m.passed = false;
+    m.message = c.name + ": max abs err " + fmt(m.max_abs) + " at " + m.worst.str() + " exceeds " + p.describe() +
+                " (needs atol " + fmt(m.min_atol) + ")";
+    return Status::kIncorrect;
+  }
+  // 6. Sanity: an all-zero output cannot pass against a non-zero reference,
+  // and a reference of norm 0 proves nothing.
+  if (p.gates(c.name) && !c.is_lse && (m.ref_norm == 0 || m.out_norm == 0)) {
+    m.passed = false;
+    m.message = c.name + ": zero norm (reference " + fmt(m.ref_norm) + ", output " + fmt(m.out_norm) + ")";
+    return Status::kIncorrect;
+  }
+  m.passed = true;
+  return Status::kPassed;
+}
+
+}  // namespace mlagate

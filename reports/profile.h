@@ -1,0 +1,60 @@
+// Where a run's wall time goes (`mlagate run --profile`, and the "profile"
+// object of the JSON report): one accumulator per phase, filled by the code
+// that does the work, so that the rows of the table sum to the wall and what
+// no phase names shows as an explicit "unaccounted" row.
+//
+// Per-record phases (generate, golden, baseline, cache, glue, run, compare)
+// come from the records' Timings, added once per job actually run (order
+// checks included, journaled records not). Per-process phases (setup, worker
+// start, the worker's own initialisation, parent-worker traffic, journal,
+// reports) are added by the parent where they happen.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "reports/record.h"
+
+namespace mlagate {
+
+// When this process started running its code (static initialisation): the
+// worker's initialisation is measured from here to its READY line.
+std::chrono::steady_clock::time_point process_start_time();
+
+struct RunProfile {
+  // Parent-side phases, milliseconds.
+  double setup_ms = 0;          // flags, case selection, backend construction, journal open
+  double worker_spawn_ms = 0;   // posix_spawn to READY, less the worker's own initialisation
+  double worker_init_ms = 0;    // inside the worker: process start to READY (flags, cases, backends)
+  int workers_started = 0;
+  double ipc_ms = 0;            // a job's wall in the parent less its record's total: protocol, (de)serialisation, polling
+  double lost_job_ms = 0;       // jobs whose worker crashed or timed out (no record timings)
+  double record_ms = 0;         // journal append, console lines and progress per record
+  double post_ms = 0;           // --sanitize reruns, --save-failures bundles, results file
+  double reports_ms = 0;        // JSON, JUnit and Markdown reports, journal removal
+  // Sums of the records' Timings over every job run.
+  Timings jobs;
+  long long jobs_run = 0;
+
+  // Adds a record's phases; `parent_wall_ms` < 0 when the job ran in this process.
+  void add_job(const Timings& t, double parent_wall_ms = -1);
+
+  // (phase, milliseconds) rows in run order, an "unaccounted" row making them sum to `wall_ms`.
+  std::vector<std::pair<std::string, double>> rows(double wall_ms) const;
+};
+
+// The run's profile (one run per process).
+RunProfile& run_profile();
+
+// The --profile table: one row per phase with ms and % of the wall, and the total.
+std::string profile_table(const RunProfile& p, double wall_ms);
+
+// Adds every phase of `t` to `into` (total_ms included).
+void accumulate(Timings& into, const Timings& t);
+
+// The named phases of one record summed (Timings::total_ms excluded).
+double named_phases_ms(const Timings& t);
+
+}  // namespace mlagate
