@@ -1,4 +1,4 @@
-// Throughput of the fp64 golden reference against Eigen's own fp64 GEMM on
+// Throughput of the fp64 reference reference against Eigen's own fp64 GEMM on
 // this machine: the reference is GEMM-bound, so its GFLOP/s (useful math only)
 // should be a large fraction of the plain GEMM's at the same thread count.
 #include <benchmark/benchmark.h>
@@ -13,14 +13,14 @@
 
 #include "cases/case.h"
 #include "cases/suite.h"
-#include "reference/golden.h"
+#include "reference/fp64_reference.h"
 
 namespace mlagate {
 namespace {
 
 using RowMat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-// Keys query token u of request i sees (golden.h): 0 .. c_i + u within the request.
+// Keys query token u of request i sees (fp64_reference.h): 0 .. c_i + u within the request.
 std::int64_t visible(const Case& c, int i, int u) {
   return std::clamp<std::int64_t>(std::int64_t{c.context_lens[i]} + u + 1, 0, c.seq_lens[i]);
 }
@@ -84,10 +84,10 @@ const Case& bench_case(const std::string& spec, int tp) {
   return *slot;
 }
 
-void bm_golden(benchmark::State& state, const std::string& spec, int tp, bool mha) {
+void bm_reference(benchmark::State& state, const std::string& spec, int tp, bool mha) {
   const Case& c = bench_case(spec, tp);
   for (auto _ : state) {
-    Golden g = mha ? golden_mha(c) : golden_absorbed(c);
+    ReferenceOutputs g = mha ? reference_mha(c) : reference_absorbed(c);
     benchmark::DoNotOptimize(g.out.data());
   }
   set_gflops(state, mha ? mha_flops(c) : absorbed_flops(c));
@@ -101,7 +101,7 @@ void register_all() {
   const GemmShape shapes[] = {
       {4096, 2048, 576, "prefill_QK^T"},  // a large_prefill row chunk's logits, whole request
       {128, 2048, 576, "decode_QK^T"},    // large_decode: one request's 128 heads
-      {4096, 256, 512, "mha_up_proj"},    // golden_mha: [s, L] x [L, P+V]
+      {4096, 256, 512, "mha_up_proj"},    // reference_mha: [s, L] x [L, P+V]
       {1024, 1024, 1024, "square"},
   };
   for (const GemmShape& s : shapes) {
@@ -127,8 +127,8 @@ void register_all() {
   };
   for (const GoldenRun& r : runs) {
     const std::string name =
-        std::string(r.mha ? "golden_mha/" : "golden_absorbed/") + r.spec + "/tp" + std::to_string(r.tp);
-    benchmark::RegisterBenchmark(name.c_str(), bm_golden, std::string(r.spec), r.tp, r.mha)
+        std::string(r.mha ? "reference_mha/" : "reference_absorbed/") + r.spec + "/tp" + std::to_string(r.tp);
+    benchmark::RegisterBenchmark(name.c_str(), bm_reference, std::string(r.spec), r.tp, r.mha)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond)
         ->MinTime(2.0);

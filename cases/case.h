@@ -32,7 +32,7 @@ struct Case {
 
   // fp8 caches only (empty for auto): kv_c and k_pe as a correct reader sees
   // them in the cache, decode(encode(x)) with the reference writer's encoding
-  // (cases/fp8.h), in fp32. The golden attends over these (SPEC: KV cache dtypes).
+  // (cases/fp8.h), in fp32. The reference attends over these (SPEC: KV cache dtypes).
   Tensor kv_c_cache;  // [S, L] float32
   Tensor k_pe_cache;  // [S, R] float32
 

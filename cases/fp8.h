@@ -1,7 +1,7 @@
 // fp8 KV cache formats (SPEC: KV cache dtypes): our own e4m3fn and UE8M0
 // encodings, the fp8_ds_mla tile-scale rules, and the byte layout of one
 // token's cache entry for every kv cache dtype. The reference cache writer
-// (paged_cache.h) and the golden's view of the cache are built from these;
+// (paged_cache.h) and the reference's view of the cache are built from these;
 // backends write and read with their own code and are checked against them.
 #pragma once
 

@@ -68,7 +68,7 @@ class Tensor {
   double get(std::int64_t i) const { return view().get(i); }
   void set(std::int64_t i, double v) { view().set(i, v); }
 
-  // All elements as double (the golden reference reads inputs this way).
+  // All elements as double (the reference reference reads inputs this way).
   std::vector<double> to_f64() const;
 
  private:

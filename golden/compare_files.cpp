@@ -1,6 +1,6 @@
 // compare A B: two results files, case by case, backend x op by backend x op,
 // output by output: bit-identical, or how far apart (with the first worst
-// element located), and the error against the golden each run measured.
+// element located), and the error against the reference each run measured.
 #include <bit>
 #include <cmath>
 #include <cstring>

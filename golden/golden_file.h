@@ -68,6 +68,7 @@ struct FileInfo {
   int schema_version = kGoldenSchemaVersion;
   int generator_version = 0;
   std::string mlagate_version, git_commit, created_at, command_line;
+  std::string shard;  // results files of a --shard run: "I/N"; empty otherwise
 };
 
 // ---------------------------------------------------------------- writing
@@ -85,7 +86,7 @@ struct ExportOptions {
   std::function<void(std::size_t cases_written, const std::string& case_id)> after_case;
 };
 
-// A case as export stores it: generated inputs, the fp64 golden (absorbed
+// A case as export stores it: generated inputs, the fp64 reference (absorbed
 // path: out, lse), the caches without the new tokens, and (with the decode op)
 // the absorbed queries and their reference.
 PreparedCase prepare_export_case(const CaseSpec& spec, const ExportOptions& opt);
@@ -102,7 +103,8 @@ ExportSummary export_golden(const std::vector<CaseSpec>& cases, const std::strin
 // op the status, metrics and raw outputs. Temporary file until commit().
 class ResultsWriter {
  public:
-  ResultsWriter(const std::string& path, const std::string& command_line);
+  // `shard`: "I/N" of a --shard run (the root's shard attribute), or empty.
+  ResultsWriter(const std::string& path, const std::string& command_line, const std::string& shard = "");
   ~ResultsWriter();  // without commit(): the temporary file is removed, `path` untouched
   ResultsWriter(const ResultsWriter&) = delete;
   ResultsWriter& operator=(const ResultsWriter&) = delete;
@@ -124,6 +126,14 @@ class ResultsWriter {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Merges results files (the shards of one run, or runs of disjoint cases)
+// into `out`: every input validated whole first, every case group copied as
+// stored. A case in two inputs, a golden file among the inputs, shards of
+// different counts, a shard given twice or missing: GoldenFileError, and `out`
+// is not written. Returns the number of cases.
+std::size_t merge_results_files(const std::vector<std::string>& inputs, const std::string& out,
+                                const std::string& command_line);
 
 // ---------------------------------------------------------------- reading
 
@@ -151,7 +161,7 @@ struct StoredCacheOptions {
 struct StoredOutput {
   std::string name;  // "out", "lse", "o_lat", "o"
   Tensor data;       // as the backend produced it (dtype and shape)
-  Metrics metrics;   // against the golden, as the run computed them
+  Metrics metrics;   // against the reference, as the run computed them
   std::int64_t heads = 1, dim = 1;  // for locating elements
 };
 
@@ -163,7 +173,7 @@ struct StoredResult {
   std::vector<StoredOutput> outputs;
 };
 
-// Opens a golden or results file and validates everything it reads before
+// Opens a reference or results file and validates everything it reads before
 // returning it: a corrupt or hostile file throws GoldenFileError (never a
 // crash, never an out-of-bounds read). Allocations per call stay within
 // max_bytes.
@@ -191,7 +201,7 @@ class GoldenReader {
   // num_blocks, slot mapping, lengths). build_missing_caches is false.
   PreparedCase load_case(const std::string& id);
   // Stored references only (run --golden), checked like load_case.
-  Golden load_golden(const std::string& id);
+  ReferenceOutputs load_reference(const std::string& id);
   std::optional<PreparedCase::DecodeReference> load_decode_reference(const std::string& id);
   // A sparse case's stored query and reference, every stored value validated
   // and the index sets checked equal to c's (the regenerated case).

@@ -126,6 +126,9 @@ Group gcreate(hid_t loc, const std::string& name, const std::string& what) {
 Group gopen(hid_t loc, const std::string& name, const std::string& what) {
   return Group(checked(H5Gopen2(loc, name.c_str(), H5P_DEFAULT), "H5Gopen2", what));
 }
+void ocopy(hid_t src, const std::string& src_name, hid_t dst, const std::string& dst_name, const std::string& what) {
+  checked(H5Ocopy(src, src_name.c_str(), dst, dst_name.c_str(), H5P_DEFAULT, H5P_DEFAULT), "H5Ocopy", what);
+}
 bool lexists(hid_t loc, const std::string& name, const std::string& what) {
   return checked(H5Lexists(loc, name.c_str(), H5P_DEFAULT), "H5Lexists", what) > 0;
 }
@@ -164,6 +167,40 @@ std::vector<std::string> list_links(hid_t loc, const std::string& what, std::siz
   checked(H5Literate(loc, H5_INDEX_NAME, H5_ITER_INC, &idx, list_one, &st), "H5Literate", what);
   if (st.overflow) throw GoldenFileError(what + ": more than " + std::to_string(max_names) + " members");
   return st.names;
+}
+
+namespace {
+herr_t list_one_attr(hid_t, const char* name, const H5A_info_t*, void* data) {
+  auto* st = static_cast<ListState*>(data);
+  if (st->names.size() >= st->max_names) {
+    st->overflow = true;
+    return 1;  // stop
+  }
+  st->names.emplace_back(name);
+  return 0;
+}
+}  // namespace
+
+std::vector<std::string> list_attrs(hid_t loc, const std::string& what, std::size_t max_names) {
+  ListState st{{}, max_names};
+  hsize_t idx = 0;
+  checked(H5Aiterate2(loc, H5_INDEX_NAME, H5_ITER_INC, &idx, list_one_attr, &st), "H5Aiterate2", what);
+  if (st.overflow) throw GoldenFileError(what + ": more than " + std::to_string(max_names) + " attributes");
+  return st.names;
+}
+
+void copy_attr(hid_t src, hid_t dst, const std::string& name, const std::string& what) {
+  const Attribute a = aopen(src, name, what);
+  const Datatype t = aget_type(a, what);
+  if (H5Tdetect_class(t.get(), H5T_VLEN) != 0 || tis_variable_str(t, what))
+    throw GoldenFileError(what + ": attribute " + name + " has a variable-length type");
+  const Dataspace space = aget_space(a, what);
+  const hssize_t n = H5Sget_simple_extent_npoints(space.get());
+  if (n < 0) fail("H5Sget_simple_extent_npoints", what);
+  std::vector<unsigned char> buf(static_cast<std::size_t>(n) * tget_size(t, what));
+  aread(a, t.get(), buf.data(), what);
+  const Attribute out = acreate(dst, name, t.get(), space, what);
+  awrite(out, t.get(), buf.data(), what);
 }
 
 Dataspace screate_simple(const std::vector<hsize_t>& dims, const std::string& what) {

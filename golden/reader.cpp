@@ -261,13 +261,13 @@ struct GoldenReader::Impl {
     return read_header(g.get(), id, budget);
   }
 
-  Golden read_golden(hid_t g, const CaseHeader& h, io::Budget& budget) {
+  ReferenceOutputs read_reference(hid_t g, const CaseHeader& h, io::Budget& budget) {
     const Where w = case_where(h.id);
     if (!h.has_golden) bad(w, "no golden group");
     const h5::Group gg = io::open_group(g, schema::kGoldenGroup, w);
     const Where wg = w / schema::kGoldenGroup;
     const std::int64_t T = h.spec.num_tokens(), N = h.spec.num_heads(), V = h.spec.dims.v_head_dim;
-    Golden out;
+    ReferenceOutputs out;
     out.out = to_vector(io::read_tensor(gg.get(), "out", DType::kF64, {T, N * V}, wg, budget));
     out.lse = to_vector(io::read_tensor(gg.get(), "lse", DType::kF64, {T, N}, wg, budget));
     check_reference(out.out, h, N, V, false, wg / "out");
@@ -413,6 +413,7 @@ GoldenReader::GoldenReader(const std::string& path, std::uint64_t max_bytes) : i
   m.info.git_commit = io::read_string(root, "git_commit", m.root, 256);
   m.info.created_at = io::read_string(root, "created_at", m.root, 256);
   m.info.command_line = io::read_string(root, "command_line", m.root);
+  if (io::has_attr(root, "shard", m.root)) m.info.shard = io::read_string(root, "shard", m.root, 64);
   const std::int64_t n = io::read_int(root, "num_cases", m.root, 0, static_cast<std::int64_t>(schema::kMaxCases));
   io::Budget budget(max_bytes);
   m.ids = io::read_strings(root, schema::kCaseIds, m.root, schema::kMaxCases, schema::kMaxIdBytes, budget);
@@ -471,7 +472,7 @@ PreparedCase GoldenReader::load_case(const std::string& id) {
     pc.c.sparse = std::move(st.inputs);
     pc.sparse = std::move(st.ref);
   } else {
-    pc.golden = m.read_golden(g.get(), h, budget);
+    pc.reference = m.read_reference(g.get(), h, budget);
   }
   pc.decode = m.read_decode(g.get(), h, budget);
   if (!h.cache_block_sizes.empty()) {
@@ -482,13 +483,13 @@ PreparedCase GoldenReader::load_case(const std::string& id) {
   return pc;
 }
 
-Golden GoldenReader::load_golden(const std::string& id) {
+ReferenceOutputs GoldenReader::load_reference(const std::string& id) {
   Impl& m = *impl_;
   const h5::Group g = m.open_case(id);
   io::Budget budget(m.max_bytes);
   const CaseHeader h = m.read_header(g.get(), id, budget);
   if (!h.valid) bad(m.case_where(id), "no golden for an invalid case");
-  return m.read_golden(g.get(), h, budget);
+  return m.read_reference(g.get(), h, budget);
 }
 
 PreparedCase::SparseReference GoldenReader::load_sparse(const std::string& id, const Case& c) {

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -18,7 +19,7 @@
 #include "golden/detail/sparse_io.h"
 #include "reference/glue.h"
 #include "mlagate/config.h"
-#include "reference/golden.h"
+#include "reference/fp64_reference.h"
 
 namespace mlagate {
 
@@ -155,6 +156,30 @@ hid_t TempH5::case_group(const std::string& id, bool& created) {
   return g;
 }
 
+void TempH5::copy_case(hid_t src, const std::string& id, const std::vector<std::string>& nested) {
+  schema::id_path(id);
+  const std::string path = std::string(schema::kCasesGroup) + "/" + id;
+  const std::string what = target_ + ":/" + path;
+  if (std::find(ids_.begin(), ids_.end(), id) != ids_.end()) throw GoldenFileError(target_ + ": case " + id + " copied twice");
+  // Through group(): the case group may already be there as the parent of a
+  // nested case copied before it.
+  bool created = false;
+  const hid_t dst = group(path, created);
+  const h5::Group from = h5::gopen(src, path, what);
+  constexpr std::size_t kMaxMembers = 1 << 16;
+  for (const std::string& name : h5::list_attrs(from.get(), what, kMaxMembers)) {
+    if (h5::aexists(dst, name, what)) throw GoldenFileError(what + ": attribute " + name + " is there twice");
+    h5::copy_attr(from.get(), dst, name, what);
+  }
+  for (const std::string& name : h5::list_links(from.get(), what, kMaxMembers)) {
+    if (std::find(nested.begin(), nested.end(), name) != nested.end()) continue;
+    if (h5::lexists(dst, name, what))
+      throw GoldenFileError(what + ": member " + name + " is also the path of another case");
+    h5::ocopy(from.get(), name, dst, name, what + "/" + name);
+  }
+  ids_.push_back(id);
+}
+
 void TempH5::commit() {
   io::write_strings(file_.get(), schema::kCaseIds, ids_, where_);
   io::write_attr(file_.get(), "num_cases", static_cast<std::int64_t>(ids_.size()), where_);
@@ -261,18 +286,18 @@ void write_case_content(hid_t g, const PreparedCase& pc, const io::Where& w) {
   }
   const std::int64_t T = c.num_tokens, N = c.spec.num_heads();
   const Dims& d = c.spec.dims;
-  if (pc.golden) {
+  if (pc.reference) {
     const h5::Group gg = io::create_group(g, schema::kGoldenGroup, w);
     const io::Where wg = w / schema::kGoldenGroup;
-    io::write_attr(gg.get(), "reference", "fp64 Eigen, absorbed path (reference/golden.h golden_absorbed)", wg);
-    io::write_dataset(gg.get(), "out", DType::kF64, {T, N * d.v_head_dim}, pc.golden->out.data(), wg);
-    io::write_dataset(gg.get(), "lse", DType::kF64, {T, N}, pc.golden->lse.data(), wg);
+    io::write_attr(gg.get(), "reference", "fp64 Eigen, absorbed path (reference/fp64_reference.h reference_absorbed)", wg);
+    io::write_dataset(gg.get(), "out", DType::kF64, {T, N * d.v_head_dim}, pc.reference->out.data(), wg);
+    io::write_dataset(gg.get(), "lse", DType::kF64, {T, N}, pc.reference->lse.data(), wg);
   }
   if (pc.sparse) write_sparse_group(g, pc.c, *pc.sparse, w);
   if (pc.decode) {
     const h5::Group dg = io::create_group(g, schema::kDecodeGroup, w);
     const io::Where wd = w / schema::kDecodeGroup;
-    io::write_attr(dg.get(), "reference", "fp64 Eigen on the absorbed queries (reference/golden.h reference_mqa)", wd);
+    io::write_attr(dg.get(), "reference", "fp64 Eigen on the absorbed queries (reference/fp64_reference.h reference_mqa)", wd);
     io::write_tensor(dg.get(), "q_lat", pc.decode->q_lat, wd);
     io::write_tensor(dg.get(), "q_pe", pc.decode->q_pe, wd);
     io::write_dataset(dg.get(), "o_lat", DType::kF64, {T, N, d.kv_lora_rank}, pc.decode->o_lat.data(), wd);
@@ -291,9 +316,9 @@ PreparedCase prepare_export_case(const CaseSpec& spec, const ExportOptions& opt)
     // Sparse cases: the sparse ops' query and reference only (no dense op runs them).
     pc.sparse = golden::compute_sparse_reference(pc.c);
   } else {
-    Golden g = golden_absorbed(pc.c);
+    ReferenceOutputs g = reference_absorbed(pc.c);
     g.o_lat.clear();  // no op compares against it; the decode op has its own reference
-    pc.golden = std::move(g);
+    pc.reference = std::move(g);
   }
   std::vector<int> sizes;
   if (spec.block_size != 0) sizes = {spec.block_size};
@@ -345,8 +370,10 @@ struct ResultsWriter::Impl {
   Impl(const std::string& path, const std::string& cmd) : file(path, FileKind::kResults, cmd) {}
 };
 
-ResultsWriter::ResultsWriter(const std::string& path, const std::string& command_line)
-    : impl_(std::make_unique<Impl>(path, command_line)) {}
+ResultsWriter::ResultsWriter(const std::string& path, const std::string& command_line, const std::string& shard)
+    : impl_(std::make_unique<Impl>(path, command_line)) {
+  if (!shard.empty()) golden::io::write_attr(impl_->file.root(), "shard", shard, impl_->file.where());
+}
 ResultsWriter::~ResultsWriter() = default;
 
 void ResultsWriter::add_case(const CaseSpec& spec, const Case* c, const Policy& policy) {
@@ -405,7 +432,7 @@ void ResultsWriter::add_record(const Record& r, std::span<const Output> outputs)
   for (const auto& p : r.paths) paths += (paths.empty() ? "" : ",") + p;
   io::write_attr(g, "paths", clip(paths), w);
   io::write_attr(g, "run_ms", r.timings.run_ms, w);
-  io::write_attr(g, "golden_ms", r.timings.golden_ms, w);
+  io::write_attr(g, "reference_ms", r.timings.reference_ms, w);
   for (const Output& po : outputs) {
     const TensorView& v = po.data;
     io::write_dataset(g, po.name, v.dtype, v.shape, v.data, w);

@@ -1,12 +1,14 @@
-// Metrics and verdicts for one output against the fp64 golden.
+// Metrics and verdicts for one output against the fp64 reference.
 #include "reference/compare.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <cstdio>
+#include <limits>
 #include <stdexcept>
 
 #include "cases/encoding.h"
@@ -164,6 +166,88 @@ std::vector<double> as_f64(const TensorView& v) {
   return out;
 }
 
+// The error summary of Metrics (err_token_head, query_lens, worst_elements),
+// kept while compare_output walks the elements: the map's geometry is fixed
+// up front so the metrics pass finds an element's cell once per (token, head)
+// run of `dim` elements, and the largest errors live in a fixed array, so the
+// pass allocates nothing and divides nothing per element.
+class ErrorSummary {
+ public:
+  ErrorSummary(const Layout& layout, std::int64_t numel, Metrics& m) : m_(m) {
+    const std::int64_t per_token = layout.heads * layout.dim;
+    if (numel <= 0 || layout.heads <= 0 || layout.dim <= 0 || numel % per_token != 0) return;
+    const std::int64_t tokens = numel / per_token;
+    if (tokens > INT32_MAX || layout.heads > INT32_MAX) return;
+    heads_ = layout.heads;
+    dim_ = layout.dim;
+    m.map_tokens = static_cast<int>(tokens);
+    m.map_heads = static_cast<int>(layout.heads);
+    m.token_bin = static_cast<int>((tokens + kErrMapMaxRows - 1) / kErrMapMaxRows);
+    m.head_bin = static_cast<int>((layout.heads + kErrMapMaxCols - 1) / kErrMapMaxCols);
+    cols_ = (m.map_heads + m.head_bin - 1) / m.head_bin;
+    const int rows = (m.map_tokens + m.token_bin - 1) / m.token_bin;
+    m.err_token_head.assign(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols_), 0.0f);
+    // Request boundaries, when they are few and describe these tokens (rows
+    // past the last request are padding, in no request).
+    const auto& qsl = layout.query_start_loc;
+    bool ok = qsl.size() >= 2 && qsl.size() - 1 <= kErrMapMaxRequests && qsl.front() == 0 && qsl.back() <= tokens;
+    for (std::size_t r = 0; ok && r + 1 < qsl.size(); ++r) ok = qsl[r + 1] >= qsl[r];
+    if (ok)
+      for (std::size_t r = 0; r + 1 < qsl.size(); ++r) m.query_lens.push_back(qsl[r + 1] - qsl[r]);
+  }
+
+  // Elements [start, start + run_length()) share one cell; run_length() is
+  // the whole output when there is no map.
+  std::int64_t run_length(std::int64_t numel) const { return dim_ > 0 ? dim_ : numel; }
+  // The cell of element i (a scratch cell without a map).
+  float& cell(std::int64_t i) {
+    if (dim_ == 0) return scratch_;
+    const std::int64_t th = i / dim_;
+    const std::int64_t row = th / heads_ / m_.token_bin, col = th % heads_ / m_.head_bin;
+    return m_.err_token_head[static_cast<std::size_t>(row * cols_ + col)];
+  }
+  // A non-finite mismatch: its cell shows NaN whatever finite errors it holds
+  // (the metrics pass's `d > cell` never replaces a NaN).
+  void mark_nonfinite(std::int64_t i) { cell(i) = std::numeric_limits<float>::quiet_NaN(); }
+
+  // Keeps the kWorstElements largest d, earlier elements first among equals.
+  void offer(double d, std::int64_t i) {
+    if (!(d > floor_)) return;
+    std::size_t k = n_ < kWorstElements ? n_++ : kWorstElements - 1;
+    for (; k > 0 && err_[k - 1] < d; --k) {
+      err_[k] = err_[k - 1];
+      flat_[k] = flat_[k - 1];
+    }
+    err_[k] = d;
+    flat_[k] = i;
+    if (n_ == kWorstElements) floor_ = err_[kWorstElements - 1];
+  }
+
+  // Fills worst_elements from the kept indices.
+  void finish(const Layout& layout, const std::vector<double>& got, const std::vector<double>& ref) {
+    for (std::size_t k = 0; k < n_; ++k) {
+      WorstElement w;
+      w.where = layout.locate(flat_[k]);
+      w.got = got[static_cast<std::size_t>(flat_[k])];
+      w.expected = ref[static_cast<std::size_t>(flat_[k])];
+      w.err = err_[k];
+      m_.worst_elements.push_back(w);
+    }
+  }
+
+ private:
+  Metrics& m_;
+  std::int64_t heads_ = 0, dim_ = 0;  // dim_ 0: no map
+  std::int64_t cols_ = 0;
+  float scratch_ = 0;
+  // The smallest kept error once kWorstElements are kept; -1 before, so
+  // that any error (>= 0) is taken.
+  double floor_ = -1;
+  std::size_t n_ = 0;
+  std::array<double, kWorstElements> err_{};
+  std::array<std::int64_t, kWorstElements> flat_{};
+};
+
 }  // namespace
 
 double ulp_of(double y, DType d) { return ulp_in(y, ulp_format(d)); }
@@ -178,11 +262,12 @@ Status compare_output(const OutputCheck& c, const Policy& p, Metrics& m) {
                 ", expected " + shape_str(c.expected_shape) + " " + std::string(dtype_name(c.expected_dtype));
     return Status::kIncorrect;
   }
-  const std::vector<double>& y = *c.golden;
+  const std::vector<double>& y = *c.reference;
   if (static_cast<std::int64_t>(y.size()) != m.numel)
     throw std::logic_error("compare_output: golden size mismatch for " + c.name);
   const std::vector<double> got = as_f64(c.got);
   const UlpFormat ulp_fmt = ulp_format(c.expected_dtype);
+  ErrorSummary summary(c.layout, m.numel, m);
 
   // 3. Non-finite positions must match the reference's (an empty row's lse may
   // be either infinity; anything else non-finite is a mismatch).
@@ -195,6 +280,7 @@ Status compare_output(const OutputCheck& c, const Policy& p, Metrics& m) {
     if (!xf && !rf) ok = c.is_lse ? std::isinf(x) && std::isinf(r) : (std::isnan(x) == std::isnan(r) && x == r);
     if (ok && c.is_lse && x > 0) ++plus_inf_rows;
     if (!ok) {
+      summary.mark_nonfinite(i);
       if (m.nonfinite_mismatches == 0) {
         m.first_nonfinite = c.layout.locate(i);
         m.message = c.name + ": " + (xf ? fmt(x) : nonfinite_kind(x)) + " where the reference has " +
@@ -213,24 +299,32 @@ Status compare_output(const OutputCheck& c, const Policy& p, Metrics& m) {
   m.max_abs = 0;
   m.max_ulp = 0;
   m.min_atol = 0;
-  for (std::int64_t i = 0; i < m.numel; ++i) {
-    const double x = got[static_cast<std::size_t>(i)], r = y[static_cast<std::size_t>(i)];
-    if (!std::isfinite(x) || !std::isfinite(r)) continue;
-    const double d = std::fabs(x - r);
-    ++n;
-    sum_abs += d;
-    sum_d2 += d * d;
-    sum_y2 += r * r;
-    sum_x2 += x * x;
-    sum_xy += x * r;
-    max_abs_y = std::max(max_abs_y, std::fabs(r));
-    if (d > m.max_abs || worst < 0) {
-      m.max_abs = d;
-      worst = i;
+  // Runs of elements sharing an error-map cell: (token, head) rows of `dim`.
+  const std::int64_t run = summary.run_length(m.numel);
+  for (std::int64_t start = 0; start < m.numel; start += run) {
+    float& cell = summary.cell(start);
+    for (std::int64_t i = start, end = std::min(m.numel, start + run); i < end; ++i) {
+      const double x = got[static_cast<std::size_t>(i)], r = y[static_cast<std::size_t>(i)];
+      if (!std::isfinite(x) || !std::isfinite(r)) continue;
+      const double d = std::fabs(x - r);
+      if (const float df = static_cast<float>(d); df > cell) cell = df;
+      summary.offer(d, i);
+      ++n;
+      sum_abs += d;
+      sum_d2 += d * d;
+      sum_y2 += r * r;
+      sum_x2 += x * x;
+      sum_xy += x * r;
+      max_abs_y = std::max(max_abs_y, std::fabs(r));
+      if (d > m.max_abs || worst < 0) {
+        m.max_abs = d;
+        worst = i;
+      }
+      m.max_ulp = std::max(m.max_ulp, d / ulp_in(r, ulp_fmt));
+      m.min_atol = std::max(m.min_atol, d - rtol * std::fabs(r));
     }
-    m.max_ulp = std::max(m.max_ulp, d / ulp_in(r, ulp_fmt));
-    m.min_atol = std::max(m.min_atol, d - rtol * std::fabs(r));
   }
+  summary.finish(c.layout, got, y);
   m.ref_norm = std::sqrt(sum_y2);
   m.out_norm = std::sqrt(sum_x2);
   if (n > 0) {

@@ -1,4 +1,4 @@
-// Comparison against the fp64 golden, SPEC: Pass rules in order: shape and
+// Comparison against the fp64 reference, SPEC: Pass rules in order: shape and
 // dtype, guard bands (checked by the caller, see guarded.h), non-finite
 // positions, metrics, the tolerance policy, the sanity rule, and the smallest
 // tolerance that would have passed.
@@ -63,7 +63,7 @@ struct OutputCheck {
   TensorView got;            // as produced (declared shape and dtype)
   Shape expected_shape;
   DType expected_dtype = DType::kBF16;
-  const std::vector<double>* golden = nullptr;  // same element order as expected_shape
+  const std::vector<double>* reference = nullptr;  // same element order as expected_shape
   Layout layout;
   bool is_lse = false;       // empty rows may be +inf or -inf (FlashMLA returns +inf)
   // Baseline policy: the max abs error of the model-dtype SDPA reference on the
@@ -73,7 +73,10 @@ struct OutputCheck {
   int dqk = 0;
 };
 
-// Checks one output and fills Metrics (passed, message, min tolerances).
+// Checks one output and fills Metrics (passed, message, min tolerances), and,
+// in the same pass over the elements, its error summary for the HTML report:
+// the (token, head) error map binned to at most kErrMapMaxRows x kErrMapMaxCols
+// cells, the request boundaries and the kWorstElements largest errors (record.h).
 // Returns the status this output alone would give.
 Status compare_output(const OutputCheck& c, const Policy& p, Metrics& m);
 

@@ -12,14 +12,14 @@
 #include "cases/case.h"
 #include "cases/paged_cache.h"
 #include "cases/tensor.h"
-#include "reference/golden.h"
+#include "reference/fp64_reference.h"
 
 namespace mlagate {
 
 // What is left empty is computed as in a plain run (the runner fills it).
 struct PreparedCase {
   Case c;
-  std::optional<Golden> golden;  // absorbed path: out [T, N*V], lse [T, N] (o_lat may be empty)
+  std::optional<ReferenceOutputs> reference;  // absorbed path: out [T, N*V], lse [T, N] (o_lat may be empty)
   // Kernel-level decode: the absorbed queries and the fp64 reference on exactly them.
   struct DecodeReference {
     Tensor q_lat, q_pe;               // [T, N, L], [T, N, R] model dtype

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "cases/encoding.h"
+#include "reference/detail/softmax.h"
 
 namespace mlagate {
 namespace {
@@ -120,21 +121,8 @@ void sdpa_rows(const float* q, Index rows, Index dqk, const float* k, Index ks, 
       lse[r] = kNegInf;
       continue;
     }
-    AlignedArr a(row, n);
-    a *= scale;
-    const float m = a.maxCoeff();
-    a = (a - m).exp();
-    // A fixed summation order: Eigen's reductions depend on the pointer's alignment.
-    float acc[4] = {0, 0, 0, 0};
-    Index j = 0;
-    for (; j + 4 <= n; j += 4) {
-      acc[0] += row[j];
-      acc[1] += row[j + 1];
-      acc[2] += row[j + 2];
-      acc[3] += row[j + 3];
-    }
-    for (; j < n; ++j) acc[0] += row[j];
-    sums[r] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    const auto [m, sum] = detail::exp_row(AlignedArr(row, n), scale);
+    sums[r] = sum;
     lse[r] = m + std::log(sums[r]);
     round_all(row, n, dt);
   }

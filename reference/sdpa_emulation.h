@@ -2,7 +2,7 @@
 // fp32 with the model-dtype roundings where torch's einsum and fused
 // scaled_dot_product_attention store 16-bit tensors (SPEC: Pass rules, rule 5).
 // The baseline policy measures how far this plain same-precision
-// implementation lands from the fp64 golden; no libtorch is needed.
+// implementation lands from the fp64 reference; no libtorch is needed.
 #pragma once
 
 #include <cstdint>

@@ -1,9 +1,18 @@
-// The JSON report: the full content of every Record, for tools and later analysis.
-// Keys keep their insertion order (ordered_json) so the file reads in the order documented here.
+// The JSON report: the full content of every Record, for tools and later analysis,
+// and its reader (mlagate merge). Keys keep their insertion order (ordered_json)
+// so the file reads in the order documented here.
 #include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
+#include "cases/errors.h"
+#include "reports/float_base64.h"
 #include "reports/report.h"
 
 namespace mlagate {
@@ -55,9 +64,31 @@ Json metrics(const Metrics& m) {
   };
 }
 
+// The error summary of one output (Metrics: worst_elements always, error_map
+// when the output has a map), so that a report read back (mlagate merge
+// --html) draws the same maps as the run's own HTML report.
+void add_error_summary(Json& j, const Metrics& m) {
+  Json worst = Json::array();
+  for (const WorstElement& w : m.worst_elements)
+    worst.push_back({{"where", location(w.where)}, {"got", number(w.got)}, {"expected", number(w.expected)},
+                     {"err", number(w.err)}});
+  j["worst_elements"] = std::move(worst);
+  if (m.map_tokens <= 0) return;
+  j["error_map"] = {{"tokens", m.map_tokens},
+                    {"heads", m.map_heads},
+                    {"token_bin", m.token_bin},
+                    {"head_bin", m.head_bin},
+                    {"err_token_head", floats_to_base64(m.err_token_head)},
+                    {"query_lens", m.query_lens}};
+}
+
 Json record(const Record& r) {
   Json all_metrics = Json::array();
-  for (const Metrics& m : r.metrics) all_metrics.push_back(metrics(m));
+  for (const Metrics& m : r.metrics) {
+    Json mj = metrics(m);
+    add_error_summary(mj, m);
+    all_metrics.push_back(std::move(mj));
+  }
   const Timings& t = r.timings;
   return {
       {"id", r.case_id},
@@ -71,7 +102,7 @@ Json record(const Record& r) {
       {"metrics", std::move(all_metrics)},
       {"timings_ms",
        {{"generate", number(t.generate_ms)},
-        {"golden", number(t.golden_ms)},
+        {"reference", number(t.reference_ms)},
         {"cache", number(t.cache_ms)},
         {"run", number(t.run_ms)},
         {"compare", number(t.compare_ms)},
@@ -124,14 +155,211 @@ void write_json(std::ostream& os, const RunInfo& run, std::span<const Record> re
     for (const auto& [name, ms] : run.profile) phases[name] = number(ms);
     doc["profile"] = {{"wall_ms", number(run.profile_wall_ms)}, {"phases_ms", std::move(phases)}};
   }
+  // Only when set: whole runs keep the documented keys.
+  if (!run.interrupted.empty()) doc["run"]["interrupted"] = run.interrupted;
+  if (!run.shard.empty()) doc["run"]["shard"] = run.shard;
   // Messages from backends may hold arbitrary bytes; strict mode would throw on them.
-  if (!run.interrupted.empty()) {
-    Json d = doc;
-    d["run"]["interrupted"] = run.interrupted;  // only then: whole runs keep the documented keys
-    os << d.dump(2, ' ', false, Json::error_handler_t::replace) << '\n';
-    return;
-  }
   os << doc.dump(2, ' ', false, Json::error_handler_t::replace) << '\n';
+}
+
+namespace {
+
+// Typed access to a report's keys: a wrong or missing one is an InputError
+// naming the file and the key's path.
+class Reader {
+ public:
+  explicit Reader(std::string path) : path_(std::move(path)) {}
+
+  [[noreturn]] void bad(const std::string& where, const std::string& what) const {
+    throw InputError(path_ + ": " + where + ": " + what + " (not a JSON report written by mlagate run)");
+  }
+  const Json& at(const Json& j, const std::string& key, const std::string& where) const {
+    if (!j.is_object()) bad(where, "expected an object");
+    const auto it = j.find(key);
+    if (it == j.end()) bad(where, "no key '" + key + "'");
+    return *it;
+  }
+  std::string str(const Json& j, const std::string& key, const std::string& where) const {
+    const Json& v = at(j, key, where);
+    if (!v.is_string()) bad(where + "." + key, "expected a string");
+    return v.get<std::string>();
+  }
+  std::int64_t integer(const Json& j, const std::string& key, const std::string& where) const {
+    const Json& v = at(j, key, where);
+    if (!v.is_number_integer()) bad(where + "." + key, "expected an integer");
+    return v.get<std::int64_t>();
+  }
+  // The inverse of number(): null is NaN, "inf"/"-inf" the infinities.
+  double num(const Json& j, const std::string& key, const std::string& where) const {
+    const Json& v = at(j, key, where);
+    if (v.is_null()) return kNaN;
+    if (v.is_number()) return v.get<double>();
+    if (v == "inf") return std::numeric_limits<double>::infinity();
+    if (v == "-inf") return -std::numeric_limits<double>::infinity();
+    bad(where + "." + key, "expected a number, null, \"inf\" or \"-inf\"");
+  }
+  bool boolean(const Json& j, const std::string& key, const std::string& where) const {
+    const Json& v = at(j, key, where);
+    if (!v.is_boolean()) bad(where + "." + key, "expected true or false");
+    return v.get<bool>();
+  }
+  Location location(const Json& j, const std::string& where) const {
+    auto field = [&](const char* k) -> std::int64_t {
+      const Json& v = at(j, k, where);
+      if (v.is_null()) return -1;
+      if (!v.is_number_integer()) bad(where + "." + k, "expected an integer or null");
+      return v.get<std::int64_t>();
+    };
+    Location l;
+    l.flat = field("flat");
+    l.request = static_cast<int>(field("request"));
+    l.token = static_cast<int>(field("token"));
+    l.head = static_cast<int>(field("head"));
+    l.dim = static_cast<int>(field("dim"));
+    return l;
+  }
+
+  Metrics metrics(const Json& j, const std::string& w) const {
+    Metrics m;
+    m.output = str(j, "output", w);
+    m.numel = integer(j, "numel", w);
+    m.max_abs = num(j, "max_abs", w);
+    m.max_rel = num(j, "max_rel", w);
+    m.rel_floor = num(j, "rel_floor", w);
+    m.mean_abs = num(j, "mean_abs", w);
+    m.nmse = num(j, "nmse", w);
+    m.cos_diff = num(j, "cos_diff", w);
+    m.max_ulp = num(j, "max_ulp", w);
+    m.ref_norm = num(j, "ref_norm", w);
+    m.out_norm = num(j, "out_norm", w);
+    m.worst = location(at(j, "worst", w), w + ".worst");
+    m.nonfinite_mismatches = integer(j, "nonfinite_mismatches", w);
+    m.first_nonfinite = location(at(j, "first_nonfinite", w), w + ".first_nonfinite");
+    m.min_atol = num(j, "min_atol", w);
+    m.min_fudge = num(j, "min_fudge", w);
+    m.err_baseline = num(j, "err_baseline", w);
+    m.baseline_floor = num(j, "baseline_floor", w);
+    m.passed = boolean(j, "passed", w);
+    m.message = str(j, "message", w);
+    // The error summary: optional keys (a report may predate them).
+    if (j.contains("worst_elements")) {
+      const Json& ws = j["worst_elements"];
+      const std::string ww = w + ".worst_elements";
+      if (!ws.is_array() || ws.size() > kWorstElements) bad(ww, "expected an array of at most 8 elements");
+      for (const Json& e : ws) {
+        WorstElement we;
+        we.where = location(at(e, "where", ww), ww + ".where");
+        we.got = num(e, "got", ww);
+        we.expected = num(e, "expected", ww);
+        we.err = num(e, "err", ww);
+        m.worst_elements.push_back(we);
+      }
+    }
+    if (j.contains("error_map")) error_map(j["error_map"], w + ".error_map", m);
+    return m;
+  }
+
+  // Checks the map's geometry against its data, as the HTML writer trusts it.
+  void error_map(const Json& e, const std::string& w, Metrics& m) const {
+    auto dim = [&](const char* k, std::int64_t lo) {
+      const std::int64_t v = integer(e, k, w);
+      if (v < lo || v > INT32_MAX) bad(w + "." + k, "out of range");
+      return static_cast<int>(v);
+    };
+    m.map_tokens = dim("tokens", 1);
+    m.map_heads = dim("heads", 1);
+    m.token_bin = dim("token_bin", 1);
+    m.head_bin = dim("head_bin", 1);
+    const std::int64_t rows = (std::int64_t{m.map_tokens} + m.token_bin - 1) / m.token_bin;
+    const std::int64_t cols = (std::int64_t{m.map_heads} + m.head_bin - 1) / m.head_bin;
+    if (rows > kErrMapMaxRows || cols > kErrMapMaxCols) bad(w, "more cells than a map has");
+    try {
+      m.err_token_head = floats_from_base64(str(e, "err_token_head", w));
+    } catch (const std::runtime_error& ex) {
+      bad(w + ".err_token_head", ex.what());
+    }
+    if (static_cast<std::int64_t>(m.err_token_head.size()) != rows * cols)
+      bad(w + ".err_token_head", "expected " + std::to_string(rows * cols) + " cells");
+    const Json& q = at(e, "query_lens", w);
+    if (!q.is_array() || q.size() > kErrMapMaxRequests) bad(w + ".query_lens", "expected an array of request lengths");
+    std::int64_t sum = 0;
+    for (const Json& n : q) {
+      if (!n.is_number_integer() || n.get<std::int64_t>() < 0 || n.get<std::int64_t>() > INT32_MAX) bad(w + ".query_lens", "expected non-negative integers");
+      sum += n.get<std::int64_t>();
+      m.query_lens.push_back(static_cast<std::int32_t>(n.get<std::int64_t>()));
+    }
+    if (sum > m.map_tokens) bad(w + ".query_lens", "more query tokens than the map has");
+  }
+
+  Record record(const Json& j, const std::string& w) const {
+    Record r;
+    r.case_id = str(j, "id", w);
+    r.backend = str(j, "backend", w);
+    r.op = str(j, "op", w);
+    const std::string status = str(j, "status", w);
+    const std::optional<Status> st = status_from_name(status);
+    if (!st) bad(w + ".status", "unknown status '" + status + "'");
+    r.status = *st;
+    r.message = str(j, "message", w);
+    r.policy = str(j, "policy", w);
+    r.block_size = static_cast<int>(integer(j, "block_size", w));
+    const Json& paths = at(j, "paths", w);
+    if (!paths.is_array()) bad(w + ".paths", "expected an array");
+    for (const Json& p : paths) {
+      if (!p.is_string()) bad(w + ".paths", "expected strings");
+      r.paths.push_back(p.get<std::string>());
+    }
+    const Json& ms = at(j, "metrics", w);
+    if (!ms.is_array()) bad(w + ".metrics", "expected an array");
+    for (std::size_t i = 0; i < ms.size(); ++i) r.metrics.push_back(metrics(ms[i], w + ".metrics[" + std::to_string(i) + "]"));
+    const std::string wt = w + ".timings_ms";
+    const Json& t = at(j, "timings_ms", w);
+    r.timings.generate_ms = num(t, "generate", wt);
+    r.timings.reference_ms = num(t, "reference", wt);
+    r.timings.cache_ms = num(t, "cache", wt);
+    r.timings.run_ms = num(t, "run", wt);
+    r.timings.compare_ms = num(t, "compare", wt);
+    r.timings.baseline_ms = num(t, "baseline", wt);
+    r.timings.glue_ms = num(t, "glue", wt);
+    r.timings.total_ms = num(t, "total", wt);
+    r.repro = str(j, "repro", w);
+    if (j.contains("details")) r.details = str(j, "details", w);
+    return r;
+  }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace
+
+JsonReport read_json_report(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot open");
+  std::ostringstream text;
+  text << in.rdbuf();
+  const Json doc = Json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  const Reader rd(path);
+  if (doc.is_discarded()) rd.bad("/", "not JSON");
+  if (!doc.is_object() || doc.value("schema", "") != "mlagate.report") rd.bad("schema", "expected \"mlagate.report\"");
+  if (rd.integer(doc, "schema_version", "/") != 1) rd.bad("schema_version", "expected 1");
+  JsonReport rep;
+  const Json& run = rd.at(doc, "run", "/");
+  rep.run.tool_version = rd.str(run, "tool_version", "run");
+  rep.run.git_commit = rd.str(run, "git_commit", "run");
+  rep.run.command_line = rd.str(run, "command_line", "run");
+  rep.run.suite = rd.str(run, "suite", "run");
+  rep.run.policy = rd.str(run, "policy", "run");
+  rep.run.started_at = rd.str(run, "started_at", "run");
+  rep.run.wall_seconds = rd.num(run, "wall_seconds", "run");
+  rep.run.generator_version = static_cast<int>(rd.integer(run, "generator_version", "run"));
+  if (run.contains("interrupted")) rep.run.interrupted = rd.str(run, "interrupted", "run");
+  if (run.contains("shard")) rep.run.shard = rd.str(run, "shard", "run");
+  const Json& records = rd.at(doc, "records", "/");
+  if (!records.is_array()) rd.bad("records", "expected an array");
+  for (std::size_t i = 0; i < records.size(); ++i)
+    rep.records.push_back(rd.record(records[i], "records[" + std::to_string(i) + "]"));
+  return rep;
 }
 
 }  // namespace mlagate

@@ -15,12 +15,12 @@ const std::chrono::steady_clock::time_point g_process_start = std::chrono::stead
 std::chrono::steady_clock::time_point process_start_time() { return g_process_start; }
 
 double named_phases_ms(const Timings& t) {
-  return t.generate_ms + t.golden_ms + t.baseline_ms + t.cache_ms + t.glue_ms + t.run_ms + t.compare_ms;
+  return t.generate_ms + t.reference_ms + t.baseline_ms + t.cache_ms + t.glue_ms + t.run_ms + t.compare_ms;
 }
 
 void accumulate(Timings& into, const Timings& t) {
   into.generate_ms += t.generate_ms;
-  into.golden_ms += t.golden_ms;
+  into.reference_ms += t.reference_ms;
   into.baseline_ms += t.baseline_ms;
   into.cache_ms += t.cache_ms;
   into.glue_ms += t.glue_ms;
@@ -41,7 +41,7 @@ std::vector<std::pair<std::string, double>> RunProfile::rows(double wall_ms) con
       {"worker_spawn", worker_spawn_ms},
       {"worker_init", worker_init_ms},
       {"generate", jobs.generate_ms},
-      {"golden", jobs.golden_ms},
+      {"reference", jobs.reference_ms},
       {"baseline", jobs.baseline_ms},
       {"cache", jobs.cache_ms},
       {"glue", jobs.glue_ms},
@@ -69,7 +69,7 @@ const char* describe(const std::string& key) {
       {"worker_spawn", "exec and loading of workers"},
       {"worker_init", "workers' flags, cases, backends"},
       {"generate", "case inputs"},
-      {"golden", "fp64 references"},
+      {"reference", "fp64 references"},
       {"baseline", "err_baseline emulation"},
       {"cache", "paged caches"},
       {"glue", "harness around backend calls"},

@@ -55,4 +55,10 @@ std::string exact_number(double v) {
   return std::string(buf, r.ptr);
 }
 
+std::optional<Status> status_from_name(std::string_view name) {
+  for (Status s : kAllStatuses)
+    if (status_name(s) == name) return s;
+  return std::nullopt;
+}
+
 }  // namespace mlagate

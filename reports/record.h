@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,6 +35,8 @@ inline constexpr std::array kAllStatuses = {
 };
 static_assert(static_cast<std::size_t>(Status::kNondeterministic) + 1 == kAllStatuses.size());
 std::string_view status_name(Status s);  // "PASSED", "INCORRECT", ...
+// The status a name gives (status_name's inverse); nullopt for an unknown name.
+std::optional<Status> status_from_name(std::string_view name);
 bool status_is_failure(Status s);        // INCORRECT, NONFINITE, CRASHED, TIMEOUT, INVALID_CASE, NONDETERMINISTIC
 
 inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
@@ -45,7 +48,21 @@ struct Location {
   std::string str() const;  // "request 2, token 3, head 17, dim 100"
 };
 
-// Metrics of one output against the fp64 golden (SPEC: Pass rules, rule 4).
+// One of an output's largest errors, for the HTML report's "worst elements".
+struct WorstElement {
+  Location where;  // where.flat: the element's flat index in the output
+  double got = kNaN, expected = kNaN, err = kNaN;  // err = |got - expected|
+};
+
+// Bounds of Metrics' error summary: the error map has at most kErrMapMaxRows
+// token bins x kErrMapMaxCols head bins (32 KiB of floats at most per output),
+// and the kWorstElements largest errors are kept.
+inline constexpr int kErrMapMaxRows = 64, kErrMapMaxCols = 128;
+inline constexpr std::size_t kWorstElements = 8;
+// Request boundaries (Metrics::query_lens) are kept up to this many requests.
+inline constexpr std::size_t kErrMapMaxRequests = 4096;
+
+// Metrics of one output against the fp64 reference (SPEC: Pass rules, rule 4).
 struct Metrics {
   std::string output;           // "out", "lse", "o_lat"
   std::int64_t numel = 0;
@@ -69,15 +86,35 @@ struct Metrics {
   double baseline_floor = kNaN;
   bool passed = false;
   std::string message;          // why it failed, empty when it passed
+  // Error summary for the HTML report, filled in compare_output's metrics pass.
+  // The output read as [map_tokens, map_heads, dim] (Layout); map_tokens 0: no
+  // map (shape check failed, or numel not a multiple of heads x dim). Tokens
+  // are binned by token_bin and heads by head_bin so that the map has at most
+  // kErrMapMaxRows x kErrMapMaxCols cells: err_token_head is row-major
+  // [ceil(map_tokens / token_bin), ceil(map_heads / head_bin)], each cell the
+  // max abs error over its tokens, heads and dim where both values are finite
+  // (0 when none are), NaN when it holds a non-finite mismatch.
+  int map_tokens = 0, map_heads = 0;
+  int token_bin = 1, head_bin = 1;
+  std::vector<float> err_token_head;
+  // Query tokens per request (request r owns the query_lens[r] tokens from
+  // sum(query_lens[0..r)) on; tokens past the sum are padding, in no request),
+  // so the map can be read by request and position; empty with more than
+  // kErrMapMaxRequests requests or when the layout's query_start_loc does not
+  // fit in map_tokens tokens.
+  std::vector<std::int32_t> query_lens;
+  // The kWorstElements largest abs errors over finite pairs, largest first
+  // (ties: the lower flat index first); worst_elements[0] is `worst`.
+  std::vector<WorstElement> worst_elements;
 };
 
 // Milliseconds per phase of one record, in the process that ran it. Work a
-// case's records share (generating it, its golden and err_baseline, a block
+// case's records share (generating it, its reference and err_baseline, a block
 // size's cache) is counted once, in the record whose job triggered it, so the
 // records' timings sum to the run's time without double counting.
 struct Timings {
-  double generate_ms = 0, golden_ms = 0, cache_ms = 0, run_ms = 0, compare_ms = 0;
-  double baseline_ms = 0;  // err_baseline: the model-dtype SDPA emulation (or libtorch) against the golden
+  double generate_ms = 0, reference_ms = 0, cache_ms = 0, run_ms = 0, compare_ms = 0;
+  double baseline_ms = 0;  // err_baseline: the model-dtype SDPA emulation (or libtorch) against the reference
   // The harness's own work around the backend calls: gathering inputs, copying
   // the cache, absorbing queries, up-projecting keys and values, merging and
   // converting outputs (total_ms less every other phase).

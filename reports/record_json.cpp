@@ -3,12 +3,19 @@
 // a journal is the record the in-process runner would have made.
 #include "reports/record_json.h"
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <optional>
 #include <stdexcept>
+#include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "reports/float_base64.h"
 
 namespace mlagate {
 namespace {
@@ -32,6 +39,19 @@ double get_num(const Json& j) {
 }
 
 Json loc(const Location& l) { return Json::array({l.flat, l.request, l.token, l.head, l.dim}); }
+// [flat, request, token, head, dim, got, expected, err]: a Location's five
+// (get_loc reads the first five) and the three values.
+Json worst_elements(const std::vector<WorstElement>& ws) {
+  Json out = Json::array();
+  for (const WorstElement& w : ws) {
+    Json e = loc(w.where);
+    e.push_back(num(w.got));
+    e.push_back(num(w.expected));
+    e.push_back(num(w.err));
+    out.push_back(std::move(e));
+  }
+  return out;
+}
 Location get_loc(const Json& j) {
   Location l;
   l.flat = j.at(0).get<std::int64_t>();
@@ -42,9 +62,8 @@ Location get_loc(const Json& j) {
   return l;
 }
 
-Status status_from_name(const std::string& s) {
-  for (int i = 0; i <= static_cast<int>(Status::kNondeterministic); ++i)
-    if (status_name(static_cast<Status>(i)) == s) return static_cast<Status>(i);
+Status status_of(const std::string& s) {
+  if (const std::optional<Status> st = status_from_name(s)) return *st;
   throw std::runtime_error("record json: unknown status '" + s + "'");
 }
 
@@ -72,7 +91,11 @@ std::string record_to_json_line(const Record& r) {
                   {"err_baseline", num(m.err_baseline)},
                   {"baseline_floor", num(m.baseline_floor)},
                   {"passed", m.passed},
-                  {"message", m.message}});
+                  {"message", m.message},
+                  {"map", Json::array({m.map_tokens, m.map_heads, m.token_bin, m.head_bin})},
+                  {"err_token_head", floats_to_base64(m.err_token_head)},
+                  {"query_lens", m.query_lens},
+                  {"worst_elements", worst_elements(m.worst_elements)}});
   const Timings& t = r.timings;
   const Json j = {{"id", r.case_id},
                   {"backend", r.backend},
@@ -84,7 +107,7 @@ std::string record_to_json_line(const Record& r) {
                   {"block_size", r.block_size},
                   {"paths", r.paths},
                   {"metrics", std::move(ms)},
-                  {"timings", Json::array({num(t.generate_ms), num(t.golden_ms), num(t.cache_ms), num(t.run_ms),
+                  {"timings", Json::array({num(t.generate_ms), num(t.reference_ms), num(t.cache_ms), num(t.run_ms),
                                            num(t.compare_ms), num(t.baseline_ms), num(t.glue_ms), num(t.total_ms)})},
                   {"repro", r.repro}};
   // Backend messages may hold arbitrary bytes: replaced, never a throw.
@@ -98,7 +121,7 @@ Record record_from_json_line(const std::string& line) {
     r.case_id = j.at("id").get<std::string>();
     r.backend = j.at("backend").get<std::string>();
     r.op = j.at("op").get<std::string>();
-    r.status = status_from_name(j.at("status").get<std::string>());
+    r.status = status_of(j.at("status").get<std::string>());
     r.message = j.at("message").get<std::string>();
     r.details = j.value("details", std::string());
     r.policy = j.at("policy").get<std::string>();
@@ -126,6 +149,18 @@ Record record_from_json_line(const std::string& line) {
       m.baseline_floor = get_num(mj.at("baseline_floor"));
       m.passed = mj.at("passed").get<bool>();
       m.message = mj.at("message").get<std::string>();
+      // The error summary; journals written before it have none.
+      if (mj.contains("map")) {
+        const Json& map = mj.at("map");
+        m.map_tokens = map.at(0).get<int>();
+        m.map_heads = map.at(1).get<int>();
+        m.token_bin = map.at(2).get<int>();
+        m.head_bin = map.at(3).get<int>();
+        m.err_token_head = floats_from_base64(mj.at("err_token_head").get<std::string>());
+        m.query_lens = mj.at("query_lens").get<std::vector<std::int32_t>>();
+        for (const Json& w : mj.at("worst_elements"))
+          m.worst_elements.push_back({get_loc(w), get_num(w.at(5)), get_num(w.at(6)), get_num(w.at(7))});
+      }
       r.metrics.push_back(std::move(m));
     }
     const Json& t = j.at("timings");

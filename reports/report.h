@@ -1,5 +1,5 @@
 // Report writers: a run's Records rendered as JSON (the full record), JUnit XML
-// (for CI test views), Markdown (a CI job summary) and a console table.
+// (for CI test views), Markdown (a CI job summary), HTML (a page with error maps) and a console table.
 // Every writer is deterministic: the only times in the output come from RunInfo and Timings.
 #pragma once
 
@@ -27,6 +27,9 @@ struct RunInfo {
   int generator_version = 0;
   // Set when SIGINT/SIGTERM stopped the run: the records are what finished.
   std::string interrupted;               // e.g. "SIGINT: 9 of 30 records"; empty for a whole run
+  // --shard I/N: which part of the selection this run is ("I/N", 0-based);
+  // empty for a whole run. `mlagate merge` checks that every shard is there once.
+  std::string shard;
   // Where the wall went up to the reports (reports/profile.h): (phase, ms) rows
   // summing to profile_wall_ms, from this process's start. Empty: no "profile" key.
   std::vector<std::pair<std::string, double>> profile;
@@ -63,6 +66,15 @@ std::string_view overall_verdict(const StatusCounts& counts);
 // of every Record. Pretty-printed with 2-space indentation; invalid UTF-8 becomes U+FFFD.
 void write_json(std::ostream& os, const RunInfo& run, std::span<const Record> records);
 
+// A JSON report read back (mlagate merge): every key write_json writes, checked.
+struct JsonReport {
+  RunInfo run;
+  std::vector<Record> records;
+};
+// Throws InputError naming the file and the key for a file that is not a JSON
+// report of this schema or holds a value of the wrong type.
+JsonReport read_json_report(const std::string& path);
+
 // <testsuites> with one <testsuite> per backend and one <testcase> per record:
 // INCORRECT/NONFINITE -> <failure>, CRASHED/TIMEOUT/INVALID_CASE -> <error>,
 // NOT_SUPPORTED/SKIPPED -> <skipped>. Testcase time is the run phase only.
@@ -72,6 +84,12 @@ void write_junit(std::ostream& os, const RunInfo& run, std::span<const Record> r
 // most kMarkdownMaxFailureRows failures. Stays well under 1 MiB for any number of records.
 inline constexpr std::size_t kMarkdownMaxFailureRows = 200;
 void write_markdown(std::ostream& os, const RunInfo& run, std::span<const Record> records);
+
+// One self-contained HTML page (inline CSS and JS; it loads nothing): the verdict, run info,
+// backend x status counts, every record (failures first, filterable) with its repro command,
+// and per record its metrics, error maps (Metrics::err_token_head by token x head and by
+// request x position, drawn by the inline script) and worst elements.
+void write_html(std::ostream& os, const RunInfo& info, const std::vector<Record>& records);
 
 // Console table, one row per backend plus a TOTAL row; "time" sums every phase.
 std::string summary_table(std::span<const Record> records);

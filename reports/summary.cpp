@@ -12,7 +12,7 @@ namespace {
 
 double record_total_ms(const Record& r) {
   const Timings& t = r.timings;
-  return t.generate_ms + t.golden_ms + t.baseline_ms + t.cache_ms + t.glue_ms + t.run_ms + t.compare_ms;
+  return t.generate_ms + t.reference_ms + t.baseline_ms + t.cache_ms + t.glue_ms + t.run_ms + t.compare_ms;
 }
 
 // Narrower headers than status_name() keep the console table within 100 columns.

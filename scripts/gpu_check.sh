@@ -101,7 +101,7 @@ run_suite() {
 mkdir -p "$out/reports"
 if want perf; then
   # Alone on the machine, first: the vllm suite (layer op) on every GPU
-  # backend with the GPU golden; then with the Eigen golden, and with the
+  # backend with the GPU reference; then with the Eigen reference, and with the
   # seed test's policy (no baseline emulation), to show where the time goes.
   say "== perf: vllm suite, layer op, cuda.* (wall time of the whole command, golden and baseline included)"
   set -f  # the variants' backend globs reach mlagate unexpanded

@@ -33,7 +33,7 @@ per = collections.defaultdict(lambda: collections.Counter())
 for r in doc["records"]:
     for k, v in r["timings_ms"].items():
         per[r["backend"]][k] += v or 0
-keys = ["generate", "golden", "baseline", "cache", "glue", "run", "compare", "total"]
+keys = ["generate", "reference", "baseline", "cache", "glue", "run", "compare", "total"]
 print("\nper backend (s)      " + " ".join(f"{k:>9}" for k in keys))
 for b, c in per.items():
     print(f"{b:<20} " + " ".join(f"{c[k] / 1e3:9.3f}" for k in keys))

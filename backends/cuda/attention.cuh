@@ -4,9 +4,9 @@
 // keys in tiles of kTileKeys with an online softmax, and hands the normalized
 // rows and their LSE to a sink. Problems say where queries, keys and values
 // are (paged latent cache, contiguous per-head tensors, case inputs); sinks say
-// where results go (model-dtype outputs, fp32 split partials, fp64 golden).
+// where results go (model-dtype outputs, fp32 split partials, fp64 reference).
 // Acc is the arithmetic type: float for the kernels under test, double for the
-// GPU golden. kRoundP rounds the probabilities to the model dtype before P@V
+// GPU reference. kRoundP rounds the probabilities to the model dtype before P@V
 // (what a 16-bit tensor-core MMA sees); the row sum uses the unrounded values.
 #pragma once
 
@@ -300,11 +300,11 @@ struct PrefillProblem {
   }
 };
 
-// The golden's MQA core: query rows of q_full [T, N, L+R] (fp64), keys
+// The reference's MQA core: query rows of q_full [T, N, L+R] (fp64), keys
 // [kv_c_j | k_pe_j] read from the case's inputs (request b's keys start at
 // row kv_start[b]), values their kv_c part. fp8 caches: the keys are the
-// dequantized values a correct reader sees (fp32), as in reference/golden.cpp.
-struct LatentGoldenProblem {
+// dequantized values a correct reader sees (fp32), as in reference/fp64_reference.cpp.
+struct LatentReferenceProblem {
   static constexpr bool kValuesInKeys = true;
   const double* q_full;           // [T, N, L+R]
   const std::uint16_t* kv_c;      // [S, L] model dtype (when kv_c_f32 is null)
@@ -392,7 +392,7 @@ struct PartialSink {
   __device__ void after() const {}
 };
 
-// fp64 results of the golden.
+// fp64 results of the reference.
 struct DoubleSink {
   double* o;    // [rows, dv]
   double* lse;  // [rows]

@@ -88,11 +88,18 @@ bool is_hdf5(const std::string& path);                       // H5Fis_hdf5 (fals
 Group gcreate(hid_t loc, const std::string& name, const std::string& what);  // H5Gcreate2
 Group gopen(hid_t loc, const std::string& name, const std::string& what);    // H5Gopen2
 bool lexists(hid_t loc, const std::string& name, const std::string& what);   // H5Lexists
+void ocopy(hid_t src, const std::string& src_name, hid_t dst, const std::string& dst_name,
+           const std::string& what);                                         // H5Ocopy
 H5L_type_t link_type(hid_t loc, const std::string& name, const std::string& what);  // H5Lget_info
 // Whether a (hard-linked) member is a group: H5Oopen + H5Iget_type, stable across HDF5 versions.
 bool is_group(hid_t loc, const std::string& name, const std::string& what);
 // Child link names in name order (H5Literate); more than max_names fails.
 std::vector<std::string> list_links(hid_t loc, const std::string& what, std::size_t max_names);
+// Attribute names of an object in name order (H5Aiterate2); more than max_names fails.
+std::vector<std::string> list_attrs(hid_t loc, const std::string& what, std::size_t max_names);
+// Copies attribute `name` of src onto dst with its stored type and shape
+// (fixed-size types only: a variable-length one is refused).
+void copy_attr(hid_t src, hid_t dst, const std::string& name, const std::string& what);
 
 Dataspace screate_simple(const std::vector<hsize_t>& dims, const std::string& what);  // H5Screate_simple
 Dataspace screate_scalar(const std::string& what);                                    // H5Screate

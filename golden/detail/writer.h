@@ -29,6 +29,13 @@ class TempH5 {
   // with its parents on first use.
   hid_t group(const std::string& path, bool& created);
   const io::Where& where() const { return where_; }
+  hid_t root() const { return file_.get(); }
+  // Copies case group /cases/<id> of `src` (an open file) as stored: its
+  // attributes and its members, less `nested` (the first path components of
+  // the source's other cases below this one: a case id may be another's
+  // prefix, "…/seed=0" and "…/seed=0/dims=glm", and those are copied as cases
+  // of their own).
+  void copy_case(hid_t src, const std::string& id, const std::vector<std::string>& nested);
   // Writes /case_ids, closes (flushing), fsyncs and renames onto the target.
   void commit();
 

@@ -71,6 +71,15 @@ int cli_main(int argc, char** argv) {
   compare->add_option("--max-bytes", cmp.max_bytes, "memory budget per case pair (e.g. 8GiB)")
       ->transform(CLI::AsSizeValue(false));
 
+  MergeArgs ma;
+  CLI::App* merge = app.add_subcommand(
+      "merge", "join the JSON reports and results files of a run's shards (--shard I/N) into one of each");
+  merge->add_option("inputs", ma.inputs, "JSON reports (*.json) and results files (*.h5) of the shards")->required();
+  ma.reports.add_options(merge);
+  merge->add_option("--results", ma.results, "write the merged results file here (from the *.h5 inputs)");
+  merge->add_flag("--quiet,-q", ma.quiet, "print only errors");
+  merge->add_flag("--allow-nothing-ran", ma.allow_nothing_ran, "exit 0 when no record of any input ran");
+
   // `mlagate bench` (harness/bench/bench.h): decode speed side by side on the GPU.
   BenchOptions bench_opt;
   CLI::App* bench = app.add_subcommand("bench", "time every benchmarkable backend's decode on the same cases (GPU)");
@@ -119,6 +128,7 @@ int cli_main(int argc, char** argv) {
     if (exp->parsed()) return cmd_export(export_sel, ea, command_line);
     if (replay->parsed()) return cmd_run(replay_sel, rp, command_line, args);
     if (compare->parsed()) return cmd_compare(cmp_a, cmp_b, cmp);
+    if (merge->parsed()) return cmd_merge(ma, command_line);
     if (bench->parsed()) return run_bench(bench_opt, stdout);
     if (shrink->parsed()) return cmd_shrink(shrink_sel, sa);
   } catch (const InputError& e) {

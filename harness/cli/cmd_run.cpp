@@ -9,10 +9,12 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "backends/registry.h"
 #include "cases/errors.h"
@@ -32,6 +34,7 @@
 #include "reference/torch/torch_reference.h"
 #include "reports/profile.h"
 #include "reports/report.h"
+#include "reports/shard.h"
 #if MLAGATE_HAS_CUDA
 #include "backends/cuda/cuda_backends.h"
 #include "reference/cuda/cuda_reference.h"
@@ -98,6 +101,25 @@ std::vector<Op> resolve_ops(const std::vector<std::string>& names, const std::ve
   return ops;
 }
 
+// --shard I/N, else GoogleTest's sharding variables (so a ctest or gtest-style
+// runner that shards tests shards mlagate too); nullopt: the whole selection.
+std::optional<Shard> resolve_shard(const std::string& flag) {
+  if (!flag.empty()) {
+    const std::optional<Shard> s = parse_shard(flag);
+    if (!s) throw InputError("--shard '" + flag + "' (expected I/N with 0 <= I < N)");
+    return s;
+  }
+  const char* total = std::getenv("GTEST_TOTAL_SHARDS");
+  const char* index = std::getenv("GTEST_SHARD_INDEX");
+  if (!total || !index) return std::nullopt;
+  const std::string text = std::string(index) + "/" + total;
+  const std::optional<Shard> s = parse_shard(text);
+  if (!s) throw InputError("GTEST_SHARD_INDEX/GTEST_TOTAL_SHARDS = " + text + " (expected 0 <= index < total)");
+  // The protocol: a program that honours sharding creates this file.
+  if (const char* status = std::getenv("GTEST_SHARD_STATUS_FILE"); status && *status) std::fclose(std::fopen(status, "a"));
+  return s;
+}
+
 // SIGINT/SIGTERM during a run: the run stops between records, writes the
 // reports of what finished and exits 128 + signal. A second signal acts as usual.
 volatile std::sig_atomic_t g_stop_signal = 0;
@@ -153,7 +175,7 @@ ReferenceImpl make_reference(const std::string& name) {
 #if MLAGATE_HAS_CUDA
     if (!cuda_device_info().available) throw InputError("--reference cuda: " + cuda_device_info().error);
     r.name = "cuda";
-    r.absorbed = cuda_golden_absorbed;
+    r.absorbed = cuda_reference_absorbed;
     r.mqa = cuda_reference_mqa;
     return r;
 #else
@@ -191,14 +213,18 @@ class RunCommand {
   // input checked before anything runs (workers run this too).
   void plan() {
     if (ra_.threads > 0) omp_set_num_threads(ra_.threads);
+    shard_ = resolve_shard(ra_.shard);
     // Golden files: replay takes the file's cases, so does run --golden when no
     // selection flag is given; stored references replace the recomputed ones.
     if (!ra_.golden.empty() || !ra_.replay.empty() || !ra_.save_results.empty())
-      golden_.emplace(GoldenRunOptions{ra_.golden, ra_.replay, ra_.case_ids, ra_.save_results, ra_.max_bytes, command_line_});
+      golden_.emplace(GoldenRunOptions{ra_.golden, ra_.replay, ra_.case_ids, ra_.save_results, ra_.max_bytes,
+                                       command_line_, shard_ ? shard_->str() : std::string()});
     from_file_ = !ra_.replay.empty() || (!ra_.golden.empty() && sel_.argv().empty());
     if (from_file_) cfg_.cases = golden_->file_cases(sel_.filter);
     else if (!ra_.case_ids.empty()) cfg_.cases = sel_.resolve_ids(ra_.case_ids);  // the order-dependent repro's order
     else cfg_.cases = sel_.resolve();
+    if (shard_)
+      std::erase_if(cfg_.cases, [this](const CaseSpec& c) { return shard_of(c.id(), shard_->count) != shard_->index; });
     apply_order(cfg_.cases, ra_.order);
     if (ra_.repeat < 1) throw InputError("--repeat must be >= 1");
     cfg_.ops = resolve_ops(ra_.ops, cfg_.cases);
@@ -295,6 +321,13 @@ class RunCommand {
       throw InputError("--save-results keeps every output in this process: use it with --isolate none");
     if (!(ra_.timeout >= 0)) throw InputError("--timeout must be >= 0");
     if (ra_.order == "pairs" && isolate_ != "process") throw InputError("--order pairs needs --isolate process");
+    if (!ra_.devices.empty()) {
+      if (isolate_ != "process") throw InputError("--devices needs --isolate process (a worker per device)");
+      std::set<std::string> seen;
+      for (const std::string& d : ra_.devices)
+        if (d.empty() || d.find_first_not_of("0123456789") != std::string::npos || !seen.insert(d).second)
+          throw InputError("--devices: '" + d + "' is not a device number, or is given twice");
+    }
     if (!ra_.save_failures.empty()) {
       std::error_code ec;
       std::filesystem::create_directories(ra_.save_failures, ec);
@@ -335,7 +368,7 @@ class RunCommand {
                                : "replay " + exec::shell_word(ra_.replay)) +
            (sel_.filter.empty() ? "" : " --filter " + exec::shell_word(sel_.filter)) + ids + extra_args_ +
            " --backend " + exec::shell_word(ra_.backends) + " --op " + ops + computation_args_ +
-           (ra_.order == "given" ? "" : " --order " + ra_.order);
+           (ra_.order == "given" ? "" : " --order " + ra_.order) + (shard_ ? " --shard " + shard_->str() : "");
   }
 
   std::string job_key(std::size_t ci, std::size_t bi, Op op) const {
@@ -389,6 +422,7 @@ class RunCommand {
       io.timeout_s = ra_.timeout;
       io.pairs = ra_.order == "pairs";
       io.max_order_checks = static_cast<std::size_t>(ra_.order_checks);
+      io.devices = ra_.devices;
       run_isolated(cfg_, names, jobs, io, record_done);
     }
     stop_signal_ = g_stop_signal;
@@ -472,6 +506,7 @@ class RunCommand {
     info.started_at = iso_now();
     info.wall_seconds = std::chrono::duration<double>(Clock::now() - wall0_).count();
     info.generator_version = gen::kGeneratorVersion;
+    if (shard_) info.shard = shard_->str();
     if (stop_signal_ != 0)
       info.interrupted = (stop_signal_ == SIGINT    ? std::string("SIGINT")
                           : stop_signal_ == SIGTERM ? std::string("SIGTERM")
@@ -485,6 +520,7 @@ class RunCommand {
     if (!rep.json.empty()) write_report_file(rep.json, [&](std::ostream& os) { write_json(os, info, records_); });
     if (!rep.junit.empty()) write_report_file(rep.junit, [&](std::ostream& os) { write_junit(os, info, records_); });
     if (!rep.markdown.empty()) write_report_file(rep.markdown, [&](std::ostream& os) { write_markdown(os, info, records_); });
+    if (!rep.html.empty()) write_report_file(rep.html, [&](std::ostream& os) { write_html(os, info, records_); });
     // A whole run's reports hold every record: its journal has done its job.
     if (journal_ && stop_signal_ == 0) {
       const std::string jp = journal_->path();
@@ -514,6 +550,11 @@ class RunCommand {
       return kExitInterruptedBase + stop_signal_;
     }
     if (counts.failures > 0) return kExitFailed;
+    if (shard_ && counts.total == 0) {
+      // More shards than cases: this one has none, which is not a failure of the gate.
+      if (!ra_.quiet) std::printf("shard %s: no case of the selection falls in it\n", shard_->str().c_str());
+      return kExitPassed;
+    }
     if (counts[Status::kPassed] == 0 && !ra_.allow_nothing_ran) {
       std::fprintf(stderr,
                    "mlagate: nothing ran: %lld records, none executed (skipped or not supported); exit %d "
@@ -531,6 +572,7 @@ class RunCommand {
   const Clock::time_point wall0_ = Clock::now();
 
   RunConfig cfg_;
+  std::optional<Shard> shard_;
   std::optional<GoldenRun> golden_;
   bool from_file_ = false;
   std::vector<BackendEntry> extra_entries_;

@@ -2,6 +2,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <optional>
+#include <map>
+#include <set>
 
 #include "backends/registry.h"
 #include "cases/errors.h"
@@ -11,6 +15,8 @@
 #include "harness/cli/commands.h"
 #include "harness/reliability/shrink.h"
 #include "harness/run/layer.h"
+#include "reports/report.h"
+#include "reports/shard.h"
 
 namespace mlagate {
 
@@ -152,6 +158,115 @@ int cmd_export(const Selection& sel, const ExportArgs& ea, const std::string& co
 int cmd_compare(const std::string& a, const std::string& b, const FileCompareOptions& opt) {
   if (!(opt.atol >= 0) || !(opt.rtol >= 0)) throw InputError("--atol and --rtol must be >= 0");
   return compare_results_files(a, b, opt, stdout).failed(opt) ? kExitFailed : kExitPassed;
+}
+
+namespace {
+
+bool is_results_file(const std::string& path) {
+  for (const char* ext : {".h5", ".hdf5"})
+    if (path.size() >= std::strlen(ext) && path.compare(path.size() - std::strlen(ext), std::string::npos, ext) == 0)
+      return true;
+  return false;
+}
+
+// The reports of the shards as one run's: the same build, generator and policy
+// are required (else they are not parts of one run); the earliest start, the
+// longest wall (shards run side by side), records in input order.
+JsonReport merge_reports(const std::vector<std::string>& paths, const std::string& command_line) {
+  JsonReport merged;
+  std::vector<std::pair<std::string, std::string>> shards;
+  std::map<std::string, std::string> owner;  // case\nbackend\nop -> file
+  std::set<std::string> suites;
+  std::vector<std::pair<std::string, std::vector<Record>>> parts;  // input -> its records
+  for (const std::string& path : paths) {
+    JsonReport rep = read_json_report(path);
+    const RunInfo& r = rep.run;
+    RunInfo& m = merged.run;
+    if (shards.empty()) {
+      m = r;
+      m.wall_seconds = 0;
+      m.interrupted.clear();
+      m.shard.clear();
+      m.profile.clear();
+    } else {
+      auto same = [&](const std::string& what, const std::string& a, const std::string& b) {
+        if (a != b) throw InputError(path + ": " + what + " '" + b + "', the first input's '" + a + "': not parts of one run");
+      };
+      same("git commit", m.git_commit, r.git_commit);
+      same("tool version", m.tool_version, r.tool_version);
+      same("policy", m.policy, r.policy);
+      same("generator version", std::to_string(m.generator_version), std::to_string(r.generator_version));
+      m.started_at = std::min(m.started_at, r.started_at);
+    }
+    m.wall_seconds = std::max(m.wall_seconds, r.wall_seconds);
+    if (!r.interrupted.empty())
+      m.interrupted += (m.interrupted.empty() ? "" : "; ") + path + ": " + r.interrupted;
+    suites.insert(r.suite);
+    shards.emplace_back(path, r.shard);
+    parts.emplace_back(path, std::move(rep.records));
+  }
+  // The shard set first: a shard given twice is named as such, not as its first record.
+  check_shard_set(shards);
+  for (auto& [path, records] : parts)
+    for (Record& rec : records) {
+      const std::string key = rec.case_id + "\n" + rec.backend + "\n" + rec.op;
+      if (auto [it, fresh] = owner.emplace(key, path); !fresh)
+        throw InputError("record " + rec.case_id + " " + rec.backend + " " + rec.op + " is in " + it->second + " and " + path);
+      merged.records.push_back(std::move(rec));
+    }
+  merged.run.command_line = command_line;
+  merged.run.suite.clear();
+  for (const std::string& s : suites) merged.run.suite += (merged.run.suite.empty() ? "" : ",") + s;
+  return merged;
+}
+
+}  // namespace
+
+int cmd_merge(const MergeArgs& ma, const std::string& command_line) {
+  std::vector<std::string> reports, results;
+  for (const std::string& in : ma.inputs) (is_results_file(in) ? results : reports).push_back(in);
+  const bool report_out = !ma.reports.json.empty() || !ma.reports.junit.empty() || !ma.reports.markdown.empty() ||
+                          !ma.reports.html.empty();
+  if (!reports.empty() && !report_out)
+    throw InputError("merge: JSON reports given but no --json, --junit, --markdown or --html to write");
+  if (report_out && reports.empty()) throw InputError("merge: --json/--junit/--markdown/--html need JSON reports among the inputs");
+  if (!results.empty() && ma.results.empty()) throw InputError("merge: results files given but no --results to write");
+  if (!ma.results.empty() && results.empty()) throw InputError("merge: --results needs results files (*.h5) among the inputs");
+  ma.reports.check_paths();
+  // Everything is read and checked before anything is written.
+  std::optional<JsonReport> merged;
+  if (!reports.empty()) merged = merge_reports(reports, command_line);
+  if (!results.empty()) {
+    const std::size_t n = merge_results_files(results, ma.results, command_line);
+    if (!ma.quiet) std::printf("results: %s (%zu cases from %zu files)\n", ma.results.c_str(), n, results.size());
+  }
+  if (!merged) return kExitPassed;
+  const RunInfo& info = merged->run;
+  const std::vector<Record>& records = merged->records;
+  const ReportArgs& rep = ma.reports;
+  if (!rep.json.empty()) write_report_file(rep.json, [&](std::ostream& os) { write_json(os, info, records); });
+  if (!rep.junit.empty()) write_report_file(rep.junit, [&](std::ostream& os) { write_junit(os, info, records); });
+  if (!rep.markdown.empty()) write_report_file(rep.markdown, [&](std::ostream& os) { write_markdown(os, info, records); });
+  if (!rep.html.empty()) write_report_file(rep.html, [&](std::ostream& os) { write_html(os, info, records); });
+  const StatusCounts counts = count_statuses(records);
+  if (!ma.quiet) {
+    std::printf("%s", summary_table(records).c_str());
+    std::printf("%s: %lld records from %zu reports, %lld failed, policy %s\n",
+                info.interrupted.empty() ? std::string(overall_verdict(counts)).c_str() : "INTERRUPTED",
+                static_cast<long long>(counts.total), reports.size(), static_cast<long long>(counts.failures),
+                info.policy.c_str());
+  }
+  if (!info.interrupted.empty()) {
+    std::fprintf(stderr, "mlagate merge: interrupted inputs (%s): the merged run is incomplete\n", info.interrupted.c_str());
+    return kExitFailed;
+  }
+  if (counts.failures > 0) return kExitFailed;
+  if (counts[Status::kPassed] == 0 && !ma.allow_nothing_ran) {
+    std::fprintf(stderr, "mlagate merge: nothing ran in any input; exit %d (--allow-nothing-ran accepts this)\n",
+                 kExitNothingRan);
+    return kExitNothingRan;
+  }
+  return kExitPassed;
 }
 
 }  // namespace mlagate

@@ -28,6 +28,16 @@ int cmd_export(const Selection& sel, const ExportArgs& ea, const std::string& co
 
 int cmd_compare(const std::string& a, const std::string& b, const FileCompareOptions& opt);
 
+// mlagate merge: the JSON reports and results files of a run's shards (or of
+// runs of disjoint cases) into one of each; exit code of the merged verdict.
+struct MergeArgs {
+  std::vector<std::string> inputs;  // *.json reports, *.h5 results files
+  ReportArgs reports;               // from the JSON inputs
+  std::string results;              // from the results-file inputs
+  bool quiet = false, allow_nothing_ran = false;
+};
+int cmd_merge(const MergeArgs& ma, const std::string& command_line);
+
 struct ShrinkArgs {
   std::string backend, op = "auto", out = "shrunk";
   std::vector<std::string> case_ids;

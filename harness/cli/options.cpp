@@ -211,6 +211,7 @@ void ReportArgs::add_options(CLI::App* app) {
   app->add_option("--json", json, "write the JSON report here");
   app->add_option("--junit", junit, "write a JUnit XML report here");
   app->add_option("--markdown", markdown, "write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)");
+  app->add_option("--html", html, "write a self-contained HTML report here");
 }
 
 void ReportArgs::check_paths() const {
@@ -257,6 +258,14 @@ void RunArgs::add_options(CLI::App* app, bool for_replay) {
   app->add_option("--case", case_ids,
                   for_replay ? "exact case id (repeatable); default every case"
                              : "exact case id (repeatable): only these cases, run in the order given");
+
+  app->add_option("--devices", devices,
+                  "GPUs to run on, comma-separated (e.g. 0,1,2,3): one worker process per device "
+                  "(CUDA_VISIBLE_DEVICES set to it), the cases dealt out between them; records as on one device")
+      ->delimiter(',');
+  app->add_option("--shard", shard,
+                  "run shard I of N (0-based, I/N) of the selection, cases assigned by a hash of their id; default: "
+                  "GTEST_SHARD_INDEX/GTEST_TOTAL_SHARDS when set. `mlagate merge` joins the shards' reports");
 
   // Reliability: isolation, journal and resume, repeat, order, sanitizer, saved failures.
   app->add_option("--isolate", isolate,

@@ -72,13 +72,13 @@ struct PoisonArgs {
   std::vector<std::string> argv() const;  // the non-default flags
 };
 
-// --json, --junit, --markdown.
+// --json, --junit, --markdown, --html.
 struct ReportArgs {
-  std::string json, junit, markdown;
+  std::string json, junit, markdown, html;
 
   void add_options(CLI::App* app);
   void check_paths() const;  // before anything runs: a typo must not cost a run
-  std::vector<const std::string*> paths() const { return {&json, &junit, &markdown}; }
+  std::vector<const std::string*> paths() const { return {&json, &junit, &markdown, &html}; }
 };
 
 // The flags of `run` and `replay` beyond the selection.
@@ -99,6 +99,8 @@ struct RunArgs {
   // Golden files (golden/): run --golden F, replay F [--case ID], --save-results R.
   std::string golden, replay, save_results;
   std::vector<std::string> case_ids;
+  std::vector<std::string> devices;  // --devices 0,1,...: one worker per GPU, the cases split between them
+  std::string shard;  // --shard I/N; empty: GTEST_SHARD_INDEX/GTEST_TOTAL_SHARDS when set, else the whole selection
   std::uint64_t max_bytes = kDefaultMaxBytes;
   OutOfTree extra;  // --plugin, --exec
   // Reliability (harness/reliability/RELIABILITY.md): isolation, journal and resume, repeat, order.

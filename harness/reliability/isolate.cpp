@@ -25,10 +25,13 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <exception>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "cases/errors.h"
 #include "reports/profile.h"
@@ -95,7 +98,17 @@ class WorkerProcess {
     std::vector<char*> argv;
     for (const auto& a : opt.argv) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
-    const int rc = posix_spawn(&pid_, argv[0], &files, &attr, argv.data(), environ);
+    // --devices: the worker sees its device only (and as device 0).
+    std::vector<std::string> env_store;
+    std::vector<char*> envp;
+    for (char** e = environ; *e; ++e)
+      if (opt.device.empty() || std::strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) != 0) envp.push_back(*e);
+    if (!opt.device.empty()) {
+      env_store.push_back("CUDA_VISIBLE_DEVICES=" + opt.device);
+      envp.push_back(env_store.back().data());
+    }
+    envp.push_back(nullptr);
+    const int rc = posix_spawn(&pid_, argv[0], &files, &attr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&files);
     posix_spawnattr_destroy(&attr);
     ::close(in[0]);
@@ -255,6 +268,11 @@ const std::string& worker_executable() { return worker_exe(); }
 
 namespace {
 
+std::mutex& profile_mutex() {
+  static std::mutex m;
+  return m;
+}
+
 // Jobs on workers: one job on a given worker, and whole sequences on new ones.
 class IsolatedRun {
  public:
@@ -280,6 +298,7 @@ class IsolatedRun {
       throw std::runtime_error("isolation: the worker did not start (" + how + ")\n" +
                                trimmed_tail(worker->stderr_tail(), opt_.stderr_tail_bytes));
     }
+    const std::lock_guard lock(profile_mutex());  // streams of several devices add to one profile
     RunProfile& prof = run_profile();
     const double start_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     prof.worker_init_ms += std::min(init_ms, start_ms);
@@ -305,13 +324,19 @@ class IsolatedRun {
     Record r;
     if (w == WorkerProcess::Wait::kLine && line.rfind("RECORD ", 0) == 0) {
       r = record_from_json_line(line.substr(7));
-      run_profile().add_job(r.timings, wall_ms());
+      {
+        const std::lock_guard lock(profile_mutex());
+        run_profile().add_job(r.timings, wall_ms());
+      }
       // An exception inside the worker (a CUDA error among them) may leave its
       // device context unusable: the next job gets a new worker.
       if (r.status == Status::kCrashed) worker->kill(), worker.reset();
       return r;
     }
-    run_profile().lost_job_ms += wall_ms();
+    {
+      const std::lock_guard lock(profile_mutex());
+      run_profile().lost_job_ms += wall_ms();
+    }
     r.case_id = spec.id();
     r.backend = backend;
     r.op = std::string(op_name(job.op));
@@ -364,10 +389,12 @@ bool is_verdict_failure(Status s) {
 
 }  // namespace
 
-std::vector<Record> run_isolated(const RunConfig& cfg, const std::vector<std::string>& backend_names,
-                                 const std::vector<Job>& jobs, const IsolationOptions& opt,
-                                 const std::function<void(const Record&)>& on_record) {
-  IgnoreSigpipe sigpipe;
+namespace {
+
+// One stream of workers: the jobs in order, a new worker after a crash.
+std::vector<Record> run_stream(const RunConfig& cfg, const std::vector<std::string>& backend_names,
+                               const std::vector<Job>& jobs, const IsolationOptions& opt,
+                               const std::function<void(const Record&)>& on_record) {
   IsolatedRun iso(cfg, backend_names, opt);
   std::vector<Record> records;
   if (opt.pairs) {
@@ -439,6 +466,50 @@ std::vector<Record> run_isolated(const RunConfig& cfg, const std::vector<std::st
     records.push_back(std::move(*r));
     if (on_record) on_record(records.back());
   }
+  return records;
+}
+
+}  // namespace
+
+std::vector<Record> run_isolated(const RunConfig& cfg, const std::vector<std::string>& backend_names,
+                                 const std::vector<Job>& jobs, const IsolationOptions& opt,
+                                 const std::function<void(const Record&)>& on_record) {
+  IgnoreSigpipe sigpipe;
+  if (opt.devices.size() <= 1) {
+    IsolationOptions one = opt;
+    one.device = opt.devices.empty() ? std::string() : opt.devices.front();
+    return run_stream(cfg, backend_names, jobs, one, on_record);
+  }
+  // One thread per device, each feeding its own workers; records reach
+  // on_record one at a time (the caller's journal and progress are not shared).
+  const std::size_t n = opt.devices.size();
+  std::vector<std::vector<Job>> dealt(n);
+  for (const Job& j : jobs) dealt[j.case_index % n].push_back(j);
+  std::mutex record_mutex;
+  auto locked = [&](const Record& r) {
+    const std::lock_guard lock(record_mutex);
+    if (on_record) on_record(r);
+  };
+  std::vector<std::vector<Record>> got(n);
+  std::vector<std::exception_ptr> errors(n);
+  {
+    std::vector<std::jthread> threads;
+    for (std::size_t d = 0; d < n; ++d)
+      threads.emplace_back([&, d] {
+        try {
+          IsolationOptions mine = opt;
+          mine.device = opt.devices[d];
+          got[d] = run_stream(cfg, backend_names, dealt[d], mine, locked);
+        } catch (...) {
+          errors[d] = std::current_exception();
+        }
+      });
+  }
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  std::vector<Record> records;
+  for (auto& g : got)
+    for (Record& r : g) records.push_back(std::move(r));
   return records;
 }
 

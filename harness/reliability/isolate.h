@@ -50,6 +50,13 @@ struct IsolationOptions {
   // case of the run (ordered pairs, new worker each); a case that passes alone
   // and fails after another gets the first such pair. O(cases^2) workers.
   bool pairs = false;
+  // --devices: one stream of workers per device, each worker started with
+  // CUDA_VISIBLE_DEVICES set to its device; the cases are dealt out by index
+  // (case i to devices[i % N]), every job of a case on the same device. Empty:
+  // one stream with the environment as it is.
+  std::vector<std::string> devices;
+  // Set per stream by run_isolated: the device of this stream's workers.
+  std::string device;
 };
 
 // Runs `jobs` in order in worker processes; each record goes to on_record as it

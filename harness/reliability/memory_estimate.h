@@ -9,7 +9,7 @@
 
 namespace mlagate {
 
-// Host bytes of one case in the runner: inputs, weights, the fp64 golden and
+// Host bytes of one case in the runner: inputs, weights, the fp64 reference and
 // references, the paged caches, up-projected keys and values, outputs. A
 // deliberate over-estimate (a safety factor of 1.5) of the largest terms.
 // prefill_op: the kernel-level prefill op runs (keys and values of every

@@ -69,7 +69,7 @@ struct GoldenRun::Impl {
     PreparedCase pc;
     pc.c = std::move(c);
     if (pc.c.sparse) pc.sparse = reader->load_sparse(id, pc.c);
-    else pc.golden = reader->load_golden(id);
+    else pc.reference = reader->load_reference(id);
     pc.decode = reader->load_decode_reference(id);
     for (int bs : h.cache_block_sizes) {
       const StoredCacheOptions so = stored_cache_options(id, bs, exec);
@@ -114,7 +114,7 @@ GoldenRun::GoldenRun(const GoldenRunOptions& opt) : impl_(std::make_unique<Impl>
   if (!opt.save_results.empty()) {
     if (!source.empty() && same_file(source, opt.save_results))
       throw InputError("--save-results " + opt.save_results + " would replace the golden file being read");
-    m.writer.emplace(opt.save_results, opt.command_line);
+    m.writer.emplace(opt.save_results, opt.command_line, opt.shard);
   }
 }
 

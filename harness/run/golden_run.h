@@ -22,6 +22,7 @@ struct GoldenRunOptions {
   std::string save_results;           // --save-results R
   std::uint64_t max_bytes = kDefaultMaxBytes;
   std::string command_line;
+  std::string shard;  // --shard I/N: recorded in the results file for mlagate merge
 };
 
 class GoldenRun {

@@ -273,7 +273,7 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
       Tensor kv = gather_rows(c.kv_c, new_kv_rows), pe = gather_rows(c.k_pe, new_kv_rows);
       if (is_fp8(cache.kv_dtype)) {
         // fp8 caches: the new tokens too are read back from the cache the
-        // backend's cache_write filled, so the golden (over the dequantized
+        // backend's cache_write filled, so the reference (over the dequantized
         // cache) is one function of the cache and a writer's error shows here.
         std::int64_t row = 0;
         for (int i : pre_req) {

@@ -17,7 +17,7 @@
 #include "reports/profile.h"
 #include "harness/run/sparse_op.h"
 #include "reference/sparse_reference.h"
-#include "reference/golden.h"
+#include "reference/fp64_reference.h"
 
 namespace mlagate {
 
@@ -51,22 +51,22 @@ struct BaselineErrors {
 // Everything derived from one case, computed on first use and shared by backends.
 struct CaseContext {
   Case c;
-  std::optional<Golden> golden;  // absorbed path: out, lse, o_lat
+  std::optional<ReferenceOutputs> ref_outputs;  // absorbed path: out, lse, o_lat
   // Shared work's milliseconds, accumulated as it happens and handed to the
   // next record run on this context (take_shared): each counted once.
   double enter_ms = 0;     // CaseStream::enter: generating or retargeting the case (also in generate_ms)
   double generate_ms = 0;  // inputs: the case, the prefill op's up-projected keys and values
-  double golden_ms = 0;    // fp64 references
+  double reference_ms = 0;    // fp64 references
   double baseline_ms = 0;  // err_baseline
   Timings taken;           // what earlier records already took
   // Moves the shared work not yet reported into `t`; returns the enter time among it.
   double take_shared(Timings& t) {
     t.generate_ms += generate_ms - taken.generate_ms;
-    t.golden_ms += golden_ms - taken.golden_ms;
+    t.reference_ms += reference_ms - taken.reference_ms;
     t.baseline_ms += baseline_ms - taken.baseline_ms;
     const double entered = enter_ms - taken.total_ms;
     taken.generate_ms = generate_ms;
-    taken.golden_ms = golden_ms;
+    taken.reference_ms = reference_ms;
     taken.baseline_ms = baseline_ms;
     taken.total_ms = enter_ms;
     return entered;
@@ -78,16 +78,16 @@ struct CaseContext {
   std::optional<Tensor> k_all, v_all;
   std::map<std::pair<int, bool>, PagedCache> caches;  // (block size, new tokens written)
   LayerMemo layer_memo;  // the layer op's backend-independent glue, shared by its backends
-  const ReferenceImpl* reference = nullptr;            // null or empty members: the Eigen golden
+  const ReferenceImpl* reference = nullptr;            // null or empty members: the Eigen reference
   // fp8 caches: the references over the unquantized inputs, for the
   // quantization error each record reports for information.
-  std::optional<Golden> unquantized;
+  std::optional<ReferenceOutputs> unquantized;
   std::optional<std::vector<double>> unquantized_mqa;  // decode op's o_lat
   // From a PreparedCase: caches without the new tokens, by block size.
   std::map<int, PagedCache> given_caches;
   bool build_missing_caches = true;
   // The baseline policy's err_baseline (SPEC: Pass rules, rule 5): the max abs error of the
-  // model-dtype SDPA reference against the golden, for the layer op per form
+  // model-dtype SDPA reference against the reference, for the layer op per form
   // (decode, prefill) and request (NaN until a backend routes it that way), and
   // for each kernel-level op.
   std::array<std::vector<double>, 2> base_out, base_lse;
@@ -101,7 +101,7 @@ struct CaseContext {
 
   void adopt(PreparedCase&& p) {
     c = std::move(p.c);
-    golden = std::move(p.golden);
+    ref_outputs = std::move(p.reference);
     if (p.decode) {
       q_lat = std::move(p.decode->q_lat);
       q_pe = std::move(p.decode->q_pe);
@@ -125,13 +125,13 @@ struct CaseContext {
            (have.empty() ? std::string("none") : have) + ")";
   }
 
-  const Golden& get_golden() {
-    if (!golden) {
+  const ReferenceOutputs& get_reference() {
+    if (!ref_outputs) {
       const auto t0 = Clock::now();
-      golden = reference && reference->absorbed ? reference->absorbed(c) : golden_absorbed(c);
-      golden_ms += ms_since(t0);
+      ref_outputs = reference && reference->absorbed ? reference->absorbed(c) : reference_absorbed(c);
+      reference_ms += ms_since(t0);
     }
-    return *golden;
+    return *ref_outputs;
   }
   const PagedCache& cache(int bs, bool write_new, const ExecOptions& opt, double& ms) {
     auto key = std::make_pair(bs, write_new);
@@ -179,7 +179,7 @@ struct CaseContext {
       reference->mqa(c, q_lat->view(), mqa_o_lat, mqa_lse);
     else
       reference_mqa(c, q_lat->view(), mqa_o_lat, mqa_lse);
-    golden_ms += ms_since(t0);
+    reference_ms += ms_since(t0);
   }
   void prepare_prefill() {
     if (k_all) return;
@@ -204,7 +204,7 @@ struct CaseContext {
     absorb_queries(c, tokens, ql, qp);
     sparse_q = sparse_query(c, ql.view());
     sparse_ref = sparse_golden(c, sparse_q->view());
-    golden_ms += ms_since(t0);
+    reference_ms += ms_since(t0);
   }
   // V4's compressed cache for a block size (nullptr for cases without one).
   const PagedCache* extra_cache(int bs, const ExecOptions& opt, double& ms) {
@@ -235,7 +235,7 @@ struct CaseContext {
   // err_baseline of the layer op on the given per-request paths; each
   // (form, request) is computed once per case, whichever backend needs it.
   BaselineErrors layer_baseline(const std::vector<std::string>& paths, const BaselineImpl& impl) {
-    const Golden& g = get_golden();
+    const ReferenceOutputs& g = get_reference();
     const auto t0 = Clock::now();
     const auto B = static_cast<std::size_t>(c.num_requests);
     const auto N = static_cast<std::size_t>(c.spec.num_heads()), V = static_cast<std::size_t>(c.spec.dims.v_head_dim);
@@ -285,7 +285,7 @@ struct CaseContext {
   BaselineErrors prefill_op_baseline() {
     if (!base_prefill_op) {
       prepare_prefill();
-      const Golden& g = get_golden();
+      const ReferenceOutputs& g = get_reference();
       const auto t0 = Clock::now();
       const SdpaResult e = emulate_sdpa_prefill_op(c, k_all->view(), v_all->view());
       base_prefill_op =
@@ -315,11 +315,11 @@ struct CaseContext {
         reference_mqa(c, q_lat->view(), o, l);
         unquantized_mqa = std::move(o);
       }
-      golden_ms += ms_since(t0);
+      reference_ms += ms_since(t0);
       return *unquantized_mqa;
     }
-    if (!unquantized) unquantized = reference && reference->absorbed ? reference->absorbed(c) : golden_absorbed(c);
-    golden_ms += ms_since(t0);
+    if (!unquantized) unquantized = reference && reference->absorbed ? reference->absorbed(c) : reference_absorbed(c);
+    reference_ms += ms_since(t0);
     return unquantized->out;
   }
 };
@@ -329,14 +329,14 @@ namespace {
 // Quantization error of an fp8 cache, for information (never gates): the
 // reference over the dequantized cache (what a perfect kernel returns) against
 // the reference over the unquantized inputs, as the metrics of "quant_error".
-Metrics quantization_metrics(CaseContext& ctx, Op op, const ProducedOutput& main, const std::vector<double>& golden) {
+Metrics quantization_metrics(CaseContext& ctx, Op op, const ProducedOutput& main, const std::vector<double>& ref_outputs) {
   const std::vector<double>& unquantized = ctx.unquantized_main(op);
   OutputCheck chk;
   chk.name = "quant_error";
-  chk.got = TensorView{DType::kF64, main.buf.view().shape, const_cast<double*>(golden.data())};
+  chk.got = TensorView{DType::kF64, main.buf.view().shape, const_cast<double*>(ref_outputs.data())};
   chk.expected_shape = chk.got.shape;
   chk.expected_dtype = DType::kF64;
-  chk.golden = &unquantized;
+  chk.reference = &unquantized;
   chk.layout = Layout{ctx.c.query_start_loc, main.heads, main.dim};
   Metrics m;
   compare_output(chk, make_policy("fixed", INFINITY, 0), m);
@@ -363,7 +363,7 @@ Record run_one(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg) {
   t.total_ms = wall + entered;
   // The case's generation happened in enter(), outside `wall`; everything else
   // named happened inside it.
-  t.glue_ms = std::max(0.0, t.total_ms - (t.generate_ms + t.golden_ms + t.baseline_ms + t.cache_ms + t.run_ms + t.compare_ms));
+  t.glue_ms = std::max(0.0, t.total_ms - (t.generate_ms + t.reference_ms + t.baseline_ms + t.cache_ms + t.run_ms + t.compare_ms));
   run_profile().add_job(t);  // in a worker this process's profile is not shown: the parent adds the record
   return r;
 }
@@ -403,30 +403,30 @@ Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg
   }
 
   OpRun run;
-  const std::vector<double>* golden_main = nullptr;
-  const std::vector<double>* golden_lse = nullptr;
+  const std::vector<double>* reference_main = nullptr;
+  const std::vector<double>* reference_lse = nullptr;
   try {
     switch (op) {
       case Op::kLayer: {
         const PagedCache& base = ctx.cache(r.block_size, false, cfg.exec, r.timings.cache_ms);
         run = run_layer(b, c, base, cfg.exec, &ctx.layer_memo);
-        golden_main = &ctx.get_golden().out;
-        golden_lse = &ctx.get_golden().lse;
+        reference_main = &ctx.get_reference().out;
+        reference_lse = &ctx.get_reference().lse;
         break;
       }
       case Op::kDecode: {
         const PagedCache& full = ctx.cache(r.block_size, true, cfg.exec, r.timings.cache_ms);
         ctx.prepare_decode();
         run = run_decode_op(b, c, full, *ctx.q_lat, *ctx.q_pe, cfg.exec);
-        golden_main = &ctx.mqa_o_lat;
-        golden_lse = &ctx.mqa_lse;
+        reference_main = &ctx.mqa_o_lat;
+        reference_lse = &ctx.mqa_lse;
         break;
       }
       case Op::kPrefill: {
         ctx.prepare_prefill();
         run = run_prefill_op(b, c, *ctx.k_all, *ctx.v_all, cfg.exec);
-        golden_main = &ctx.get_golden().out;
-        golden_lse = &ctx.get_golden().lse;
+        reference_main = &ctx.get_reference().out;
+        reference_lse = &ctx.get_reference().lse;
         break;
       }
       case Op::kSparseDecode:
@@ -436,8 +436,8 @@ Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg
         ctx.prepare_sparse();
         run = op == Op::kSparseDecode ? run_sparse_decode_op(b, c, full, extra, *ctx.sparse_q, cfg.exec)
                                       : run_sparse_prefill_op(b, c, full, extra, *ctx.sparse_q, cfg.exec);
-        golden_main = &ctx.sparse_ref.o;
-        golden_lse = &ctx.sparse_ref.lse;
+        reference_main = &ctx.sparse_ref.o;
+        reference_lse = &ctx.sparse_ref.lse;
         break;
       }
       case Op::kCacheWrite: {
@@ -495,7 +495,7 @@ Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg
   r.paths = run.paths;
 
   const auto t0 = Clock::now();
-  const double golden_before = ctx.golden_ms;  // the fp8 quantization error's reference is golden, not compare
+  const double reference_before = ctx.reference_ms;  // the fp8 quantization error's reference is golden, not compare
   std::optional<Status> nonfinite, incorrect;
   std::string nonfinite_msg, incorrect_msg, info_msg;
   for (const ProducedOutput& po : run.outputs) {
@@ -504,7 +504,7 @@ Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg
     chk.got = po.buf.view();
     chk.expected_shape = po.buf.view().shape;
     chk.expected_dtype = po.buf.view().dtype;
-    chk.golden = po.is_lse ? golden_lse : golden_main;
+    chk.reference = po.is_lse ? reference_lse : reference_main;
     chk.layout = Layout{c.query_start_loc, po.heads, po.dim};
     chk.is_lse = po.is_lse;
     chk.err_baseline = po.is_lse ? base.lse : base.out;
@@ -518,9 +518,9 @@ Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg
   }
   // (The sparse ops report no quantization error: their references over the
   // unquantized inputs are not computed.)
-  if (is_fp8(c.spec.kv_cache_dtype) && !is_sparse_op(op) && !run.outputs.empty() && golden_main)
-    r.metrics.push_back(quantization_metrics(ctx, op, run.outputs.front(), *golden_main));
-  r.timings.compare_ms = ms_since(t0) - (ctx.golden_ms - golden_before);
+  if (is_fp8(c.spec.kv_cache_dtype) && !is_sparse_op(op) && !run.outputs.empty() && reference_main)
+    r.metrics.push_back(quantization_metrics(ctx, op, run.outputs.front(), *reference_main));
+  r.timings.compare_ms = ms_since(t0) - (ctx.reference_ms - reference_before);
   // SPEC: Pass rules order: guard bands, then non-finite values, then tolerance.
   if (!run.guard_violation.empty()) {
     r.status = Status::kIncorrect;
@@ -575,7 +575,7 @@ CaseContext& CaseStream::enter(const CaseSpec& spec) {
     }
   } else if (prev && inputs_key(prev->c.spec) == inputs_key(spec)) {
     if (!is_fp8(prev->c.spec.kv_cache_dtype)) {
-      if (prev->golden) prev->unquantized = std::move(prev->golden);
+      if (prev->ref_outputs) prev->unquantized = std::move(prev->ref_outputs);
       if (!prev->mqa_o_lat.empty()) prev->unquantized_mqa = std::move(prev->mqa_o_lat);
     }
     ctx->c = std::move(prev->c);

@@ -18,17 +18,17 @@
 #include "reference/compare.h"
 #include "harness/run/layer.h"
 #include "reports/record.h"
-#include "reference/golden.h"
+#include "reference/fp64_reference.h"
 #include "reference/prepared_case.h"
 #include "reference/sdpa_emulation.h"
 
 namespace mlagate {
 
-// Where the golden comes from (--reference): an empty member means the fp64
-// Eigen reference of reference/golden.h; `cuda` puts the same math on the GPU.
+// Where the reference comes from (--reference): an empty member means the fp64
+// Eigen reference of reference/fp64_reference.h; `cuda` puts the same math on the GPU.
 struct ReferenceImpl {
   std::string name = "eigen";
-  std::function<Golden(const Case&)> absorbed;  // as golden_absorbed
+  std::function<ReferenceOutputs(const Case&)> absorbed;  // as reference_absorbed
   std::function<void(const Case&, const TensorView& q_lat, std::vector<double>& o_lat, std::vector<double>& lse)>
       mqa;  // as reference_mqa
 };
@@ -76,7 +76,7 @@ struct RunConfig {
 std::vector<Record> run_cases(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& backends);
 
 // Runs one (case, backend, op) on an already generated case and golden; used by
-// run_cases and by tests. golden_decode_* are only read for Op::kDecode.
+// run_cases and by tests. reference_decode_* are only read for Op::kDecode.
 Record run_one(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg);
 
 // A run's cases in sequence (run_cases, isolation workers): each case's context

@@ -1,5 +1,5 @@
-// The fp64 golden on the GPU: golden_absorbed and reference_mqa of
-// reference/golden.cpp with the same math in double precision. W_UK absorption
+// The fp64 reference on the GPU: reference_absorbed and reference_mqa of
+// reference/fp64_reference.cpp with the same math in double precision. W_UK absorption
 // and the W_UV projection are batched fp64 GEMMs (one per head, each output a
 // sequential sum), the MQA core is the attention engine with Acc = double.
 #include <algorithm>
@@ -154,7 +154,7 @@ void mqa_core(const Case& c, const DeviceCase& d, DeviceBuffer& o_lat, DeviceBuf
   lse.fill(0xFF, s);
   const std::vector<RowGroup> groups = decode_row_groups(c.query_start_loc, d.N);
   const DeviceBuffer d_groups = upload_array(groups.data(), groups.size(), s);
-  LatentGoldenProblem pb;
+  LatentReferenceProblem pb;
   pb.q_full = d.q_full.as<double>();
   pb.kv_c = d.kv_c.size() ? d.kv_c.as<std::uint16_t>() : nullptr;
   pb.k_pe = d.k_pe.size() ? d.k_pe.as<std::uint16_t>() : nullptr;
@@ -171,7 +171,7 @@ void mqa_core(const Case& c, const DeviceCase& d, DeviceBuffer& o_lat, DeviceBuf
   pb.scale = c.spec.softmax_scale();
   pb.bf16 = d.bf16;
   const DoubleSink sink{o_lat.as<double>(), lse.as<double>(), d.L};
-  launch_attention<LatentGoldenProblem, DoubleSink, double, false>(pb, sink, d_groups.as<RowGroup>(),
+  launch_attention<LatentReferenceProblem, DoubleSink, double, false>(pb, sink, d_groups.as<RowGroup>(),
                                                                    static_cast<int>(groups.size()), 1, s);
   MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));
 }
@@ -185,7 +185,7 @@ void download_vector(const DeviceBuffer& b, std::vector<T>& out, std::size_t n, 
 }  // namespace
 }  // namespace gpu
 
-Golden cuda_golden_absorbed(const Case& c) {
+ReferenceOutputs cuda_reference_absorbed(const Case& c) {
   using namespace gpu;
   require_device();
   Stream stream;
@@ -208,7 +208,7 @@ Golden cuda_golden_absorbed(const Case& c) {
                                   Mat<std::uint16_t>{d.w_uv.as<std::uint16_t>(), d.V, 1LL * d.N * d.V, 1},
                                   out.as<double>(), d.V, 1LL * d.N * d.V, 1, d.bf16, s);
   MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));
-  Golden g;
+  ReferenceOutputs g;
   download_vector(out, g.out, static_cast<std::size_t>(rows) * d.V, s);
   download_vector(lse, g.lse, static_cast<std::size_t>(rows), s);
   download_vector(o_lat, g.o_lat, static_cast<std::size_t>(rows) * d.L, s);

@@ -1,8 +1,8 @@
-// The fp64 golden on the GPU (--reference cuda): the same math as
-// reference/golden.h's golden_absorbed and reference_mqa, for big suites on a
+// The fp64 reference on the GPU (--reference cuda): the same math as
+// reference/fp64_reference.h's reference_absorbed and reference_mqa, for big suites on a
 // GPU machine. Free of CUDA headers. Throws DeviceUnavailableError without a GPU.
 //
-// Agreement with the Eigen golden (tests/device): relative 1e-10 with a floor
+// Agreement with the Eigen reference (tests/device): relative 1e-10 with a floor
 // of 1e-3 of the reference RMS on every smoke and edges case; both are fp64 and
 // differ only in summation order and the exp/log of the two math libraries.
 #pragma once
@@ -11,12 +11,12 @@
 
 #include "cases/case.h"
 #include "cases/tensor.h"
-#include "reference/golden.h"
+#include "reference/fp64_reference.h"
 
 namespace mlagate {
 
-// As golden_absorbed: out [T, N*V], lse [T, N], o_lat [T, N, L].
-Golden cuda_golden_absorbed(const Case& c);
+// As reference_absorbed: out [T, N*V], lse [T, N], o_lat [T, N, L].
+ReferenceOutputs cuda_reference_absorbed(const Case& c);
 
 // As reference_mqa: the attention core on given latent queries q_lat [T, N, L]
 // (any 16-bit model dtype or f64) with q_pe from c.q.

@@ -15,7 +15,7 @@ namespace mlagate {
 
 struct TorchReferenceOptions {
   bool cuda = false;  // on the GPU (libtorch with CUDA), else on the CPU
-  bool fp64 = false;  // every tensor in fp64 instead of the model dtype (the cross-check with the golden)
+  bool fp64 = false;  // every tensor in fp64 instead of the model dtype (the cross-check with the reference)
   // The decode form in the seed's literal layout, the latent key expanded to
   // N heads with stride 0 (see torch_sdpa_layer); default: heads folded into rows.
   bool seed_layout = false;

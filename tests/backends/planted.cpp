@@ -108,33 +108,36 @@ class PlantedBackend final : public Backend {
   std::unique_ptr<Backend> inner_;
 };
 
+// One planted bug: its backend is made fresh for each use.
+PlantedBug planted(std::string name, std::string description, Status expected, Bug bug,
+                   std::function<bool(const CaseSpec&)> exposed_by = {}) {
+  return {name, description, expected, [=] { return std::make_unique<PlantedBackend>(name, description, bug); },
+          std::move(exposed_by)};
+}
+
 }  // namespace
 
 const std::vector<PlantedBug>& planted_bugs() {
   static const std::vector<PlantedBug> bugs = [] {
     std::vector<PlantedBug> v;
-    auto add = [&v](std::string name, std::string description, Status expected, Bug bug) {
-      v.push_back({name, description, expected,
-                   [=] { return std::make_unique<PlantedBackend>(name, description, bug); }});
-    };
-    add("bug.causal_off_by_one",
+    v.push_back(planted("bug.causal_off_by_one",
         "each query also sees the key after its causal limit (the next new token); "
         "invisible when every request has one query token",
-        Status::kIncorrect, Bug::kCausalOffByOne);
-    add("bug.scale_1pct", "softmax scale multiplied by 1.01", Status::kIncorrect, Bug::kScale1Pct);
-    add("bug.null_block_last_token",
+        Status::kIncorrect, Bug::kCausalOffByOne));
+    v.push_back(planted("bug.scale_1pct", "softmax scale multiplied by 1.01", Status::kIncorrect, Bug::kScale1Pct));
+    v.push_back(planted("bug.null_block_last_token",
         "decode reads the last key of each request from block 0 (the poisoned null block) "
         "instead of its own block",
-        Status::kNonfinite, Bug::kNullBlockLastToken);
-    add("bug.heads_swapped", "heads 0 and 1 of the output exchanged", Status::kIncorrect, Bug::kHeadsSwapped);
-    add("bug.one_nan", "output element (token 0, head 0, dim 0) set to NaN", Status::kNonfinite, Bug::kOneNaN);
-    add("bug.lse_wrong_axis",
+        Status::kNonfinite, Bug::kNullBlockLastToken));
+    v.push_back(planted("bug.heads_swapped", "heads 0 and 1 of the output exchanged", Status::kIncorrect, Bug::kHeadsSwapped));
+    v.push_back(planted("bug.one_nan", "output element (token 0, head 0, dim 0) set to NaN", Status::kNonfinite, Bug::kOneNaN));
+    v.push_back(planted("bug.lse_wrong_axis",
         "lse written as [N, T] into the [T, N] buffer; invisible when T == 1",
-        Status::kIncorrect, Bug::kLseWrongAxis);
-    add("bug.softmax_without_max",
+        Status::kIncorrect, Bug::kLseWrongAxis));
+    v.push_back(planted("bug.softmax_without_max",
         "decode's softmax is exp(s) / sum exp(s) without subtracting the row max (a split-KV partial in fp32 "
         "without a running max): right until a logit passes ~88.7, then inf / inf; only large-magnitude Q reaches it",
-        Status::kNonfinite, Bug::kSoftmaxWithoutMax);
+        Status::kNonfinite, Bug::kSoftmaxWithoutMax));
     return v;
   }();
   return bugs;
@@ -143,19 +146,15 @@ const std::vector<PlantedBug>& planted_bugs() {
 const std::vector<PlantedBug>& planted_gate_bugs() {
   static const std::vector<PlantedBug> bugs = [] {
     std::vector<PlantedBug> v;
-    auto add = [&v](std::string name, std::string description, Status expected, Bug bug) {
-      v.push_back({name, description, expected,
-                   [=] { return std::make_unique<PlantedBackend>(name, description, bug); }});
-    };
-    add("bug.block_stride_16",
+    v.push_back(planted("bug.block_stride_16",
         "decode addresses a key as block * 16 + offset whatever the cache's block size: exact at block size 16 "
         "(cpu.paged's preferred, the only one the vllm suite runs), wrong keys at every other: the poisoned "
         "(NaN) unused slots of the cache, or another request's keys",
-        Status::kNonfinite, Bug::kBlockStride16);
-    add("bug.empty_rows_nan", "rows that see no key (seq_len 0 padding, no context) divide 0 by 0: NaN, not 0",
-        Status::kNonfinite, Bug::kEmptyRowsNaN);
-    add("bug.nondeterministic", "the last bit of output element 0 flips on every other call (an atomics-order reduction)",
-        Status::kNondeterministic, Bug::kNondeterministic);
+        Status::kNonfinite, Bug::kBlockStride16));
+    v.push_back(planted("bug.empty_rows_nan", "rows that see no key (seq_len 0 padding, no context) divide 0 by 0: NaN, not 0",
+        Status::kNonfinite, Bug::kEmptyRowsNaN));
+    v.push_back(planted("bug.nondeterministic", "the last bit of output element 0 flips on every other call (an atomics-order reduction)",
+        Status::kNondeterministic, Bug::kNondeterministic));
     return v;
   }();
   return bugs;
@@ -164,9 +163,9 @@ const std::vector<PlantedBug>& planted_gate_bugs() {
 const std::vector<PlantedBug>& planted_fp8_bugs() {
   static const std::vector<PlantedBug> bugs = [] {
     std::vector<PlantedBug> v;
-    auto add = [&v](std::string name, std::string description, Bug bug, std::function<bool(const CaseSpec&)> exposed_by) {
-      v.push_back({name, description, Status::kIncorrect,
-                   [=] { return std::make_unique<PlantedBackend>(name, description, bug); }, std::move(exposed_by)});
+    const auto add = [&v](std::string name, std::string description, Bug bug,
+                          std::function<bool(const CaseSpec&)> exposed_by) {
+      v.push_back(planted(std::move(name), std::move(description), Status::kIncorrect, bug, std::move(exposed_by)));
     };
     const auto ds_mla = [](const CaseSpec& c) { return c.kv_cache_dtype == KvCacheDtype::kFp8DsMla; };
     add("bug.fp8_reader_pow2_scales",

@@ -1,6 +1,6 @@
 // Tests for cases/encoding: fp32 <-> bf16/fp16 must be bit-exact round to
 // nearest even everywhere (ties, subnormals, overflow, NaN, signed zero), since
-// the rounded values are the case inputs every backend and the golden share.
+// the rounded values are the case inputs every backend and the reference share.
 #include "cases/encoding.h"
 
 #include <gtest/gtest.h>

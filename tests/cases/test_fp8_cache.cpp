@@ -101,7 +101,7 @@ TEST(KvFormat, SuitesSweepFormats) {
 }
 
 // Every entry of a request is the reference encoding of its row; every other
-// entry is poison in each field's own type; the golden's values are what the
+// entry is poison in each field's own type; the reference's values are what the
 // reference reader gets back from the cache.
 TEST(Fp8Cache, EntriesArePoisonOrTheReferenceEncoding) {
   for (const KvCacheFormat& kv : kFormats) {

@@ -17,6 +17,7 @@
 #include "cases/errors.h"
 #include "harness/bench/bench.h"
 #include "harness/cli/cli.h"
+#include "tests/cli_call.h"
 
 namespace mlagate {
 namespace {
@@ -93,12 +94,7 @@ TEST(BenchCaseSets, SuitesWorkAndUnknownNamesAreInputErrors) {
   EXPECT_THROW(run_bench(opt, stdout), InputError);
 }
 
-int cli(std::vector<std::string> args) {
-  args.insert(args.begin(), "mlagate");
-  std::vector<char*> argv;
-  for (auto& s : args) argv.push_back(s.data());
-  return cli_main(static_cast<int>(argv.size()), argv.data());
-}
+using test::cli;
 
 // The command end to end on the tiny set: every (case, CUDA backend) row runs;
 // the JSON's bytes are the accounting's, GB/s is bytes / median time, the

@@ -1,4 +1,4 @@
-// The GPU fp64 golden (--reference cuda) against the Eigen golden on every
+// The GPU fp64 reference (--reference cuda) against the Eigen reference on every
 // smoke and edges case (and the smoke cases with fp8 caches, where both attend
 // over the dequantized cache): relative 1e-10 with a floor of 1e-3 of the
 // reference RMS. Also the cache writer of the CUDA backends, byte for byte
@@ -15,7 +15,7 @@
 #include "cases/paged_cache.h"
 #include "cases/suite.h"
 #include "reference/glue.h"
-#include "reference/golden.h"
+#include "reference/fp64_reference.h"
 
 namespace mlagate {
 namespace {
@@ -58,8 +58,8 @@ TEST(CudaGolden, AgreesWithEigenOnSmokeAndEdges) {
   for (const CaseSpec& spec : golden_cases()) {
     SCOPED_TRACE(spec.id());
     const Case c = generate_case(spec);
-    const Golden e = golden_absorbed(c);
-    const Golden g = cuda_golden_absorbed(c);
+    const ReferenceOutputs e = reference_absorbed(c);
+    const ReferenceOutputs g = cuda_reference_absorbed(c);
     ASSERT_EQ(g.out.size(), e.out.size());
     ASSERT_EQ(g.lse.size(), e.lse.size());
     ASSERT_EQ(g.o_lat.size(), e.o_lat.size());

@@ -1,5 +1,5 @@
 // GPU tests of cuda.sparse (DeepSeek V3.2 / V4 sparse attention): every case
-// of the sparse and v4 suites passes both sparse ops against the golden (and
+// of the sparse and v4 suites passes both sparse ops against the reference (and
 // the records really ran: PASSED with metrics, none skipped); results are
 // bitwise identical across runs (no atomics); a bad index is refused on the
 // host with std::out_of_range and the device stays usable afterwards. Without

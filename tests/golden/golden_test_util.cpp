@@ -15,6 +15,7 @@
 #include "cases/suite.h"
 #include "golden/detail/h5.h"
 #include "golden/detail/io.h"
+#include "tests/cli_call.h"
 
 extern char** environ;
 
@@ -59,12 +60,7 @@ void export_small(const fs::path& path, const std::vector<CaseSpec>& specs) {
   export_golden(specs, path.string(), small_export_options());
 }
 
-int cli(std::vector<std::string> args) {
-  args.insert(args.begin(), "mlagate");
-  std::vector<char*> argv;
-  for (auto& s : args) argv.push_back(s.data());
-  return cli_main(static_cast<int>(argv.size()), argv.data());
-}
+int cli(std::vector<std::string> args) { return test::cli(std::move(args)); }
 
 std::string read_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -13,7 +13,7 @@
 #include "golden/compare_files.h"
 #include "harness/run/golden_run.h"
 #include "reference/glue.h"
-#include "reference/golden.h"
+#include "reference/fp64_reference.h"
 #include "tests/golden/golden_test_util.h"
 
 namespace mlagate {
@@ -48,7 +48,7 @@ void expect_same_records(const std::vector<Record>& a, const std::vector<Record>
     for (std::size_t k = 0; k < a[i].metrics.size(); ++k) {
       const Metrics &x = a[i].metrics[k], &y = b[i].metrics[k];
       EXPECT_EQ(x.output, y.output) << at;
-      // The stored golden is the computed one, bit for bit: metrics agree exactly.
+      // The stored reference is the computed one, bit for bit: metrics agree exactly.
       EXPECT_EQ(std::memcmp(&x.max_abs, &y.max_abs, sizeof(double)), 0) << at << " " << x.output;
       EXPECT_EQ(std::memcmp(&x.nmse, &y.nmse, sizeof(double)), 0) << at << " " << x.output;
       EXPECT_EQ(std::memcmp(&x.min_atol, &y.min_atol, sizeof(double)), 0) << at << " " << x.output;
@@ -124,12 +124,12 @@ TEST_F(H5Files, ExportedFileReadsBackBitIdentical) {
     EXPECT_EQ(got.c.query_start_loc, want.c.query_start_loc);
     EXPECT_EQ(got.c.kv_start_loc, want.c.kv_start_loc);
     EXPECT_EQ(got.c.context_lens, want.c.context_lens);
-    ASSERT_TRUE(got.golden && want.golden);
-    expect_same(got.golden->out, want.golden->out, id + " golden out");
-    expect_same(got.golden->lse, want.golden->lse, id + " golden lse");
-    // The stored golden is golden_absorbed's, bit for bit.
-    const Golden fresh = golden_absorbed(want.c);
-    expect_same(got.golden->out, fresh.out, id + " golden out vs golden_absorbed");
+    ASSERT_TRUE(got.reference && want.reference);
+    expect_same(got.reference->out, want.reference->out, id + " golden out");
+    expect_same(got.reference->lse, want.reference->lse, id + " golden lse");
+    // The stored reference is reference_absorbed's, bit for bit.
+    const ReferenceOutputs fresh = reference_absorbed(want.c);
+    expect_same(got.reference->out, fresh.out, id + " golden out vs reference_absorbed");
     ASSERT_TRUE(got.decode && want.decode);
     expect_same(got.decode->q_lat, want.decode->q_lat, id + " decode q_lat");
     expect_same(got.decode->o_lat, want.decode->o_lat, id + " decode o_lat");
@@ -160,7 +160,7 @@ TEST_F(H5Files, RunGoldenGivesTheVerdictsOfARecomputedRun) {
   const std::vector<Record> want = run_cases(plain, backends);
 
   RunConfig cfg = small_run_config(small_specs());
-  GoldenRun golden(GoldenRunOptions{golden_, "", {}, "", kDefaultMaxBytes, "test"});
+  GoldenRun golden(GoldenRunOptions{golden_, "", {}, "", kDefaultMaxBytes, "test", ""});
   golden.attach(cfg);
   const std::vector<Record> got = run_cases(cfg, backends);
   expect_same_records(got, want);
@@ -175,13 +175,13 @@ TEST_F(H5Files, ReplayEqualsRunAndTheirResultsCompareIdentical) {
   std::vector<Record> want, got;
   {
     RunConfig cfg = small_run_config(small_specs());
-    GoldenRun g(GoldenRunOptions{"", "", {}, run_results.string(), kDefaultMaxBytes, "test"});
+    GoldenRun g(GoldenRunOptions{"", "", {}, run_results.string(), kDefaultMaxBytes, "test", ""});
     g.attach(cfg);
     want = run_cases(cfg, backends);
     EXPECT_EQ(g.finish(), run_results.string());
   }
   {
-    GoldenRun g(GoldenRunOptions{"", golden_, {}, replay_results.string(), kDefaultMaxBytes, "test"});
+    GoldenRun g(GoldenRunOptions{"", golden_, {}, replay_results.string(), kDefaultMaxBytes, "test", ""});
     RunConfig cfg = small_run_config(g.file_cases(""));
     g.attach(cfg);
     got = run_cases(cfg, backends);
@@ -217,7 +217,7 @@ TEST_F(H5Files, ReplayWithoutTheBackendsBlockSizeIsSkippedNotRun) {
   opt.block_sizes = [](const CaseSpec&) { return std::vector<int>{16}; };
   export_golden(small_specs(), only16.string(), opt);
   auto backends = select_backends("cpu.splitkv");  // prefers block size 64
-  GoldenRun g(GoldenRunOptions{"", only16.string(), {}, "", kDefaultMaxBytes, "test"});
+  GoldenRun g(GoldenRunOptions{"", only16.string(), {}, "", kDefaultMaxBytes, "test", ""});
   RunConfig cfg = small_run_config(g.file_cases(""));
   cfg.ops = {Op::kLayer};
   g.attach(cfg);
@@ -235,7 +235,7 @@ TEST_F(H5Files, RegeneratedInputMismatchNamesTheCaseAndTensor) {
   set_string_attr(f, case_path(id), "hash_kv_c", "0123456789abcdef");
   auto backends = select_backends("cpu.paged");
   RunConfig cfg = small_run_config(small_specs());
-  GoldenRun g(GoldenRunOptions{f.string(), "", {}, "", kDefaultMaxBytes, "test"});
+  GoldenRun g(GoldenRunOptions{f.string(), "", {}, "", kDefaultMaxBytes, "test", ""});
   g.attach(cfg);
   try {
     run_cases(cfg, backends);
@@ -252,7 +252,7 @@ TEST_F(H5Files, RunGoldenWithOtherCacheOptionsIsAClearError) {
   auto backends = select_backends("cpu.paged");
   RunConfig cfg = small_run_config(small_specs());
   cfg.exec.poison = Poison::kSentinel;
-  GoldenRun g(GoldenRunOptions{golden_, "", {}, "", kDefaultMaxBytes, "test"});
+  GoldenRun g(GoldenRunOptions{golden_, "", {}, "", kDefaultMaxBytes, "test", ""});
   g.attach(cfg);
   try {
     run_cases(cfg, backends);
@@ -296,7 +296,7 @@ TEST_F(H5Files, CompareFindsAChangedKernelAndNamesIt) {
     if (out == after)
       for (auto& b : backends)
         if (b->name() == "cpu.splitkv") b = std::make_unique<Nudged>(std::move(b));
-    GoldenRun g(GoldenRunOptions{"", golden_, {}, out.string(), kDefaultMaxBytes, "test"});
+    GoldenRun g(GoldenRunOptions{"", golden_, {}, out.string(), kDefaultMaxBytes, "test", ""});
     RunConfig cfg = small_run_config(g.file_cases(""));
     cfg.ops = {Op::kLayer};
     g.attach(cfg);
@@ -321,7 +321,7 @@ TEST_F(H5Files, CompareReportsRecordsPresentInOneFileOnly) {
   const fs::path both = scratch_ / "both.h5", one = scratch_ / "one.h5";
   for (const auto& [out, globs] : {std::pair{both, "cpu.paged,cpu.splitkv"}, std::pair{one, "cpu.paged"}}) {
     auto backends = select_backends(globs);
-    GoldenRun g(GoldenRunOptions{"", golden_, {}, out.string(), kDefaultMaxBytes, "test"});
+    GoldenRun g(GoldenRunOptions{"", golden_, {}, out.string(), kDefaultMaxBytes, "test", ""});
     RunConfig cfg = small_run_config(g.file_cases("small_decode"));
     cfg.ops = {Op::kLayer};
     g.attach(cfg);

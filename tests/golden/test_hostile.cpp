@@ -85,7 +85,7 @@ bool same_case(const PreparedCase& a, const PreparedCase& b) {
   if (a.c.spec.id() != b.c.spec.id() || !same_bytes(a.c.q, b.c.q) || !same_bytes(a.c.kv_c, b.c.kv_c) ||
       !same_bytes(a.c.k_pe, b.c.k_pe) || !same_bytes(a.c.w_uk, b.c.w_uk) || !same_bytes(a.c.w_uv, b.c.w_uv))
     return false;
-  if (!same_bytes(a.golden->out, b.golden->out) || !same_bytes(a.golden->lse, b.golden->lse)) return false;
+  if (!same_bytes(a.reference->out, b.reference->out) || !same_bytes(a.reference->lse, b.reference->lse)) return false;
   if (a.decode.has_value() != b.decode.has_value()) return false;
   if (a.decode && (!same_bytes(a.decode->q_lat, b.decode->q_lat) || !same_bytes(a.decode->o_lat, b.decode->o_lat)))
     return false;

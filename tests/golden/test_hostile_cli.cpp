@@ -169,7 +169,7 @@ TEST_F(HostileCli, UnsupportedFilter) {
   const PreparedCase& o = original(decode_id_);
   const fs::path p = copy("lzf.h5");
   replace_dataset_filtered(p, group(decode_id_, "golden"), "out",
-                           doubles(o.golden->out, {o.c.spec.num_tokens(), o.c.spec.num_heads() * o.c.spec.dims.v_head_dim}),
+                           doubles(o.reference->out, {o.c.spec.num_tokens(), o.c.spec.num_heads() * o.c.spec.dims.v_head_dim}),
                            32000);
   expect_refused(p, {group(decode_id_, "golden/out") + ": filter 32000 (lzf) is not one of deflate, shuffle, fletcher32"});
 }
@@ -202,12 +202,12 @@ TEST_F(HostileCli, NonFiniteReferences) {
     std::string words;
   };
   const std::vector<Edit> edits = {
-      {"golden", "out", o.golden->out, {T, N * s.dims.v_head_dim}, 5, nan,
+      {"golden", "out", o.reference->out, {T, N * s.dims.v_head_dim}, 5, nan,
        "golden/out: element 5 (request 0, token 0, head 0, dim 5) is nan: a stored reference must be finite"},
-      {"golden", "out", o.golden->out, {T, N * s.dims.v_head_dim}, 7, inf,
+      {"golden", "out", o.reference->out, {T, N * s.dims.v_head_dim}, 7, inf,
        "golden/out: element 7 (request 0, token 0, head 0, dim 7) is inf"},
-      {"golden", "lse", o.golden->lse, {T, N}, 3, nan, "golden/lse: element 3 (request 0, token 0, head 3"},
-      {"golden", "lse", o.golden->lse, {T, N}, 0, -inf, "golden/lse: element 0 (request 0, token 0, head 0"},
+      {"golden", "lse", o.reference->lse, {T, N}, 3, nan, "golden/lse: element 3 (request 0, token 0, head 3"},
+      {"golden", "lse", o.reference->lse, {T, N}, 0, -inf, "golden/lse: element 0 (request 0, token 0, head 0"},
       {"decode", "o_lat", o.decode->o_lat, {T, N, s.dims.kv_lora_rank}, 2, nan,
        "decode/o_lat: element 2 (request 0, token 0, head 0, dim 2) is nan"},
   };
@@ -229,8 +229,8 @@ TEST_F(HostileCli, EmptyRowLseMustBeMinusInfinity) {
   ASSERT_EQ(s.batch.seq_lens.at(1), 0);
   const std::int64_t T = s.num_tokens(), N = s.num_heads();
   const std::size_t row1 = static_cast<std::size_t>(N);  // request 1 is token 1
-  ASSERT_EQ(o.golden->lse.at(row1), -std::numeric_limits<double>::infinity());
-  std::vector<double> lse = o.golden->lse;
+  ASSERT_EQ(o.reference->lse.at(row1), -std::numeric_limits<double>::infinity());
+  std::vector<double> lse = o.reference->lse;
   lse[row1 + 2] = 0.0;
   fs::path p = copy("empty_row.h5");
   replace_dataset(p, group(padding_id_, "golden"), "lse", doubles(lse, {T, N}));

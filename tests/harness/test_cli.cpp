@@ -18,25 +18,16 @@
 #include "backends/registry.h"
 #include "cases/suite.h"
 #include "harness/cli/cli.h"
+#include "tests/cli_call.h"
 
 namespace mlagate {
 namespace {
 
 namespace fs = std::filesystem;
 
-int cli(std::initializer_list<std::string> args) {
-  std::vector<std::string> store{"mlagate"};
-  store.insert(store.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& s : store) argv.push_back(s.data());
-  return cli_main(static_cast<int>(argv.size()), argv.data());
-}
+using test::cli;
 
-fs::path temp_dir() {
-  const fs::path d = fs::temp_directory_path() / ("mlagate_cli_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir() { return test::scratch_dir("mlagate_cli"); }
 
 void write(const fs::path& p, const std::string& text) { std::ofstream(p) << text; }
 

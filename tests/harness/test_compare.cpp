@@ -14,20 +14,20 @@ namespace {
 
 struct Fixture {
   std::vector<std::int32_t> qsl{0, 1, 3};  // request 0: 1 token, request 1: 2 tokens
-  std::vector<double> golden;
+  std::vector<double> reference;
   Tensor got;
   OutputCheck check;
   Fixture() : got(DType::kBF16, {3, 2, 4}) {
-    golden.resize(24);
+    reference.resize(24);
     for (int i = 0; i < 24; ++i) {
-      golden[i] = 0.25 * (i % 7) - 0.5;
-      got.set(i, golden[i]);  // exactly representable in bf16
+      reference[i] = 0.25 * (i % 7) - 0.5;
+      got.set(i, reference[i]);  // exactly representable in bf16
     }
     check.name = "out";
     check.got = got.view();
     check.expected_shape = {3, 2, 4};
     check.expected_dtype = DType::kBF16;
-    check.golden = &golden;
+    check.reference = &reference;
     check.layout = Layout{qsl, 2, 4};
   }
 };
@@ -65,11 +65,11 @@ TEST(Compare, NanIsLocatedByRequestTokenHeadDim) {
 
 TEST(Compare, EmptyRowLseMayBeEitherInfinity) {
   std::vector<std::int32_t> qsl{0, 2};
-  std::vector<double> golden{1.5, -std::numeric_limits<double>::infinity()};
+  std::vector<double> reference{1.5, -std::numeric_limits<double>::infinity()};
   Tensor got(DType::kF32, {2, 1});
   got.set(0, 1.5);
   got.set(1, std::numeric_limits<double>::infinity());  // FlashMLA's convention
-  OutputCheck c{"lse", got.view(), {2, 1}, DType::kF32, &golden, Layout{qsl, 1, 1}, true};
+  OutputCheck c{"lse", got.view(), {2, 1}, DType::kF32, &reference, Layout{qsl, 1, 1}, true};
   Metrics m;
   EXPECT_EQ(compare_output(c, make_policy("fixed", 1e-6, 0), m), Status::kPassed);
   EXPECT_NE(m.message.find("+inf"), std::string::npos);
@@ -82,12 +82,12 @@ TEST(Compare, EmptyRowLseMayBeEitherInfinity) {
 
 TEST(Compare, ToleranceAndSmallestPassingAtol) {
   Fixture f;
-  f.got.set(5, f.golden[5] + 0.125);  // |ref| = 0.75 at index 5
+  f.got.set(5, f.reference[5] + 0.125);  // |ref| = 0.75 at index 5
   Metrics m;
   const Policy p = make_policy("fixed", 0.1, 0.01);
   EXPECT_EQ(compare_output(f.check, p, m), Status::kIncorrect);
   EXPECT_DOUBLE_EQ(m.max_abs, 0.125);
-  EXPECT_DOUBLE_EQ(m.min_atol, 0.125 - 0.01 * std::fabs(f.golden[5]));
+  EXPECT_DOUBLE_EQ(m.min_atol, 0.125 - 0.01 * std::fabs(f.reference[5]));
   EXPECT_EQ(m.worst.flat, 5);
   // The smallest passing atol does pass.
   EXPECT_EQ(compare_output(f.check, make_policy("fixed", m.min_atol, 0.01), m), Status::kPassed);
@@ -106,7 +106,7 @@ TEST(Compare, VllmPolicyGatesOnlyTheOutput) {
 TEST(Compare, AllZeroOutputCannotPass) {
   Fixture f;
   for (int i = 0; i < 24; ++i) {
-    f.golden[i] = 1e-3;
+    f.reference[i] = 1e-3;
     f.got.set(i, 0.0);
   }
   Metrics m;
@@ -156,7 +156,7 @@ TEST(Guarded, DetectsWritesPastEitherEnd) {
 TEST(Compare, BaselinePolicyAndSmallestPassingFudge) {
   Fixture f;
   f.check.err_baseline = 0.01;
-  f.got.set(5, f.golden[5] + 0.03125);  // exactly representable: err 2^-5
+  f.got.set(5, f.reference[5] + 0.03125);  // exactly representable: err 2^-5
   const double floor = std::ldexp(1.0, -8);
   Metrics m;
   EXPECT_EQ(compare_output(f.check, make_policy("baseline", 0, 0, 2.0), m), Status::kIncorrect);
@@ -171,7 +171,7 @@ TEST(Compare, BaselinePolicyAndSmallestPassingFudge) {
   EXPECT_EQ(compare_output(f.check, make_policy("fixed", 1, 0), m), Status::kPassed);
   EXPECT_DOUBLE_EQ(m.min_fudge, (0.03125 - floor) / 0.01);
   // Within the floor: min_fudge 0, whatever err_baseline (even 0).
-  f.got.set(5, f.golden[5]);
+  f.got.set(5, f.reference[5]);
   f.check.err_baseline = 0;
   EXPECT_EQ(compare_output(f.check, make_policy("baseline", 0, 0, 2.0), m), Status::kPassed);
   EXPECT_EQ(m.min_fudge, 0);
@@ -179,11 +179,11 @@ TEST(Compare, BaselinePolicyAndSmallestPassingFudge) {
 
 TEST(Compare, BaselinePolicyJudgesLseWithItsOwnFloor) {
   std::vector<std::int32_t> qsl{0, 2};
-  std::vector<double> golden{4.5, -std::numeric_limits<double>::infinity()};
+  std::vector<double> reference{4.5, -std::numeric_limits<double>::infinity()};
   Tensor got(DType::kF32, {2, 1});
   got.set(0, 4.5 + 1e-4);
   got.set(1, -std::numeric_limits<double>::infinity());
-  OutputCheck c{"lse", got.view(), {2, 1}, DType::kF32, &golden, Layout{qsl, 1, 1}, true};
+  OutputCheck c{"lse", got.view(), {2, 1}, DType::kF32, &reference, Layout{qsl, 1, 1}, true};
   c.err_baseline = 1e-7;
   c.dqk = 576;
   Metrics m;

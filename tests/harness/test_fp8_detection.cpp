@@ -147,7 +147,7 @@ TEST(Fp8Detection, CorrectBackendsPassTheFp8Suite) {
     EXPECT_EQ(r.status, Status::kPassed) << status_name(r.status) << ": " << r.message;
     if (r.op == "layer") {
       // The quantization error is reported for information, and it is larger
-      // than the backend's own error: why the golden reads the dequantized cache.
+      // than the backend's own error: why the reference reads the dequantized cache.
       ASSERT_EQ(r.metrics.size(), 3u);
       EXPECT_EQ(r.metrics[2].output, "quant_error");
       EXPECT_TRUE(r.metrics[2].passed);

@@ -125,7 +125,7 @@ TEST(Runner, RecordsThePathOfEachRequest) {
 
 TEST(Runner, ChunkedPrefillMatchesUnchunked) {
   // Chunks of 7 context tokens force several LSE merges; the result must stay
-  // within bf16 noise of the golden.
+  // within bf16 noise of the reference.
   std::vector<std::unique_ptr<Backend>> bs;
   bs.push_back(make_cpu_paged());
   RunConfig cfg;

@@ -3,7 +3,7 @@
 // -DMLAGATE_FLASHINFER_INCLUDE_DIR), so never in CI. supports() must give the
 // libraries' stated limits with their reasons (no GPU needed); on a GPU every
 // smoke and edges case each adapter supports must pass the decode op against
-// the fp64 golden, and the bench handle must launch. Without a GPU the device
+// the fp64 reference, and the bench handle must launch. Without a GPU the device
 // tests skip.
 #include <gtest/gtest.h>
 

@@ -20,6 +20,7 @@
 #include "backends/plugin/plugin_backends.h"
 #include "cases/suite.h"
 #include "harness/cli/cli.h"
+#include "tests/cli_call.h"
 #include "harness/run/runner.h"
 
 namespace mlagate {
@@ -47,19 +48,9 @@ std::string load_error(const std::string& path) {
   return "(loaded without error)";
 }
 
-int cli(std::initializer_list<std::string> args) {
-  std::vector<std::string> store{"mlagate"};
-  store.insert(store.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& s : store) argv.push_back(s.data());
-  return cli_main(static_cast<int>(argv.size()), argv.data());
-}
+using test::cli;
 
-fs::path temp_dir() {
-  const fs::path d = fs::temp_directory_path() / ("mlagate_plugin_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir() { return test::scratch_dir("mlagate_plugin"); }
 
 std::vector<CaseSpec> cases_of(const std::string& suite, const std::string& batch, int tp) {
   std::vector<CaseSpec> out;

@@ -1,4 +1,4 @@
-// The golden reference against values worked out by hand on tiny dims
+// The reference reference against values worked out by hand on tiny dims
 // (L=2, R=1, P=1, V=1): the causal mask, the softmax scale, the lse, the head
 // layout of the weights and outputs, and the seq_len-0 padding row.
 #include <gtest/gtest.h>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "cases/case.h"
-#include "reference/golden.h"
+#include "reference/fp64_reference.h"
 
 namespace mlagate {
 namespace {
@@ -73,7 +73,7 @@ Case prefill_case(std::optional<double> scale) {
 }
 const std::vector<std::array<double, 2>> kPrefillKv = {{1, 0}, {0, 1}, {1, 1}, {2, -1}};
 
-void expect_prefill(const Golden& g, double s, const char* path) {
+void expect_prefill(const ReferenceOutputs& g, double s, const char* path) {
   SCOPED_TRACE(path);
   // t0 at position 2 sees the context (keys 0, 1) and itself (key 2), not key 3,
   // whose logit s*(2*1 + (-1)*(-1) + 0.5*(-1)) = 2.5s would dominate.
@@ -104,8 +104,8 @@ void expect_prefill(const Golden& g, double s, const char* path) {
 
 TEST(GoldenHand, MaskSeesContextAndEarlierTokensOnly) {
   const Case c = prefill_case(0.5);
-  expect_prefill(golden_absorbed(c), 0.5, "absorbed");
-  expect_prefill(golden_mha(c), 0.5, "mha");
+  expect_prefill(reference_absorbed(c), 0.5, "absorbed");
+  expect_prefill(reference_mha(c), 0.5, "mha");
 }
 
 TEST(GoldenHand, LaterTokenDoesNotLeakIntoEarlierQuery) {
@@ -114,8 +114,8 @@ TEST(GoldenHand, LaterTokenDoesNotLeakIntoEarlierQuery) {
   Case d = prefill_case(0.5);
   d.kv_c.set(6, 8);
   d.k_pe.set(3, 4);
-  for (auto golden : {golden_absorbed, golden_mha}) {
-    const Golden a = golden(c), b = golden(d);
+  for (auto golden : {reference_absorbed, reference_mha}) {
+    const ReferenceOutputs a = golden(c), b = golden(d);
     EXPECT_EQ(a.out[0], b.out[0]);
     EXPECT_EQ(a.lse[0], b.lse[0]);
     EXPECT_NE(a.out[1], b.out[1]);
@@ -124,16 +124,16 @@ TEST(GoldenHand, LaterTokenDoesNotLeakIntoEarlierQuery) {
 
 TEST(GoldenHand, ExplicitScale) {
   const Case c = prefill_case(0.125);
-  expect_prefill(golden_absorbed(c), 0.125, "absorbed");
-  expect_prefill(golden_mha(c), 0.125, "mha");
+  expect_prefill(reference_absorbed(c), 0.125, "absorbed");
+  expect_prefill(reference_mha(c), 0.125, "mha");
 }
 
 TEST(GoldenHand, DefaultScaleIsInverseSqrtOfHeadSize) {
   const Case c = prefill_case(std::nullopt);
   const double s = 1 / std::sqrt(2.0 + 1.0);  // 1/sqrt(L+R)
   ASSERT_EQ(c.spec.softmax_scale(), s);
-  expect_prefill(golden_absorbed(c), s, "absorbed");
-  expect_prefill(golden_mha(c), s, "mha");
+  expect_prefill(reference_absorbed(c), s, "absorbed");
+  expect_prefill(reference_mha(c), s, "mha");
 }
 
 TEST(GoldenHand, LseIsNaturalLogOfSumOfExp) {
@@ -146,8 +146,8 @@ TEST(GoldenHand, LseIsNaturalLogOfSumOfExp) {
   fill(c.q, {1, 1});
   fill(c.kv_c, {1, 4, 1, -4});
   fill(c.k_pe, {0, 0});
-  for (auto golden : {golden_absorbed, golden_mha}) {
-    const Golden g = golden(c);
+  for (auto golden : {reference_absorbed, reference_mha}) {
+    const ReferenceOutputs g = golden(c);
     EXPECT_NEAR(g.lse[0], 1 + std::log(2.0), kTol);
     EXPECT_NEAR(g.out[0], 0.0, kTol);
   }
@@ -169,8 +169,8 @@ TEST(GoldenHand, TwoHeadsUseTheirOwnWeightSlices) {
   const Row h0 = attend({1, -1}, {{1, 2}, {-1, 0.5}});
   // Head 1: ql = -0.5 * (0, 2) = (0, -1); logits 0 - 2 + 0.5 = -1.5 and 0 - 0.5 - 1 = -1.5,
   // so p = 1/2 each, o_lat = (0, 1.25), out = 0.5*0 + 1*1.25, lse = -1.5 + ln 2.
-  for (auto golden : {golden_absorbed, golden_mha}) {
-    const Golden g = golden(c);
+  for (auto golden : {reference_absorbed, reference_mha}) {
+    const ReferenceOutputs g = golden(c);
     ASSERT_EQ(g.out.size(), 2u);
     EXPECT_NEAR(g.out[0], 1 * h0.o_lat[0] - 1 * h0.o_lat[1], kTol);
     EXPECT_NEAR(g.lse[0], h0.lse, kTol);
@@ -201,8 +201,8 @@ TEST(GoldenHand, EmptyRowIsZeroWithNegativeInfinityLse) {
   pad.w_uk = base.w_uk;
   pad.w_uv = base.w_uv;
 
-  for (auto golden : {golden_absorbed, golden_mha}) {
-    const Golden a = golden(base), b = golden(pad);
+  for (auto golden : {reference_absorbed, reference_mha}) {
+    const ReferenceOutputs a = golden(base), b = golden(pad);
     ASSERT_EQ(b.out.size(), 4u * 2);  // [T, N*V]
     ASSERT_EQ(b.lse.size(), 4u * 2);  // [T, N]
     for (int n = 0; n < 2; ++n) {

@@ -1,4 +1,4 @@
-// The golden reference's self-consistency on real dims: the absorbed and MHA
+// The reference reference's self-consistency on real dims: the absorbed and MHA
 // paths agree in fp64 on the smoke and edges suites, reference_mqa on fp64
 // latent queries reproduces the absorbed path, and no bit depends on threads.
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@
 
 #include "cases/case.h"
 #include "cases/suite.h"
-#include "reference/golden.h"
+#include "reference/fp64_reference.h"
 
 namespace mlagate {
 namespace {
@@ -30,7 +30,7 @@ double rms(const std::vector<double>& v) {
 
 // Rows with no visible key (seq_len-0 padding) are the only ones allowed an
 // infinite lse, and their output is exactly 0; nothing is ever NaN.
-void expect_finite_except_empty(const Case& c, const Golden& g) {
+void expect_finite_except_empty(const Case& c, const ReferenceOutputs& g) {
   const int N = c.spec.num_heads(), V = c.spec.dims.v_head_dim;
   for (int i = 0; i < c.num_requests; ++i) {
     for (int t = c.query_start_loc[i]; t < c.query_start_loc[i + 1]; ++t) {
@@ -54,8 +54,8 @@ void expect_finite_except_empty(const Case& c, const Golden& g) {
 void expect_paths_agree(const CaseSpec& spec) {
   SCOPED_TRACE(spec.id());
   const Case c = generate_case(spec);
-  const Golden a = golden_absorbed(c);
-  const Golden m = golden_mha(c);
+  const ReferenceOutputs a = reference_absorbed(c);
+  const ReferenceOutputs m = reference_mha(c);
   expect_finite_except_empty(c, a);
   expect_finite_except_empty(c, m);
   EXPECT_TRUE(m.o_lat.empty());
@@ -63,7 +63,7 @@ void expect_paths_agree(const CaseSpec& spec) {
   EXPECT_LE(max_rel_diff(a.lse, m.lse, 1.0), kPathTol);
 }
 
-// The golden's inputs do not depend on the block size (only the paged cache
+// The reference's inputs do not depend on the block size (only the paged cache
 // layout does), so cases that differ only in it are checked once.
 void expect_suite_paths_agree(const std::string& name) {
   const Suite suite = load_suite(name);
@@ -142,7 +142,7 @@ TEST(ReferenceMqa, MatchesAbsorbedPathOnF64LatentQueries) {
     const CaseSpec s = inline_spec(dims, 16, {32, 40, 0, 70}, {1, 5, 1, 9});
     SCOPED_TRACE(s.id());
     const Case c = generate_case(s);
-    const Golden g = golden_absorbed(c);
+    const ReferenceOutputs g = reference_absorbed(c);
     std::vector<double> o_lat, lse;
     reference_mqa(c, absorbed_queries(c).view(), o_lat, lse);
     EXPECT_LE(max_rel_diff(o_lat, g.o_lat, 1e-6 * rms(g.o_lat)), 1e-12);
@@ -177,9 +177,9 @@ TEST(GoldenDeterminism, BitsDoNotDependOnThreadCount) {
   const Case c = generate_case(inline_spec("deepseek", 16, {300, 1100, 0, 64}, {1, 120, 1, 64}));
   const int saved = omp_get_max_threads();
   omp_set_num_threads(1);
-  const Golden a1 = golden_absorbed(c), m1 = golden_mha(c);
+  const ReferenceOutputs a1 = reference_absorbed(c), m1 = reference_mha(c);
   omp_set_num_threads(std::max(2, saved));
-  const Golden a2 = golden_absorbed(c), m2 = golden_mha(c);
+  const ReferenceOutputs a2 = reference_absorbed(c), m2 = reference_mha(c);
   omp_set_num_threads(saved);
   EXPECT_EQ(a1.out, a2.out);
   EXPECT_EQ(a1.lse, a2.lse);

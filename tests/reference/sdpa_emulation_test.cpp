@@ -1,5 +1,5 @@
 // The CPU emulation of the seed test's model-dtype SDPA reference: its error
-// against the golden is model-dtype rounding noise (a few ulps of the output,
+// against the reference is model-dtype rounding noise (a few ulps of the output,
 // never 0 on real cases), it fills exactly the requested rows, and its bits
 // depend on nothing but the case (the baseline policy's err_baseline must be
 // the same on every machine, thread count and backend order).
@@ -13,7 +13,7 @@
 
 #include "cases/case.h"
 #include "cases/suite.h"
-#include "reference/golden.h"
+#include "reference/fp64_reference.h"
 #include "reference/sdpa_emulation.h"
 
 namespace mlagate {
@@ -41,7 +41,7 @@ TEST(SdpaEmulation, ErrorIsModelDtypeNoiseInBothForms) {
   for (const CaseSpec& spec : load_suite("smoke").cases) {
     SCOPED_TRACE(spec.id());
     const Case c = generate_case(spec);
-    const Golden g = golden_absorbed(c);
+    const ReferenceOutputs g = reference_absorbed(c);
     for (SdpaForm f : {SdpaForm::kDecode, SdpaForm::kPrefill}) {
       const SdpaResult e = emulate_sdpa_layer(c, f, all_requests(c));
       double max_ref = 0;
@@ -52,7 +52,7 @@ TEST(SdpaEmulation, ErrorIsModelDtypeNoiseInBothForms) {
       EXPECT_LT(err, 4 * ulp) << sdpa_form_name(f);
       double lse_ref = 0;
       EXPECT_LT(max_abs_err(e.lse, g.lse, lse_ref), 1e-2) << sdpa_form_name(f);
-      // Empty rows (seq_len 0 padding) are 0 with lse -inf, as the golden's.
+      // Empty rows (seq_len 0 padding) are 0 with lse -inf, as the reference's.
       for (std::size_t i = 0; i < g.lse.size(); ++i)
         if (std::isinf(g.lse[i])) EXPECT_EQ(e.lse[i], g.lse[i]);
     }

@@ -55,6 +55,11 @@ TEST(RecordJson, RoundTripsEveryField) {
   m.nmse = 0.1 + 0.2;  // not exactly representable in short decimal: must round-trip
   m.worst = {5, 1, 2, 3, 4};
   m.passed = true;
+  m.map_tokens = 2;  // the HTML report's error summary (tests/reports/test_error_map.cpp has more)
+  m.map_heads = 1;
+  m.err_token_head = {0.1f, std::numeric_limits<float>::quiet_NaN()};
+  m.query_lens = {1, 1};
+  m.worst_elements = {{{5, 1, 0, 0, 4}, 1.5, 0.1 + 0.2, kNaN}};
   r.metrics = {m};
   r.timings = {1.5, 2, kNaN, 4, 5};
   r.repro = "mlagate run ...";
@@ -67,6 +72,11 @@ TEST(RecordJson, RoundTripsEveryField) {
   EXPECT_TRUE(std::isnan(b.metrics[0].max_ulp));
   EXPECT_EQ(b.metrics[0].nmse, 0.1 + 0.2);
   EXPECT_EQ(b.metrics[0].worst.head, 3);
+  EXPECT_EQ(b.metrics[0].err_token_head[0], 0.1f);
+  EXPECT_TRUE(std::isnan(b.metrics[0].err_token_head[1]));
+  EXPECT_EQ(b.metrics[0].query_lens, m.query_lens);
+  EXPECT_EQ(b.metrics[0].worst_elements[0].expected, 0.1 + 0.2);
+  EXPECT_TRUE(std::isnan(b.metrics[0].worst_elements[0].err));
   EXPECT_TRUE(std::isnan(b.timings.cache_ms));
   EXPECT_THROW(record_from_json_line("{\"id\": 1}"), std::runtime_error);
   EXPECT_THROW(record_from_json_line("not json"), std::runtime_error);

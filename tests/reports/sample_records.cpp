@@ -1,5 +1,5 @@
 // The fixed sample run behind the golden files in expected/: change it and regenerate them
-// with MLAGATE_UPDATE_GOLDEN=1. Fields are assigned one by one because Record and Metrics
+// with MLAGATE_UPDATE_SNAPSHOTS=1. Fields are assigned one by one because Record and Metrics
 // have many defaulted members that designated initializers would warn about.
 #include "tests/reports/sample_records.h"
 
@@ -24,7 +24,7 @@ Location location(std::int64_t flat, int request, int token, int head, int dim) 
 Timings timings(double generate, double golden, double cache, double run, double compare) {
   Timings t;
   t.generate_ms = generate;
-  t.golden_ms = golden;
+  t.reference_ms = golden;
   t.cache_ms = cache;
   t.run_ms = run;
   t.compare_ms = compare;
@@ -107,6 +107,15 @@ std::vector<Record> sample_records() {
   out.min_atol = 0.0123;
   // min_fudge stays NaN: the baseline policy does not exist for this case.
   out.message = "max_abs 0.0123 beyond tolerance";
+  // The HTML report's error summary (the other reports leave it out): 3 tokens, one per
+  // request, x 128 heads, small errors everywhere and the worst at token 1, head 3.
+  out.map_tokens = 3;
+  out.map_heads = 128;
+  for (int i = 0; i < 3 * 128; ++i) out.err_token_head.push_back(static_cast<float>((i % 7 + 1) * 1e-4));
+  out.err_token_head[1 * 128 + 3] = 0.0123f;
+  out.query_lens = {1, 1, 1};
+  out.worst_elements = {{location(54151, 1, 0, 3, 7), 0.5123, 0.5, 0.0123},
+                        {location(54150, 1, 0, 3, 6), -0.25, -0.2507, 0.0007}};
   Metrics& lse = incorrect.metrics.emplace_back();
   lse.output = "lse";
   lse.numel = 384;
@@ -141,6 +150,11 @@ std::vector<Record> sample_records() {
   bad.nonfinite_mismatches = 3;
   bad.first_nonfinite = location(1041, 0, 0, 2, 17);
   bad.message = "3 nonfinite mismatches";
+  bad.map_tokens = 1;
+  bad.map_heads = 16;
+  bad.err_token_head.assign(16, 2e-05f);
+  bad.err_token_head[2] = std::numeric_limits<float>::quiet_NaN();
+  bad.query_lens = {1};
   records.push_back(nonfinite);
 
   Record crashed = record("prefill b=2 q=[7,9] kv=[7,9] h=16 bs=64 seed=4", "cuda_flashmla",

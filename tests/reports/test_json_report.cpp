@@ -3,9 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <cstring>
+#include <fstream>
 #include <sstream>
 
-#include "tests/reports/golden.h"
+#include "cases/errors.h"
+
+#include "tests/reports/snapshot.h"
 #include "tests/reports/sample_records.h"
 
 namespace mlagate {
@@ -19,8 +23,8 @@ std::string render_json(std::span<const Record> records) {
   return os.str();
 }
 
-TEST(JsonReport, Golden) {
-  MLAGATE_EXPECT_GOLDEN("report.json", render_json(test::sample_records()));
+TEST(JsonReport, Snapshot) {
+  MLAGATE_EXPECT_SNAPSHOT("report.json", render_json(test::sample_records()));
 }
 
 TEST(JsonReport, RunAndSummary) {
@@ -112,6 +116,63 @@ TEST(JsonReport, EmptyRunIsValid) {
   EXPECT_TRUE(doc["records"].empty());
   EXPECT_EQ(doc["summary"]["total"], 0);
   EXPECT_EQ(doc["summary"]["verdict"], "NOTHING RAN");
+}
+
+// The reader (mlagate merge): a written report reads back as the same records, error
+// summaries included, so a merged --html report draws the run's own maps.
+std::string write_file(const std::string& name, const std::string& text) {
+  const std::string path = testing::TempDir() + name;
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+TEST(JsonReport, ReadsBackAsTheSameRecords) {
+  const std::vector<Record> records = test::sample_records();
+  const JsonReport back = read_json_report(write_file("rt.json", render_json(records)));
+  EXPECT_EQ(back.run.suite, test::sample_run().suite);
+  ASSERT_EQ(back.records.size(), records.size());
+  // Written again, the records read back give the same bytes.
+  std::ostringstream again;
+  write_json(again, test::sample_run(), back.records);
+  EXPECT_EQ(again.str(), render_json(records));
+  const Metrics& m = back.records[1].metrics[0];
+  const Metrics& want = records[1].metrics[0];
+  ASSERT_GT(want.map_tokens, 0);
+  EXPECT_EQ(m.map_tokens, want.map_tokens);
+  EXPECT_EQ(m.map_heads, want.map_heads);
+  EXPECT_EQ(m.query_lens, want.query_lens);
+  ASSERT_EQ(m.err_token_head.size(), want.err_token_head.size());
+  for (std::size_t i = 0; i < m.err_token_head.size(); ++i)
+    EXPECT_EQ(std::memcmp(&m.err_token_head[i], &want.err_token_head[i], sizeof(float)), 0) << i;
+  ASSERT_EQ(m.worst_elements.size(), want.worst_elements.size());
+  EXPECT_EQ(m.worst_elements[0].where.flat, want.worst_elements[0].where.flat);
+  EXPECT_EQ(m.worst_elements[0].err, want.worst_elements[0].err);
+}
+
+TEST(JsonReport, ReaderRejectsAMapThatDisagreesWithItsGeometry) {
+  json doc = json::parse(render_json(test::sample_records()));
+  json& map = doc["records"][1]["metrics"][0]["error_map"];
+  ASSERT_TRUE(map.is_object());
+  const auto expect_error = [&](const std::string& name, const std::string& what) {
+    const std::string path = write_file(name, doc.dump());
+    try {
+      read_json_report(path);
+      ADD_FAILURE() << name << ": no error";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  map["heads"] = 127;  // 3 x 127 cells, the data holds 3 x 128
+  expect_error("geom.json", "records[1].metrics[0].error_map.err_token_head: expected 381 cells");
+  map["heads"] = 128;
+  map["query_lens"] = json::array({2, 2});  // 4 query tokens in a 3-token map
+  expect_error("qlens.json", "more query tokens than the map has");
+  map["query_lens"] = json::array({1, 1, 1});
+  map["err_token_head"] = "not base64!";
+  expect_error("b64.json", "error_map.err_token_head");
+  map["err_token_head"] = "";
+  map["token_bin"] = 0;
+  expect_error("bin.json", "error_map.token_bin: out of range");
 }
 
 }  // namespace

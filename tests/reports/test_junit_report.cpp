@@ -7,7 +7,7 @@
 #include <pugixml.hpp>
 #include <sstream>
 
-#include "tests/reports/golden.h"
+#include "tests/reports/snapshot.h"
 #include "tests/reports/sample_records.h"
 
 namespace mlagate {
@@ -35,8 +35,8 @@ std::string property(const pugi::xml_node& testcase, const char* name) {
       .value();
 }
 
-TEST(JunitReport, Golden) {
-  MLAGATE_EXPECT_GOLDEN("report.xml", render_junit(test::sample_records()));
+TEST(JunitReport, Snapshot) {
+  MLAGATE_EXPECT_SNAPSHOT("report.xml", render_junit(test::sample_records()));
 }
 
 TEST(JunitReport, SuitesPerBackendWithCounts) {

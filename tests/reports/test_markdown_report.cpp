@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <sstream>
 
-#include "tests/reports/golden.h"
+#include "tests/reports/snapshot.h"
 #include "tests/reports/sample_records.h"
 
 namespace mlagate {
@@ -37,8 +37,8 @@ int count_separators(const std::string& row) {
   return n;
 }
 
-TEST(MarkdownReport, Golden) {
-  MLAGATE_EXPECT_GOLDEN("report.md", render_markdown(test::sample_records()));
+TEST(MarkdownReport, Snapshot) {
+  MLAGATE_EXPECT_SNAPSHOT("report.md", render_markdown(test::sample_records()));
 }
 
 TEST(MarkdownReport, TitleCarriesTheVerdict) {

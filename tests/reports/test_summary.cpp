@@ -3,7 +3,7 @@
 
 #include <sstream>
 
-#include "tests/reports/golden.h"
+#include "tests/reports/snapshot.h"
 #include "tests/reports/sample_records.h"
 
 namespace mlagate {
@@ -65,7 +65,7 @@ TEST(ReportSummary, TableIsAligned) {
 }
 
 TEST(ReportSummary, TableGolden) {
-  MLAGATE_EXPECT_GOLDEN("summary.txt", summary_table(test::sample_records()));
+  MLAGATE_EXPECT_SNAPSHOT("summary.txt", summary_table(test::sample_records()));
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-// The libtorch reference (reference/torch): in fp64 it is the Eigen golden's
+// The libtorch reference (reference/torch): in fp64 it is the Eigen reference's
 // math, to 1e-10, on every smoke and edges case and both forms; in the model
-// dtype it is the seed test's reference, and its error against the golden is
+// dtype it is the seed test's reference, and its error against the reference is
 // printed next to the emulation's (the baseline's yardstick), on the CPU and,
 // where there is one, on the GPU.
 #include <gtest/gtest.h>
@@ -14,7 +14,7 @@
 
 #include "cases/case.h"
 #include "cases/suite.h"
-#include "reference/golden.h"
+#include "reference/fp64_reference.h"
 #include "reference/sdpa_emulation.h"
 #include "reference/torch/torch_reference.h"
 
@@ -79,7 +79,7 @@ TEST(TorchReference, SeedLayoutOnCuda) {
   if (!torch_cuda_available()) GTEST_SKIP() << "no CUDA (" << torch_reference_info() << ")";
   for (const CaseSpec& spec : smoke_and_edges()) {
     const Case c = generate_case(spec);
-    const Golden g = golden_absorbed(c);
+    const ReferenceOutputs g = reference_absorbed(c);
     const std::vector<int> all(all_requests(c));
     const double folded = max_abs_err(torch_sdpa_layer(c, SdpaForm::kDecode, all, {.cuda = true}).out, g.out);
     const double seed = max_abs_err(torch_sdpa_layer(c, SdpaForm::kDecode, all, {.cuda = true, .seed_layout = true}).out, g.out);
@@ -99,7 +99,7 @@ TEST(TorchReference, Fp64EqualsEigenGolden) {
     for (const CaseSpec& spec : smoke_and_edges()) {
       SCOPED_TRACE(spec.id() + (o.cuda ? " (CUDA)" : " (CPU)"));
       const Case c = generate_case(spec);
-      const Golden g = golden_absorbed(c);
+      const ReferenceOutputs g = reference_absorbed(c);
       const double floor = 1e-3 * rms(g.out);
       for (SdpaForm f : {SdpaForm::kDecode, SdpaForm::kPrefill}) {
         const SdpaResult t = torch_sdpa_layer(c, f, all_requests(c), o);
@@ -130,7 +130,7 @@ TEST(TorchReference, ModelDtypeErrorIsTheEmulations) {
         continue;
       }
       const Case c = generate_case(spec);
-      const Golden g = golden_absorbed(c);
+      const ReferenceOutputs g = reference_absorbed(c);
       for (SdpaForm f : {SdpaForm::kDecode, SdpaForm::kPrefill}) {
         const double et = max_abs_err(torch_sdpa_layer(c, f, all_requests(c), o).out, g.out);
         const double ee = max_abs_err(emulate_sdpa_layer(c, f, all_requests(c)).out, g.out);

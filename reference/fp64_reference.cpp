@@ -1,7 +1,7 @@
-// The fp64 golden reference: SPEC: The two paths (absorbed and MHA paths) as
+// The fp64 reference reference: SPEC: The two paths (absorbed and MHA paths) as
 // Eigen GEMMs over request-sized blocks, parallelized with OpenMP over a fixed
 // set of independent work units so the bits never depend on the thread count.
-#include "reference/golden.h"
+#include "reference/fp64_reference.h"
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -12,6 +12,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "reference/detail/softmax.h"
 
 #include "cases/encoding.h"
 
@@ -142,20 +144,7 @@ double softmax_row(double* x, Index n, Index width, double scale) {
   std::fill(x + n, x + width, 0.0);
   if (n == 0) return kNegInf;
   Eigen::Map<Eigen::ArrayXd> a(x, n);
-  a *= scale;
-  const double mx = a.maxCoeff();
-  a = (a - mx).exp();
-  // A fixed summation order (Eigen's reductions depend on the pointer's alignment).
-  double acc[4] = {0, 0, 0, 0};
-  Index j = 0;
-  for (; j + 4 <= n; j += 4) {
-    acc[0] += x[j];
-    acc[1] += x[j + 1];
-    acc[2] += x[j + 2];
-    acc[3] += x[j + 3];
-  }
-  for (; j < n; ++j) acc[0] += x[j];
-  const double sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  const auto [mx, sum] = detail::exp_row(a, scale);
   a /= sum;
   return mx + std::log(sum);
 }
@@ -235,7 +224,7 @@ void mqa_core(const Case& c, const Layout& x, const double* q_full, double* o_la
 
 }  // namespace
 
-Golden golden_absorbed(const Case& c) {
+ReferenceOutputs reference_absorbed(const Case& c) {
   const Layout x = layout_of(c);
   const Index N = x.N, D = x.L + x.R, QW = x.P + x.R;
   const Buffer q = to_f64(c.q.view());
@@ -253,7 +242,7 @@ Golden golden_absorbed(const Case& c) {
     }
   }
 
-  Golden g;
+  ReferenceOutputs g;
   g.o_lat.resize(static_cast<std::size_t>(x.T) * N * x.L);
   g.lse.resize(static_cast<std::size_t>(x.T) * N);
   mqa_core(c, x, q_full.data(), g.o_lat.data(), g.lse.data());
@@ -273,7 +262,7 @@ Golden golden_absorbed(const Case& c) {
   return g;
 }
 
-Golden golden_mha(const Case& c) {
+ReferenceOutputs reference_mha(const Case& c) {
   const Layout x = layout_of(c);
   const Index N = x.N, QW = x.P + x.R, KW = x.P + x.V;
   const double scale = c.spec.softmax_scale();
@@ -281,7 +270,7 @@ Golden golden_mha(const Case& c) {
   const Buffer kv_c = to_f64(cached_kv_c(c));
   const Buffer k_pe = to_f64(cached_k_pe(c));
 
-  Golden g;
+  ReferenceOutputs g;
   g.out.assign(static_cast<std::size_t>(x.T) * N * x.V, 0.0);
   g.lse.assign(static_cast<std::size_t>(x.T) * N, kNegInf);
 

@@ -1,5 +1,5 @@
 // Reads and rewrites the golden files under tests/reports/expected/.
-#include "tests/reports/golden.h"
+#include "tests/reports/snapshot.h"
 
 #include <cstdlib>
 #include <fstream>
@@ -16,12 +16,12 @@ std::string golden_path(const std::string& name) {
 
 }  // namespace
 
-bool update_golden() {
-  const char* v = std::getenv("MLAGATE_UPDATE_GOLDEN");
+bool update_snapshots() {
+  const char* v = std::getenv("MLAGATE_UPDATE_SNAPSHOTS");
   return v != nullptr && std::string_view(v) == "1";
 }
 
-std::string read_golden(const std::string& name) {
+std::string read_snapshot(const std::string& name) {
   std::ifstream in(golden_path(name), std::ios::binary);
   if (!in) throw std::runtime_error("cannot read golden file " + golden_path(name));
   std::ostringstream ss;
@@ -29,7 +29,7 @@ std::string read_golden(const std::string& name) {
   return ss.str();
 }
 
-void write_golden(const std::string& name, const std::string& text) {
+void write_snapshot(const std::string& name, const std::string& text) {
   std::ofstream out(golden_path(name), std::ios::binary | std::ios::trunc);
   out << text;
   if (!out.flush()) throw std::runtime_error("cannot write golden file " + golden_path(name));

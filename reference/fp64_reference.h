@@ -1,4 +1,4 @@
-// The fp64 golden reference (Eigen): both paths of SPEC: The two paths from the
+// The fp64 reference reference (Eigen): both paths of SPEC: The two paths from the
 // rounded inputs, and the attention core on given latent queries for the
 // kernel-level decode op. Visibility: query u of request i (position c_i + u)
 // sees keys 0 .. c_i + u of that request; a request with no visible key gives
@@ -13,16 +13,16 @@
 
 namespace mlagate {
 
-struct Golden {
+struct ReferenceOutputs {
   std::vector<double> out;    // [T, N*V] layer output (= prefill op's o [T, N, V])
   std::vector<double> lse;    // [T, N] natural log; -inf for rows with no key
   std::vector<double> o_lat;  // [T, N, L] decode path only (empty for the MHA path)
 };
 
 // Decode / absorbed path: ql = q_nope W_UK^T, MQA over [kv_c, k_pe], then W_UV.
-Golden golden_absorbed(const Case& c);
+ReferenceOutputs reference_absorbed(const Case& c);
 // Prefill / MHA path: k_nope = kv_c W_UK, v = kv_c W_UV per head, ordinary attention.
-Golden golden_mha(const Case& c);
+ReferenceOutputs reference_mha(const Case& c);
 
 // Attention core for the kernel-level decode op on the given latent queries.
 // q_lat: [T, N, L] any dtype; q_pe comes from c.q. Fills o_lat [T,N,L] and lse [T,N].

@@ -1,0 +1,39 @@
+// The softmax numerator shared by the fp64 reference (double) and the baseline
+// emulation (float): scale, subtract the row max, exponentiate, and sum in a
+// fixed order. Each caller passes its own Eigen map (aligned or not), so the
+// vectorization, and therefore every bit, stays what that caller had.
+#pragma once
+
+#include <Eigen/Core>
+
+namespace mlagate::detail {
+
+template <class Scalar>
+struct ExpRow {
+  Scalar max, sum;  // the scaled row's max; the sum of exp(scaled - max)
+};
+
+// a[0..n) <- exp(scale * a - max), n >= 1. The sum runs in four fixed lanes:
+// Eigen's reductions depend on the pointer's alignment, and a reference must
+// give the same bits wherever its buffer lands.
+template <class ArrayMap>
+ExpRow<typename ArrayMap::Scalar> exp_row(ArrayMap a, typename ArrayMap::Scalar scale) {
+  using Scalar = typename ArrayMap::Scalar;
+  a *= scale;
+  const Scalar mx = a.maxCoeff();
+  a = (a - mx).exp();
+  const Scalar* x = a.data();
+  const Eigen::Index n = a.size();
+  Scalar acc[4] = {0, 0, 0, 0};
+  Eigen::Index j = 0;
+  for (; j + 4 <= n; j += 4) {
+    acc[0] += x[j];
+    acc[1] += x[j + 1];
+    acc[2] += x[j + 2];
+    acc[3] += x[j + 3];
+  }
+  for (; j < n; ++j) acc[0] += x[j];
+  return {mx, (acc[0] + acc[1]) + (acc[2] + acc[3])};
+}
+
+}  // namespace mlagate::detail

@@ -1,0 +1,57 @@
+// --devices on a machine without GPUs: the device is only an environment
+// variable to a worker, so a CPU run shows what the flag does: each device gets
+// its own workers, started with CUDA_VISIBLE_DEVICES set to it, every case on
+// one of them, and the records are those of a one-device run.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <sstream>
+
+#include "tests/reliability/run_mlagate.h"
+
+namespace mlagate::rel_test {
+namespace {
+
+// What a record says, less what differs between runs by nature (timings, the
+// exec backend's scratch paths in its messages).
+std::map<std::pair<std::string, std::string>, std::string> verdicts(const fs::path& json) {
+  std::map<std::pair<std::string, std::string>, std::string> v;
+  for (const auto& [key, r] : records_of(json)) {
+    std::string what = r.at("op").get<std::string>() + " " + r.at("status").get<std::string>();
+    if (key.first != "exec.0")
+      for (const Json& m : r.at("metrics")) what += " " + m.at("output").get<std::string>() + "=" + m.at("max_abs").dump();
+    v[key] = what;
+  }
+  return v;
+}
+
+TEST(Devices, OneWorkerStreamPerDeviceAndTheRecordsOfOneDevice) {
+  const fs::path d = temp_dir("devices");
+  const fs::path log = d / "visible.log";
+  // An exec backend that notes the device its worker was given, then fails
+  // (`:` takes the bundle and outputs paths the exec backend requires and ignores them).
+  const std::string exec = "echo \"$CUDA_VISIBLE_DEVICES\" >> '" + log.string() + "'; : {in} {out}; exit 3";
+  auto run = [&](const std::string& json, std::vector<std::string> extra) {
+    std::vector<std::string> a = {"run", "--suite", "smoke", "--backend", "cpu.paged,exec.0", "--exec", exec,
+                                  "--no-progress", "-q", "--json", (d / json).string()};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return run_mlagate(a, d);
+  };
+  ASSERT_EQ(run("one.json", {}), 1) << slurp(d / "stderr.txt");
+  fs::remove(log);
+  ASSERT_EQ(run("two.json", {"--devices", "0,1"}), 1) << slurp(d / "stderr.txt");
+  const auto one = verdicts(d / "one.json"), two = verdicts(d / "two.json");
+  EXPECT_EQ(one, two);
+  EXPECT_EQ(one.size(), 14u);  // smoke's 7 cases on 2 backends
+  std::set<std::string> seen;
+  std::istringstream lines(slurp(log));
+  for (std::string l; std::getline(lines, l);) seen.insert(l);
+  EXPECT_EQ(seen, (std::set<std::string>{"0", "1"}));
+  // A device twice, one that is not a number, or no workers to put on them.
+  EXPECT_EQ(run("bad.json", {"--devices", "0,0"}), 2);
+  EXPECT_EQ(run("bad.json", {"--devices", "gpu0"}), 2);
+  EXPECT_EQ(run("bad.json", {"--devices", "0,1", "--isolate", "none"}), 2);
+}
+
+}  // namespace
+}  // namespace mlagate::rel_test
