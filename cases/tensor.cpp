@@ -27,6 +27,14 @@ Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape
   bytes_.assign(static_cast<std::size_t>(shape_numel(shape_)) * dtype_size(dtype_), std::byte{0});
 }
 
+Tensor Tensor::for_overwrite(DType dtype, Shape shape) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.bytes_.resize(static_cast<std::size_t>(shape_numel(t.shape_)) * dtype_size(dtype));
+  return t;
+}
+
 double TensorView::get(std::int64_t i) const {
   const std::byte* p = static_cast<const std::byte*>(data) + i * static_cast<std::int64_t>(dtype_size(dtype));
   switch (dtype) {

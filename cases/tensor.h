@@ -5,8 +5,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cases/dtype.h"
@@ -37,11 +39,15 @@ struct TensorView {
   void set(std::int64_t i, double v) const;
 };
 
-// Owning tensor, zero-filled on construction.
+// Owning tensor, zero-filled on construction (for_overwrite: left unset).
 class Tensor {
  public:
   Tensor() = default;
   Tensor(DType dtype, Shape shape);
+  // For a producer that writes every element: no zero-filling pass over what
+  // it is about to overwrite (the layer op's up-projected K and V are a GB at
+  // TP 1, where that pass cost seconds).
+  static Tensor for_overwrite(DType dtype, Shape shape);
 
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
@@ -77,9 +83,29 @@ class Tensor {
   }
   DType dtype_ = DType::kF32;
   Shape shape_;
+  // resize() default-initialises (leaves bytes unset) where std::allocator
+  // would value-initialise (zero) them: zeroing is the constructor's choice.
+  template <class T>
+  struct DefaultInitAllocator : std::allocator<T> {
+    template <class U>
+    struct rebind {
+      using other = DefaultInitAllocator<U>;
+    };
+    DefaultInitAllocator() = default;
+    template <class U>
+    DefaultInitAllocator(const DefaultInitAllocator<U>&) noexcept {}
+    template <class U>
+    void construct(U* p) noexcept {
+      ::new (static_cast<void*>(p)) U;
+    }
+    template <class U, class... Args>
+    void construct(U* p, Args&&... args) {
+      ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+    }
+  };
   // Over-aligned storage is not needed: every element type is <= 8 bytes and
-  // std::vector<std::byte> from operator new is 16-byte aligned.
-  std::vector<std::byte> bytes_;
+  // storage from operator new is 16-byte aligned.
+  std::vector<std::byte, DefaultInitAllocator<std::byte>> bytes_;
 };
 
 }  // namespace mlagate

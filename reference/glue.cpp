@@ -95,8 +95,9 @@ void up_project_kv(const Case& c, const TensorView& kv_c, const TensorView& k_pe
   const Dims& d = c.spec.dims;
   const std::int64_t N = c.spec.num_heads(), L = d.kv_lora_rank, P = d.nope_dim, R = d.rope_dim, V = d.v_head_dim;
   const std::int64_t s = kv_c.shape.at(0);
-  k = Tensor(c.spec.dtype, {s, N, P + R});
-  v = Tensor(c.spec.dtype, {s, N, V});
+  // Every element is written below.
+  k = Tensor::for_overwrite(c.spec.dtype, {s, N, P + R});
+  v = Tensor::for_overwrite(c.spec.dtype, {s, N, V});
   if (s == 0) return;
   const std::vector<float> kv = to_f32(kv_c);
   const std::vector<float> wk = to_f32(c.w_uk.view()), wv = to_f32(c.w_uv.view());

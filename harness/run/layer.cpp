@@ -8,6 +8,7 @@
 #include <functional>
 #include <limits>
 #include <string_view>
+#include <tuple>
 
 #include "cases/encoding.h"
 #include "cases/errors.h"
@@ -74,6 +75,50 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
+namespace {
+
+// A 64-bit fingerprint of a tensor's bytes, to notice a backend that wrote into
+// the K and V it was lent: four independent multiply-xor lanes per block of
+// words (a GB in a fraction of a second), blocks in parallel, each block's
+// lanes mixed with its index so that moved data changes the print too.
+std::uint64_t fingerprint(const Tensor& t) {
+  const std::byte* p = t.bytes();
+  const std::int64_t words = static_cast<std::int64_t>(t.nbytes() / 8);
+  constexpr std::int64_t kBlock = 1 << 16;
+  const std::int64_t blocks = (words + kBlock - 1) / kBlock;
+  const auto mix = [](std::uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    return x ^ (x >> 33);
+  };
+  std::uint64_t print = mix(t.nbytes());
+#pragma omp parallel for schedule(static) reduction(^ : print)
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    std::uint64_t h[4] = {1, 2, 3, 4};
+    const std::int64_t end = std::min(words, (b + 1) * kBlock);
+    std::int64_t i = b * kBlock;
+    for (; i + 4 <= end; i += 4)
+      for (int l = 0; l < 4; ++l) {
+        std::uint64_t w;
+        std::memcpy(&w, p + (i + l) * 8, 8);
+        h[l] = (h[l] ^ w) * 0x100000001b3ull;
+      }
+    for (; i < end; ++i) {
+      std::uint64_t w;
+      std::memcpy(&w, p + i * 8, 8);
+      h[0] = (h[0] ^ w) * 0x100000001b3ull;
+    }
+    print ^= mix(mix(h[0]) ^ mix(h[1] + 1) ^ mix(h[2] + 2) ^ mix(h[3] + 3) ^ mix(static_cast<std::uint64_t>(b) + 0x9e3779b97f4a7c15ull));
+  }
+  for (std::size_t i = static_cast<std::size_t>(words) * 8; i < t.nbytes(); ++i)  // the tail bytes
+    print = mix(print ^ static_cast<std::uint64_t>(p[i]));
+  return print;
+}
+
+}  // namespace
+
 std::pair<const Tensor*, const Tensor*> LayerMemo::up_project(const Case& c, const Tensor& kv, const Tensor& pe) {
   const std::size_t h = hash_bytes(kv) ^ (hash_bytes(pe) * 0x9e3779b97f4a7c15ull);
   for (const auto& p : projections_)
@@ -88,9 +133,24 @@ std::pair<const Tensor*, const Tensor*> LayerMemo::up_project(const Case& c, con
   }
   p->kv = kv;
   p->pe = pe;
+  p->k_print = fingerprint(p->k);
+  p->v_print = fingerprint(p->v);
   bytes_ += size;
   projections_.push_back(std::move(p));
   return {&projections_.back()->k, &projections_.back()->v};
+}
+
+void LayerMemo::returned(const Tensor* k, const Tensor* v) {
+  for (auto it = projections_.begin(); it != projections_.end(); ++it) {
+    Projection& p = **it;
+    if (&p.k != k || &p.v != v) continue;
+    if (fingerprint(p.k) != p.k_print || fingerprint(p.v) != p.v_print) {
+      bytes_ -= p.kv.nbytes() + p.pe.nbytes() + p.k.nbytes() + p.v.nbytes();
+      projections_.erase(it);
+    }
+    return;
+  }
+  // spare_: not kept, nothing to check.
 }
 
 std::pair<const Tensor*, const Tensor*> LayerMemo::absorb(const Case& c, const std::vector<int>& tokens) {
@@ -244,18 +304,18 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
     auto call_prefill = [&](const Tensor& q, const Tensor& kv, const Tensor& pe, const std::vector<std::int32_t>& cu_q,
                             const std::vector<std::int32_t>& cu_k, bool causal, const std::string& what,
                             GuardedBuffer& o, GuardedBuffer& l) {
-      Tensor k, v;
+      Tensor k, v;  // without a memo
+      const Tensor* mk = nullptr;
+      const Tensor* mv = nullptr;
       if (memo) {
-        const auto [mk, mv] = memo->up_project(c, kv, pe);
-        k = *mk;  // copies (a memcpy, against a GEMM): the backend may write into its inputs
-        v = *mv;
+        std::tie(mk, mv) = memo->up_project(c, kv, pe);
       } else {
         up_project_kv(c, kv.view(), pe.view(), k, v);
       }
       PrefillArgs a;
       a.q = q.view();
-      a.k = k.view();
-      a.v = v.view();
+      a.k = memo ? mk->view() : k.view();
+      a.v = memo ? mv->view() : v.view();
       a.cu_seqlens_q = cu_q;
       a.cu_seqlens_k = cu_k;
       a.causal = causal;
@@ -265,6 +325,7 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
       const auto t0 = Clock::now();
       b.prefill(a);
       run.run_ms += ms_since(t0);
+      if (memo) memo->returned(mk, mv);
       note_guard(run, o, what + " o");
       note_guard(run, l, what + " lse");
     };

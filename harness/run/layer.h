@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,8 +59,13 @@ void note_guard(OpRun& run, const GuardedBuffer& buf, const std::string& name);
 // results are the bits up_project_kv / absorb_queries return.
 class LayerMemo {
  public:
-  // up_project_kv(c, kv, pe), computed on a miss. The tensors live as long as the memo.
+  // up_project_kv(c, kv, pe), computed on a miss. The tensors live as long as
+  // the memo (one over kMaxBytes: until the next call). They are lent to the
+  // backend as they are, not copied (a GB at TP 1); after its call, returned()
+  // checks them against their fingerprints and drops an entry the backend wrote
+  // into, so that the next backend's K and V are computed afresh.
   std::pair<const Tensor*, const Tensor*> up_project(const Case& c, const Tensor& kv, const Tensor& pe);
+  void returned(const Tensor* k, const Tensor* v);
   // absorb_queries(c, tokens), computed on a miss.
   std::pair<const Tensor*, const Tensor*> absorb(const Case& c, const std::vector<int>& tokens);
   std::size_t bytes() const { return bytes_; }
@@ -69,6 +75,7 @@ class LayerMemo {
   struct Projection {
     std::size_t hash;
     Tensor kv, pe, k, v;
+    std::uint64_t k_print = 0, v_print = 0;  // fingerprint() of k and v as computed
   };
   struct Absorbed {
     std::vector<int> tokens;

@@ -64,7 +64,7 @@ TEST(Routing, PrefillWithoutPrefillKernelIsNotSupported) {
 // Wraps cpu.paged and breaks it in one controlled way.
 class Misbehaving : public Backend {
  public:
-  enum class Mode { kOutOfBounds, kThrow, kStaleRow };
+  enum class Mode { kOutOfBounds, kThrow, kStaleRow, kScribbleInputs };
   explicit Misbehaving(Mode m) : mode_(m), inner_(make_cpu_paged()) {}
   std::string_view name() const override { return "test.misbehaving"; }
   std::string_view description() const override { return "test backend"; }
@@ -79,7 +79,14 @@ class Misbehaving : public Backend {
       poison_row(a.o_lat, a.o_lat.shape[0] - 1, row);
     }
   }
-  void prefill(const PrefillArgs& a) override { inner_->prefill(a); }
+  void prefill(const PrefillArgs& a) override {
+    inner_->prefill(a);
+    // Its own output is right; the K and V it was given are not left as they were.
+    if (mode_ == Mode::kScribbleInputs) {
+      poison_row(a.k, 0, a.k.numel());
+      poison_row(a.v, 0, a.v.numel());
+    }
+  }
 
  private:
   static void poison_row(const TensorView& v, std::int64_t r, std::int64_t row) {
@@ -134,6 +141,31 @@ TEST(Runner, ChunkedPrefillMatchesUnchunked) {
   cfg.exec.prefill_chunk = 7;
   const auto recs = run_cases(cfg, bs);
   EXPECT_EQ(recs[0].status, Status::kPassed) << recs[0].message;
+}
+
+// The layer op lends every backend of a case the same up-projected K and V (no
+// copy); a backend that writes into them must not change the next backend's
+// result: the memo notices (fingerprints) and computes them afresh.
+TEST(Runner, ABackendWritingIntoItsInputsDoesNotReachTheNextBackend) {
+  RunConfig cfg;
+  cfg.cases = {spec_of("small_prefill")};
+  cfg.exec.prefill_chunk = 16;  // the context in several chunks: several lent K/V pairs
+  std::vector<std::unique_ptr<Backend>> alone, after;
+  alone.push_back(make_cpu_paged());
+  after.push_back(std::make_unique<Misbehaving>(Misbehaving::Mode::kScribbleInputs));
+  after.push_back(make_cpu_paged());
+  const auto a = run_cases(cfg, alone), b = run_cases(cfg, after);
+  ASSERT_EQ(a.size(), 1u);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b[0].status, Status::kPassed) << b[0].message;  // wrote its inputs after using them
+  ASSERT_EQ(b[1].backend, "cpu.paged");
+  EXPECT_EQ(b[1].status, Status::kPassed) << b[1].message;
+  ASSERT_EQ(a[0].metrics.size(), b[1].metrics.size());
+  for (std::size_t k = 0; k < a[0].metrics.size(); ++k) {
+    EXPECT_EQ(a[0].metrics[k].max_abs, b[1].metrics[k].max_abs) << a[0].metrics[k].output;
+    EXPECT_EQ(a[0].metrics[k].nmse, b[1].metrics[k].nmse) << a[0].metrics[k].output;
+    EXPECT_EQ(a[0].metrics[k].err_token_head, b[1].metrics[k].err_token_head) << a[0].metrics[k].output;
+  }
 }
 
 TEST(Runner, KernelLevelOpsPass) {
