@@ -150,7 +150,9 @@ struct ListState {
   std::size_t max_names;
   bool overflow = false;
 };
-herr_t list_one(hid_t, const char* name, const H5L_info_t*, void* data) {
+// The H5Literate and H5Aiterate2 callback alike (they differ in the info type).
+template <class Info>
+herr_t list_one(hid_t, const char* name, const Info*, void* data) {
   auto* st = static_cast<ListState*>(data);
   if (st->names.size() >= st->max_names) {
     st->overflow = true;
@@ -164,27 +166,15 @@ herr_t list_one(hid_t, const char* name, const H5L_info_t*, void* data) {
 std::vector<std::string> list_links(hid_t loc, const std::string& what, std::size_t max_names) {
   ListState st{{}, max_names};
   hsize_t idx = 0;
-  checked(H5Literate(loc, H5_INDEX_NAME, H5_ITER_INC, &idx, list_one, &st), "H5Literate", what);
+  checked(H5Literate(loc, H5_INDEX_NAME, H5_ITER_INC, &idx, list_one<H5L_info_t>, &st), "H5Literate", what);
   if (st.overflow) throw GoldenFileError(what + ": more than " + std::to_string(max_names) + " members");
   return st.names;
 }
 
-namespace {
-herr_t list_one_attr(hid_t, const char* name, const H5A_info_t*, void* data) {
-  auto* st = static_cast<ListState*>(data);
-  if (st->names.size() >= st->max_names) {
-    st->overflow = true;
-    return 1;  // stop
-  }
-  st->names.emplace_back(name);
-  return 0;
-}
-}  // namespace
-
 std::vector<std::string> list_attrs(hid_t loc, const std::string& what, std::size_t max_names) {
   ListState st{{}, max_names};
   hsize_t idx = 0;
-  checked(H5Aiterate2(loc, H5_INDEX_NAME, H5_ITER_INC, &idx, list_one_attr, &st), "H5Aiterate2", what);
+  checked(H5Aiterate2(loc, H5_INDEX_NAME, H5_ITER_INC, &idx, list_one<H5A_info_t>, &st), "H5Aiterate2", what);
   if (st.overflow) throw GoldenFileError(what + ": more than " + std::to_string(max_names) + " attributes");
   return st.names;
 }

@@ -19,6 +19,7 @@ std::size_t merge_results_files(const std::vector<std::string>& inputs, const st
   // Everything is checked before the output's temporary file exists.
   std::vector<std::pair<std::string, std::string>> shards;
   std::map<std::string, std::string> owner;  // case id -> input
+  std::vector<std::vector<std::string>> case_ids;  // per input, in file order
   std::string generator;
   for (const std::string& path : inputs) {
     GoldenReader reader(path);
@@ -30,7 +31,8 @@ std::size_t merge_results_files(const std::vector<std::string>& inputs, const st
       throw GoldenFileError(path + ": generator version " + gen + ", the other inputs " + generator);
     generator = gen;
     shards.emplace_back(path, reader.info().shard);
-    for (const std::string& id : reader.case_ids())
+    case_ids.push_back(reader.case_ids());
+    for (const std::string& id : case_ids.back())
       if (auto [it, fresh] = owner.emplace(id, path); !fresh)
         throw GoldenFileError("case " + id + " is in " + it->second + " and " + path);
   }
@@ -42,10 +44,9 @@ std::size_t merge_results_files(const std::vector<std::string>& inputs, const st
   golden::TempH5 file(out, FileKind::kResults, command_line);
   const h5::PropList fapl = h5::pcreate(H5P_FILE_ACCESS, "file access properties");
   std::size_t cases = 0;
-  for (const std::string& path : inputs) {
-    GoldenReader reader(path);  // for its case list, in file order
-    const h5::File src = h5::fopen(path, H5F_ACC_RDONLY, fapl);
-    const std::vector<std::string> ids = reader.case_ids();
+  for (std::size_t f = 0; f < inputs.size(); ++f) {
+    const h5::File src = h5::fopen(inputs[f], H5F_ACC_RDONLY, fapl);
+    const std::vector<std::string>& ids = case_ids[f];
     for (const std::string& id : ids) {
       // The first components of this file's cases below this one: left to their own copy.
       std::vector<std::string> nested;

@@ -5,7 +5,6 @@
 
 #include <Eigen/Core>
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "reference/detail/softmax.h"
+#include "reference/detail/widen.h"
 
 #include "cases/encoding.h"
 
@@ -42,6 +42,7 @@ MatMap mat(double* p, Index rows, Index cols, Index stride) {
 // Elements [first, first+n) of a tensor widened to double, one dtype dispatch
 // per run instead of TensorView::get's one per element. Widening is exact.
 void convert_run(const TensorView& v, Index first, Index n, double* dst) {
+  if (detail::widen_16bit(v, first, n, dst)) return;
   switch (v.dtype) {
     case DType::kF64:
       std::copy_n(v.as<double>() + first, n, dst);
@@ -49,17 +50,6 @@ void convert_run(const TensorView& v, Index first, Index n, double* dst) {
     case DType::kF32:
       std::copy_n(v.as<float>() + first, n, dst);
       return;
-    case DType::kBF16: {
-      // bf16 is the top half of an fp32 (encoding.h's bf16_to_f32), inlined so it vectorizes.
-      const std::uint16_t* p = v.as<std::uint16_t>() + first;
-      for (Index k = 0; k < n; ++k) dst[k] = std::bit_cast<float>(static_cast<std::uint32_t>(p[k]) << 16);
-      return;
-    }
-    case DType::kF16: {
-      const std::uint16_t* p = v.as<std::uint16_t>() + first;
-      for (Index k = 0; k < n; ++k) dst[k] = f16_to_f32(p[k]);
-      return;
-    }
     default:
       for (Index k = 0; k < n; ++k) dst[k] = v.get(first + k);
   }

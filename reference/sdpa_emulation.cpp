@@ -6,7 +6,6 @@
 
 #include <Eigen/Core>
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -15,6 +14,7 @@
 
 #include "cases/encoding.h"
 #include "reference/detail/softmax.h"
+#include "reference/detail/widen.h"
 
 namespace mlagate {
 namespace {
@@ -48,17 +48,8 @@ void round_all(float* x, Index n, DType dt) {
 // Elements [first, first+n) of a tensor as fp32; fp32 tensors (an fp8 cache's
 // dequantized values) are rounded to the model dtype, 16-bit ones are exact.
 void load(const TensorView& v, Index first, Index n, float* dst, DType model) {
+  if (detail::widen_16bit(v, first, n, dst)) return;
   switch (v.dtype) {
-    case DType::kBF16: {
-      const std::uint16_t* p = v.as<std::uint16_t>() + first;
-      for (Index k = 0; k < n; ++k) dst[k] = std::bit_cast<float>(static_cast<std::uint32_t>(p[k]) << 16);
-      return;
-    }
-    case DType::kF16: {
-      const std::uint16_t* p = v.as<std::uint16_t>() + first;
-      for (Index k = 0; k < n; ++k) dst[k] = f16_to_f32(p[k]);
-      return;
-    }
     case DType::kF32: {
       const float* p = v.as<float>() + first;
       for (Index k = 0; k < n; ++k) dst[k] = round_to(p[k], model);

@@ -245,7 +245,7 @@ class Reader {
     if (j.contains("worst_elements")) {
       const Json& ws = j["worst_elements"];
       const std::string ww = w + ".worst_elements";
-      if (!ws.is_array() || ws.size() > kWorstElements) bad(ww, "expected an array of at most 8 elements");
+      if (!ws.is_array() || ws.size() > kWorstElements) bad(ww, "expected an array of at most " + std::to_string(kWorstElements) + " elements");
       for (const Json& e : ws) {
         WorstElement we;
         we.where = location(at(e, "where", ww), ww + ".where");

@@ -206,6 +206,14 @@ void note_guard(OpRun& run, const GuardedBuffer& buf, const std::string& name) {
   if (run.guard_violation.empty()) run.guard_violation = buf.check_guards(name);
 }
 
+void finish_kernel_op(OpRun& run, ProducedOutput& out, ProducedOutput& lse, int num_requests, const char* path) {
+  note_guard(run, out.buf, out.name);
+  note_guard(run, lse.buf, lse.name);
+  for (int i = 0; i < num_requests; ++i) run.paths.push_back(path);
+  run.outputs.push_back(std::move(out));
+  run.outputs.push_back(std::move(lse));
+}
+
 OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const ExecOptions& opt, LayerMemo* memo) {
   const Routing routing = route_requests(b.capabilities(), c.spec);
   if (!routing.support.ok) throw NotSupportedError(routing.support.reason);
@@ -427,11 +435,7 @@ OpRun run_decode_op(Backend& b, const Case& c, const PagedCache& cache, const Te
   const auto t0 = Clock::now();
   b.decode(a);
   run.run_ms = ms_since(t0);
-  note_guard(run, o.buf, "o_lat");
-  note_guard(run, l.buf, "lse");
-  for (int i = 0; i < c.num_requests; ++i) run.paths.push_back("decode");
-  run.outputs.push_back(std::move(o));
-  run.outputs.push_back(std::move(l));
+  finish_kernel_op(run, o, l, c.num_requests, "decode");
   return run;
 }
 
@@ -453,11 +457,7 @@ OpRun run_prefill_op(Backend& b, const Case& c, const Tensor& k, const Tensor& v
   const auto t0 = Clock::now();
   b.prefill(a);
   run.run_ms = ms_since(t0);
-  note_guard(run, o.buf, "o");
-  note_guard(run, l.buf, "lse");
-  for (int i = 0; i < c.num_requests; ++i) run.paths.push_back("prefill");
-  run.outputs.push_back(std::move(o));
-  run.outputs.push_back(std::move(l));
+  finish_kernel_op(run, o, l, c.num_requests, "prefill");
   return run;
 }
 

@@ -49,6 +49,10 @@ struct OpRun {
 
 // Records the first guard-band violation of a kernel output buffer in run.
 void note_guard(OpRun& run, const GuardedBuffer& buf, const std::string& name);
+// The end of a kernel-level op: both outputs' guard bands checked (under the
+// outputs' names), each of the case's requests recorded as taking `path`, and
+// the outputs moved into run.
+void finish_kernel_op(OpRun& run, ProducedOutput& out, ProducedOutput& lse, int num_requests, const char* path);
 
 // The layer op's harness glue that does not depend on the backend, kept for
 // the next backend that runs the same case: the prefill path's up-projected

@@ -25,14 +25,6 @@ Outputs make_outputs(const Case& c, const ExecOptions& opt) {
           ProducedOutput{"lse", GuardedBuffer(DType::kF32, {T, N}, opt.poison, opt.reuse_buffers), N, 1, true}};
 }
 
-void finish(OpRun& run, Outputs& out, const Case& c, const char* path) {
-  note_guard(run, out.o.buf, "o");
-  note_guard(run, out.lse.buf, "lse");
-  for (int i = 0; i < c.num_requests; ++i) run.paths.push_back(path);
-  run.outputs.push_back(std::move(out.o));
-  run.outputs.push_back(std::move(out.lse));
-}
-
 // Every slot of a cache as model-dtype rows [slots, L+R] written at `row0`.
 void flatten_cache(const PagedCache& cache, DType dt, Tensor& kv, std::int64_t row0) {
   const std::int64_t L = cache.kv_lora_rank, R = cache.rope_dim;
@@ -87,7 +79,7 @@ OpRun run_sparse_decode_op(Backend& b, const Case& c, const PagedCache& cache, c
   const auto t0 = Clock::now();
   b.sparse_decode(a);
   run.run_ms = ms_since(t0);
-  finish(run, out, c, "sparse_decode");
+  finish_kernel_op(run, out.o, out.lse, c.num_requests, "sparse_decode");
   return run;
 }
 
@@ -143,7 +135,7 @@ OpRun run_sparse_prefill_op(Backend& b, const Case& c, const PagedCache& cache, 
   const auto t0 = Clock::now();
   b.sparse_prefill(a);
   run.run_ms = ms_since(t0);
-  finish(run, out, c, "sparse_prefill");
+  finish_kernel_op(run, out.o, out.lse, c.num_requests, "sparse_prefill");
   return run;
 }
 

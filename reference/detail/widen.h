@@ -1,0 +1,29 @@
+// bf16 and fp16 runs widened exactly, shared by the fp64 reference (to double)
+// and the baseline emulation (to float): one dtype dispatch per run instead of
+// TensorView::get's one per element.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+
+#include "cases/encoding.h"
+#include "cases/tensor.h"
+
+namespace mlagate::detail {
+
+// dst[0..n) <- elements [first, first+n) of a bf16 or fp16 tensor; false (and
+// nothing written) for any other dtype. bf16 is the top half of an fp32
+// (encoding.h's bf16_to_f32), inlined so that the loop vectorizes.
+template <class Out>
+bool widen_16bit(const TensorView& v, std::int64_t first, std::int64_t n, Out* dst) {
+  if (v.dtype != DType::kBF16 && v.dtype != DType::kF16) return false;
+  const std::uint16_t* p = v.as<std::uint16_t>() + first;
+  if (v.dtype == DType::kBF16) {
+    for (std::int64_t k = 0; k < n; ++k) dst[k] = std::bit_cast<float>(static_cast<std::uint32_t>(p[k]) << 16);
+  } else {
+    for (std::int64_t k = 0; k < n; ++k) dst[k] = f16_to_f32(p[k]);
+  }
+  return true;
+}
+
+}  // namespace mlagate::detail
