@@ -7,18 +7,6 @@
 
 namespace mlagate {
 
-std::uint16_t f32_to_bf16(float x) {
-  std::uint32_t u = std::bit_cast<std::uint32_t>(x);
-  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu) != 0)
-    return static_cast<std::uint16_t>((u >> 16) | 0x0040u);  // keep sign, force quiet NaN
-  // Round to nearest even: add 0x7FFF plus the lowest kept bit; overflow to inf is correct.
-  std::uint32_t lsb = (u >> 16) & 1u;
-  u += 0x7FFFu + lsb;
-  return static_cast<std::uint16_t>(u >> 16);
-}
-
-float bf16_to_f32(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
-
 std::uint16_t f32_to_f16(float x) {
   const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
   const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);

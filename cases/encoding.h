@@ -2,13 +2,24 @@
 // not the compiler's or a library's, so the same bits come out everywhere.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 
 namespace mlagate {
 
 // fp32 -> bf16, round to nearest even; NaN stays NaN (quiet), inf stays inf.
-std::uint16_t f32_to_bf16(float x);
-float bf16_to_f32(std::uint16_t b);
+// Inline: the glue and the emulation round gigabytes through it, and only
+// an inline body lets the compiler vectorize those loops.
+inline std::uint16_t f32_to_bf16(float x) {
+  std::uint32_t u = std::bit_cast<std::uint32_t>(x);
+  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu) != 0)
+    return static_cast<std::uint16_t>((u >> 16) | 0x0040u);  // keep sign, force quiet NaN
+  // Round to nearest even: add 0x7FFF plus the lowest kept bit; overflow to inf is correct.
+  const std::uint32_t lsb = (u >> 16) & 1u;
+  u += 0x7FFFu + lsb;
+  return static_cast<std::uint16_t>(u >> 16);
+}
+inline float bf16_to_f32(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
 
 // fp32 -> IEEE binary16, round to nearest even, with subnormals; overflow -> inf.
 std::uint16_t f32_to_f16(float x);

@@ -5,9 +5,13 @@
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <stdexcept>
+#include <string>
 
 #include "cases/encoding.h"
+#include "reference/detail/rowwise_gemm.h"
 
 namespace mlagate {
 
@@ -91,47 +95,201 @@ void project_latent_output(const Case& c, const TensorView& o_lat, std::span<con
   }
 }
 
-void up_project_kv(const Case& c, const TensorView& kv_c, const TensorView& k_pe, Tensor& k, Tensor& v) {
+namespace {
+
+// A weight [L, N, W] as packed panels of its [L, N*W] matrix.
+detail::PackedPanels pack_weight(const Tensor& w) {
+  const std::int64_t L = w.dim(0), cols = w.dim(1) * w.dim(2);
+  const TensorView wv = w.view();
+  return detail::PackedPanels(L, cols, [&](std::int64_t l, float* dst) {
+    if (wv.dtype == DType::kBF16 || wv.dtype == DType::kF16) {
+      const Load16 load = loader(wv.dtype);
+      const auto* src = static_cast<const std::uint16_t*>(wv.data) + l * cols;
+      for (std::int64_t k = 0; k < cols; ++k) dst[k] = load(src[k]);
+    } else {
+      for (std::int64_t k = 0; k < cols; ++k) dst[k] = static_cast<float>(wv.get(l * cols + k));
+    }
+  });
+}
+
+// dst[0 .. n) = src rounded to the model dtype; bf16 inline so that it vectorizes.
+void round_run(const float* src, std::int64_t n, bool bf16, std::uint16_t* dst) {
+  if (bf16) {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = f32_to_f16(src[i]);
+  }
+}
+
+// Rows [first, first + n) of a 2-D model-dtype (or other) view as fp32.
+void rows_f32(const TensorView& t, std::int64_t first, std::int64_t n, std::int64_t width, float* dst) {
+  if (t.dtype == DType::kBF16 || t.dtype == DType::kF16) {
+    const Load16 load = loader(t.dtype);
+    const auto* src = static_cast<const std::uint16_t*>(t.data) + first * width;
+    for (std::int64_t i = 0; i < n * width; ++i) dst[i] = load(src[i]);
+  } else {
+    for (std::int64_t i = 0; i < n * width; ++i) dst[i] = static_cast<float>(t.get(first * width + i));
+  }
+}
+
+// Rows [first, first + n) of kv_c / k_pe up-projected into rows of k / v
+// (same indices), every row by the row-wise GEMM: its bits do not depend on
+// which rows are projected together.
+void project_rows(const Case& c, const TensorView& kv_c, const TensorView& k_pe, std::int64_t first, std::int64_t n,
+                  const detail::PackedPanels& wk, const detail::PackedPanels& wv, Tensor& k, Tensor& v) {
   const Dims& d = c.spec.dims;
   const std::int64_t N = c.spec.num_heads(), L = d.kv_lora_rank, P = d.nope_dim, R = d.rope_dim, V = d.v_head_dim;
+  const bool bf16 = c.spec.dtype == DType::kBF16;
+  std::uint16_t* kt = k.data<std::uint16_t>();
+  std::uint16_t* vt = v.data<std::uint16_t>();
+  const bool pe16 = k_pe.dtype == c.spec.dtype;  // model dtype bits: copied verbatim
+  const std::int64_t blocks = (n + detail::kGemmBlockRows - 1) / detail::kGemmBlockRows;
+#pragma omp parallel
+  {
+    std::vector<float> a(static_cast<std::size_t>(detail::kGemmBlockRows * L));
+    std::vector<float> pe_f(static_cast<std::size_t>(R));
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::int64_t j0 = first + b * detail::kGemmBlockRows;
+      const std::int64_t rows = std::min(detail::kGemmBlockRows, first + n - j0);
+      rows_f32(kv_c, j0, rows, L, a.data());
+      // A panel's columns [col0, col0 + ncols) of head-major [N, W] rows, rounded into
+      // dst rows of stride `row` with the head's W values at offset h * head_stride.
+      const auto sink = [&](std::uint16_t* dst, std::int64_t W, std::int64_t head_stride) {
+        return [&, dst, W, head_stride](std::int64_t row0, std::int64_t nrows, std::int64_t col0, std::int64_t ncols,
+                                        const float* tile) {
+          for (std::int64_t i = 0; i < nrows; ++i) {
+            const std::int64_t j = j0 + row0 + i;
+            for (std::int64_t col = col0; col < col0 + ncols;) {
+              const std::int64_t h = col / W, w = col % W, run = std::min(col0 + ncols - col, W - w);
+              round_run(tile + i * detail::kPanelCols + (col - col0), run, bf16,
+                        dst + (j * N + h) * head_stride + w);
+              col += run;
+            }
+          }
+        };
+      };
+      detail::rowwise_gemm(a.data(), rows, L, wk, sink(kt, P, P + R));
+      detail::rowwise_gemm(a.data(), rows, L, wv, sink(vt, V, V));
+      for (std::int64_t j = j0; j < j0 + rows; ++j) {
+        if (pe16) {
+          const auto* pe = static_cast<const std::uint16_t*>(k_pe.data) + j * R;
+          for (std::int64_t h = 0; h < N; ++h) std::copy_n(pe, R, kt + (j * N + h) * (P + R) + P);
+        } else {
+          rows_f32(k_pe, j, 1, R, pe_f.data());
+          std::vector<std::uint16_t> pe(static_cast<std::size_t>(R));
+          round_run(pe_f.data(), R, bf16, pe.data());
+          for (std::int64_t h = 0; h < N; ++h) std::copy_n(pe.data(), R, kt + (j * N + h) * (P + R) + P);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void up_project_kv(const Case& c, const TensorView& kv_c, const TensorView& k_pe, Tensor& k, Tensor& v) {
+  const Dims& d = c.spec.dims;
+  const std::int64_t N = c.spec.num_heads(), P = d.nope_dim, R = d.rope_dim, V = d.v_head_dim;
   const std::int64_t s = kv_c.shape.at(0);
   // Every element is written below.
   k = Tensor::for_overwrite(c.spec.dtype, {s, N, P + R});
   v = Tensor::for_overwrite(c.spec.dtype, {s, N, V});
   if (s == 0) return;
-  const std::vector<float> kv = to_f32(kv_c);
-  const std::vector<float> wk = to_f32(c.w_uk.view()), wv = to_f32(c.w_uv.view());
-  const Eigen::Map<const MatF> wkm(wk.data(), L, N * P), wvm(wv.data(), L, N * V);
-  const Round16 round = rounder(c.spec.dtype);
-  std::uint16_t* kt = k.data<std::uint16_t>();
-  std::uint16_t* vt = v.data<std::uint16_t>();
-  const auto* pe = static_cast<const std::uint16_t*>(k_pe.data);  // model dtype bits, copied verbatim
-  // Row blocks, each one GEMM per weight ([rows, L] x [L, N*P] and [L, N*V])
-  // into a per-thread fp32 tile that stays warm: the whole fp32 product of a
-  // long context (gigabytes at TP 1) is never materialised, only the rounded
-  // result. Deterministic for a given row count; Eigen's split of the sum over
-  // L may differ from one big GEMM's in the last fp32 bit before rounding, as
-  // it already does between machines with other cache sizes.
-  constexpr std::int64_t kRows = 64;
-  const std::int64_t blocks = (s + kRows - 1) / kRows;
-#pragma omp parallel
-  {
-    MatF kn, vv;
-#pragma omp for schedule(static)
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::int64_t j0 = b * kRows, rows = std::min(kRows, s - j0);
-      const Eigen::Map<const MatF> a(kv.data() + j0 * L, rows, L);
-      kn.noalias() = a * wkm;
-      vv.noalias() = a * wvm;
-      for (std::int64_t j = 0; j < rows; ++j)
-        for (std::int64_t h = 0; h < N; ++h) {
-          std::uint16_t* krow = kt + ((j0 + j) * N + h) * (P + R);
-          for (std::int64_t p = 0; p < P; ++p) krow[p] = round(kn(j, h * P + p));
-          for (std::int64_t r = 0; r < R; ++r) krow[P + r] = pe[(j0 + j) * R + r];
-          std::uint16_t* vrow = vt + ((j0 + j) * N + h) * V;
-          for (std::int64_t x = 0; x < V; ++x) vrow[x] = round(vv(j, h * V + x));
-        }
+  project_rows(c, kv_c, k_pe, 0, s, pack_weight(c.w_uk), pack_weight(c.w_uv), k, v);
+}
+
+KvProjection::KvProjection(const Case& c) : c_(&c), done_(static_cast<std::size_t>(c.num_requests), false) {
+  const Dims& d = c.spec.dims;
+  const std::int64_t S = c.num_kv_tokens, N = c.spec.num_heads(), P = d.nope_dim, R = d.rope_dim, V = d.v_head_dim;
+  if (c.kv_c_cache.empty()) {
+    kv_ = c.kv_c;
+    pe_ = c.k_pe;
+  } else {
+    // fp8 caches: the latent as read back from the cache, in the model dtype.
+    const bool bf16 = c.spec.dtype == DType::kBF16;
+    kv_ = Tensor::for_overwrite(c.spec.dtype, c.kv_c_cache.shape());
+    pe_ = Tensor::for_overwrite(c.spec.dtype, c.k_pe_cache.shape());
+    round_run(c.kv_c_cache.data<float>(), c.kv_c_cache.numel(), bf16, kv_.data<std::uint16_t>());
+    round_run(c.k_pe_cache.data<float>(), c.k_pe_cache.numel(), bf16, pe_.data<std::uint16_t>());
+  }
+  // Pages are touched only by the requests projected.
+  k_ = Tensor::for_overwrite(c.spec.dtype, {S, N, P + R});
+  v_ = Tensor::for_overwrite(c.spec.dtype, {S, N, V});
+}
+
+void KvProjection::ensure(std::span<const int> requests) {
+  const Case& c = *c_;
+  std::vector<int> todo;
+  for (int i : requests) {
+    if (i < 0 || i >= c.num_requests) throw std::out_of_range("KvProjection: request " + std::to_string(i));
+    if (!done_[static_cast<std::size_t>(i)] && c.seq_lens[i] > 0) todo.push_back(i);
+    done_[static_cast<std::size_t>(i)] = true;
+  }
+  if (todo.empty()) return;
+  const detail::PackedPanels wk = pack_weight(c.w_uk), wv = pack_weight(c.w_uv);
+  for (int i : todo) project_rows(c, kv_.view(), pe_.view(), c.kv_start_loc[i], c.seq_lens[i], wk, wv, k_, v_);
+}
+
+int KvProjection::request_of(std::int64_t row) const {
+  const Case& c = *c_;
+  // kv_start_loc ascends; the last request starting at or before `row` whose rows hold it.
+  const auto it = std::upper_bound(c.kv_start_loc.begin(), c.kv_start_loc.begin() + c.num_requests, row);
+  for (auto i = static_cast<int>(it - c.kv_start_loc.begin()) - 1; i >= 0; --i) {
+    if (row < std::int64_t{c.kv_start_loc[i]} + c.seq_lens[i]) return i;
+    if (c.seq_lens[i] > 0) break;
+  }
+  return -1;
+}
+
+bool KvProjection::has(int request) const {
+  return request >= 0 && request < c_->num_requests && done_[static_cast<std::size_t>(request)];
+}
+
+void up_project_kv_known(const Case& c, const TensorView& kv_c, const TensorView& k_pe,
+                         std::span<const std::int64_t> rows, const KvProjection& known, Tensor& k, Tensor& v) {
+  const Dims& d = c.spec.dims;
+  const std::int64_t N = c.spec.num_heads(), L = d.kv_lora_rank, P = d.nope_dim, R = d.rope_dim, V = d.v_head_dim;
+  const std::int64_t s = kv_c.shape.at(0);
+  if (static_cast<std::int64_t>(rows.size()) != s)
+    throw std::invalid_argument("up_project_kv_known: " + std::to_string(rows.size()) + " row indices for " +
+                                std::to_string(s) + " rows");
+  k = Tensor::for_overwrite(c.spec.dtype, {s, N, P + R});
+  v = Tensor::for_overwrite(c.spec.dtype, {s, N, V});
+  const bool same_dtype = kv_c.dtype == known.kv().dtype() && k_pe.dtype == known.pe().dtype();
+  const std::size_t kv_row = static_cast<std::size_t>(L) * 2, pe_row = static_cast<std::size_t>(R) * 2;
+  const std::size_t k_row = static_cast<std::size_t>(N * (P + R)) * 2, v_row = static_cast<std::size_t>(N * V) * 2;
+  // Rows whose latent is the known row's, bit for bit, are copied; the others projected.
+  std::vector<char> hit(static_cast<std::size_t>(s), 0);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t j = 0; j < s; ++j) {
+    const std::int64_t r = rows[static_cast<std::size_t>(j)];
+    const bool ok = same_dtype && r >= 0 && r < known.kv().dim(0) && known.has(known.request_of(r)) &&
+                    std::memcmp(static_cast<const std::byte*>(kv_c.data) + j * kv_row, known.kv().bytes() + r * kv_row,
+                                kv_row) == 0 &&
+                    std::memcmp(static_cast<const std::byte*>(k_pe.data) + j * pe_row, known.pe().bytes() + r * pe_row,
+                                pe_row) == 0;
+    hit[static_cast<std::size_t>(j)] = ok;
+    if (ok) {
+      std::memcpy(k.bytes() + j * k_row, known.k().bytes() + r * k_row, k_row);
+      std::memcpy(v.bytes() + j * v_row, known.v().bytes() + r * v_row, v_row);
     }
+  }
+  std::vector<std::int64_t> miss;
+  for (std::int64_t j = 0; j < s; ++j)
+    if (!hit[static_cast<std::size_t>(j)]) miss.push_back(j);
+  if (miss.empty()) return;
+  const detail::PackedPanels wk = pack_weight(c.w_uk), wv = pack_weight(c.w_uv);
+  if (static_cast<std::int64_t>(miss.size()) == s) {
+    project_rows(c, kv_c, k_pe, 0, s, wk, wv, k, v);
+    return;
+  }
+  // Runs of consecutive missed rows, each projected in place (row-wise: the same bits).
+  for (std::size_t a = 0; a < miss.size();) {
+    std::size_t b = a + 1;
+    while (b < miss.size() && miss[b] == miss[b - 1] + 1) ++b;
+    project_rows(c, kv_c, k_pe, miss[a], static_cast<std::int64_t>(b - a), wk, wv, k, v);
+    a = b;
   }
 }
 

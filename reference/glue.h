@@ -22,7 +22,40 @@ void project_latent_output(const Case& c, const TensorView& o_lat, std::span<con
 
 // Up-projected keys and values of latent rows kv_c [s, L] with k_pe [s, R]:
 // k [s, N, P+R] = [kv_c @ W_UK[:, n, :], k_pe], v [s, N, V] = kv_c @ W_UV[:, n, :].
+// Every row is projected on its own (detail::rowwise_gemm): the same latent row
+// gives the same K and V bits whatever rows come with it.
 void up_project_kv(const Case& c, const TensorView& kv_c, const TensorView& k_pe, Tensor& k, Tensor& v);
+
+// The case's own kv rows up-projected once, request by request, from the
+// latent rows the reference reads (kv_c, or for fp8 caches the cache's
+// dequantized values in the model dtype). Shared by the kernel-level prefill
+// op, the baseline emulation's prefill form and the layer glue (whose rows
+// with the same latent bits are copied from here instead of projected again:
+// at TP 1 each projection of a long context is a TFLOP).
+class KvProjection {
+ public:
+  explicit KvProjection(const Case& c);  // the case must outlive it
+  // Projects the rows of these requests not yet projected.
+  void ensure(std::span<const int> requests);
+  bool has(int request) const;
+  int request_of(std::int64_t row) const;  // the request whose kv rows hold `row`
+  const Tensor& kv() const { return kv_; }  // [S, L] model dtype: the latent rows projected
+  const Tensor& pe() const { return pe_; }  // [S, R]
+  const Tensor& k() const { return k_; }    // [S, N, P+R]; rows of requests not projected are unset
+  const Tensor& v() const { return v_; }    // [S, N, V]
+
+ private:
+  const Case* c_;
+  std::vector<bool> done_;
+  Tensor kv_, pe_, k_, v_;
+};
+
+// up_project_kv(c, kv_c, k_pe) where row j of kv_c is row rows[j] of the
+// case's kv (-1: none): rows whose latent and rope bits equal known's (of a
+// projected request) are copied from it, the others projected. The result is
+// the bits up_project_kv gives.
+void up_project_kv_known(const Case& c, const TensorView& kv_c, const TensorView& k_pe,
+                         std::span<const std::int64_t> rows, const KvProjection& known, Tensor& k, Tensor& v);
 
 // Running LSE merge of partial attention results in fp32 (vLLM's
 // merge_attn_states): acc_o [rows, N, V] / acc_lse [rows, N] absorb part.

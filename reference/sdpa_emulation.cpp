@@ -9,10 +9,12 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
 #include "cases/encoding.h"
+#include "reference/glue.h"
 #include "reference/detail/softmax.h"
 #include "reference/detail/widen.h"
 
@@ -307,40 +309,38 @@ void mha(const Case& c, std::span<const int> req, KvOf&& kv_of, SdpaResult& e) {
   }
 }
 
-void emulate_prefill_form(const Case& c, std::span<const int> req, SdpaResult& e) {
+// K [S, N, P+R] and V [S, N, V] rows of request i, head h, as fp32 (model-dtype values).
+void load_kv_rows(const Case& c, const TensorView& k, const TensorView& v, int i, Index h, float* kd, float* vd) {
   const Dimensions x = dims_of(c);
-  const Index QW = x.P + x.R, KW = x.P + x.V;
-  const DType dt = c.spec.dtype;
-  const TensorView kv_c = cached_kv_c(c), k_pe = cached_k_pe(c);
-  // Each request's latent rows as fp32, once (every head's unit reads them).
-  std::vector<MatF> lat(static_cast<std::size_t>(c.num_requests));
-  for (int i : req) {
-    lat[static_cast<std::size_t>(i)].resize(c.seq_lens[i], x.L);
-    load(kv_c, Index{c.kv_start_loc[i]} * x.L, Index{c.seq_lens[i]} * x.L, lat[static_cast<std::size_t>(i)].data(), dt);
+  const Index QW = x.P + x.R, s = c.seq_lens[i], kv0 = c.kv_start_loc[i];
+  for (Index j = 0; j < s; ++j) {
+    load(k, ((kv0 + j) * x.N + h) * QW, QW, kd + j * QW, c.spec.dtype);
+    load(v, ((kv0 + j) * x.N + h) * x.V, x.V, vd + j * x.V, c.spec.dtype);
   }
-  // [k_nope | v] = round(kv_c @ [W_UK[:, h, :] | W_UV[:, h, :]]): one [s, L] x [L, P+V] GEMM per unit.
-  auto kv_of = [&](int i, Index h, float* k, float* v, MatF& tmp) {
-    const Index s = c.seq_lens[i], kv0 = c.kv_start_loc[i];
-    MatF w(x.L, KW);
-    load_head(c.w_uk, h, w.data(), KW, dt);
-    load_head(c.w_uv, h, w.data() + x.P, KW, dt);
-    tmp.noalias() = lat[static_cast<std::size_t>(i)] * w;
-    for (Index j = 0; j < s; ++j) {
-      float* row = tmp.data() + j * KW;
-      round_all(row, KW, dt);
-      std::copy_n(row, x.P, k + j * QW);
-      load(k_pe, (kv0 + j) * x.R, x.R, k + j * QW + x.P, dt);
-      std::copy_n(row + x.P, x.V, v + j * x.V);
+}
+
+// [k_nope | v] = round(kv_c @ [W_UK | W_UV]) comes from the case's KvProjection
+// (the glue's own up-projection: fp32 dot products rounded once, row by row).
+void emulate_prefill_form(const Case& c, std::span<const int> req, const KvProjection* shared, SdpaResult& e) {
+  std::optional<KvProjection> own;
+  if (!shared) shared = &own.emplace(c);
+  if (!std::all_of(req.begin(), req.end(), [&](int i) { return shared->has(i); })) {
+    if (own) {
+      own->ensure(req);
+    } else {
+      throw std::logic_error("sdpa emulation: the shared KvProjection lacks a request's rows");
     }
-  };
-  mha(c, req, kv_of, e);
+  }
+  const TensorView k = shared->k().view(), v = shared->v().view();
+  mha(c, req, [&](int i, Index h, float* kd, float* vd, MatF&) { load_kv_rows(c, k, v, i, h, kd, vd); }, e);
 }
 
 }  // namespace
 
 std::string_view sdpa_form_name(SdpaForm f) { return f == SdpaForm::kDecode ? "decode" : "prefill"; }
 
-SdpaResult emulate_sdpa_layer(const Case& c, SdpaForm form, std::span<const int> requests) {
+SdpaResult emulate_sdpa_layer(const Case& c, SdpaForm form, std::span<const int> requests,
+                              const KvProjection* projection) {
   check_model_dtype(c);
   const Dimensions x = dims_of(c);
   SdpaResult e = empty_result(c, x.N * x.V);
@@ -349,7 +349,7 @@ SdpaResult emulate_sdpa_layer(const Case& c, SdpaForm form, std::span<const int>
   if (form == SdpaForm::kDecode) {
     emulate_decode_form(c, requests, e);
   } else {
-    emulate_prefill_form(c, requests, e);
+    emulate_prefill_form(c, requests, projection, e);
   }
   return e;
 }
@@ -380,16 +380,9 @@ SdpaResult emulate_sdpa_prefill_op(const Case& c, const TensorView& k, const Ten
     throw std::invalid_argument("sdpa emulation: k " + shape_str(k.shape) + " / v " + shape_str(v.shape) +
                                 " do not match [S, N, P+R] / [S, N, V]");
   SdpaResult e = empty_result(c, x.N * x.V);
-  auto kv_of = [&](int i, Index h, float* kd, float* vd, MatF&) {
-    const Index s = c.seq_lens[i], kv0 = c.kv_start_loc[i];
-    for (Index j = 0; j < s; ++j) {
-      load(k, ((kv0 + j) * x.N + h) * QW, QW, kd + j * QW, c.spec.dtype);
-      load(v, ((kv0 + j) * x.N + h) * x.V, x.V, vd + j * x.V, c.spec.dtype);
-    }
-  };
   std::vector<int> req(static_cast<std::size_t>(c.num_requests));
   for (int i = 0; i < c.num_requests; ++i) req[i] = i;
-  mha(c, req, kv_of, e);
+  mha(c, req, [&](int i, Index h, float* kd, float* vd, MatF&) { load_kv_rows(c, k, v, i, h, kd, vd); }, e);
   return e;
 }
 

@@ -40,9 +40,14 @@ struct SdpaResult {
   std::vector<double> lse;  // [T, N] fp32 values; -inf for rows with no visible key
 };
 
+class KvProjection;  // reference/glue.h
+
 // The layer reference for the given requests through one form; rows of the
-// other requests are NaN.
-SdpaResult emulate_sdpa_layer(const Case& c, SdpaForm form, std::span<const int> requests);
+// other requests are NaN. The prefill form's up-projected keys and values come
+// from `projection` when given (it must hold the requests' rows), else are
+// projected here; the same bits either way.
+SdpaResult emulate_sdpa_layer(const Case& c, SdpaForm form, std::span<const int> requests,
+                              const KvProjection* projection = nullptr);
 
 // Kernel-level decode op: SDPA over the case's keys on the given latent queries
 // q_lat [T, N, L] (model dtype; q_pe comes from c.q). out is o_lat [T, N, L].

@@ -119,13 +119,20 @@ std::uint64_t fingerprint(const Tensor& t) {
 
 }  // namespace
 
-std::pair<const Tensor*, const Tensor*> LayerMemo::up_project(const Case& c, const Tensor& kv, const Tensor& pe) {
+std::pair<const Tensor*, const Tensor*> LayerMemo::up_project(const Case& c, const Tensor& kv, const Tensor& pe,
+                                                              std::span<const std::int64_t> rows,
+                                                              const KvProjection* known) {
   const std::size_t h = hash_bytes(kv) ^ (hash_bytes(pe) * 0x9e3779b97f4a7c15ull);
   for (const auto& p : projections_)
     if (p->hash == h && same_bytes(p->kv, kv) && same_bytes(p->pe, pe)) return {&p->k, &p->v};
+  spare_.reset();  // valid until this call only: its memory serves the new one
   auto p = std::make_unique<Projection>();
   p->hash = h;
-  up_project_kv(c, kv.view(), pe.view(), p->k, p->v);
+  if (known) {
+    up_project_kv_known(c, kv.view(), pe.view(), rows, *known, p->k, p->v);
+  } else {
+    up_project_kv(c, kv.view(), pe.view(), p->k, p->v);
+  }
   const std::size_t size = kv.nbytes() + pe.nbytes() + p->k.nbytes() + p->v.nbytes();
   if (bytes_ + size > kMaxBytes) {
     spare_ = std::move(p);
@@ -309,14 +316,18 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
     std::vector<float> acc_o(static_cast<std::size_t>(Tp * N * V), 0.f);
     std::vector<float> acc_lse(static_cast<std::size_t>(Tp * N), -std::numeric_limits<float>::infinity());
 
-    auto call_prefill = [&](const Tensor& q, const Tensor& kv, const Tensor& pe, const std::vector<std::int32_t>& cu_q,
-                            const std::vector<std::int32_t>& cu_k, bool causal, const std::string& what,
-                            GuardedBuffer& o, GuardedBuffer& l) {
+    // The case's own projection of the prefill requests' rows, shared with the
+    // baseline emulation and the next backend (null without a memo or source).
+    const KvProjection* known = memo ? memo->projection(pre_req) : nullptr;
+    // rows: the case's kv row each row of kv holds.
+    auto call_prefill = [&](const Tensor& q, const Tensor& kv, const Tensor& pe, std::span<const std::int64_t> rows,
+                            const std::vector<std::int32_t>& cu_q, const std::vector<std::int32_t>& cu_k, bool causal,
+                            const std::string& what, GuardedBuffer& o, GuardedBuffer& l) {
       Tensor k, v;  // without a memo
       const Tensor* mk = nullptr;
       const Tensor* mv = nullptr;
       if (memo) {
-        std::tie(mk, mv) = memo->up_project(c, kv, pe);
+        std::tie(mk, mv) = memo->up_project(c, kv, pe, rows, known);
       } else {
         up_project_kv(c, kv.view(), pe.view(), k, v);
       }
@@ -353,7 +364,7 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
       GuardedBuffer o(c.spec.dtype, {Tp, N, V}, opt.poison, opt.reuse_buffers);
       GuardedBuffer l(DType::kF32, {Tp, N}, opt.poison, opt.reuse_buffers);
       const auto cu = cumsum(qlens);
-      call_prefill(q_all, kv, pe, cu, cu, true, "prefill", o, l);
+      call_prefill(q_all, kv, pe, new_kv_rows, cu, cu, true, "prefill", o, l);
       merge_states(acc_o, acc_lse, o.view(), l.view(), Tp, N, V);
     }
 
@@ -374,16 +385,19 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
         total_k += sub_klens.back();
       }
       Tensor kv(c.spec.dtype, {total_k, L}), pe(c.spec.dtype, {total_k, R});
+      std::vector<std::int64_t> chunk_rows;  // the case's kv rows gathered
       std::int64_t row = 0;
       for (std::size_t j = 0; j < sub.size(); ++j) {
-        gather_from_cache(c, cache, pre_req[sub[j]], offset, offset + sub_klens[j], kv, pe, row);
+        const int i = pre_req[sub[j]];
+        gather_from_cache(c, cache, i, offset, offset + sub_klens[j], kv, pe, row);
+        for (int p = 0; p < sub_klens[j]; ++p) chunk_rows.push_back(std::int64_t{c.kv_start_loc[i]} + offset + p);
         row += sub_klens[j];
       }
       const Tensor q_sub = gather_rows(q_all, sub_q_rows);
       const std::int64_t Ts = static_cast<std::int64_t>(sub_q_rows.size());
       GuardedBuffer o(c.spec.dtype, {Ts, N, V}, opt.poison, opt.reuse_buffers);
       GuardedBuffer l(DType::kF32, {Ts, N}, opt.poison, opt.reuse_buffers);
-      call_prefill(q_sub, kv, pe, cumsum(sub_qlens), cumsum(sub_klens), false, "context chunk", o, l);
+      call_prefill(q_sub, kv, pe, chunk_rows, cumsum(sub_qlens), cumsum(sub_klens), false, "context chunk", o, l);
       // Scatter into full-size partials (absent rows: lse -inf, weight 0) and merge.
       Tensor part_o(DType::kF32, {Tp, N, V}), part_l(DType::kF32, {Tp, N});
       std::fill_n(part_l.data<float>(), Tp * N, -std::numeric_limits<float>::infinity());

@@ -5,7 +5,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "cases/case.h"
 #include "cases/paged_cache.h"
 #include "harness/run/guarded.h"
+#include "reference/glue.h"
 
 namespace mlagate {
 
@@ -68,11 +71,23 @@ class LayerMemo {
   // backend as they are, not copied (a GB at TP 1); after its call, returned()
   // checks them against their fingerprints and drops an entry the backend wrote
   // into, so that the next backend's K and V are computed afresh.
-  std::pair<const Tensor*, const Tensor*> up_project(const Case& c, const Tensor& kv, const Tensor& pe);
+  // With `known` (from projection()): rows[j] is the case's kv row that row j
+  // of kv holds (-1: none), and rows whose latent bits match known's are
+  // copied from it, not projected again (the same bits).
+  std::pair<const Tensor*, const Tensor*> up_project(const Case& c, const Tensor& kv, const Tensor& pe,
+                                                     std::span<const std::int64_t> rows = {},
+                                                     const KvProjection* known = nullptr);
   void returned(const Tensor* k, const Tensor* v);
   // absorb_queries(c, tokens), computed on a miss.
   std::pair<const Tensor*, const Tensor*> absorb(const Case& c, const std::vector<int>& tokens);
   std::size_t bytes() const { return bytes_; }
+  // The case's shared KvProjection, projecting the given requests on demand
+  // (the runner's CaseContext provides it; without one, every miss is projected).
+  using ProjectionSource = std::function<const KvProjection&(std::span<const int>)>;
+  void set_projection(ProjectionSource source) { projection_ = std::move(source); }
+  const KvProjection* projection(std::span<const int> requests) const {
+    return projection_ ? &projection_(requests) : nullptr;
+  }
   static constexpr std::size_t kMaxBytes = std::size_t{2} << 30;  // beyond: computed, not kept
 
  private:
@@ -90,6 +105,7 @@ class LayerMemo {
   std::unique_ptr<Projection> spare_;  // a miss over the limit: valid until the next call
   std::unique_ptr<Absorbed> spare_absorbed_;
   std::size_t bytes_ = 0;
+  ProjectionSource projection_;
 };
 
 // Layer op. base_cache: the case's cache for the backend's block size, built

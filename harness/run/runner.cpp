@@ -25,16 +25,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-// fp32 values rounded to the 16-bit model dtype (RNE).
-Tensor to_model_dtype(const Tensor& f32, DType dt) {
-  Tensor out(dt, f32.shape());
-  std::uint16_t (*round)(float) = dt == DType::kBF16 ? f32_to_bf16 : f32_to_f16;
-  const float* src = f32.data<float>();
-  std::uint16_t* dst = out.data<std::uint16_t>();
-  for (std::int64_t i = 0; i < f32.numel(); ++i) dst[i] = round(src[i]);
-  return out;
-}
-
 // Largest |a - b| over the finite pairs of elements [first, first + n).
 double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b, std::size_t first, std::size_t n) {
   double worst = 0;
@@ -74,8 +64,30 @@ struct CaseContext {
   // Kernel-level decode: absorbed queries and the reference on exactly them.
   std::optional<Tensor> q_lat, q_pe;
   std::vector<double> mqa_o_lat, mqa_lse;
-  // Kernel-level prefill: up-projected keys and values of every token.
-  std::optional<Tensor> k_all, v_all;
+  // Up-projected keys and values of the case's own kv rows, request by request
+  // as needed: the kernel-level prefill op's inputs (every request), the
+  // baseline emulation's prefill form and the layer glue's known rows.
+  std::optional<KvProjection> kv_projection;
+  CaseContext() {
+    layer_memo.set_projection([this](std::span<const int> requests) -> const KvProjection& {
+      return projection(requests);
+    });
+  }
+  CaseContext(const CaseContext&) = delete;  // the memo's source points here
+  CaseContext& operator=(const CaseContext&) = delete;
+  // Counted with the inputs (generate), whichever record needs it first.
+  const KvProjection& projection(std::span<const int> requests) {
+    const auto t0 = Clock::now();
+    if (!kv_projection) kv_projection.emplace(c);
+    kv_projection->ensure(requests);
+    generate_ms += ms_since(t0);
+    return *kv_projection;
+  }
+  const KvProjection& projection_of_all() {
+    std::vector<int> all(static_cast<std::size_t>(c.num_requests));
+    for (int i = 0; i < c.num_requests; ++i) all[static_cast<std::size_t>(i)] = i;
+    return projection(all);
+  }
   std::map<std::pair<int, bool>, PagedCache> caches;  // (block size, new tokens written)
   LayerMemo layer_memo;  // the layer op's backend-independent glue, shared by its backends
   const ReferenceImpl* reference = nullptr;            // null or empty members: the Eigen reference
@@ -181,20 +193,6 @@ struct CaseContext {
       reference_mqa(c, q_lat->view(), mqa_o_lat, mqa_lse);
     reference_ms += ms_since(t0);
   }
-  void prepare_prefill() {
-    if (k_all) return;
-    const auto t0 = Clock::now();
-    k_all.emplace();
-    v_all.emplace();
-    if (c.kv_c_cache.empty()) {
-      up_project_kv(c, c.kv_c.view(), c.k_pe.view(), *k_all, *v_all);
-    } else {
-      // fp8 caches: the latent as read back from the cache, in the model dtype (as the layer's prefill path).
-      const Tensor kv = to_model_dtype(c.kv_c_cache, c.spec.dtype), pe = to_model_dtype(c.k_pe_cache, c.spec.dtype);
-      up_project_kv(c, kv.view(), pe.view(), *k_all, *v_all);
-    }
-    generate_ms += ms_since(t0);
-  }
   void prepare_sparse() {
     if (sparse_q) return;
     const auto t0 = Clock::now();
@@ -251,9 +249,17 @@ struct CaseContext {
       for (std::size_t i = 0; i < B; ++i)
         if (paths[i] == sdpa_form_name(form) && std::isnan(eo[i])) need.push_back(static_cast<int>(i));
       if (need.empty()) continue;
-      const SdpaResult e = impl.layer ? impl.layer(c, form, need) : emulate_sdpa_layer(c, form, need);
+      // The prefill form's keys and values: the projection the glue shares (its
+      // time counted as generate, not baseline).
+      auto emulate = [&] {
+        const auto t1 = Clock::now();
+        const KvProjection* kv = form == SdpaForm::kPrefill ? &projection(need) : nullptr;
+        baseline_ms -= ms_since(t1);
+        return emulate_sdpa_layer(c, form, need, kv);
+      };
+      const SdpaResult e = impl.layer ? impl.layer(c, form, need) : emulate();
       // A replacement without lse (SDPA returns none): lse from the emulation.
-      const SdpaResult e_lse = e.lse.empty() ? emulate_sdpa_layer(c, form, need) : SdpaResult{};
+      const SdpaResult e_lse = e.lse.empty() ? emulate() : SdpaResult{};
       const std::vector<double>& lse = e.lse.empty() ? e_lse.lse : e.lse;
       for (int i : need) {
         const auto first = static_cast<std::size_t>(c.query_start_loc[i]);
@@ -284,10 +290,10 @@ struct CaseContext {
   }
   BaselineErrors prefill_op_baseline() {
     if (!base_prefill_op) {
-      prepare_prefill();
+      const KvProjection& kv = projection_of_all();
       const ReferenceOutputs& g = get_reference();
       const auto t0 = Clock::now();
-      const SdpaResult e = emulate_sdpa_prefill_op(c, k_all->view(), v_all->view());
+      const SdpaResult e = emulate_sdpa_prefill_op(c, kv.k().view(), kv.v().view());
       base_prefill_op =
           BaselineErrors{max_abs_diff(e.out, g.out, 0, e.out.size()), max_abs_diff(e.lse, g.lse, 0, e.lse.size())};
       baseline_ms += ms_since(t0);
@@ -423,8 +429,8 @@ Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg
         break;
       }
       case Op::kPrefill: {
-        ctx.prepare_prefill();
-        run = run_prefill_op(b, c, *ctx.k_all, *ctx.v_all, cfg.exec);
+        const KvProjection& kv = ctx.projection_of_all();
+        run = run_prefill_op(b, c, kv.k(), kv.v(), cfg.exec);
         reference_main = &ctx.get_reference().out;
         reference_lse = &ctx.get_reference().lse;
         break;

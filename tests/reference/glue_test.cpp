@@ -1,0 +1,197 @@
+// The layer glue's up-projection: the row-wise GEMM gives every element the
+// bits of a plain fma chain whatever the blocking, so rows can be shared
+// between the glue, the baseline emulation and the kernel-level prefill op
+// (KvProjection); rows whose latent differs from the case's own are
+// projected afresh, never copied.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cases/case.h"
+#include "cases/suite.h"
+#include "reference/detail/rowwise_gemm.h"
+#include "reference/glue.h"
+#include "reference/sdpa_emulation.h"
+
+namespace mlagate {
+namespace {
+
+using detail::GemmIndex;
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.bytes(), b.bytes(), a.nbytes()) == 0;
+}
+
+bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
+// out = a x b through rowwise_gemm, rows [first, first + n) only (others untouched).
+std::vector<float> gemm_rows(const std::vector<float>& a, GemmIndex depth, const detail::PackedPanels& b,
+                             GemmIndex first, GemmIndex n, GemmIndex rows) {
+  std::vector<float> out(static_cast<std::size_t>(rows * b.cols()), -1.f);
+  detail::rowwise_gemm(a.data() + first * depth, n, depth, b,
+                       [&](GemmIndex r0, GemmIndex nr, GemmIndex c0, GemmIndex nc, const float* tile) {
+                         for (GemmIndex i = 0; i < nr; ++i)
+                           for (GemmIndex j = 0; j < nc; ++j)
+                             out[static_cast<std::size_t>((first + r0 + i) * b.cols() + c0 + j)] =
+                                 tile[i * detail::kPanelCols + j];
+                       });
+  return out;
+}
+
+TEST(RowwiseGemm, EveryElementIsTheFmaChainWhateverRowsComeWithIt) {
+  // Sizes off every block: 203 rows (96-row blocks, 6-row tiles), 77 columns
+  // (64-column panels), depth 131; values spread over many binades so that
+  // any other summation order shows in the last bit.
+  const GemmIndex rows = 203, depth = 131, cols = 77;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  std::vector<float> a(static_cast<std::size_t>(rows * depth)), b(static_cast<std::size_t>(depth * cols));
+  for (float& x : a) x = nd(rng) * std::exp2(static_cast<float>(static_cast<int>(rng() % 16) - 8));
+  for (float& x : b) x = nd(rng);
+  const detail::PackedPanels packed(depth, cols, [&](GemmIndex k, float* dst) {
+    std::copy_n(b.data() + k * cols, cols, dst);
+  });
+  const std::vector<float> whole = gemm_rows(a, depth, packed, 0, rows, rows);
+  int differ_from_plain_sum = 0;
+  for (GemmIndex r = 0; r < rows; ++r)
+    for (GemmIndex c = 0; c < cols; ++c) {
+      float chain = 0.f, plain = 0.f;
+      for (GemmIndex k = 0; k < depth; ++k) {
+        chain = std::fma(a[static_cast<std::size_t>(r * depth + k)], b[static_cast<std::size_t>(k * cols + c)], chain);
+        plain += a[static_cast<std::size_t>(r * depth + k)] * b[static_cast<std::size_t>(k * cols + c)];
+      }
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(whole[static_cast<std::size_t>(r * cols + c)]),
+                std::bit_cast<std::uint32_t>(chain))
+          << "row " << r << " column " << c;
+      differ_from_plain_sum += chain != plain;
+    }
+  // The chain is a definite order, not any order: unfused sums differ somewhere.
+  EXPECT_GT(differ_from_plain_sum, 0);
+  // Each row alone, and odd runs starting anywhere: the same bits.
+  for (GemmIndex first : {0, 1, 5, 95, 96, 97, 200})
+    for (GemmIndex n : {1, 2, 3, 7})
+      if (first + n <= rows) {
+        const std::vector<float> part = gemm_rows(a, depth, packed, first, n, rows);
+        for (GemmIndex r = first; r < first + n; ++r)
+          ASSERT_EQ(0, std::memcmp(part.data() + r * cols, whole.data() + r * cols, cols * sizeof(float)))
+              << "rows [" << first << ", " << first + n << ") row " << r;
+      }
+}
+
+// The smoke suite's mixed_small cases (bf16 at TP 16, fp16 at TP 8) on the given cache dtype.
+std::vector<Case> mixed_cases(KvCacheDtype kv) {
+  std::vector<Case> out;
+  for (CaseSpec s : load_suite("smoke").cases)
+    if (s.batch.name == "mixed_small") {
+      s.kv_cache_dtype = kv;
+      s.validate();
+      out.push_back(generate_case(s));
+    }
+  if (out.size() < 2) throw std::runtime_error("smoke has no bf16 and fp16 mixed_small cases");
+  return out;
+}
+
+std::vector<int> all_requests(const Case& c) {
+  std::vector<int> r(static_cast<std::size_t>(c.num_requests));
+  std::iota(r.begin(), r.end(), 0);
+  return r;
+}
+
+TEST(KvProjection, RequestsProjectedAloneEqualTheWholeUpProjection) {
+  for (KvCacheDtype kv : {KvCacheDtype::kAuto, KvCacheDtype::kFp8})
+    for (const Case& c : mixed_cases(kv)) {
+      SCOPED_TRACE(c.spec.id());
+    KvProjection whole(c);
+    whole.ensure(all_requests(c));
+    Tensor k, v;
+    up_project_kv(c, whole.kv().view(), whole.pe().view(), k, v);
+    EXPECT_TRUE(same_bits(whole.k(), k));
+    EXPECT_TRUE(same_bits(whole.v(), v));
+    // Request by request, in reverse, on other thread counts: the same rows.
+    KvProjection parts(c);
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    for (int i = c.num_requests - 1; i >= 0; --i) parts.ensure(std::vector<int>{i});
+    omp_set_num_threads(threads);
+    EXPECT_TRUE(same_bits(parts.k(), k));
+    EXPECT_TRUE(same_bits(parts.v(), v));
+    }
+}
+
+TEST(KvProjection, RowsOfADifferentLatentAreProjectedNotCopied) {
+  const Case c = mixed_cases(KvCacheDtype::kAuto).front();
+  KvProjection known(c);
+  known.ensure(all_requests(c));
+  // The rows of request 1 then request 0, one latent value changed (a cache
+  // writer's damage): that row must come out as its own projection.
+  std::vector<std::int64_t> rows;
+  for (int i : {1, 0})
+    for (int p = 0; p < c.seq_lens[i]; ++p) rows.push_back(std::int64_t{c.kv_start_loc[i]} + p);
+  const std::int64_t L = c.spec.dims.kv_lora_rank, R = c.spec.dims.rope_dim;
+  Tensor kv(c.spec.dtype, {static_cast<std::int64_t>(rows.size()), L});
+  Tensor pe(c.spec.dtype, {static_cast<std::int64_t>(rows.size()), R});
+  for (std::size_t j = 0; j < rows.size(); ++j) {
+    std::memcpy(kv.bytes() + j * L * 2, c.kv_c.bytes() + rows[j] * L * 2, L * 2);
+    std::memcpy(pe.bytes() + j * R * 2, c.k_pe.bytes() + rows[j] * R * 2, R * 2);
+  }
+  const std::size_t damaged = 3;
+  kv.data<std::uint16_t>()[damaged * L + 5] ^= 0x0100;
+  Tensor k_ref, v_ref, k, v;
+  up_project_kv(c, kv.view(), pe.view(), k_ref, v_ref);
+  up_project_kv_known(c, kv.view(), pe.view(), rows, known, k, v);
+  EXPECT_TRUE(same_bits(k, k_ref));
+  EXPECT_TRUE(same_bits(v, v_ref));
+  // And the damaged row differs from the known row it claims to be.
+  const std::int64_t N = c.spec.num_heads(), P = c.spec.dims.nope_dim, V = c.spec.dims.v_head_dim;
+  EXPECT_NE(0, std::memcmp(k.bytes() + damaged * N * (P + R) * 2, known.k().bytes() + rows[damaged] * N * (P + R) * 2,
+                           N * (P + R) * 2));
+  EXPECT_NE(0, std::memcmp(v.bytes() + damaged * N * V * 2, known.v().bytes() + rows[damaged] * N * V * 2, N * V * 2));
+  // Without the projected request the rows are projected too (same bits).
+  KvProjection none(c);
+  up_project_kv_known(c, kv.view(), pe.view(), rows, none, k, v);
+  EXPECT_TRUE(same_bits(k, k_ref));
+}
+
+TEST(KvProjection, TheEmulationGivesTheSameBitsWithASharedProjection) {
+  const Case c = mixed_cases(KvCacheDtype::kFp8).front();
+  const std::vector<int> req = all_requests(c);
+  const SdpaResult own = emulate_sdpa_layer(c, SdpaForm::kPrefill, req);
+  KvProjection shared(c);
+  shared.ensure(req);
+  const SdpaResult with = emulate_sdpa_layer(c, SdpaForm::kPrefill, req, &shared);
+  EXPECT_TRUE(same_bits(own.out, with.out));
+  EXPECT_TRUE(same_bits(own.lse, with.lse));
+  // A shared projection lacking the requests is a caller's error, not garbage.
+  KvProjection empty(c);
+  EXPECT_THROW(emulate_sdpa_layer(c, SdpaForm::kPrefill, req, &empty), std::logic_error);
+}
+
+TEST(GenerateCase, KeptTensorsAreTheTensorsDrawnAfresh) {
+  // A case drawn twice (the second takes its weights and latent rows from
+  // the kept ones) and a case of other heads in between: the same bits. The
+  // committed golden files pin the values themselves (H5Regression).
+  CaseSpec a = load_suite("smoke").cases.front(), b = a;
+  b.tp = a.tp == 1 ? 2 : 1;
+  b.validate();
+  const Case first = generate_case(a);
+  const Case other = generate_case(b);
+  const Case again = generate_case(a);
+  EXPECT_TRUE(same_bits(first.w_uk, again.w_uk));
+  EXPECT_TRUE(same_bits(first.w_uv, again.w_uv));
+  EXPECT_FALSE(same_bits(first.w_uk, other.w_uk));
+  EXPECT_TRUE(same_bits(first.q, again.q));
+  // The latent rows do not depend on the heads: kept across TP degrees.
+  EXPECT_TRUE(same_bits(first.kv_c, other.kv_c));
+  EXPECT_TRUE(same_bits(first.kv_c, again.kv_c));
+  EXPECT_TRUE(same_bits(first.k_pe, again.k_pe));
+}
+
+}  // namespace
+}  // namespace mlagate
