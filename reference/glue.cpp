@@ -132,16 +132,18 @@ void rows_f32(const TensorView& t, std::int64_t first, std::int64_t n, std::int6
   }
 }
 
-// Rows [first, first + n) of kv_c / k_pe up-projected into rows of k / v
-// (same indices), every row by the row-wise GEMM: its bits do not depend on
-// which rows are projected together.
+// Rows [first, first + n) of kv_c / k_pe up-projected into consecutive K rows
+// [N, P+R] from k_out and V rows [N, V] from v_out, every row by the row-wise
+// GEMM: its bits do not depend on which rows are projected together.
 void project_rows(const Case& c, const TensorView& kv_c, const TensorView& k_pe, std::int64_t first, std::int64_t n,
-                  const detail::PackedPanels& wk, const detail::PackedPanels& wv, Tensor& k, Tensor& v) {
+                  const detail::PackedPanels& wk, const detail::PackedPanels& wv, std::uint16_t* k_out,
+                  std::uint16_t* v_out) {
   const Dims& d = c.spec.dims;
   const std::int64_t N = c.spec.num_heads(), L = d.kv_lora_rank, P = d.nope_dim, R = d.rope_dim, V = d.v_head_dim;
   const bool bf16 = c.spec.dtype == DType::kBF16;
-  std::uint16_t* kt = k.data<std::uint16_t>();
-  std::uint16_t* vt = v.data<std::uint16_t>();
+  // Indexed by the input row j: row `first` lands at k_out.
+  std::uint16_t* kt = k_out - first * N * (P + R);
+  std::uint16_t* vt = v_out - first * N * V;
   const bool pe16 = k_pe.dtype == c.spec.dtype;  // model dtype bits: copied verbatim
   const std::int64_t blocks = (n + detail::kGemmBlockRows - 1) / detail::kGemmBlockRows;
 #pragma omp parallel
@@ -196,12 +198,11 @@ void up_project_kv(const Case& c, const TensorView& kv_c, const TensorView& k_pe
   k = Tensor::for_overwrite(c.spec.dtype, {s, N, P + R});
   v = Tensor::for_overwrite(c.spec.dtype, {s, N, V});
   if (s == 0) return;
-  project_rows(c, kv_c, k_pe, 0, s, pack_weight(c.w_uk), pack_weight(c.w_uv), k, v);
+  project_rows(c, kv_c, k_pe, 0, s, pack_weight(c.w_uk), pack_weight(c.w_uv), k.data<std::uint16_t>(),
+               v.data<std::uint16_t>());
 }
 
-KvProjection::KvProjection(const Case& c) : c_(&c), done_(static_cast<std::size_t>(c.num_requests), false) {
-  const Dims& d = c.spec.dims;
-  const std::int64_t S = c.num_kv_tokens, N = c.spec.num_heads(), P = d.nope_dim, R = d.rope_dim, V = d.v_head_dim;
+KvProjection::KvProjection(const Case& c) : c_(&c) {
   if (c.kv_c_cache.empty()) {
     kv_ = c.kv_c;
     pe_ = c.k_pe;
@@ -213,22 +214,129 @@ KvProjection::KvProjection(const Case& c) : c_(&c), done_(static_cast<std::size_
     round_run(c.kv_c_cache.data<float>(), c.kv_c_cache.numel(), bf16, kv_.data<std::uint16_t>());
     round_run(c.k_pe_cache.data<float>(), c.k_pe_cache.numel(), bf16, pe_.data<std::uint16_t>());
   }
-  // Pages are touched only by the requests projected.
-  k_ = Tensor::for_overwrite(c.spec.dtype, {S, N, P + R});
-  v_ = Tensor::for_overwrite(c.spec.dtype, {S, N, V});
+  k_rows_.assign(static_cast<std::size_t>(c.num_kv_tokens), nullptr);
+  v_rows_.assign(static_cast<std::size_t>(c.num_kv_tokens), nullptr);
+  piece_of_.assign(static_cast<std::size_t>(c.num_kv_tokens), -1);
+}
+
+void KvProjection::hold(std::int64_t r, int piece, std::int64_t row_in_piece) {
+  const Dims& d = c_->spec.dims;
+  const std::int64_t N = c_->spec.num_heads(), P = d.nope_dim, R = d.rope_dim, V = d.v_head_dim;
+  const Piece& p = pieces_[static_cast<std::size_t>(piece)];
+  k_rows_[static_cast<std::size_t>(r)] = p.k->data<std::uint16_t>() + row_in_piece * N * (P + R);
+  v_rows_[static_cast<std::size_t>(r)] = p.v->data<std::uint16_t>() + row_in_piece * N * V;
+  piece_of_[static_cast<std::size_t>(r)] = piece;
+}
+
+void KvProjection::project_run(std::int64_t first, std::int64_t n, const detail::PackedPanels& wk,
+                               const detail::PackedPanels& wv, std::shared_ptr<Tensor> k, std::shared_ptr<Tensor> v,
+                               std::int64_t at) {
+  const Dims& d = c_->spec.dims;
+  const std::int64_t N = c_->spec.num_heads(), L = d.kv_lora_rank, P = d.nope_dim, R = d.rope_dim, V = d.v_head_dim;
+  if (!k) {  // a piece of its own
+    k = std::make_shared<Tensor>(Tensor::for_overwrite(c_->spec.dtype, {n, N, P + R}));
+    v = std::make_shared<Tensor>(Tensor::for_overwrite(c_->spec.dtype, {n, N, V}));
+    at = 0;
+  }
+  // project_rows writes rows j of its output at index j: views that start at
+  // the run's place in the piece, over the latent rows from `first`.
+  const TensorView kv{kv_.dtype(), {n, L}, const_cast<std::byte*>(kv_.bytes()) + first * L * 2};
+  const TensorView pe{pe_.dtype(), {n, R}, const_cast<std::byte*>(pe_.bytes()) + first * R * 2};
+  project_rows(*c_, kv, pe, 0, n, wk, wv, k->data<std::uint16_t>() + at * N * (P + R),
+               v->data<std::uint16_t>() + at * N * V);
+  pieces_.push_back({k, v});
+  const int piece = static_cast<int>(pieces_.size()) - 1;
+  for (std::int64_t j = 0; j < n; ++j) hold(first + j, piece, at + j);
 }
 
 void KvProjection::ensure(std::span<const int> requests) {
   const Case& c = *c_;
-  std::vector<int> todo;
+  std::vector<std::pair<std::int64_t, std::int64_t>> runs;  // [first, first + n) not held
   for (int i : requests) {
     if (i < 0 || i >= c.num_requests) throw std::out_of_range("KvProjection: request " + std::to_string(i));
-    if (!done_[static_cast<std::size_t>(i)] && c.seq_lens[i] > 0) todo.push_back(i);
-    done_[static_cast<std::size_t>(i)] = true;
+    const std::int64_t kv0 = c.kv_start_loc[i], s = c.seq_lens[i];
+    for (std::int64_t r = kv0; r < kv0 + s;) {
+      if (k_rows_[static_cast<std::size_t>(r)]) {
+        ++r;
+        continue;
+      }
+      std::int64_t e = r;
+      while (e < kv0 + s && !k_rows_[static_cast<std::size_t>(e)]) ++e;
+      runs.emplace_back(r, e - r);
+      r = e;
+    }
   }
-  if (todo.empty()) return;
+  if (runs.empty()) return;
   const detail::PackedPanels wk = pack_weight(c.w_uk), wv = pack_weight(c.w_uv);
-  for (int i : todo) project_rows(c, kv_.view(), pe_.view(), c.kv_start_loc[i], c.seq_lens[i], wk, wv, k_, v_);
+  for (const auto& [first, n] : runs) project_run(first, n, wk, wv, nullptr, nullptr, 0);
+}
+
+const Tensor& KvProjection::k_all() {
+  if (!k_all_) {
+    const Case& c = *c_;
+    const Dims& d = c.spec.dims;
+    const std::int64_t S = c.num_kv_tokens, N = c.spec.num_heads(), P = d.nope_dim, R = d.rope_dim, V = d.v_head_dim;
+    k_all_ = std::make_shared<Tensor>(Tensor::for_overwrite(c.spec.dtype, {S, N, P + R}));
+    v_all_ = std::make_shared<Tensor>(Tensor::for_overwrite(c.spec.dtype, {S, N, V}));
+    const std::size_t k_row = static_cast<std::size_t>(N * (P + R)) * 2, v_row = static_cast<std::size_t>(N * V) * 2;
+    // Rows held already are copied; the rest projected straight into place.
+    std::vector<std::pair<std::int64_t, std::int64_t>> runs;
+    for (std::int64_t r = 0; r < S;) {
+      if (const std::uint16_t* kr = k_rows_[static_cast<std::size_t>(r)]) {
+        std::memcpy(k_all_->bytes() + r * k_row, kr, k_row);
+        std::memcpy(v_all_->bytes() + r * v_row, v_rows_[static_cast<std::size_t>(r)], v_row);
+        ++r;
+        continue;
+      }
+      std::int64_t e = r;
+      while (e < S && !k_rows_[static_cast<std::size_t>(e)]) ++e;
+      runs.emplace_back(r, e - r);
+      r = e;
+    }
+    if (!runs.empty()) {
+      const detail::PackedPanels wk = pack_weight(c.w_uk), wv = pack_weight(c.w_uv);
+      for (const auto& [first, n] : runs) project_run(first, n, wk, wv, k_all_, v_all_, first);
+    }
+  }
+  return *k_all_;
+}
+
+const Tensor& KvProjection::v_all() {
+  k_all();
+  return *v_all_;
+}
+
+std::size_t KvProjection::offer(const TensorView& kv, const TensorView& pe, std::span<const std::int64_t> rows,
+                                const std::shared_ptr<const Tensor>& k, const std::shared_ptr<const Tensor>& v) {
+  const std::int64_t L = c_->spec.dims.kv_lora_rank, R = c_->spec.dims.rope_dim;
+  if (kv.dtype != kv_.dtype() || pe.dtype != pe_.dtype() || static_cast<std::int64_t>(rows.size()) != kv.shape.at(0))
+    return 0;
+  const std::size_t kv_row = static_cast<std::size_t>(L) * 2, pe_row = static_cast<std::size_t>(R) * 2;
+  int piece = -1;
+  std::size_t taken = 0;
+  for (std::size_t j = 0; j < rows.size(); ++j) {
+    const std::int64_t r = rows[j];
+    if (r < 0 || r >= kv_.dim(0) || k_rows_[static_cast<std::size_t>(r)]) continue;
+    if (std::memcmp(static_cast<const std::byte*>(kv.data) + j * kv_row, kv_.bytes() + r * kv_row, kv_row) != 0 ||
+        std::memcmp(static_cast<const std::byte*>(pe.data) + j * pe_row, pe_.bytes() + r * pe_row, pe_row) != 0)
+      continue;  // not the case's own latent (a damaged cache): not this row's projection
+    if (piece < 0) {
+      pieces_.push_back({k, v});
+      piece = static_cast<int>(pieces_.size()) - 1;
+    }
+    hold(r, piece, static_cast<std::int64_t>(j));
+    ++taken;
+  }
+  return taken;
+}
+
+void KvProjection::withdraw(const Tensor* k) {
+  for (std::size_t p = 0; p < pieces_.size(); ++p) {
+    if (pieces_[p].k.get() != k) continue;
+    for (std::size_t r = 0; r < piece_of_.size(); ++r)
+      if (piece_of_[r] == static_cast<int>(p)) k_rows_[r] = v_rows_[r] = nullptr, piece_of_[r] = -1;
+    pieces_[p] = Piece{};
+  }
 }
 
 int KvProjection::request_of(std::int64_t row) const {
@@ -243,7 +351,11 @@ int KvProjection::request_of(std::int64_t row) const {
 }
 
 bool KvProjection::has(int request) const {
-  return request >= 0 && request < c_->num_requests && done_[static_cast<std::size_t>(request)];
+  const Case& c = *c_;
+  if (request < 0 || request >= c.num_requests) return false;
+  for (std::int64_t r = c.kv_start_loc[request]; r < std::int64_t{c.kv_start_loc[request]} + c.seq_lens[request]; ++r)
+    if (!k_rows_[static_cast<std::size_t>(r)]) return false;
+  return true;
 }
 
 void up_project_kv_known(const Case& c, const TensorView& kv_c, const TensorView& k_pe,
@@ -264,15 +376,16 @@ void up_project_kv_known(const Case& c, const TensorView& kv_c, const TensorView
 #pragma omp parallel for schedule(static)
   for (std::int64_t j = 0; j < s; ++j) {
     const std::int64_t r = rows[static_cast<std::size_t>(j)];
-    const bool ok = same_dtype && r >= 0 && r < known.kv().dim(0) && known.has(known.request_of(r)) &&
+    const std::uint16_t* kr = same_dtype && r >= 0 && r < known.kv().dim(0) ? known.k_row(r) : nullptr;
+    const bool ok = kr &&
                     std::memcmp(static_cast<const std::byte*>(kv_c.data) + j * kv_row, known.kv().bytes() + r * kv_row,
                                 kv_row) == 0 &&
                     std::memcmp(static_cast<const std::byte*>(k_pe.data) + j * pe_row, known.pe().bytes() + r * pe_row,
                                 pe_row) == 0;
     hit[static_cast<std::size_t>(j)] = ok;
     if (ok) {
-      std::memcpy(k.bytes() + j * k_row, known.k().bytes() + r * k_row, k_row);
-      std::memcpy(v.bytes() + j * v_row, known.v().bytes() + r * v_row, v_row);
+      std::memcpy(k.bytes() + j * k_row, kr, k_row);
+      std::memcpy(v.bytes() + j * v_row, known.v_row(r), v_row);
     }
   }
   std::vector<std::int64_t> miss;
@@ -280,15 +393,12 @@ void up_project_kv_known(const Case& c, const TensorView& kv_c, const TensorView
     if (!hit[static_cast<std::size_t>(j)]) miss.push_back(j);
   if (miss.empty()) return;
   const detail::PackedPanels wk = pack_weight(c.w_uk), wv = pack_weight(c.w_uv);
-  if (static_cast<std::int64_t>(miss.size()) == s) {
-    project_rows(c, kv_c, k_pe, 0, s, wk, wv, k, v);
-    return;
-  }
   // Runs of consecutive missed rows, each projected in place (row-wise: the same bits).
   for (std::size_t a = 0; a < miss.size();) {
     std::size_t b = a + 1;
     while (b < miss.size() && miss[b] == miss[b - 1] + 1) ++b;
-    project_rows(c, kv_c, k_pe, miss[a], static_cast<std::int64_t>(b - a), wk, wv, k, v);
+    project_rows(c, kv_c, k_pe, miss[a], static_cast<std::int64_t>(b - a), wk, wv,
+                 k.data<std::uint16_t>() + miss[a] * N * (P + R), v.data<std::uint16_t>() + miss[a] * N * V);
     a = b;
   }
 }

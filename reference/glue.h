@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -12,6 +13,10 @@
 #include "cases/tensor.h"
 
 namespace mlagate {
+
+namespace detail {
+class PackedPanels;  // reference/detail/rowwise_gemm.h
+}
 
 // Latent queries of the given tokens: q_lat[i, n, :] = q_nope[t_i, n, :] @ W_UK[:, n, :]^T.
 // q_lat: [n, N, L], q_pe: [n, N, R], model dtype.
@@ -26,28 +31,50 @@ void project_latent_output(const Case& c, const TensorView& o_lat, std::span<con
 // gives the same K and V bits whatever rows come with it.
 void up_project_kv(const Case& c, const TensorView& kv_c, const TensorView& k_pe, Tensor& k, Tensor& v);
 
-// The case's own kv rows up-projected once, request by request, from the
-// latent rows the reference reads (kv_c, or for fp8 caches the cache's
-// dequantized values in the model dtype). Shared by the kernel-level prefill
-// op, the baseline emulation's prefill form and the layer glue (whose rows
-// with the same latent bits are copied from here instead of projected again:
-// at TP 1 each projection of a long context is a TFLOP).
+// The case's own kv rows up-projected once, from the latent rows the
+// reference reads (kv_c, or for fp8 caches the cache's dequantized values in
+// the model dtype). Shared by the layer glue, the baseline emulation's prefill
+// form and the kernel-level prefill op: a row is held wherever it was first
+// projected (a piece of its own, or a row of the glue's K and V for a
+// backend, offered here), so a TP 1 case's TFLOP of up-projection and its
+// gigabytes are spent once.
 class KvProjection {
  public:
   explicit KvProjection(const Case& c);  // the case must outlive it
-  // Projects the rows of these requests not yet projected.
+  // Projects the rows of these requests not held yet.
   void ensure(std::span<const int> requests);
-  bool has(int request) const;
-  int request_of(std::int64_t row) const;  // the request whose kv rows hold `row`
+  bool has(int request) const;  // every row of the request held
+  int request_of(std::int64_t row) const;  // the request whose kv rows hold `row` (-1: none)
   const Tensor& kv() const { return kv_; }  // [S, L] model dtype: the latent rows projected
   const Tensor& pe() const { return pe_; }  // [S, R]
-  const Tensor& k() const { return k_; }    // [S, N, P+R]; rows of requests not projected are unset
-  const Tensor& v() const { return v_; }    // [S, N, V]
+  // Row r's K [N, P+R] and V [N, V] (model dtype), null while not held.
+  const std::uint16_t* k_row(std::int64_t r) const { return k_rows_[static_cast<std::size_t>(r)]; }
+  const std::uint16_t* v_row(std::int64_t r) const { return v_rows_[static_cast<std::size_t>(r)]; }
+  // Every row contiguous, K [S, N, P+R] and V [S, N, V] (the kernel-level
+  // prefill op's inputs): held rows copied, the others projected into place.
+  const Tensor& k_all();
+  const Tensor& v_all();
+  // Rows j of (k, v), computed by up_project_kv from latent rows kv[j], pe[j]
+  // that are the case's row rows[j]: those not held yet whose latent bits
+  // match the case's are held from now on (sharing k and v). Returns how many.
+  std::size_t offer(const TensorView& kv, const TensorView& pe, std::span<const std::int64_t> rows,
+             const std::shared_ptr<const Tensor>& k, const std::shared_ptr<const Tensor>& v);
+  // The rows held in k's storage are dropped (a backend wrote into it).
+  void withdraw(const Tensor* k);
 
  private:
+  struct Piece {
+    std::shared_ptr<const Tensor> k, v;
+  };
+  void hold(std::int64_t r, int piece, std::int64_t row_in_piece);
+  void project_run(std::int64_t first, std::int64_t n, const detail::PackedPanels& wk, const detail::PackedPanels& wv,
+                   std::shared_ptr<Tensor> k, std::shared_ptr<Tensor> v, std::int64_t at);
   const Case* c_;
-  std::vector<bool> done_;
-  Tensor kv_, pe_, k_, v_;
+  Tensor kv_, pe_;
+  std::vector<Piece> pieces_;
+  std::vector<const std::uint16_t*> k_rows_, v_rows_;
+  std::vector<int> piece_of_;  // row -> index into pieces_, -1
+  std::shared_ptr<Tensor> k_all_, v_all_;
 };
 
 // up_project_kv(c, kv_c, k_pe) where row j of kv_c is row rows[j] of the

@@ -323,16 +323,28 @@ void load_kv_rows(const Case& c, const TensorView& k, const TensorView& v, int i
 // (the glue's own up-projection: fp32 dot products rounded once, row by row).
 void emulate_prefill_form(const Case& c, std::span<const int> req, const KvProjection* shared, SdpaResult& e) {
   std::optional<KvProjection> own;
-  if (!shared) shared = &own.emplace(c);
-  if (!std::all_of(req.begin(), req.end(), [&](int i) { return shared->has(i); })) {
-    if (own) {
-      own->ensure(req);
-    } else {
-      throw std::logic_error("sdpa emulation: the shared KvProjection lacks a request's rows");
-    }
+  if (!shared) {
+    own.emplace(c);
+    own->ensure(req);
+    shared = &*own;
   }
-  const TensorView k = shared->k().view(), v = shared->v().view();
-  mha(c, req, [&](int i, Index h, float* kd, float* vd, MatF&) { load_kv_rows(c, k, v, i, h, kd, vd); }, e);
+  if (!std::all_of(req.begin(), req.end(), [&](int i) { return shared->has(i); }))
+    throw std::logic_error("sdpa emulation: the shared KvProjection lacks a request's rows");
+  const Dimensions x = dims_of(c);
+  const Index QW = x.P + x.R;
+  const DType dt = c.spec.dtype;
+  mha(
+      c, req,
+      [&](int i, Index h, float* kd, float* vd, MatF&) {
+        // Model-dtype rows: widened exactly (no rounding needed).
+        const Index s = c.seq_lens[i], kv0 = c.kv_start_loc[i];
+        const bool bf16 = dt == DType::kBF16;
+        for (Index j = 0; j < s; ++j) {
+          detail::widen_16bit(shared->k_row(kv0 + j) + h * QW, bf16, QW, kd + j * QW);
+          detail::widen_16bit(shared->v_row(kv0 + j) + h * x.V, bf16, x.V, vd + j * x.V);
+        }
+      },
+      e);
 }
 
 }  // namespace

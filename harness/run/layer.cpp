@@ -120,44 +120,52 @@ std::uint64_t fingerprint(const Tensor& t) {
 }  // namespace
 
 std::pair<const Tensor*, const Tensor*> LayerMemo::up_project(const Case& c, const Tensor& kv, const Tensor& pe,
-                                                              std::span<const std::int64_t> rows,
-                                                              const KvProjection* known) {
+                                                              std::span<const std::int64_t> rows, KvProjection* known) {
   const std::size_t h = hash_bytes(kv) ^ (hash_bytes(pe) * 0x9e3779b97f4a7c15ull);
   for (const auto& p : projections_)
-    if (p->hash == h && same_bytes(p->kv, kv) && same_bytes(p->pe, pe)) return {&p->k, &p->v};
+    if (p->hash == h && same_bytes(p->kv, kv) && same_bytes(p->pe, pe)) return {p->k.get(), p->v.get()};
   spare_.reset();  // valid until this call only: its memory serves the new one
   auto p = std::make_unique<Projection>();
   p->hash = h;
+  p->k = std::make_shared<Tensor>();
+  p->v = std::make_shared<Tensor>();
   if (known) {
-    up_project_kv_known(c, kv.view(), pe.view(), rows, *known, p->k, p->v);
+    up_project_kv_known(c, kv.view(), pe.view(), rows, *known, *p->k, *p->v);
   } else {
-    up_project_kv(c, kv.view(), pe.view(), p->k, p->v);
+    up_project_kv(c, kv.view(), pe.view(), *p->k, *p->v);
   }
-  const std::size_t size = kv.nbytes() + pe.nbytes() + p->k.nbytes() + p->v.nbytes();
-  if (bytes_ + size > kMaxBytes) {
+  // Rows the case's projection takes from here are held there whatever the
+  // memo does, so such an entry is kept past the byte limit (no memory is
+  // saved by dropping it) and always fingerprinted: a backend writing into it
+  // must not leave damaged rows behind for the baseline.
+  const bool offered = known && known->offer(kv.view(), pe.view(), rows, p->k, p->v) > 0;
+  const std::size_t size = kv.nbytes() + pe.nbytes() + (offered ? 0 : p->k->nbytes() + p->v->nbytes());
+  if (bytes_ + size > kMaxBytes && !offered) {
     spare_ = std::move(p);
-    return {&spare_->k, &spare_->v};
+    return {spare_->k.get(), spare_->v.get()};
   }
   p->kv = kv;
   p->pe = pe;
-  p->k_print = fingerprint(p->k);
-  p->v_print = fingerprint(p->v);
+  p->k_print = fingerprint(*p->k);
+  p->v_print = fingerprint(*p->v);
+  p->offered_to = offered ? known : nullptr;
   bytes_ += size;
   projections_.push_back(std::move(p));
-  return {&projections_.back()->k, &projections_.back()->v};
+  return {projections_.back()->k.get(), projections_.back()->v.get()};
 }
 
 void LayerMemo::returned(const Tensor* k, const Tensor* v) {
   for (auto it = projections_.begin(); it != projections_.end(); ++it) {
     Projection& p = **it;
-    if (&p.k != k || &p.v != v) continue;
-    if (fingerprint(p.k) != p.k_print || fingerprint(p.v) != p.v_print) {
-      bytes_ -= p.kv.nbytes() + p.pe.nbytes() + p.k.nbytes() + p.v.nbytes();
+    if (p.k.get() != k || p.v.get() != v) continue;
+    if (fingerprint(*p.k) != p.k_print || fingerprint(*p.v) != p.v_print) {
+      if (p.offered_to) p.offered_to->withdraw(p.k.get());
+      bytes_ -= p.kv.nbytes() + p.pe.nbytes() + (p.offered_to ? 0 : p.k->nbytes() + p.v->nbytes());
       projections_.erase(it);
     }
     return;
   }
-  // spare_: not kept, nothing to check.
+  // spare_: not kept and not offered, nothing to check.
 }
 
 std::pair<const Tensor*, const Tensor*> LayerMemo::absorb(const Case& c, const std::vector<int>& tokens) {
@@ -318,7 +326,7 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
 
     // The case's own projection of the prefill requests' rows, shared with the
     // baseline emulation and the next backend (null without a memo or source).
-    const KvProjection* known = memo ? memo->projection(pre_req) : nullptr;
+    KvProjection* known = memo ? memo->projection() : nullptr;
     // rows: the case's kv row each row of kv holds.
     auto call_prefill = [&](const Tensor& q, const Tensor& kv, const Tensor& pe, std::span<const std::int64_t> rows,
                             const std::vector<std::int32_t>& cu_q, const std::vector<std::int32_t>& cu_k, bool causal,

@@ -74,27 +74,28 @@ class LayerMemo {
   // With `known` (from projection()): rows[j] is the case's kv row that row j
   // of kv holds (-1: none), and rows whose latent bits match known's are
   // copied from it, not projected again (the same bits).
+  // Rows newly projected here are offered to `known` (KvProjection::offer).
   std::pair<const Tensor*, const Tensor*> up_project(const Case& c, const Tensor& kv, const Tensor& pe,
                                                      std::span<const std::int64_t> rows = {},
-                                                     const KvProjection* known = nullptr);
+                                                     KvProjection* known = nullptr);
   void returned(const Tensor* k, const Tensor* v);
   // absorb_queries(c, tokens), computed on a miss.
   std::pair<const Tensor*, const Tensor*> absorb(const Case& c, const std::vector<int>& tokens);
   std::size_t bytes() const { return bytes_; }
-  // The case's shared KvProjection, projecting the given requests on demand
-  // (the runner's CaseContext provides it; without one, every miss is projected).
-  using ProjectionSource = std::function<const KvProjection&(std::span<const int>)>;
+  // The case's shared KvProjection (the runner's CaseContext provides it;
+  // without one, every miss is projected and nothing is shared).
+  using ProjectionSource = std::function<KvProjection&()>;
   void set_projection(ProjectionSource source) { projection_ = std::move(source); }
-  const KvProjection* projection(std::span<const int> requests) const {
-    return projection_ ? &projection_(requests) : nullptr;
-  }
+  KvProjection* projection() const { return projection_ ? &projection_() : nullptr; }
   static constexpr std::size_t kMaxBytes = std::size_t{2} << 30;  // beyond: computed, not kept
 
  private:
   struct Projection {
     std::size_t hash;
-    Tensor kv, pe, k, v;
+    Tensor kv, pe;
+    std::shared_ptr<Tensor> k, v;  // shared with the KvProjection it was offered to
     std::uint64_t k_print = 0, v_print = 0;  // fingerprint() of k and v as computed
+    KvProjection* offered_to = nullptr;      // holds some of its rows
   };
   struct Absorbed {
     std::vector<int> tokens;

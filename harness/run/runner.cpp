@@ -69,24 +69,35 @@ struct CaseContext {
   // baseline emulation's prefill form and the layer glue's known rows.
   std::optional<KvProjection> kv_projection;
   CaseContext() {
-    layer_memo.set_projection([this](std::span<const int> requests) -> const KvProjection& {
-      return projection(requests);
-    });
+    layer_memo.set_projection([this]() -> KvProjection& { return shared_projection(); });
   }
   CaseContext(const CaseContext&) = delete;  // the memo's source points here
   CaseContext& operator=(const CaseContext&) = delete;
-  // Counted with the inputs (generate), whichever record needs it first.
-  const KvProjection& projection(std::span<const int> requests) {
-    const auto t0 = Clock::now();
-    if (!kv_projection) kv_projection.emplace(c);
-    kv_projection->ensure(requests);
-    generate_ms += ms_since(t0);
+  // Made and filled on demand, counted with the inputs (generate) except
+  // where the layer glue projects rows for a backend and offers them.
+  KvProjection& shared_projection() {
+    if (!kv_projection) {
+      const auto t0 = Clock::now();
+      kv_projection.emplace(c);
+      generate_ms += ms_since(t0);
+    }
     return *kv_projection;
   }
-  const KvProjection& projection_of_all() {
-    std::vector<int> all(static_cast<std::size_t>(c.num_requests));
-    for (int i = 0; i < c.num_requests; ++i) all[static_cast<std::size_t>(i)] = i;
-    return projection(all);
+  const KvProjection& projection(std::span<const int> requests) {
+    KvProjection& p = shared_projection();
+    const auto t0 = Clock::now();
+    p.ensure(requests);
+    generate_ms += ms_since(t0);
+    return p;
+  }
+  // The kernel-level prefill op's K and V of every row.
+  std::pair<const Tensor*, const Tensor*> projection_of_all() {
+    KvProjection& p = shared_projection();
+    const auto t0 = Clock::now();
+    const Tensor* k = &p.k_all();
+    const Tensor* v = &p.v_all();
+    generate_ms += ms_since(t0);
+    return {k, v};
   }
   std::map<std::pair<int, bool>, PagedCache> caches;  // (block size, new tokens written)
   LayerMemo layer_memo;  // the layer op's backend-independent glue, shared by its backends
@@ -290,10 +301,10 @@ struct CaseContext {
   }
   BaselineErrors prefill_op_baseline() {
     if (!base_prefill_op) {
-      const KvProjection& kv = projection_of_all();
+      const auto [k, v] = projection_of_all();
       const ReferenceOutputs& g = get_reference();
       const auto t0 = Clock::now();
-      const SdpaResult e = emulate_sdpa_prefill_op(c, kv.k().view(), kv.v().view());
+      const SdpaResult e = emulate_sdpa_prefill_op(c, k->view(), v->view());
       base_prefill_op =
           BaselineErrors{max_abs_diff(e.out, g.out, 0, e.out.size()), max_abs_diff(e.lse, g.lse, 0, e.lse.size())};
       baseline_ms += ms_since(t0);
@@ -429,8 +440,8 @@ Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg
         break;
       }
       case Op::kPrefill: {
-        const KvProjection& kv = ctx.projection_of_all();
-        run = run_prefill_op(b, c, kv.k(), kv.v(), cfg.exec);
+        const auto [k, v] = ctx.projection_of_all();
+        run = run_prefill_op(b, c, *k, *v, cfg.exec);
         reference_main = &ctx.get_reference().out;
         reference_lse = &ctx.get_reference().lse;
         break;

@@ -14,15 +14,20 @@ namespace mlagate::detail {
 // dst[0..n) <- elements [first, first+n) of a bf16 or fp16 tensor; false (and
 // nothing written) for any other dtype. bf16 is the top half of an fp32
 // (encoding.h's bf16_to_f32), inlined so that the loop vectorizes.
+// dst[0..n) <- p[0..n) of the given 16-bit dtype (bf16 unless fp16).
 template <class Out>
-bool widen_16bit(const TensorView& v, std::int64_t first, std::int64_t n, Out* dst) {
-  if (v.dtype != DType::kBF16 && v.dtype != DType::kF16) return false;
-  const std::uint16_t* p = v.as<std::uint16_t>() + first;
-  if (v.dtype == DType::kBF16) {
+void widen_16bit(const std::uint16_t* p, bool bf16, std::int64_t n, Out* dst) {
+  if (bf16) {
     for (std::int64_t k = 0; k < n; ++k) dst[k] = std::bit_cast<float>(static_cast<std::uint32_t>(p[k]) << 16);
   } else {
     for (std::int64_t k = 0; k < n; ++k) dst[k] = f16_to_f32(p[k]);
   }
+}
+
+template <class Out>
+bool widen_16bit(const TensorView& v, std::int64_t first, std::int64_t n, Out* dst) {
+  if (v.dtype != DType::kBF16 && v.dtype != DType::kF16) return false;
+  widen_16bit(v.as<std::uint16_t>() + first, v.dtype == DType::kBF16, n, dst);
   return true;
 }
 

@@ -112,16 +112,16 @@ TEST(KvProjection, RequestsProjectedAloneEqualTheWholeUpProjection) {
     whole.ensure(all_requests(c));
     Tensor k, v;
     up_project_kv(c, whole.kv().view(), whole.pe().view(), k, v);
-    EXPECT_TRUE(same_bits(whole.k(), k));
-    EXPECT_TRUE(same_bits(whole.v(), v));
+    EXPECT_TRUE(same_bits(whole.k_all(), k));
+    EXPECT_TRUE(same_bits(whole.v_all(), v));
     // Request by request, in reverse, on other thread counts: the same rows.
     KvProjection parts(c);
     const int threads = omp_get_max_threads();
     omp_set_num_threads(1);
     for (int i = c.num_requests - 1; i >= 0; --i) parts.ensure(std::vector<int>{i});
     omp_set_num_threads(threads);
-    EXPECT_TRUE(same_bits(parts.k(), k));
-    EXPECT_TRUE(same_bits(parts.v(), v));
+    EXPECT_TRUE(same_bits(parts.k_all(), k));
+    EXPECT_TRUE(same_bits(parts.v_all(), v));
     }
 }
 
@@ -150,13 +150,52 @@ TEST(KvProjection, RowsOfADifferentLatentAreProjectedNotCopied) {
   EXPECT_TRUE(same_bits(v, v_ref));
   // And the damaged row differs from the known row it claims to be.
   const std::int64_t N = c.spec.num_heads(), P = c.spec.dims.nope_dim, V = c.spec.dims.v_head_dim;
-  EXPECT_NE(0, std::memcmp(k.bytes() + damaged * N * (P + R) * 2, known.k().bytes() + rows[damaged] * N * (P + R) * 2,
+  EXPECT_NE(0, std::memcmp(k.bytes() + damaged * N * (P + R) * 2, known.k_row(rows[damaged]),
                            N * (P + R) * 2));
-  EXPECT_NE(0, std::memcmp(v.bytes() + damaged * N * V * 2, known.v().bytes() + rows[damaged] * N * V * 2, N * V * 2));
+  EXPECT_NE(0, std::memcmp(v.bytes() + damaged * N * V * 2, known.v_row(rows[damaged]), N * V * 2));
   // Without the projected request the rows are projected too (same bits).
   KvProjection none(c);
   up_project_kv_known(c, kv.view(), pe.view(), rows, none, k, v);
   EXPECT_TRUE(same_bits(k, k_ref));
+}
+
+TEST(KvProjection, OfferedRowsAreHeldUntilWithdrawn) {
+  // The glue projects a backend's rows first and offers them: the projection
+  // holds them without projecting again; rows of another latent are refused;
+  // once the backend wrote into them they are withdrawn and projected afresh.
+  const Case c = mixed_cases(KvCacheDtype::kAuto).front();
+  KvProjection reference(c);
+  const std::vector<int> all = all_requests(c);
+  reference.ensure(all);
+  const int i = 1;
+  std::vector<std::int64_t> rows;
+  for (int p = 0; p < c.seq_lens[i]; ++p) rows.push_back(std::int64_t{c.kv_start_loc[i]} + p);
+  const std::int64_t L = c.spec.dims.kv_lora_rank, R = c.spec.dims.rope_dim;
+  const TensorView kv{c.spec.dtype, {static_cast<std::int64_t>(rows.size()), L},
+                      const_cast<std::byte*>(c.kv_c.bytes()) + rows[0] * L * 2};
+  const TensorView pe{c.spec.dtype, {static_cast<std::int64_t>(rows.size()), R},
+                      const_cast<std::byte*>(c.k_pe.bytes()) + rows[0] * R * 2};
+  auto k = std::make_shared<Tensor>(), v = std::make_shared<Tensor>();
+  up_project_kv(c, kv, pe, *k, *v);
+  KvProjection shared(c);
+  // Claimed as other rows (whose latent differs): nothing taken.
+  std::vector<std::int64_t> wrong(rows.size());
+  std::iota(wrong.begin(), wrong.end(), std::int64_t{c.kv_start_loc[0]});
+  EXPECT_EQ(0u, shared.offer(kv, pe, wrong, k, v));
+  EXPECT_EQ(rows.size(), shared.offer(kv, pe, rows, k, v));
+  EXPECT_TRUE(shared.has(i));
+  EXPECT_EQ(shared.k_row(rows[0]), k->data<std::uint16_t>());  // held, not copied
+  shared.ensure(all);
+  EXPECT_TRUE(same_bits(shared.k_all(), reference.k_all()));
+  EXPECT_TRUE(same_bits(shared.v_all(), reference.v_all()));
+  // A backend wrote into the lent keys: withdrawn, and the emulation gets fresh rows.
+  KvProjection again(c);
+  again.offer(kv, pe, rows, k, v);
+  k->data<std::uint16_t>()[7] ^= 0x0040;
+  again.withdraw(k.get());
+  EXPECT_FALSE(again.has(i));
+  again.ensure(all);
+  EXPECT_TRUE(same_bits(again.k_all(), reference.k_all()));
 }
 
 TEST(KvProjection, TheEmulationGivesTheSameBitsWithASharedProjection) {
