@@ -12,6 +12,7 @@
 
 #include "cases/encoding.h"
 #include "reference/detail/rowwise_gemm.h"
+#include "reference/detail/widen.h"
 
 namespace mlagate {
 
@@ -406,6 +407,8 @@ void up_project_kv_known(const Case& c, const TensorView& kv_c, const TensorView
 void merge_states(std::vector<float>& acc_o, std::vector<float>& acc_lse, const TensorView& part_o,
                   const TensorView& part_lse, std::int64_t rows, std::int64_t heads, std::int64_t dim) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  // One row of part_o as floats (fp32 or model-dtype values: exact).
+  std::vector<float> row(static_cast<std::size_t>(dim));
   for (std::int64_t r = 0; r < rows * heads; ++r) {
     float la = acc_lse[static_cast<std::size_t>(r)];
     float lb = static_cast<float>(part_lse.get(r));
@@ -419,9 +422,16 @@ void merge_states(std::vector<float>& acc_o, std::vector<float>& acc_lse, const 
       continue;
     }
     const float wa = std::exp(la - m), wb = std::exp(lb - m), sum = wa + wb;
+    if (lb != kNegInf) {
+      if (part_o.dtype == DType::kF32) {
+        std::copy_n(part_o.as<float>() + r * dim, dim, row.data());
+      } else if (!detail::widen_16bit(part_o, r * dim, dim, row.data())) {
+        for (std::int64_t x = 0; x < dim; ++x) row[static_cast<std::size_t>(x)] = static_cast<float>(part_o.get(r * dim + x));
+      }
+    }
     for (std::int64_t x = 0; x < dim; ++x) {
       float& o = acc_o[static_cast<std::size_t>(r * dim + x)];
-      const float b = lb == kNegInf ? 0.f : static_cast<float>(part_o.get(r * dim + x));
+      const float b = lb == kNegInf ? 0.f : row[static_cast<std::size_t>(x)];
       const float a = la == kNegInf ? 0.f : o;
       o = (a * wa + b * wb) / sum;
     }

@@ -12,6 +12,7 @@
 
 #include "cases/encoding.h"
 #include "cases/errors.h"
+#include "reference/detail/widen.h"
 #include "reference/glue.h"
 
 namespace mlagate {
@@ -57,6 +58,14 @@ void gather_from_cache(const Case& c, const PagedCache& cache, int r, int from, 
     std::memcpy(kv.bytes() + (out_row + p - from) * L * 2, e, static_cast<std::size_t>(L * 2));
     std::memcpy(pe.bytes() + (out_row + p - from) * R * 2, e + L * 2, static_cast<std::size_t>(R * 2));
   }
+}
+
+// A kernel's output as floats: its values are model-dtype or fp32, so exact.
+std::vector<float> floats_of(const TensorView& v) {
+  std::vector<float> out(static_cast<std::size_t>(v.numel()));
+  if (!detail::widen_16bit(v, 0, v.numel(), out.data()))
+    for (std::int64_t k = 0; k < v.numel(); ++k) out[static_cast<std::size_t>(k)] = static_cast<float>(v.get(k));
+  return out;
 }
 
 std::vector<std::int32_t> cumsum(const std::vector<std::int32_t>& lens) {
@@ -301,8 +310,10 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
     note_guard(run, o_lat, "decode o_lat");
     note_guard(run, d_lse, "decode lse");
     project_latent_output(c, o_lat.view(), tokens, out);
+    const std::vector<float> dl = floats_of(d_lse.view());
+    float* lse_out = lse.data<float>();
     for (std::int64_t i = 0; i < Td; ++i)
-      for (std::int64_t h = 0; h < N; ++h) lse.set(tokens[i] * N + h, d_lse.view().get(i * N + h));
+      for (std::int64_t h = 0; h < N; ++h) lse_out[tokens[i] * N + h] = dl[static_cast<std::size_t>(i * N + h)];
   }
 
   // 3. Prefills: causal attention over the new tokens, then the context read
@@ -409,21 +420,28 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
       // Scatter into full-size partials (absent rows: lse -inf, weight 0) and merge.
       Tensor part_o(DType::kF32, {Tp, N, V}), part_l(DType::kF32, {Tp, N});
       std::fill_n(part_l.data<float>(), Tp * N, -std::numeric_limits<float>::infinity());
-      for (std::int64_t i = 0; i < Ts; ++i)
-        for (std::int64_t h = 0; h < N; ++h) {
-          part_l.data<float>()[sub_q_rows[i] * N + h] = static_cast<float>(l.view().get(i * N + h));
-          for (std::int64_t x = 0; x < V; ++x)
-            part_o.data<float>()[(sub_q_rows[i] * N + h) * V + x] = static_cast<float>(o.view().get((i * N + h) * V + x));
-        }
+      const std::vector<float> of = floats_of(o.view()), lf = floats_of(l.view());
+      for (std::int64_t i = 0; i < Ts; ++i) {
+        const std::int64_t r = sub_q_rows[i];
+        for (std::int64_t h = 0; h < N; ++h) part_l.data<float>()[r * N + h] = lf[static_cast<std::size_t>(i * N + h)];
+        std::copy_n(of.data() + i * N * V, N * V, part_o.data<float>() + r * N * V);
+      }
       merge_states(acc_o, acc_lse, part_o.view(), part_l.view(), Tp, N, V);
     }
-    const TensorView ov = out.view();
-    for (std::int64_t i = 0; i < Tp; ++i)
-      for (std::int64_t h = 0; h < N; ++h) {
-        lse.set(q_rows[i] * N + h, acc_lse[static_cast<std::size_t>(i * N + h)]);
-        for (std::int64_t x = 0; x < V; ++x)
-          ov.set(q_rows[i] * N * V + h * V + x, acc_o[static_cast<std::size_t>((i * N + h) * V + x)]);
+    // out is the model dtype (bf16 or fp16), lse fp32: stored as TensorView::set would.
+    std::uint16_t* ov = out.data<std::uint16_t>();
+    float* lse_out = lse.data<float>();
+    const bool bf16 = c.spec.dtype == DType::kBF16;
+    for (std::int64_t i = 0; i < Tp; ++i) {
+      for (std::int64_t h = 0; h < N; ++h) lse_out[q_rows[i] * N + h] = acc_lse[static_cast<std::size_t>(i * N + h)];
+      const float* src = acc_o.data() + i * N * V;
+      std::uint16_t* dst = ov + q_rows[i] * N * V;
+      if (bf16) {
+        for (std::int64_t x = 0; x < N * V; ++x) dst[x] = f32_to_bf16(src[x]);
+      } else {
+        for (std::int64_t x = 0; x < N * V; ++x) dst[x] = f32_to_f16(src[x]);
       }
+    }
   }
 
   ProducedOutput po{"out", GuardedBuffer(c.spec.dtype, {T, N * V}, Poison::kZero), N, V, false};
