@@ -332,6 +332,7 @@ std::size_t KvProjection::offer(const TensorView& kv, const TensorView& pe, std:
 }
 
 void KvProjection::withdraw(const Tensor* k) {
+  if (k_all_ && k == k_all_.get()) k_all_.reset(), v_all_.reset();  // made again on the next k_all()
   for (std::size_t p = 0; p < pieces_.size(); ++p) {
     if (pieces_[p].k.get() != k) continue;
     for (std::size_t r = 0; r < piece_of_.size(); ++r)

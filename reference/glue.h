@@ -59,7 +59,8 @@ class KvProjection {
   // match the case's are held from now on (sharing k and v). Returns how many.
   std::size_t offer(const TensorView& kv, const TensorView& pe, std::span<const std::int64_t> rows,
              const std::shared_ptr<const Tensor>& k, const std::shared_ptr<const Tensor>& v);
-  // The rows held in k's storage are dropped (a backend wrote into it).
+  // The rows held in k's storage are dropped (a backend wrote into it); k_all()'s
+  // tensors among them are made again on next use.
   void withdraw(const Tensor* k);
 
  private:

@@ -84,12 +84,9 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-namespace {
-
-// A 64-bit fingerprint of a tensor's bytes, to notice a backend that wrote into
-// the K and V it was lent: four independent multiply-xor lanes per block of
-// words (a GB in a fraction of a second), blocks in parallel, each block's
-// lanes mixed with its index so that moved data changes the print too.
+// Four independent multiply-xor lanes per block of words, blocks in parallel,
+// each block's lanes mixed with its index so that moved data changes the
+// print too.
 std::uint64_t fingerprint(const Tensor& t) {
   const std::byte* p = t.bytes();
   const std::int64_t words = static_cast<std::int64_t>(t.nbytes() / 8);
@@ -125,8 +122,6 @@ std::uint64_t fingerprint(const Tensor& t) {
     print = mix(print ^ static_cast<std::uint64_t>(p[i]));
   return print;
 }
-
-}  // namespace
 
 std::pair<const Tensor*, const Tensor*> LayerMemo::up_project(const Case& c, const Tensor& kv, const Tensor& pe,
                                                               std::span<const std::int64_t> rows, KvProjection* known) {

@@ -3,6 +3,8 @@
 // missing kernels.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "backends/cpu/cpu_backends.h"
 #include "cases/errors.h"
 #include "cases/suite.h"
@@ -143,28 +145,40 @@ TEST(Runner, ChunkedPrefillMatchesUnchunked) {
   EXPECT_EQ(recs[0].status, Status::kPassed) << recs[0].message;
 }
 
-// The layer op lends every backend of a case the same up-projected K and V (no
-// copy); a backend that writes into them must not change the next backend's
-// result: the memo notices (fingerprints) and computes them afresh.
+// The layer op and the kernel-level prefill op lend every backend of a case
+// the same up-projected K and V (no copy), and the baseline emulation reads
+// the same rows (KvProjection); a backend that writes into them must change
+// neither the next backend's result nor any err_baseline: the runner notices
+// (fingerprints) and projects them afresh.
 TEST(Runner, ABackendWritingIntoItsInputsDoesNotReachTheNextBackend) {
-  RunConfig cfg;
-  cfg.cases = {spec_of("small_prefill")};
-  cfg.exec.prefill_chunk = 16;  // the context in several chunks: several lent K/V pairs
-  std::vector<std::unique_ptr<Backend>> alone, after;
-  alone.push_back(make_cpu_paged());
-  after.push_back(std::make_unique<Misbehaving>(Misbehaving::Mode::kScribbleInputs));
-  after.push_back(make_cpu_paged());
-  const auto a = run_cases(cfg, alone), b = run_cases(cfg, after);
-  ASSERT_EQ(a.size(), 1u);
-  ASSERT_EQ(b.size(), 2u);
-  EXPECT_EQ(b[0].status, Status::kPassed) << b[0].message;  // wrote its inputs after using them
-  ASSERT_EQ(b[1].backend, "cpu.paged");
-  EXPECT_EQ(b[1].status, Status::kPassed) << b[1].message;
-  ASSERT_EQ(a[0].metrics.size(), b[1].metrics.size());
-  for (std::size_t k = 0; k < a[0].metrics.size(); ++k) {
-    EXPECT_EQ(a[0].metrics[k].max_abs, b[1].metrics[k].max_abs) << a[0].metrics[k].output;
-    EXPECT_EQ(a[0].metrics[k].nmse, b[1].metrics[k].nmse) << a[0].metrics[k].output;
-    EXPECT_EQ(a[0].metrics[k].err_token_head, b[1].metrics[k].err_token_head) << a[0].metrics[k].output;
+  for (Op op : {Op::kLayer, Op::kPrefill}) {
+    SCOPED_TRACE(std::string(op_name(op)));
+    RunConfig cfg;
+    cfg.cases = {spec_of("small_prefill")};
+    cfg.ops = {op};
+    cfg.policy = make_policy("baseline", 0, 0);  // err_baseline in every record
+    cfg.exec.prefill_chunk = 16;  // the context in several chunks: several lent K/V pairs
+    std::vector<std::unique_ptr<Backend>> alone, after;
+    alone.push_back(make_cpu_paged());
+    after.push_back(std::make_unique<Misbehaving>(Misbehaving::Mode::kScribbleInputs));
+    after.push_back(make_cpu_paged());
+    const auto a = run_cases(cfg, alone), b = run_cases(cfg, after);
+    ASSERT_EQ(a.size(), 1u);
+    ASSERT_EQ(b.size(), 2u);
+    EXPECT_EQ(b[0].status, Status::kPassed) << b[0].message;  // wrote its inputs after using them
+    ASSERT_EQ(b[1].backend, "cpu.paged");
+    EXPECT_EQ(b[1].status, Status::kPassed) << b[1].message;
+    ASSERT_EQ(a[0].metrics.size(), b[1].metrics.size());
+    for (std::size_t k = 0; k < a[0].metrics.size(); ++k) {
+      EXPECT_EQ(a[0].metrics[k].max_abs, b[1].metrics[k].max_abs) << a[0].metrics[k].output;
+      EXPECT_EQ(a[0].metrics[k].nmse, b[1].metrics[k].nmse) << a[0].metrics[k].output;
+      EXPECT_EQ(a[0].metrics[k].err_token_head, b[1].metrics[k].err_token_head) << a[0].metrics[k].output;
+      // The scribbler's own err_baseline too: computed after its call, from
+      // rows it may have written into unless they were withdrawn.
+      EXPECT_TRUE(std::isfinite(a[0].metrics[k].err_baseline)) << a[0].metrics[k].output;
+      EXPECT_EQ(a[0].metrics[k].err_baseline, b[0].metrics[k].err_baseline) << a[0].metrics[k].output;
+      EXPECT_EQ(a[0].metrics[k].err_baseline, b[1].metrics[k].err_baseline) << a[0].metrics[k].output;
+    }
   }
 }
 
