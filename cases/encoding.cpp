@@ -52,4 +52,12 @@ float f16_to_f32(std::uint16_t h) {
   return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
+void f32_run_to_16bit(const float* src, std::int64_t n, bool bf16, std::uint16_t* dst) {
+  if (bf16) {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = f32_to_f16(src[i]);
+  }
+}
+
 }  // namespace mlagate

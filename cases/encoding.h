@@ -21,6 +21,10 @@ inline std::uint16_t f32_to_bf16(float x) {
 }
 inline float bf16_to_f32(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
 
+// dst[0..n) = src rounded to bf16 (or fp16), element by element as above; the
+// bf16 loop vectorizes.
+void f32_run_to_16bit(const float* src, std::int64_t n, bool bf16, std::uint16_t* dst);
+
 // fp32 -> IEEE binary16, round to nearest even, with subnormals; overflow -> inf.
 std::uint16_t f32_to_f16(float x);
 float f16_to_f32(std::uint16_t h);

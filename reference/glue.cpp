@@ -29,15 +29,7 @@ Load16 loader(DType d) { return d == DType::kBF16 ? bf16_to_f32 : f16_to_f32; }
 
 std::vector<float> to_f32(const TensorView& v) {
   std::vector<float> out(static_cast<std::size_t>(v.numel()));
-  const std::int64_t n = v.numel();
-  if (v.dtype == DType::kBF16 || v.dtype == DType::kF16) {
-    const Load16 load = loader(v.dtype);
-    const auto* src = static_cast<const std::uint16_t*>(v.data);
-#pragma omp parallel for schedule(static)
-    for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = load(src[i]);
-  } else {
-    for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = static_cast<float>(v.get(i));
-  }
+  detail::widen_any(v, 0, v.numel(), out.data());
   return out;
 }
 
@@ -102,35 +94,7 @@ namespace {
 detail::PackedPanels pack_weight(const Tensor& w) {
   const std::int64_t L = w.dim(0), cols = w.dim(1) * w.dim(2);
   const TensorView wv = w.view();
-  return detail::PackedPanels(L, cols, [&](std::int64_t l, float* dst) {
-    if (wv.dtype == DType::kBF16 || wv.dtype == DType::kF16) {
-      const Load16 load = loader(wv.dtype);
-      const auto* src = static_cast<const std::uint16_t*>(wv.data) + l * cols;
-      for (std::int64_t k = 0; k < cols; ++k) dst[k] = load(src[k]);
-    } else {
-      for (std::int64_t k = 0; k < cols; ++k) dst[k] = static_cast<float>(wv.get(l * cols + k));
-    }
-  });
-}
-
-// dst[0 .. n) = src rounded to the model dtype; bf16 inline so that it vectorizes.
-void round_run(const float* src, std::int64_t n, bool bf16, std::uint16_t* dst) {
-  if (bf16) {
-    for (std::int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
-  } else {
-    for (std::int64_t i = 0; i < n; ++i) dst[i] = f32_to_f16(src[i]);
-  }
-}
-
-// Rows [first, first + n) of a 2-D model-dtype (or other) view as fp32.
-void rows_f32(const TensorView& t, std::int64_t first, std::int64_t n, std::int64_t width, float* dst) {
-  if (t.dtype == DType::kBF16 || t.dtype == DType::kF16) {
-    const Load16 load = loader(t.dtype);
-    const auto* src = static_cast<const std::uint16_t*>(t.data) + first * width;
-    for (std::int64_t i = 0; i < n * width; ++i) dst[i] = load(src[i]);
-  } else {
-    for (std::int64_t i = 0; i < n * width; ++i) dst[i] = static_cast<float>(t.get(first * width + i));
-  }
+  return detail::PackedPanels(L, cols, [&](std::int64_t l, float* dst) { detail::widen_any(wv, l * cols, cols, dst); });
 }
 
 // Rows [first, first + n) of kv_c / k_pe up-projected into consecutive K rows
@@ -155,9 +119,9 @@ void project_rows(const Case& c, const TensorView& kv_c, const TensorView& k_pe,
     for (std::int64_t b = 0; b < blocks; ++b) {
       const std::int64_t j0 = first + b * detail::kGemmBlockRows;
       const std::int64_t rows = std::min(detail::kGemmBlockRows, first + n - j0);
-      rows_f32(kv_c, j0, rows, L, a.data());
-      // A panel's columns [col0, col0 + ncols) of head-major [N, W] rows, rounded into
-      // dst rows of stride `row` with the head's W values at offset h * head_stride.
+      detail::widen_any(kv_c, j0 * L, rows * L, a.data());
+      // A panel's columns [col0, col0 + ncols) of head-major [N, W] rows, rounded
+      // into dst: row j's head h holds its W values from (j * N + h) * head_stride.
       const auto sink = [&](std::uint16_t* dst, std::int64_t W, std::int64_t head_stride) {
         return [&, dst, W, head_stride](std::int64_t row0, std::int64_t nrows, std::int64_t col0, std::int64_t ncols,
                                         const float* tile) {
@@ -165,7 +129,7 @@ void project_rows(const Case& c, const TensorView& kv_c, const TensorView& k_pe,
             const std::int64_t j = j0 + row0 + i;
             for (std::int64_t col = col0; col < col0 + ncols;) {
               const std::int64_t h = col / W, w = col % W, run = std::min(col0 + ncols - col, W - w);
-              round_run(tile + i * detail::kPanelCols + (col - col0), run, bf16,
+              f32_run_to_16bit(tile + i * detail::kPanelCols + (col - col0), run, bf16,
                         dst + (j * N + h) * head_stride + w);
               col += run;
             }
@@ -179,9 +143,9 @@ void project_rows(const Case& c, const TensorView& kv_c, const TensorView& k_pe,
           const auto* pe = static_cast<const std::uint16_t*>(k_pe.data) + j * R;
           for (std::int64_t h = 0; h < N; ++h) std::copy_n(pe, R, kt + (j * N + h) * (P + R) + P);
         } else {
-          rows_f32(k_pe, j, 1, R, pe_f.data());
+          detail::widen_any(k_pe, j * R, R, pe_f.data());
           std::vector<std::uint16_t> pe(static_cast<std::size_t>(R));
-          round_run(pe_f.data(), R, bf16, pe.data());
+          f32_run_to_16bit(pe_f.data(), R, bf16, pe.data());
           for (std::int64_t h = 0; h < N; ++h) std::copy_n(pe.data(), R, kt + (j * N + h) * (P + R) + P);
         }
       }
@@ -212,8 +176,8 @@ KvProjection::KvProjection(const Case& c) : c_(&c) {
     const bool bf16 = c.spec.dtype == DType::kBF16;
     kv_ = Tensor::for_overwrite(c.spec.dtype, c.kv_c_cache.shape());
     pe_ = Tensor::for_overwrite(c.spec.dtype, c.k_pe_cache.shape());
-    round_run(c.kv_c_cache.data<float>(), c.kv_c_cache.numel(), bf16, kv_.data<std::uint16_t>());
-    round_run(c.k_pe_cache.data<float>(), c.k_pe_cache.numel(), bf16, pe_.data<std::uint16_t>());
+    f32_run_to_16bit(c.kv_c_cache.data<float>(), c.kv_c_cache.numel(), bf16, kv_.data<std::uint16_t>());
+    f32_run_to_16bit(c.k_pe_cache.data<float>(), c.k_pe_cache.numel(), bf16, pe_.data<std::uint16_t>());
   }
   k_rows_.assign(static_cast<std::size_t>(c.num_kv_tokens), nullptr);
   v_rows_.assign(static_cast<std::size_t>(c.num_kv_tokens), nullptr);
@@ -250,22 +214,26 @@ void KvProjection::project_run(std::int64_t first, std::int64_t n, const detail:
   for (std::int64_t j = 0; j < n; ++j) hold(first + j, piece, at + j);
 }
 
+void KvProjection::unheld_runs(std::int64_t from, std::int64_t to,
+                               std::vector<std::pair<std::int64_t, std::int64_t>>& runs) const {
+  for (std::int64_t r = from; r < to;) {
+    if (k_rows_[static_cast<std::size_t>(r)]) {
+      ++r;
+      continue;
+    }
+    std::int64_t e = r;
+    while (e < to && !k_rows_[static_cast<std::size_t>(e)]) ++e;
+    runs.emplace_back(r, e - r);
+    r = e;
+  }
+}
+
 void KvProjection::ensure(std::span<const int> requests) {
   const Case& c = *c_;
   std::vector<std::pair<std::int64_t, std::int64_t>> runs;  // [first, first + n) not held
   for (int i : requests) {
     if (i < 0 || i >= c.num_requests) throw std::out_of_range("KvProjection: request " + std::to_string(i));
-    const std::int64_t kv0 = c.kv_start_loc[i], s = c.seq_lens[i];
-    for (std::int64_t r = kv0; r < kv0 + s;) {
-      if (k_rows_[static_cast<std::size_t>(r)]) {
-        ++r;
-        continue;
-      }
-      std::int64_t e = r;
-      while (e < kv0 + s && !k_rows_[static_cast<std::size_t>(e)]) ++e;
-      runs.emplace_back(r, e - r);
-      r = e;
-    }
+    unheld_runs(c.kv_start_loc[i], std::int64_t{c.kv_start_loc[i]} + c.seq_lens[i], runs);
   }
   if (runs.empty()) return;
   const detail::PackedPanels wk = pack_weight(c.w_uk), wv = pack_weight(c.w_uv);
@@ -281,19 +249,13 @@ const Tensor& KvProjection::k_all() {
     v_all_ = std::make_shared<Tensor>(Tensor::for_overwrite(c.spec.dtype, {S, N, V}));
     const std::size_t k_row = static_cast<std::size_t>(N * (P + R)) * 2, v_row = static_cast<std::size_t>(N * V) * 2;
     // Rows held already are copied; the rest projected straight into place.
-    std::vector<std::pair<std::int64_t, std::int64_t>> runs;
-    for (std::int64_t r = 0; r < S;) {
+    for (std::int64_t r = 0; r < S; ++r)
       if (const std::uint16_t* kr = k_rows_[static_cast<std::size_t>(r)]) {
         std::memcpy(k_all_->bytes() + r * k_row, kr, k_row);
         std::memcpy(v_all_->bytes() + r * v_row, v_rows_[static_cast<std::size_t>(r)], v_row);
-        ++r;
-        continue;
       }
-      std::int64_t e = r;
-      while (e < S && !k_rows_[static_cast<std::size_t>(e)]) ++e;
-      runs.emplace_back(r, e - r);
-      r = e;
-    }
+    std::vector<std::pair<std::int64_t, std::int64_t>> runs;
+    unheld_runs(0, S, runs);
     if (!runs.empty()) {
       const detail::PackedPanels wk = pack_weight(c.w_uk), wv = pack_weight(c.w_uv);
       for (const auto& [first, n] : runs) project_run(first, n, wk, wv, k_all_, v_all_, first);
@@ -339,17 +301,6 @@ void KvProjection::withdraw(const Tensor* k) {
       if (piece_of_[r] == static_cast<int>(p)) k_rows_[r] = v_rows_[r] = nullptr, piece_of_[r] = -1;
     pieces_[p] = Piece{};
   }
-}
-
-int KvProjection::request_of(std::int64_t row) const {
-  const Case& c = *c_;
-  // kv_start_loc ascends; the last request starting at or before `row` whose rows hold it.
-  const auto it = std::upper_bound(c.kv_start_loc.begin(), c.kv_start_loc.begin() + c.num_requests, row);
-  for (auto i = static_cast<int>(it - c.kv_start_loc.begin()) - 1; i >= 0; --i) {
-    if (row < std::int64_t{c.kv_start_loc[i]} + c.seq_lens[i]) return i;
-    if (c.seq_lens[i] > 0) break;
-  }
-  return -1;
 }
 
 bool KvProjection::has(int request) const {
@@ -423,13 +374,7 @@ void merge_states(std::vector<float>& acc_o, std::vector<float>& acc_lse, const 
       continue;
     }
     const float wa = std::exp(la - m), wb = std::exp(lb - m), sum = wa + wb;
-    if (lb != kNegInf) {
-      if (part_o.dtype == DType::kF32) {
-        std::copy_n(part_o.as<float>() + r * dim, dim, row.data());
-      } else if (!detail::widen_16bit(part_o, r * dim, dim, row.data())) {
-        for (std::int64_t x = 0; x < dim; ++x) row[static_cast<std::size_t>(x)] = static_cast<float>(part_o.get(r * dim + x));
-      }
-    }
+    if (lb != kNegInf) detail::widen_any(part_o, r * dim, dim, row.data());
     for (std::int64_t x = 0; x < dim; ++x) {
       float& o = acc_o[static_cast<std::size_t>(r * dim + x)];
       const float b = lb == kNegInf ? 0.f : row[static_cast<std::size_t>(x)];

@@ -44,7 +44,6 @@ class KvProjection {
   // Projects the rows of these requests not held yet.
   void ensure(std::span<const int> requests);
   bool has(int request) const;  // every row of the request held
-  int request_of(std::int64_t row) const;  // the request whose kv rows hold `row` (-1: none)
   const Tensor& kv() const { return kv_; }  // [S, L] model dtype: the latent rows projected
   const Tensor& pe() const { return pe_; }  // [S, R]
   // Row r's K [N, P+R] and V [N, V] (model dtype), null while not held.
@@ -68,6 +67,8 @@ class KvProjection {
     std::shared_ptr<const Tensor> k, v;
   };
   void hold(std::int64_t r, int piece, std::int64_t row_in_piece);
+  // Appends the runs [first, n) of rows in [from, to) not held.
+  void unheld_runs(std::int64_t from, std::int64_t to, std::vector<std::pair<std::int64_t, std::int64_t>>& runs) const;
   void project_run(std::int64_t first, std::int64_t n, const detail::PackedPanels& wk, const detail::PackedPanels& wv,
                    std::shared_ptr<Tensor> k, std::shared_ptr<Tensor> v, std::int64_t at);
   const Case* c_;

@@ -63,8 +63,7 @@ void gather_from_cache(const Case& c, const PagedCache& cache, int r, int from, 
 // A kernel's output as floats: its values are model-dtype or fp32, so exact.
 std::vector<float> floats_of(const TensorView& v) {
   std::vector<float> out(static_cast<std::size_t>(v.numel()));
-  if (!detail::widen_16bit(v, 0, v.numel(), out.data()))
-    for (std::int64_t k = 0; k < v.numel(); ++k) out[static_cast<std::size_t>(k)] = static_cast<float>(v.get(k));
+  detail::widen_any(v, 0, v.numel(), out.data());
   return out;
 }
 
@@ -429,13 +428,7 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
     const bool bf16 = c.spec.dtype == DType::kBF16;
     for (std::int64_t i = 0; i < Tp; ++i) {
       for (std::int64_t h = 0; h < N; ++h) lse_out[q_rows[i] * N + h] = acc_lse[static_cast<std::size_t>(i * N + h)];
-      const float* src = acc_o.data() + i * N * V;
-      std::uint16_t* dst = ov + q_rows[i] * N * V;
-      if (bf16) {
-        for (std::int64_t x = 0; x < N * V; ++x) dst[x] = f32_to_bf16(src[x]);
-      } else {
-        for (std::int64_t x = 0; x < N * V; ++x) dst[x] = f32_to_f16(src[x]);
-      }
+      f32_run_to_16bit(acc_o.data() + i * N * V, N * V, bf16, ov + q_rows[i] * N * V);
     }
   }
 

@@ -1,6 +1,6 @@
-// bf16 and fp16 runs widened exactly, shared by the fp64 reference (to double)
-// and the baseline emulation (to float): one dtype dispatch per run instead of
-// TensorView::get's one per element.
+// bf16 and fp16 runs widened exactly, shared by the fp64 reference (to double),
+// the baseline emulation and the layer glue (to float): one dtype dispatch per
+// run instead of TensorView::get's one per element.
 #pragma once
 
 #include <bit>
@@ -29,6 +29,19 @@ bool widen_16bit(const TensorView& v, std::int64_t first, std::int64_t n, Out* d
   if (v.dtype != DType::kBF16 && v.dtype != DType::kF16) return false;
   widen_16bit(v.as<std::uint16_t>() + first, v.dtype == DType::kBF16, n, dst);
   return true;
+}
+
+// dst[0..n) <- elements [first, first+n) of a tensor of any dtype: 16-bit runs
+// widened, fp32 copied, anything else through TensorView::get.
+template <class Out>
+void widen_any(const TensorView& v, std::int64_t first, std::int64_t n, Out* dst) {
+  if (widen_16bit(v, first, n, dst)) return;
+  if (v.dtype == DType::kF32) {
+    const float* p = v.as<float>() + first;
+    for (std::int64_t k = 0; k < n; ++k) dst[k] = p[k];
+    return;
+  }
+  for (std::int64_t k = 0; k < n; ++k) dst[k] = static_cast<Out>(v.get(first + k));
 }
 
 }  // namespace mlagate::detail
