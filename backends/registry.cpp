@@ -116,4 +116,14 @@ std::vector<std::unique_ptr<Backend>> select_backends(const std::string& globs, 
   return out;
 }
 
+namespace {
+std::vector<BackendEntry>& embedded() {
+  static std::vector<BackendEntry> entries;
+  return entries;
+}
+}  // namespace
+
+void set_embedded_backends(std::vector<BackendEntry> entries) { embedded() = std::move(entries); }
+const std::vector<BackendEntry>& embedded_backends() { return embedded(); }
+
 }  // namespace mlagate

@@ -33,4 +33,10 @@ std::vector<std::unique_ptr<Backend>> select_backends(const std::string& globs, 
                                                       std::span<const BackendEntry> extra = {});
 bool glob_match(std::string_view pattern, std::string_view text);
 
+// Backends an embedding host registers in this process (the Python module's
+// callables): out-of-tree entries that every command's --backend globs match,
+// as if given by --plugin. Empty in the mlagate binary.
+void set_embedded_backends(std::vector<BackendEntry> entries);
+const std::vector<BackendEntry>& embedded_backends();
+
 }  // namespace mlagate

@@ -185,6 +185,25 @@ ReferenceImpl make_reference(const std::string& name) {
   throw InputError("--reference '" + name + "' (expected eigen or cuda)");
 }
 
+}  // namespace
+
+void configure_computation(const RunArgs& ra, RunConfig& cfg) {
+  cfg.policy = ra.policy.make();
+  cfg.baseline = make_baseline(ra.baseline);
+  if (cfg.baseline.name == "none" && cfg.policy.kind == Policy::Kind::kBaseline)
+    throw InputError("--baseline none: the baseline policy needs err_baseline (choose --policy vllm or fixed)");
+  const CacheOptions cache = ra.poison.cache_options();
+  cfg.exec.poison = cache.poison;
+  cfg.exec.poison_block_table = cache.poison_block_table;
+  cfg.exec.reuse_buffers = ra.reuse_buffers;
+  if (ra.prefill_chunk < 1) throw InputError("--prefill-chunk must be >= 1");
+  cfg.exec.prefill_chunk = ra.prefill_chunk;
+  if (ra.splits < 0) throw InputError("--splits must be >= 1 (or 0: chosen from the work)");
+  cfg.reference = make_reference(ra.reference);
+}
+
+namespace {
+
 // One run from its plan to its exit code; the steps share this state.
 class RunCommand {
  public:
@@ -238,18 +257,7 @@ class RunCommand {
                         static_cast<double>(need) / (1ull << 30), static_cast<double>(avail) / (1ull << 30));
           throw InputError("case " + c.id() + msg + ": refused before allocating");
         }
-    cfg_.policy = ra_.policy.make();
-    cfg_.baseline = make_baseline(ra_.baseline);
-    if (cfg_.baseline.name == "none" && cfg_.policy.kind == Policy::Kind::kBaseline)
-      throw InputError("--baseline none: the baseline policy needs err_baseline (choose --policy vllm or fixed)");
-    const CacheOptions cache = ra_.poison.cache_options();
-    cfg_.exec.poison = cache.poison;
-    cfg_.exec.poison_block_table = cache.poison_block_table;
-    cfg_.exec.reuse_buffers = ra_.reuse_buffers;
-    if (ra_.prefill_chunk < 1) throw InputError("--prefill-chunk must be >= 1");
-    cfg_.exec.prefill_chunk = ra_.prefill_chunk;
-    if (ra_.splits < 0) throw InputError("--splits must be >= 1 (or 0: chosen from the work)");
-    cfg_.reference = make_reference(ra_.reference);
+    configure_computation(ra_, cfg_);
     extra_entries_ = ra_.extra.entries();
     backends_ = select_backends(ra_.backends, BackendOptions{ra_.splits}, extra_entries_);
     ra_.reports.check_paths();
@@ -313,9 +321,9 @@ class RunCommand {
   // The parent's choices: isolation, reliability options, the journal.
   void plan_parent() {
     isolate_ = ra_.isolate;
-    if (isolate_.empty()) isolate_ = !worker_executable().empty() && ra_.save_results.empty() ? "process" : "none";
+    if (isolate_.empty()) isolate_ = !worker_command().empty() && ra_.save_results.empty() ? "process" : "none";
     if (isolate_ != "process" && isolate_ != "none") throw InputError("--isolate '" + isolate_ + "' (expected process or none)");
-    if (isolate_ == "process" && worker_executable().empty())
+    if (isolate_ == "process" && worker_command().empty())
       throw InputError("--isolate process: no worker executable (mlagate is embedded); use --isolate none");
     if (isolate_ == "process" && !ra_.save_results.empty())
       throw InputError("--save-results keeps every output in this process: use it with --isolate none");
@@ -416,7 +424,7 @@ class RunCommand {
           for (Op op : cfg_.ops)
             if (!finished_.count(job_key(ci, bi, op))) jobs.push_back(Job{ci, bi, op});
       IsolationOptions io;
-      io.argv.push_back(worker_executable());
+      io.argv = worker_command();
       io.argv.insert(io.argv.end(), args_.begin() + 1, args_.end());
       io.argv.push_back("--worker");
       io.timeout_s = ra_.timeout;

@@ -7,6 +7,7 @@
 
 #include "golden/compare_files.h"
 #include "harness/cli/options.h"
+#include "harness/run/runner.h"
 
 namespace mlagate {
 
@@ -25,6 +26,11 @@ struct ExportArgs {
   PoisonArgs poison;
 };
 int cmd_export(const Selection& sel, const ExportArgs& ea, const std::string& command_line);
+
+// The flags that shape what a record computes (policy, baseline, poison,
+// prefill chunk, splits, reference) applied to `cfg`, each checked: `run`'s plan
+// and the Python module's cases() share it. Throws InputError.
+void configure_computation(const RunArgs& ra, RunConfig& cfg);
 
 int cmd_compare(const std::string& a, const std::string& b, const FileCompareOptions& opt);
 

@@ -159,6 +159,7 @@ std::vector<BackendEntry> OutOfTree::entries() const {
     c.timeout_s = exec_timeout;
     out.push_back(exec_backend_entry(c));
   }
+  for (const BackendEntry& e : embedded_backends()) out.push_back(e);
   return out;
 }
 

@@ -43,9 +43,9 @@ namespace mlagate {
 
 namespace {
 
-std::string& worker_exe() {
-  static std::string path;
-  return path;
+std::vector<std::string>& worker_cmd() {
+  static std::vector<std::string> words;
+  return words;
 }
 
 using Clock = std::chrono::steady_clock;
@@ -263,8 +263,16 @@ struct IgnoreSigpipe {
 
 }  // namespace
 
-void set_worker_executable(std::string path) { worker_exe() = std::move(path); }
-const std::string& worker_executable() { return worker_exe(); }
+void set_worker_executable(std::string path) {
+  worker_cmd().clear();
+  if (!path.empty()) worker_cmd().push_back(std::move(path));
+}
+const std::string& worker_executable() {
+  static const std::string none;
+  return worker_cmd().size() == 1 ? worker_cmd().front() : none;
+}
+void set_worker_command(std::vector<std::string> words) { worker_cmd() = std::move(words); }
+const std::vector<std::string>& worker_command() { return worker_cmd(); }
 
 namespace {
 

@@ -33,8 +33,16 @@ struct Job {
 
 // The executable workers are started from; empty (the default, e.g. tests that
 // call cli_main in-process) means process isolation is unavailable.
+// worker_executable() is the mlagate binary itself (shrink and --sanitize rerun
+// it); empty where workers are started by another command.
 void set_worker_executable(std::string path);
 const std::string& worker_executable();
+// The words that start a worker, before the run's own flags: {mlagate binary}
+// for the executable; an embedding host sets its own (the Python module:
+// {python, -m, mlagate._worker, <its backends>}), whose workers then load the
+// same backends. Empty: process isolation is unavailable.
+void set_worker_command(std::vector<std::string> words);
+const std::vector<std::string>& worker_command();
 
 struct IsolationOptions {
   std::vector<std::string> argv;     // the worker's command line: argv[0] = worker_executable(), ..., "--worker"
