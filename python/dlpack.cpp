@@ -1,0 +1,224 @@
+// DLPack export and import for the Python module (dlpack.h). The structs are
+// the DLPack ABI (dlpack.h of the DLPack project, v0.8, the "dltensor" capsule
+// protocol), declared here from the specification: it is a stable C ABI.
+#include "python/dlpack.h"
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "cases/encoding.h"
+
+namespace mlagate::py {
+namespace {
+
+// --- the DLPack ABI -----------------------------------------------------------
+constexpr std::int32_t kDLCPU = 1;
+enum : std::uint8_t { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLBool = 6 };
+struct DLDevice {
+  std::int32_t device_type;
+  std::int32_t device_id;
+};
+struct DLDataType {
+  std::uint8_t code;
+  std::uint8_t bits;
+  std::uint16_t lanes;
+};
+struct DLTensor {
+  void* data;
+  DLDevice device;
+  std::int32_t ndim;
+  DLDataType dtype;
+  std::int64_t* shape;
+  std::int64_t* strides;  // in elements; null: compact row-major
+  std::uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor* self);
+};
+// -----------------------------------------------------------------------------
+
+DLDataType dl_dtype(DType t) {
+  switch (t) {
+    case DType::kF64: return {kDLFloat, 64, 1};
+    case DType::kF32: return {kDLFloat, 32, 1};
+    case DType::kF16: return {kDLFloat, 16, 1};
+    case DType::kBF16: return {kDLBfloat, 16, 1};
+    case DType::kI32: return {kDLInt, 32, 1};
+    case DType::kI64: return {kDLInt, 64, 1};
+    case DType::kU8: return {kDLUInt, 8, 1};
+  }
+  throw std::logic_error("dl_dtype: unknown dtype");
+}
+
+bool from_dl_dtype(DLDataType d, DType& out) {
+  if (d.lanes != 1) return false;
+  for (DType t : {DType::kF64, DType::kF32, DType::kF16, DType::kBF16, DType::kI32, DType::kI64, DType::kU8}) {
+    const DLDataType x = dl_dtype(t);
+    if (x.code == d.code && x.bits == d.bits) {
+      out = t;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string dl_dtype_str(DLDataType d) {
+  static const char* codes[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+  std::string s = d.code < 7 ? codes[d.code] : "code" + std::to_string(d.code);
+  s += std::to_string(d.bits);
+  if (d.lanes != 1) s += "x" + std::to_string(d.lanes);
+  return s;
+}
+
+struct Exported {
+  DLManagedTensor managed{};
+  Shape shape;
+  std::shared_ptr<const void> owner;
+};
+
+void delete_exported(DLManagedTensor* m) { delete static_cast<Exported*>(m->manager_ctx); }
+
+void capsule_destructor(PyObject* capsule) {
+  // Unconsumed ("dltensor" still): ours to free. A consumer renames it and owns it.
+  if (PyCapsule_IsValid(capsule, "dltensor")) {
+    auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+    if (m && m->deleter) m->deleter(m);
+  } else {
+    PyErr_Clear();
+  }
+}
+
+const char* typestr(DType t) {
+  switch (t) {
+    case DType::kF64: return "<f8";
+    case DType::kF32: return "<f4";
+    case DType::kF16: return "<f2";
+    case DType::kBF16: return "<u2";
+    case DType::kI32: return "<i4";
+    case DType::kI64: return "<i8";
+    case DType::kU8: return "|u1";
+  }
+  return "|V1";
+}
+
+}  // namespace
+
+PyTensor PyTensor::owning(Tensor t) {
+  auto held = std::make_shared<Tensor>(std::move(t));
+  return PyTensor{held->view(), held, false};
+}
+
+PyTensor PyTensor::copy_of(const TensorView& v) {
+  Tensor t = Tensor::for_overwrite(v.dtype, v.shape);
+  if (v.nbytes()) std::memcpy(t.bytes(), v.data, v.nbytes());
+  return owning(std::move(t));
+}
+
+pyb::capsule to_dlpack(const PyTensor& t) {
+  auto* e = new Exported;
+  e->shape = t.view.shape;
+  e->owner = t.owner;
+  DLTensor& d = e->managed.dl_tensor;
+  d.data = t.view.data;
+  d.device = {kDLCPU, 0};
+  d.ndim = static_cast<std::int32_t>(e->shape.size());
+  d.dtype = dl_dtype(t.view.dtype);
+  d.shape = e->shape.data();
+  d.strides = nullptr;
+  d.byte_offset = 0;
+  e->managed.manager_ctx = e;
+  e->managed.deleter = delete_exported;
+  PyObject* cap = PyCapsule_New(&e->managed, "dltensor", capsule_destructor);
+  if (!cap) {
+    delete e;
+    throw pyb::error_already_set();
+  }
+  return pyb::reinterpret_steal<pyb::capsule>(cap);
+}
+
+pyb::dict array_interface(const PyTensor& t) {
+  pyb::dict d;
+  pyb::tuple shape(t.view.shape.size());
+  for (std::size_t i = 0; i < t.view.shape.size(); ++i) shape[i] = pyb::int_(t.view.shape[i]);
+  d["shape"] = shape;
+  d["typestr"] = typestr(t.view.dtype);
+  d["data"] = pyb::make_tuple(reinterpret_cast<std::uintptr_t>(t.view.data), false);
+  d["version"] = 3;
+  return d;
+}
+
+Tensor tensor_from_python(const pyb::handle& obj, DType dtype, const Shape& shape, const std::string& what) {
+  if (!pyb::hasattr(obj, "__dlpack__"))
+    throw pyb::type_error(what + ": expected a tensor (a torch.Tensor or numpy array: anything with __dlpack__), got " +
+                          std::string(pyb::str(pyb::type::handle_of(obj).attr("__name__"))));
+  pyb::object cap = obj.attr("__dlpack__")();
+  if (!PyCapsule_IsValid(cap.ptr(), "dltensor"))
+    throw pyb::type_error(what + ": __dlpack__ did not return a DLPack capsule");
+  auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap.ptr(), "dltensor"));
+  // From here the capsule is consumed: we call its deleter, whatever happens.
+  PyCapsule_SetName(cap.ptr(), "used_dltensor");
+  struct Release {
+    DLManagedTensor* m;
+    ~Release() {
+      if (m->deleter) m->deleter(m);
+    }
+  } release{m};
+  const DLTensor& d = m->dl_tensor;
+  if (d.device.device_type != kDLCPU)
+    throw pyb::value_error(what + ": on device type " + std::to_string(d.device.device_type) +
+                           ", not the host (move it with .cpu())");
+  DType given{};
+  if (!from_dl_dtype(d.dtype, given))
+    throw pyb::type_error(what + ": dtype " + dl_dtype_str(d.dtype) + " (expected " + std::string(dtype_name(dtype)) + ")");
+  const Shape got(d.shape, d.shape + d.ndim);
+  if (got != shape)
+    throw pyb::value_error(what + ": shape " + shape_str(got) + ", expected " + shape_str(shape));
+  const bool widening_ok = (given == DType::kF32 || given == DType::kF64) &&
+                           (dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32);
+  if (given != dtype && !widening_ok)
+    throw pyb::type_error(what + ": dtype " + std::string(dtype_name(given)) + ", expected " +
+                          std::string(dtype_name(dtype)) + " (float32 and float64 are rounded to it; others are not)");
+
+  // A compact copy in the given dtype, strides honoured.
+  Tensor src = Tensor::for_overwrite(given, shape);
+  const std::size_t es = dtype_size(given);
+  const auto* base = static_cast<const std::byte*>(d.data) + d.byte_offset;
+  bool compact = d.strides == nullptr;
+  if (!compact) {
+    compact = true;
+    std::int64_t expect = 1;
+    for (int i = d.ndim - 1; i >= 0; --i) {
+      if (d.shape[i] != 1 && d.strides[i] != expect) compact = false;
+      expect *= d.shape[i];
+    }
+  }
+  const std::int64_t n = shape_numel(shape);
+  if (compact) {
+    if (n) std::memcpy(src.bytes(), base, static_cast<std::size_t>(n) * es);
+  } else {
+    std::vector<std::int64_t> idx(static_cast<std::size_t>(d.ndim), 0);
+    for (std::int64_t flat = 0; flat < n; ++flat) {
+      std::int64_t off = 0;
+      for (int i = 0; i < d.ndim; ++i) off += idx[i] * d.strides[i];
+      std::memcpy(src.bytes() + flat * es, base + off * static_cast<std::int64_t>(es), es);
+      for (int i = d.ndim - 1; i >= 0; --i) {
+        if (++idx[i] < d.shape[i]) break;
+        idx[i] = 0;
+      }
+    }
+  }
+  if (given == dtype) return src;
+  Tensor out = Tensor::for_overwrite(dtype, shape);
+  if (given == DType::kF32 && dtype != DType::kF32) {
+    f32_run_to_16bit(src.data<float>(), n, dtype == DType::kBF16, out.data<std::uint16_t>());
+  } else {
+    const TensorView sv = src.view(), ov = out.view();
+    for (std::int64_t i = 0; i < n; ++i) ov.set(i, sv.get(i));
+  }
+  return out;
+}
+
+}  // namespace mlagate::py

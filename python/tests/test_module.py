@@ -1,0 +1,226 @@
+"""The Python module against the CLI it wraps: the same cases, the same verdicts, planted bugs caught,
+bad input refused with a Python exception. Runs with PYTHONPATH=<build>/python (ctest sets it) and
+MLAGATE_BIN=<build>/harness/mlagate."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import mlagate
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+import numpy_mla  # noqa: E402
+
+BIN = os.environ.get("MLAGATE_BIN", "mlagate")
+SMOKE_DECODE = dict(suite="smoke", filter="kv=auto")
+
+
+def cli(*args, check=True):
+    p = subprocess.run([BIN, *args], capture_output=True, text=True)
+    if check and p.returncode not in (0, 1):
+        raise AssertionError(p.stdout + p.stderr)
+    return p
+
+
+# ------------------------------------------------------------------ cases and tensors
+
+def test_cases_are_the_clis_selection():
+    ids = [c.id for c in mlagate.cases(suite="vllm")]
+    listed = cli("list", "cases", "--suite", "vllm").stdout.split()
+    assert ids and ids == [w for w in listed if w.startswith("vllm/")]
+    narrowed = mlagate.cases(suite="vllm", kv_cache_dtype="fp8", tp=[8])
+    assert narrowed and all("kv=fp8" in c.id and "/tp8/" in c.id for c in narrowed)
+
+
+def test_inputs_are_zero_copy_dlpack_tensors():
+    case = mlagate.cases(**SMOKE_DECODE)[0]
+    a = case.inputs("decode")
+    s = case.spec
+    T, N, L, R = sum(s["query_lens"]), s["num_heads"], s["kv_lora_rank"], s["rope_dim"]
+    assert a.q_lat.shape == (T, N, L) and a.q_pe.shape == (T, N, R) and a.lse.shape == (T, N)
+    assert a.q_lat.dtype == "bfloat16" and a.o_lat.is_output
+    x = np.from_dlpack(a.seq_lens)
+    y = np.asarray(a.seq_lens)  # __array_interface__
+    assert x.__array_interface__["data"][0] == y.__array_interface__["data"][0]  # the same bytes
+    assert list(x) == s["seq_lens"]
+    assert np.isnan(mlagate.to_numpy(a.o_lat)).all()  # outputs come poisoned
+    # bf16 through numpy: the bits, and float32 by to_numpy
+    bits = np.asarray(a.q_lat)
+    assert bits.dtype == np.uint16
+    assert np.array_equal(mlagate.to_numpy(a.q_lat).view(np.uint32) >> 16, bits.astype(np.uint32))
+    case.release()
+
+
+def test_numpy_reference_passes_and_matches_the_clis_record():
+    case = mlagate.cases(**SMOKE_DECODE)[0]
+    a = case.inputs("decode", framework="numpy")
+    r = case.check(numpy_mla.decode(a))
+    assert r.passed, r
+    # The same case through the CLI's cpu.ref: both verdicts against the same reference and err_baseline.
+    rep = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"mlagate-py-{os.getpid()}.json")
+    cli("run", "--suite", "smoke", "--filter", "^" + case.id.replace("|", "\\|") + "$", "--backend", "cpu.paged",
+        "--op", "decode", "--json", rep, "-q")
+    with open(rep) as f:
+        rec = json.load(f)["records"][0]
+    os.unlink(rep)
+    ours = {m["output"]: m for m in r.record["metrics"]}
+    for m in rec["metrics"]:
+        assert ours[m["output"]]["err_baseline"] == m["err_baseline"]
+        assert ours[m["output"]]["numel"] == m["numel"]
+    assert r.record["policy"] == rec["policy"]
+
+
+def test_planted_bugs_are_caught():
+    case = mlagate.cases(**SMOKE_DECODE)[0]
+    a = case.inputs("decode", framework="numpy")
+    good = numpy_mla.decode(a)
+    wrong = dict(good, o_lat=good["o_lat"] * 1.01)  # a 1% scale error
+    r = case.check(wrong)
+    assert r.status == "INCORRECT" and "o_lat" in r.message
+    nan = dict(good, lse=good["lse"].copy())
+    nan["lse"][0, 0] = np.nan
+    assert case.check(nan).status == "NONFINITE"
+    one_row = dict(good, o_lat=good["o_lat"].copy())
+    one_row["o_lat"][-1, -1, :] += 0.5  # one head of one token
+    r = case.check(one_row)
+    assert r.status == "INCORRECT" and r.metrics["o_lat"]["worst"]["head"] == case.spec["num_heads"] - 1
+    assert case.check(good).passed  # and the good outputs still pass afterwards
+    case.release()
+
+
+def test_bad_input_is_a_python_exception():
+    case = mlagate.cases(**SMOKE_DECODE)[0]
+    a = case.inputs("decode", framework="numpy")
+    good = numpy_mla.decode(a)
+    with pytest.raises(ValueError, match=r"shape \[.*\], expected"):
+        case.check(dict(good, lse=good["lse"][:-1]))
+    with pytest.raises(TypeError, match="dtype int32"):
+        case.check(dict(good, lse=good["lse"].astype(np.int32)))
+    with pytest.raises(KeyError, match="no 'lse'"):
+        case.check({"o_lat": good["o_lat"]})
+    with pytest.raises(KeyError, match="unknown output 'o'"):
+        case.check(dict(good, o=good["o_lat"]))
+    with pytest.raises(ValueError, match="expected 2"):
+        case.check((good["o_lat"],))
+    with pytest.raises(TypeError, match="expected a tensor"):
+        case.check({"o_lat": object(), "lse": good["lse"]})
+    with pytest.raises(mlagate.InputError, match="layer"):
+        case.inputs("layer")
+    with pytest.raises(mlagate.InputError):
+        mlagate.cases(suite="no-such-suite")
+    with pytest.raises(mlagate.InputError):
+        mlagate.cases(suite="smoke", policy="bogus")
+    with pytest.raises(ValueError, match="sparse"):  # an op the case does not have
+        case.inputs("sparse_decode")
+    case.release()
+
+
+# ------------------------------------------------------------------ run
+
+def test_run_with_a_numpy_backend_passes_and_reports(tmp_path):
+    report = tmp_path / "r.json"
+    r = mlagate.run({"numpy.mla": numpy_mla.BACKEND}, suite="smoke", op="decode", quiet=True,
+                    argv=["--json", str(report)])  # a report asked for among the raw flags is the one read
+    assert json.loads(report.read_text())["records"] == r.records
+    ran = [x for x in r.records if x["status"] != "NOT_SUPPORTED"]
+    assert r.exit_code == 0 and ran and all(x["status"] == "PASSED" for x in ran), r.failures()
+    # a block size it does not declare: the CLI's own reason
+    assert any(x["message"] == "block size 32 not in {16, 64}" for x in r.records if x["status"] == "NOT_SUPPORTED")
+
+
+def scaled_decode(a):
+    out = numpy_mla.decode(a)
+    out["o_lat"] = out["o_lat"] * 1.02
+    return out
+
+
+def raising_decode(a):
+    raise RuntimeError("kernel exploded")
+
+
+def aborting_decode(a):
+    os.abort()
+
+
+def test_run_catches_a_planted_bug_and_exits_1(tmp_path):
+    junit = tmp_path / "out.xml"
+    r = mlagate.run({"buggy": mlagate.Backend(decode=scaled_decode, framework="numpy")},
+                    suite="smoke", op="decode", filter="kv=auto", junit=str(junit), quiet=True, isolate="none")
+    ran = [x for x in r.records if x["status"] != "NOT_SUPPORTED"]
+    assert r.exit_code == 1
+    assert ran and all(x["status"] == "INCORRECT" for x in ran)
+    assert "buggy" in junit.read_text()
+    assert "--backend buggy" in r.records[0]["repro"]
+
+
+def test_a_raising_function_is_a_record_and_an_abort_is_isolated():
+    r = mlagate.run({"raises": mlagate.Backend(decode=raising_decode, framework="numpy"),
+                     "aborts": mlagate.Backend(decode=aborting_decode, framework="numpy"),
+                     "good": numpy_mla.BACKEND},
+                    suite="smoke", op="decode", filter="kv=auto", quiet=True, isolate="process")
+    by = {}
+    for x in (x for x in r.records if x["status"] != "NOT_SUPPORTED"):
+        by.setdefault(x["backend"], []).append(x)
+    assert all(x["status"] == "CRASHED" and "RuntimeError: kernel exploded" in x["message"]
+               and "test_module.py" in x["message"] for x in by["raises"])
+    assert all(x["status"] == "CRASHED" for x in by["aborts"])  # the worker died, the run went on
+    assert all(x["status"] == "PASSED" for x in by["good"])
+    assert r.exit_code == 1
+
+
+def test_run_refuses_what_the_cli_refuses():
+    with pytest.raises(ValueError, match="isolate='process'"):
+        mlagate.run({"lam": lambda a: None}, suite="smoke", isolate="process")
+    assert mlagate.run({"x": numpy_mla.BACKEND}, suite="no-such-suite", quiet=True).exit_code == 2
+    with pytest.raises(mlagate.InputError, match="query_len_support"):
+        mlagate.run({"x": mlagate.Backend(decode=numpy_mla.decode, query_len_support="sometimes")}, suite="smoke")
+
+
+def wrong_shape_decode(a):
+    return {"o_lat": np.zeros((1, 2, 3)), "lse": np.zeros(a.lse.shape)}
+
+
+def test_wrong_returned_outputs_are_incorrect_records():
+    r = mlagate.run({"shape": mlagate.Backend(decode=wrong_shape_decode, framework="numpy")},
+                    suite="smoke", op="decode", filter="kv=auto", quiet=True, isolate="none")
+    ran = [x for x in r.records if x["status"] != "NOT_SUPPORTED"]
+    assert ran and all(x["status"] == "INCORRECT" and "shape [1, 2, 3]" in x["message"] for x in ran)
+
+
+def test_the_layer_op_composes_python_decode_and_prefill():
+    # A Python decode (numpy) with the CPU's prefill is not possible in one backend; a Python backend
+    # with only decode is NOT_SUPPORTED for layer cases that need prefill, with the CLI's reason.
+    r = mlagate.run({"numpy.mla": numpy_mla.BACKEND}, suite="smoke", op="layer", quiet=True,
+                    argv=["--allow-nothing-ran"])
+    assert r.records
+    statuses = {x["status"] for x in r.records}
+    assert statuses <= {"PASSED", "NOT_SUPPORTED"}, r.failures()
+    assert "PASSED" in statuses  # decode-only cases run through the layer glue
+
+
+# ------------------------------------------------------------------ pytest plugin
+
+def test_pytest_plugin_parametrizes_by_case_and_k_selects_one(tmp_path):
+    t = tmp_path / "test_kernel.py"
+    t.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {os.path.join(HERE, '..', 'examples')!r})\n"
+        "import numpy_mla\n"
+        "def test_decode(mlagate_case):\n"
+        "    a = mlagate_case.inputs('decode', framework='numpy')\n"
+        "    r = mlagate_case.check(numpy_mla.decode(a))\n"
+        "    assert r, r.message\n")
+    base = [sys.executable, "-m", "pytest", "-p", "mlagate.pytest_plugin", "--mlagate-suite", "smoke",
+            "--mlagate-filter", "kv=auto", str(t), "-q", "-p", "no:cacheprovider"]
+    p = subprocess.run(base, capture_output=True, text=True, cwd=tmp_path)
+    n = len(mlagate.cases(suite="smoke", filter="kv=auto"))
+    assert p.returncode == 0 and f"{n} passed" in p.stdout, p.stdout + p.stderr
+    one = mlagate.cases(suite="smoke", filter="kv=auto")[-1].id
+    from mlagate.pytest_plugin import test_id
+    p = subprocess.run(base + ["-k", test_id(one)], capture_output=True, text=True, cwd=tmp_path)
+    assert p.returncode == 0 and "1 passed" in p.stdout, p.stdout + p.stderr
