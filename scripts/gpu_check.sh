@@ -5,7 +5,7 @@
 # run every suite on the CUDA backends in every op, and time the vllm suite.
 # Logs, reports and a summary go to $OUT (the device tool's folder) or out/gpu.
 #
-# Usage: scripts/gpu_check.sh [stage...]     stages: configure build perf bench test suites
+# Usage: scripts/gpu_check.sh [stage...]     stages: configure build perf bench test suites (python)
 #        (default: all of them, in that order; `test` and `suites` run side by side;
 #        `bench` is `mlagate bench`, alone on the machine: MLAGATE_GPU_BENCH_SET
 #        (default full) and MLAGATE_GPU_BENCH_BACKENDS (default every backend))
@@ -13,6 +13,16 @@
 # on the vllm suite) and the plugin completeness test on the whole vllm suite
 # (MLAGATE_GPU_PLUGIN_EXAMPLES="cuda cpu" picks the examples,
 # MLAGATE_GPU_PLUGIN_COMPLETENESS=0 leaves the CPU-only completeness test out).
+# `python` builds the Python module against the torch venv's interpreter (with
+# MLAGATE_GPU_TORCH=1 at configure: its pybind11 headers are torch's), runs
+# python/tests there (torch and CUDA tests included) and, with
+# MLAGATE_GPU_VLLM=<vLLM checkout or its triton_decode_attention.py>, vLLM's
+# Triton MLA decode through the module on the vllm, edges and fp8 suites.
+# The module needs a compiler that links the shared libstdc++: the image's
+# default CXX (/opt/gcc/bin/g++, a wrapper) links it statically, and a second
+# C++ runtime inside a Python extension crashes beside torch's. With the
+# `python` stage the build uses the system compilers (MLAGATE_GPU_BUILD
+# defaults to build/gpu-py then, so the usual build/gpu is left as it is).
 # Environment: MLAGATE_GPU_TORCH=1 also builds the libtorch code (PyTorch's
 # cmake prefix); MLAGATE_GPU_FLASHMLA=<FlashMLA checkout> and
 # MLAGATE_GPU_FLASHINFER=<flashinfer/include> build the kernel-library adapters
@@ -24,7 +34,13 @@ cd "$(dirname "$0")/.." || exit 2
 root=$PWD
 out="${OUT:-$root/out/gpu}"
 mkdir -p "$out"
-build="${MLAGATE_GPU_BUILD:-$root/build/gpu}"
+stages_seen=" $* "
+if [[ "$stages_seen" == *" python "* ]]; then
+  export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
+  build="${MLAGATE_GPU_BUILD:-$root/build/gpu-py}"
+else
+  build="${MLAGATE_GPU_BUILD:-$root/build/gpu}"
+fi
 M="$build/harness/mlagate"
 jobs="${MLAGATE_GPU_JOBS:-$(nproc)}"
 stages=("$@")
@@ -46,7 +62,9 @@ say "== gpu_check $(date -u +%FT%TZ) on $(hostname), $(nproc) cores, stages: ${s
 if want configure; then
   torch_args=(-DMLAGATE_WITH_TORCH=OFF)
   if [ "${MLAGATE_GPU_TORCH:-0}" = 1 ]; then
-    torch_args=(-DMLAGATE_WITH_TORCH=ON "-DCMAKE_PREFIX_PATH=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')")
+    torch_args=(-DMLAGATE_WITH_TORCH=ON "-DCMAKE_PREFIX_PATH=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+                "-DPython3_EXECUTABLE=$(command -v python3)"
+                "-DMLAGATE_PYBIND11_INCLUDE_DIR=$(python3 -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "include"))')")
   fi
   # No Google Benchmark package there: a google/benchmark checkout the user put
   # in the git-ignored third_party_local/benchmark (and carried) is built for `mlagate bench`.
@@ -195,4 +213,27 @@ if want plugins; then
   }
 fi
 ( cd "$out" && tar -czf reports.tgz reports && rm -rf reports )
+if want python; then
+  say "== python: the module on $(python3 --version 2>&1), torch $(python3 -c 'import torch; print(torch.__version__)' 2>&1)"
+  t0=$SECONDS
+  if ! cmake --build "$build" -j"$jobs" --target mlagate mlagate_python >>"$log" 2>&1; then
+    say "python module: build FAILED (errors:)"; grep -E "error|FAILED|Python module" "$log" | head -20 | tee -a "$summary"
+  else
+    say "python module build: $((SECONDS - t0)) s"
+    export PYTHONPATH="$build/python" MLAGATE_BIN="$M"
+    python3 -m pytest -q -rs -p no:cacheprovider python/tests --junitxml="$out/python_tests.xml" >"$out/python_tests.log" 2>&1
+    say "python/tests exit $?: $(tail -1 "$out/python_tests.log")"
+    grep -E "^SKIPPED|FAILED" "$out/python_tests.log" | head -10 | tee -a "$summary"
+    if [ -n "${MLAGATE_GPU_VLLM:-}" ]; then
+      for suite in vllm edges fp8; do
+        t0=$SECONDS
+        python3 python/examples/vllm_triton_mla.py --vllm "$MLAGATE_GPU_VLLM" --suite "$suite" --op decode,layer \
+          --json "$out/triton_$suite.json" --markdown "$out/triton_$suite.md" >"$out/triton_$suite.log" 2>&1
+        say "vllm.triton_mla on $suite (decode, layer): exit $?, $((SECONDS - t0)) s wall"
+        grep -E "^(numpy|vllm|TOTAL|PASS|FAIL)" "$out/triton_$suite.log" | tail -3 | tee -a "$summary"
+      done
+    fi
+  fi
+fi
+
 say "== gpu_check done in ${SECONDS} s"

@@ -224,3 +224,37 @@ def test_pytest_plugin_parametrizes_by_case_and_k_selects_one(tmp_path):
     from mlagate.pytest_plugin import test_id
     p = subprocess.run(base + ["-k", test_id(one)], capture_output=True, text=True, cwd=tmp_path)
     assert p.returncode == 0 and "1 passed" in p.stdout, p.stdout + p.stderr
+
+
+# ------------------------------------------------------------------ repeat, poison
+
+def noisy_decode(a):
+    out = numpy_mla.decode(a)
+    out["o_lat"] = out["o_lat"] + np.random.default_rng().normal(0, 1e-3, out["o_lat"].shape)
+    return out
+
+
+def forgetful_decode(a):
+    """Writes every output element in place but the last token's last head: the poison shows."""
+    out = numpy_mla.decode(a)
+    a.o_lat[:-1] = out["o_lat"][:-1]
+    a.o_lat[-1, :-1] = out["o_lat"][-1, :-1]
+    a.lse[...] = out["lse"]
+
+
+def test_repeat_finds_a_nondeterministic_python_kernel():
+    r = mlagate.run({"numpy.mla": numpy_mla.BACKEND, "noisy": mlagate.Backend(decode=noisy_decode, framework="numpy")},
+                    suite="smoke", op="decode", filter="kv=auto", repeat=3, quiet=True, isolate="none")
+    ran = [x for x in r.records if x["status"] != "NOT_SUPPORTED"]
+    assert all(x["status"] == "PASSED" for x in ran if x["backend"] == "numpy.mla")
+    assert all(x["status"] == "NONDETERMINISTIC" for x in ran if x["backend"] == "noisy")
+    assert r.exit_code == 1
+
+
+@pytest.mark.parametrize("poison,status", [("nan", "NONFINITE"), ("sentinel", "INCORRECT")])
+def test_an_unwritten_output_shows_the_poison(poison, status):
+    r = mlagate.run({"forgetful": mlagate.Backend(decode=forgetful_decode, framework="numpy")},
+                    suite="smoke", op="decode", filter="kv=auto", poison=poison, quiet=True, isolate="none")
+    ran = [x for x in r.records if x["status"] != "NOT_SUPPORTED"]
+    assert ran and all(x["status"] == status for x in ran), [x["message"] for x in ran]
+    assert all(f"--poison {poison}" in x["repro"] or poison == "nan" for x in ran)
