@@ -3,6 +3,8 @@
 // protocol), declared here from the specification: it is a stable C ABI.
 #include "python/dlpack.h"
 
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -83,12 +85,25 @@ void delete_exported(DLManagedTensor* m) { delete static_cast<Exported*>(m->mana
 
 void capsule_destructor(PyObject* capsule) {
   // Unconsumed ("dltensor" still): ours to free. A consumer renames it and owns it.
+  // This may run while an exception is being raised: keep it as it is.
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
   if (PyCapsule_IsValid(capsule, "dltensor")) {
     auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
     if (m && m->deleter) m->deleter(m);
-  } else {
-    PyErr_Clear();
   }
+  PyErr_Restore(type, value, traceback);
+}
+
+// float64 -> float32 rounded to odd: the nearest float32 toward zero with its
+// last bit set when inexact, so that a further round to nearest even (to
+// bfloat16 or float16, 8+ bits shorter) equals rounding the double directly.
+float f64_to_f32_odd(double d) {
+  float f = static_cast<float>(d);
+  if (!std::isfinite(f) || static_cast<double>(f) == d) return f;
+  std::uint32_t b = std::bit_cast<std::uint32_t>(f);
+  if (std::fabs(static_cast<double>(f)) > std::fabs(d)) b -= 1;  // rounded away from zero: one step back
+  return std::bit_cast<float>(b | 1u);
 }
 
 const char* typestr(DType t) {
@@ -145,7 +160,8 @@ pyb::dict array_interface(const PyTensor& t) {
   for (std::size_t i = 0; i < t.view.shape.size(); ++i) shape[i] = pyb::int_(t.view.shape[i]);
   d["shape"] = shape;
   d["typestr"] = typestr(t.view.dtype);
-  d["data"] = pyb::make_tuple(reinterpret_cast<std::uintptr_t>(t.view.data), false);
+  // Inputs read-only (a kernel must not write into what the next one reads), outputs writable.
+  d["data"] = pyb::make_tuple(reinterpret_cast<std::uintptr_t>(t.view.data), !t.output);
   d["version"] = 3;
   return d;
 }
@@ -212,11 +228,17 @@ Tensor tensor_from_python(const pyb::handle& obj, DType dtype, const Shape& shap
   }
   if (given == dtype) return src;
   Tensor out = Tensor::for_overwrite(dtype, shape);
-  if (given == DType::kF32 && dtype != DType::kF32) {
+  if (dtype == DType::kF32) {  // from float64: round to nearest even
+    const double* in = src.data<double>();
+    float* o = out.data<float>();
+    for (std::int64_t i = 0; i < n; ++i) o[i] = static_cast<float>(in[i]);
+  } else if (given == DType::kF32) {
     f32_run_to_16bit(src.data<float>(), n, dtype == DType::kBF16, out.data<std::uint16_t>());
-  } else {
-    const TensorView sv = src.view(), ov = out.view();
-    for (std::int64_t i = 0; i < n; ++i) ov.set(i, sv.get(i));
+  } else {  // float64 to 16 bits: once, through float32 rounded to odd
+    std::vector<float> mid(static_cast<std::size_t>(n));
+    const double* in = src.data<double>();
+    for (std::int64_t i = 0; i < n; ++i) mid[static_cast<std::size_t>(i)] = f64_to_f32_odd(in[i]);
+    f32_run_to_16bit(mid.data(), n, dtype == DType::kBF16, out.data<std::uint16_t>());
   }
   return out;
 }

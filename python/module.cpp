@@ -12,6 +12,8 @@
 
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <sstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,7 +28,7 @@
 #include "mlagate/config.h"
 #include "python/dlpack.h"
 #include "python/py_backend.h"
-#include "reports/record_json.h"
+#include "reports/report.h"
 
 namespace mlagate::py {
 namespace {
@@ -37,6 +39,9 @@ namespace {
 // (entering another case frees the last one's, as in a CLI run).
 struct Session {
   RunConfig cfg;
+  // Held (with the GIL released) across entering a case and running on it:
+  // threads that share the cases of one cases() call take turns.
+  std::mutex mutex;
   std::unique_ptr<CaseStream> stream;
   const CaseSpec* current = nullptr;
   CaseContext& enter(const CaseSpec& spec) {
@@ -143,27 +148,39 @@ class PyCase {
     const Op op = kernel_op(op_word);
     const int bs = effective_block_size(block_size);
     auto key = std::make_pair(op, bs);
-    if (auto it = captured_.find(key); it != captured_.end()) return it->second;
-    CaptureBackend cap(bs);
-    Record r;
-    {
-      pyb::gil_scoped_release nogil;
-      CaseContext& ctx = session_->enter(spec_);
-      r = run_one(ctx, cap, op, session_->cfg);
+    auto it = captured_.find(key);
+    if (it == captured_.end()) {
+      CaptureBackend cap(bs);
+      Record r;
+      {
+        pyb::gil_scoped_release nogil;
+        std::lock_guard lock(session_->mutex);
+        CaseContext& ctx = session_->enter(spec_);
+        r = run_one(ctx, cap, op, session_->cfg);
+      }
+      if (!cap.args || cap.args.is_none())
+        throw pyb::value_error("case " + spec_.id() + ", op " + op_word + ": " + std::string(status_name(r.status)) +
+                               ": " + r.message);
+      it = captured_.emplace(key, cap.args).first;
     }
-    if (!cap.args || cap.args.is_none())
-      throw pyb::value_error("case " + spec_.id() + ", op " + op_word + ": " + std::string(status_name(r.status)) +
-                             ": " + r.message);
-    captured_[key] = cap.args;
-    return cap.args;
+    // Every call gets outputs of its own, poisoned as the runner left them: a
+    // kernel that writes nothing must not inherit an earlier call's results.
+    pyb::dict fresh;
+    for (auto item : pyb::reinterpret_borrow<pyb::dict>(it->second)) fresh[item.first] = item.second;
+    for (const std::string& n : op_outputs(op)) {
+      PyTensor t = PyTensor::copy_of(it->second[n.c_str()].template cast<PyTensor>().view);
+      t.output = true;
+      fresh[n.c_str()] = pyb::cast(std::move(t));
+    }
+    return fresh;
   }
 
   // The verdict of `outputs` (a mapping of output name to tensor) against
-  // this case's reference, as the CLI's record (one JSON line).
+  // this case's reference, as the CLI's record (a JSON report holding it).
   std::string check(const std::string& op_word, const pyb::dict& outputs, int block_size, const std::string& name) {
     const Op op = kernel_op(op_word);
     const int bs = effective_block_size(block_size);
-    pyb::dict args = inputs(op_word, block_size);
+    pyb::dict args = pyb::reinterpret_borrow<pyb::dict>(inputs(op_word, block_size));
     std::map<std::string, Tensor> outs;
     for (const std::string& n : op_outputs(op)) {
       if (!outputs.contains(n.c_str()))
@@ -181,14 +198,20 @@ class PyCase {
     Record r;
     {
       pyb::gil_scoped_release nogil;
+      std::lock_guard lock(session_->mutex);
       CaseContext& ctx = session_->enter(spec_);
       r = run_one(ctx, replay, op, session_->cfg);
     }
-    return record_to_json_line(r);
+    // The JSON report's form of the record, as mlagate.run's records are.
+    std::ostringstream os;
+    write_json(os, RunInfo{}, std::span<const Record>(&r, 1));
+    return os.str();
   }
 
   void release() {
-    captured_.clear();
+    captured_.clear();  // Python objects: with the GIL
+    pyb::gil_scoped_release nogil;
+    std::lock_guard lock(session_->mutex);
     if (session_->current == &spec_) {
       session_->stream.reset();
       session_->current = nullptr;
@@ -203,7 +226,9 @@ class PyCase {
                                ", not " + std::to_string(requested));
       return spec_.block_size;
     }
-    if (requested < 0) throw pyb::value_error("block_size must be >= 1 (or 0: the case's, else 64)");
+    if (requested < 0 || requested > 1024 || (requested & (requested - 1)) != 0)
+      throw pyb::value_error("block_size " + std::to_string(requested) +
+                             " is not a power of two in [1, 1024] (or 0: the case's, else 64)");
     return requested ? requested : 64;
   }
   static std::string join_names(Op op) {
@@ -230,6 +255,9 @@ std::vector<PyCase> cases(const std::vector<std::string>& words) {
   } catch (const CLI::ParseError& e) {
     throw InputError(std::string("cases(): ") + e.what());
   }
+  // What cases() does not do, it refuses rather than ignores.
+  if (!ra.golden.empty() || !ra.shard.empty() || ra.order != "given" || ra.repeat > 1 || !ra.devices.empty())
+    throw InputError("cases(): --golden, --shard, --order, --repeat and --devices belong to mlagate.run");
   auto session = std::make_shared<Session>();
   configure_computation(ra, session->cfg);
   const std::vector<CaseSpec> specs = ra.case_ids.empty() ? sel.resolve() : sel.resolve_ids(ra.case_ids);
@@ -278,12 +306,14 @@ PYBIND11_MODULE(_mlagate, m) {
   m.doc() = "mlagate's C++ core (use the mlagate package, not this module)";
   m.attr("__version__") = std::string(MLAGATE_VERSION);
   m.attr("git_commit") = std::string(MLAGATE_GIT_COMMIT);
-  static pyb::exception<InputError> input_error(m, "InputError", PyExc_ValueError);
+  // Never destroyed: a static Python object outliving the interpreter would be
+  // released after Py_Finalize.
+  static auto* input_error = new pyb::exception<InputError>(m, "InputError", PyExc_ValueError);
   pyb::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const InputError& e) {
-      input_error(e.what());
+      PyErr_SetString(input_error->ptr(), e.what());
     }
   });
 

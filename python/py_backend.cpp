@@ -117,7 +117,8 @@ pyb::dict sparse_decode_args(const SparseDecodeArgs& a, Hold h) {
     add_cache(d, "extra_", *a.extra_cache, h);
     d["extra_block_table"] = block_table(*a.extra_cache, a.block_table_rows);
   } else {
-    d["extra_kv_cache"] = pyb::none();
+    for (const char* k : {"extra_kv_cache", "extra_kv_cache_dtype", "extra_block_size", "extra_block_table"})
+      d[k] = pyb::none();
   }
   d["extra_indices"] = a.extra_indices.numel() ? wrap(a.extra_indices, h) : pyb::none();
   d["extra_topk_length"] = i32_or_none(a.extra_topk_length);
@@ -205,18 +206,60 @@ class PyBackend final : public Backend {
     return Support::no(pyb::str(why));
   }
 
-  void decode(const DecodeArgs& a) override { call(Op::kDecode, [&] { return decode_args(a, Hold::kBorrow); }); }
-  void prefill(const PrefillArgs& a) override { call(Op::kPrefill, [&] { return prefill_args(a, Hold::kBorrow); }); }
+  void decode(const DecodeArgs& a) override {
+    call(Op::kDecode, [&] { return decode_args(a, Hold::kBorrow); },
+         {{"q_lat", a.q_lat}, {"q_pe", a.q_pe}, {"kv_cache", cache_view(*a.cache)}});
+  }
+  void prefill(const PrefillArgs& a) override {
+    call(Op::kPrefill, [&] { return prefill_args(a, Hold::kBorrow); }, {{"q", a.q}, {"k", a.k}, {"v", a.v}});
+  }
   void sparse_decode(const SparseDecodeArgs& a) override {
-    call(Op::kSparseDecode, [&] { return sparse_decode_args(a, Hold::kBorrow); });
+    std::vector<Input> in{{"q", a.q}, {"kv_cache", cache_view(*a.cache)}, {"indices", a.indices},
+                          {"extra_indices", a.extra_indices}};
+    if (a.extra_cache) in.push_back({"extra_kv_cache", cache_view(*a.extra_cache)});
+    call(Op::kSparseDecode, [&] { return sparse_decode_args(a, Hold::kBorrow); }, in);
   }
   void sparse_prefill(const SparsePrefillArgs& a) override {
-    call(Op::kSparsePrefill, [&] { return sparse_prefill_args(a, Hold::kBorrow); });
+    call(Op::kSparsePrefill, [&] { return sparse_prefill_args(a, Hold::kBorrow); },
+         {{"q", a.q}, {"kv", a.kv}, {"indices", a.indices}});
   }
 
  private:
+  struct Input {
+    const char* name;
+    TensorView view;
+  };
+  // The inputs are the case's own, lent: a function that writes into them
+  // would hand the next backend (and --repeat's next run) other inputs. Its
+  // record says so instead.
+  static std::uint64_t print(const TensorView& v) {
+    const auto* p = static_cast<const unsigned char*>(v.data);
+    const std::size_t n = v.data ? v.nbytes() : 0;
+    std::uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+    std::size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      std::uint64_t w;
+      std::memcpy(&w, p + i, 8);
+      h = (h ^ w) * 0xff51afd7ed558ccdull;
+      h ^= h >> 29;
+    }
+    for (; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+  }
+
   template <class MakeArgs>
-  void call(Op op, MakeArgs make) {
+  void call(Op op, MakeArgs make, const std::vector<Input>& inputs) {
+    std::vector<std::uint64_t> before;
+    for (const Input& in : inputs) before.push_back(print(in.view));
+    invoke(op, make);
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      if (print(inputs[i].view) != before[i])
+        throw WrongOutputError(std::string("wrote into its input '") + inputs[i].name +
+                               "' (inputs are read-only: later records in this process read them)");
+  }
+
+  template <class MakeArgs>
+  void invoke(Op op, MakeArgs make) {
     std::string kind, message;
     {
       pyb::gil_scoped_acquire gil;
@@ -263,7 +306,8 @@ Capabilities parse_capabilities(const std::vector<std::string>& ops, const std::
   }
   if (c.ops.empty()) throw InputError("a Python backend needs at least one op");
   for (int b : block_sizes) {
-    if (b < 1) throw InputError("block size " + std::to_string(b) + " must be >= 1");
+    if (b < 1 || b > 1024 || (b & (b - 1)) != 0)
+      throw InputError("block size " + std::to_string(b) + " is not a power of two in [1, 1024]");
     c.block_sizes.push_back(b);
   }
   if (c.block_sizes.empty()) throw InputError("a Python backend needs at least one block size");

@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import traceback
 from typing import Any, Callable, Iterable, Mapping
 
@@ -87,6 +88,9 @@ def to_numpy(t: Any):
 
 def _host(value: Any, what: str = "output") -> Any:
     """An output on its way to the C++ side: torch tensors to the host, lists to numpy."""
+    flags = getattr(value, "flags", None)
+    if flags is not None and hasattr(flags, "writeable") and not flags.writeable:
+        value = value.copy()  # numpy refuses to export read-only arrays through DLPack
     if hasattr(value, "__dlpack__"):
         if hasattr(value, "detach"):
             value = value.detach()
@@ -106,7 +110,9 @@ class Args:
     asked for, numbers as they are. `outputs` names the tensors the kernel writes (o_lat or o, and lse),
     pre-filled with the poison pattern so that an element left unwritten is caught."""
 
-    def __init__(self, op: str, raw: Mapping[str, Any], framework: str = "tensor", device: str = "cpu"):
+    def __init__(self, op: str, raw: Mapping[str, Any], framework: str = "tensor", device: str = "cpu",
+                 taken_block_size: int = 0):
+        self.taken_block_size = taken_block_size  # the block_size asked of Case.inputs (check() reuses it)
         self.op = op
         self.outputs = tuple(_mlagate.op_outputs(op))
         self.framework, self.device = framework, device
@@ -129,12 +135,26 @@ class Args:
             x = x.to(self.device)  # a copy (the poison of outputs included)
         return x
 
-    def _write_back(self) -> None:
-        """Outputs computed somewhere other than in place (the GPU, numpy scratch arrays) copied back."""
-        if self.framework == "tensor" or (self.framework == "torch" and self.device == "cpu"):
-            return
+    def _write_back(self, skip: Iterable[str] = ()) -> None:
+        """Outputs computed somewhere other than in place (the GPU, numpy scratch arrays) or assigned
+        (a.o_lat = x) copied into the runner's buffers."""
+        in_place = self.framework == "tensor" or (self.framework == "torch" and self.device == "cpu")
+        assigned = self.__dict__.get("_assigned", set())
         for name in self.outputs:
-            _mlagate.copy_into(self._raw[name], _host(self._values[name]), f"output '{name}'")
+            if name in skip or (in_place and name not in assigned):
+                continue
+            _mlagate.copy_into(self._raw[name], _host(self._values[name], f"output '{name}'"), f"output '{name}'")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # `a.o_lat = result` replaces the output (copied back like a returned one); inputs are not assignable.
+        values = self.__dict__.get("_values")
+        if values is not None and name in values:
+            if name not in self.__dict__["outputs"]:
+                raise AttributeError(f"'{name}' is an input of {self.op}: inputs are read-only")
+            values[name] = value
+            self.__dict__.setdefault("_assigned", set()).add(name)
+            return
+        object.__setattr__(self, name, value)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -244,11 +264,14 @@ class Backend:
                         return ("wrong_output", f"returned {len(result)} outputs, expected {len(args.outputs)} "
                                                 f"({', '.join(args.outputs)})")
                     items = zip(args.outputs, result)
+                returned = []
                 for name, value in items:
                     _mlagate.copy_into(raw[name], _host(value, f"output '{name}'"), f"output '{name}'")
+                    returned.append(name)
+                args._write_back(skip=returned)  # the outputs not returned were written in place
             else:
                 args._write_back()
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, BufferError) as e:
             return ("wrong_output", str(e))
         return None
 
@@ -280,13 +303,54 @@ class Backend:
 
 
 def _function_ref(fn: Callable) -> list | None:
+    """(module, qualname, script) by which a worker finds `fn` again, or None when it cannot: a bound
+    method, a lambda or nested function, a name bound to something else, or a script's function
+    defined only inside its `if __name__ == "__main__":` block (the worker does not run that block)."""
+    import inspect  # noqa: PLC0415
+    if inspect.ismethod(fn):
+        return None
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     if not module or not qualname or "<" in qualname:
         return None
     if module == "__main__":
         path = getattr(sys.modules.get("__main__"), "__file__", None)
-        return [module, qualname, os.path.abspath(path)] if path else None
-    return [module, qualname, None]
+        if not path or "." in qualname or qualname not in _script_top_level_names(path):
+            return None
+        if getattr(sys.modules["__main__"], qualname, None) is not fn:
+            return None
+        return [module, qualname, os.path.abspath(path)]
+    obj = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return [module, qualname, None] if obj is fn else None
+
+
+def _script_top_level_names(path: str) -> set:
+    """Names a script binds at its top level, outside `if __name__ == "__main__":` blocks."""
+    import ast  # noqa: PLC0415
+    try:
+        with open(path) as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    names = set()
+
+    def visit(stmts):
+        for st in stmts:
+            if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(st.name)
+            elif isinstance(st, (ast.Assign, ast.AnnAssign)):
+                for t in (st.targets if isinstance(st, ast.Assign) else [st.target]):
+                    names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+            elif isinstance(st, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in st.names)
+            elif isinstance(st, ast.If) and "__name__" not in ast.unparse(st.test):
+                visit(st.body)
+                visit(st.orelse)
+            elif isinstance(st, ast.Try):
+                visit(st.body)
+    visit(tree.body)
+    return names
 
 
 # ----------------------------------------------------------------------------- cases
@@ -339,7 +403,7 @@ class Case:
             raise ValueError(f"framework '{framework}' (expected torch, numpy or tensor)")
         if device != "cpu" and framework != "torch":
             framework = "torch"
-        return Args(op, self._core.inputs(op, block_size), framework, device)
+        return Args(op, self._core.inputs(op, block_size), framework, device, taken_block_size=block_size)
 
     def check(self, outputs: Any, op: str | None = None, *, block_size: int = 0) -> CheckResult:
         """The verdict of `outputs` against the fp64 reference, with the CLI's policy and metrics.
@@ -347,6 +411,7 @@ class Case:
         tuple in the op's output order; torch (any device), numpy or anything with __dlpack__."""
         if isinstance(outputs, Args):
             op = op or outputs.op
+            block_size = block_size or outputs.taken_block_size
             outputs = {n: outputs[n] for n in outputs.outputs}
         op = op or "decode"
         names = _mlagate.op_outputs(op)
@@ -356,7 +421,7 @@ class Case:
                 raise ValueError(f"check({op}): {len(outputs)} outputs given, expected {len(names)} ({', '.join(names)})")
             outputs = dict(zip(names, outputs))
         host = {k: _host(v, f"output '{k}'") for k, v in outputs.items()}
-        return CheckResult(json.loads(self._core.check(op, host, block_size)))
+        return CheckResult(json.loads(self._core.check(op, host, block_size))["records"][0])
 
     def release(self) -> None:
         """Frees the inputs, caches and references held for this case."""
@@ -433,6 +498,16 @@ def run(backends: Mapping[str, Any] | None = None, *, backend: str | None = None
     multiprocessing's spawn does; the default when they are importable), or "none". Every other
     keyword is the CLI flag of that name (suite, filter, op, policy, poison, repeat, order, junit,
     markdown, html, quiet, ...); argv adds raw flags. Returns the exit code and the records."""
+    if not _RUN_LOCK.acquire(blocking=False):
+        raise RuntimeError("mlagate.run is already running in this process (its backends and workers are "
+                           "process-wide): run one at a time")
+    try:
+        return _run(backends, backend, isolate, json, argv, kwargs)
+    finally:
+        _RUN_LOCK.release()
+
+
+def _run(backends, backend, isolate, json, argv, kwargs) -> RunResult:  # noqa: A002
     if os.environ.get("MLAGATE_PY_WORKER"):
         raise RuntimeError("mlagate.run called in an isolation worker: guard the call in your script with "
                            "`if __name__ == '__main__':` (the worker imports your module to find your functions)")
@@ -489,5 +564,6 @@ def run(backends: Mapping[str, Any] | None = None, *, backend: str | None = None
                 pass
 
 
+_RUN_LOCK = threading.Lock()
 _json_dumps = __import__("json").dumps
 _json_loads = __import__("json").loads

@@ -54,8 +54,13 @@ def pytest_runtest_makereport(item, call):
     case = getattr(item, "callspec", None) and item.callspec.params.get("mlagate_case")
     if case is None or not report.failed or call.when != "call":
         return
-    rerun = f"pytest -p mlagate.pytest_plugin --mlagate-suite {item.config.getoption('--mlagate-suite')} " \
-            f"{item.nodeid.split('[')[0]} -k {shlex.quote(test_id(case.id))}"
+    opt = item.config.getoption
+    rerun = ["pytest", "-p", "mlagate.pytest_plugin", "--mlagate-suite", opt("--mlagate-suite")]
+    if opt("--mlagate-filter"):
+        rerun += ["--mlagate-filter", opt("--mlagate-filter")]
+    if opt("--mlagate-flags"):
+        rerun += ["--mlagate-flags", opt("--mlagate-flags")]
+    rerun = " ".join(shlex.quote(w) for w in rerun + [item.nodeid.split("[")[0], "-k", test_id(case.id)])
     report.sections.append(("mlagate", f"case: {case.id}\nrerun: {rerun}"))
 
 

@@ -258,3 +258,109 @@ def test_an_unwritten_output_shows_the_poison(poison, status):
     ran = [x for x in r.records if x["status"] != "NOT_SUPPORTED"]
     assert ran and all(x["status"] == status for x in ran), [x["message"] for x in ran]
     assert all(f"--poison {poison}" in x["repro"] or poison == "nan" for x in ran)
+
+
+# ------------------------------------------------------------------ one verdict, two ways
+
+def test_check_gives_the_record_run_gives_for_the_same_outputs(tmp_path):
+    """The same outputs through Case.check and through mlagate.run (the CLI's path): the same
+    status and metrics, bit for bit."""
+    r = mlagate.run({"numpy.mla": numpy_mla.BACKEND}, suite="smoke", op="decode", filter="kv=auto",
+                    quiet=True, isolate="none")
+    by_id = {x["id"]: x for x in r.records if x["status"] != "NOT_SUPPORTED"}
+    assert by_id
+    for case in mlagate.cases(suite="smoke", filter="kv=auto"):
+        if case.id not in by_id:
+            continue
+        with case:
+            ran = by_id[case.id]
+            a = case.inputs("decode", framework="numpy", block_size=ran["block_size"])
+            mine = case.check(numpy_mla.decode(a), block_size=ran["block_size"]).record
+        assert mine["status"] == ran["status"] and mine["policy"] == ran["policy"]
+        for m, n in zip(mine["metrics"], ran["metrics"]):
+            for key in ("output", "max_abs", "max_rel", "nmse", "cos_diff", "max_ulp", "min_fudge",
+                        "err_baseline", "worst", "nonfinite_mismatches", "passed"):
+                assert m[key] == n[key], (case.id, key, m[key], n[key])
+
+
+# ------------------------------------------------------------------ what the review found
+
+def test_each_inputs_call_has_fresh_poisoned_outputs():
+    case = mlagate.cases(**SMOKE_DECODE)[0]
+    a = case.inputs("decode", framework="numpy")
+    b = case.inputs("decode", framework="tensor")
+    np.asarray(b.o_lat)[...] = 0  # written through the zero-copy view
+    c = case.inputs("decode", framework="tensor")
+    assert np.isnan(mlagate.to_numpy(c.o_lat)).all()  # not the last writer's values
+    assert case.check(c).status == "NONFINITE"  # a kernel that wrote nothing
+    assert case.check(numpy_mla.decode(a)).passed
+    case.release()
+
+
+def test_float64_outputs_are_rounded_once():
+    case = mlagate.cases(**SMOKE_DECODE)[0]
+    a = case.inputs("decode")
+    v = 1 + 2.0 ** -8 + 2.0 ** -30  # just above the tie between two bfloat16s
+    mlagate._mlagate.copy_into(a.o_lat, np.full(a.o_lat.shape, v), "o_lat")
+    assert (np.asarray(a.o_lat) == 0x3F81).all()  # 1 + 2^-7; through float32 it would tie to 1.0
+    mlagate._mlagate.copy_into(a.o_lat, np.full(a.o_lat.shape, -v, np.float32), "o_lat")
+    assert (np.asarray(a.o_lat) == 0xBF80).all()  # float32 input: -(1 + 2^-8) ties to even, -1.0
+    case.release()
+
+
+def tampering_decode(a):
+    import ctypes
+    ctypes.memset(a.q_lat.__array_interface__["data"][0], 0, 16)
+    return numpy_mla.decode(mlagate.Args("decode", {k: a[k] for k in a.keys()}, "numpy"))
+
+
+def assigning_decode(a):
+    out = numpy_mla.decode(a)
+    a.o_lat = out["o_lat"]  # assignment, not a write into the array
+    a.lse[...] = out["lse"]
+
+
+def partial_decode(a):
+    out = numpy_mla.decode(a)
+    a.lse[...] = out["lse"]
+    return {"o_lat": out["o_lat"]}
+
+
+def test_in_place_assigned_and_partly_returned_outputs_all_count_and_inputs_are_guarded():
+    r = mlagate.run({"tamper": mlagate.Backend(decode=tampering_decode, framework="tensor"),
+                     "assign": mlagate.Backend(decode=assigning_decode, framework="numpy"),
+                     "partial": mlagate.Backend(decode=partial_decode, framework="numpy")},
+                    suite="smoke", op="decode", filter="kv=auto", quiet=True, isolate="none")
+    ran = [x for x in r.records if x["status"] != "NOT_SUPPORTED"]
+    assert all(x["status"] == "INCORRECT" and "wrote into its input 'q_lat'" in x["message"]
+               for x in ran if x["backend"] == "tamper")
+    assert all(x["status"] == "PASSED" for x in ran if x["backend"] in ("assign", "partial")), \
+        [(x["backend"], x["message"]) for x in ran]
+
+
+def nested_ok():
+    def inner(a):
+        return numpy_mla.decode(a)
+    return inner
+
+
+def test_what_a_worker_cannot_import_is_refused_for_process_isolation():
+    class K:
+        def decode(self, a):
+            return numpy_mla.decode(a)
+    for fn in (nested_ok(), K().decode, lambda a: None):
+        with pytest.raises(ValueError, match="isolate='process'"):
+            mlagate.run({"x": mlagate.Backend(decode=fn, framework="numpy")}, suite="smoke", isolate="process")
+
+
+def test_more_bad_input():
+    case = mlagate.cases(**SMOKE_DECODE)[0]
+    with pytest.raises(ValueError, match="power of two"):
+        case.inputs("decode", block_size=48)
+    with pytest.raises(mlagate.InputError, match="power of two"):
+        mlagate.run({"x": mlagate.Backend(decode=numpy_mla.decode, block_sizes=(48,))}, suite="smoke")
+    with pytest.raises(mlagate.InputError, match="belong to mlagate.run"):
+        mlagate.cases(suite="smoke", repeat=3)
+    with pytest.raises(AttributeError, match="read-only"):
+        case.inputs("decode", framework="numpy").q_lat = None
+    case.release()
