@@ -366,3 +366,28 @@ def test_more_bad_input():
     with pytest.raises(AttributeError, match="read-only"):
         case.inputs("decode", framework="numpy").q_lat = None
     case.release()
+
+
+_CALLS = 0
+
+
+def stateful_decode(a):
+    """Right on a worker's first call, 2% off after: a kernel whose state leaks between calls."""
+    global _CALLS
+    _CALLS += 1
+    out = numpy_mla.decode(a)
+    if _CALLS > 1:
+        out["o_lat"] = out["o_lat"] * 1.02
+    return out
+
+
+def test_an_order_dependent_python_kernel_is_told_apart():
+    r = mlagate.run({"stateful": mlagate.Backend(decode=stateful_decode, framework="numpy")},
+                    suite="smoke", op="decode", filter="small_decode|small_prefill|mixed_small/tp16",
+                    quiet=True, isolate="process")
+    ran = [x for x in r.records if x["status"] != "NOT_SUPPORTED"]
+    assert ran[0]["status"] == "PASSED"
+    later = ran[1:]
+    assert later and all(x["status"] == "INCORRECT" for x in later)
+    assert all(x["message"].startswith("order-dependent (passes alone, fails right after ") for x in later), \
+        [x["message"] for x in later]
