@@ -121,9 +121,15 @@ std::vector<BackendEntry>& embedded() {
   static std::vector<BackendEntry> entries;
   return entries;
 }
+std::string& embedded_cmd() {
+  static std::string words = "mlagate";
+  return words;
+}
 }  // namespace
 
 void set_embedded_backends(std::vector<BackendEntry> entries) { embedded() = std::move(entries); }
+void set_embedded_command(std::string words) { embedded_cmd() = words.empty() ? "mlagate" : std::move(words); }
+const std::string& embedded_command() { return embedded_cmd(); }
 const std::vector<BackendEntry>& embedded_backends() { return embedded(); }
 
 }  // namespace mlagate

@@ -38,5 +38,9 @@ bool glob_match(std::string_view pattern, std::string_view text);
 // as if given by --plugin. Empty in the mlagate binary.
 void set_embedded_backends(std::vector<BackendEntry> entries);
 const std::vector<BackendEntry>& embedded_backends();
+// The command that runs the CLI with those backends, for repro lines: "mlagate"
+// in the binary; the host's own (a Python command loading the same functions).
+void set_embedded_command(std::string words);
+const std::string& embedded_command();
 
 }  // namespace mlagate

@@ -349,6 +349,7 @@ PYBIND11_MODULE(_mlagate, m) {
   m.def("set_backends", &set_backends, pyb::arg("backends"));
   m.def("set_worker_command", &set_worker_command, pyb::arg("words"));
   m.def("worker_command", &worker_command);
+  m.def("set_repro_command", &set_embedded_command, pyb::arg("words"));
   // An output written by Python (returned, or computed on the GPU or in numpy)
   // into the runner's buffer, with tensor_from_python's dtype and shape rules.
   m.def("copy_into", [](const PyTensor& dst, const pyb::handle& src, const std::string& what) {

@@ -282,16 +282,20 @@ class RunCommand {
     const std::vector<std::string> extra = ra.extra.argv();
     extra_args_ = extra.empty() ? "" : " " + join_shell_words(extra);
     computation_args_ = " " + join_shell_words(computation);
-    cfg_.repro = [this](const CaseSpec& c, const std::string& backend, Op op) {
+    // An embedding host's backends are rerun by its own command (embedded_command()).
+    const std::string program = embedded_command();
+    const std::string prefix = program + run_prefix_.substr(std::string("mlagate").size());
+    cfg_.repro = [this, program, prefix](const CaseSpec& c, const std::string& backend, Op op) {
       const std::string tail = extra_args_ + " --backend " + backend + " --op " + std::string(op_name(op)) + computation_args_;
-      if (!ra_.replay.empty()) return "mlagate replay " + exec::shell_word(ra_.replay) + " --case " + exec::shell_word(c.id()) + tail;
-      return run_prefix_ + " --filter " + exec::shell_word("^" + regex_escape(c.id()) + "$") + tail;
+      if (!ra_.replay.empty())
+        return program + " replay " + exec::shell_word(ra_.replay) + " --case " + exec::shell_word(c.id()) + tail;
+      return prefix + " --filter " + exec::shell_word("^" + regex_escape(c.id()) + "$") + tail;
     };
     if (!from_file_)
-      cfg_.repro_sequence = [this](const std::vector<const CaseSpec*>& seq, const std::string& backend, Op op) {
+      cfg_.repro_sequence = [this, prefix](const std::vector<const CaseSpec*>& seq, const std::string& backend, Op op) {
         std::string cases;
         for (const CaseSpec* c : seq) cases += " --case " + exec::shell_word(c->id());
-        return run_prefix_ + cases + extra_args_ + " --backend " + backend + " --op " + std::string(op_name(op)) +
+        return prefix + cases + extra_args_ + " --backend " + backend + " --op " + std::string(op_name(op)) +
                computation_args_;
       };
   }
@@ -492,7 +496,7 @@ class RunCommand {
       eo.block_sizes = [bs](const CaseSpec&) { return std::vector<int>{bs}; };
       try {
         export_golden({*spec}, path, eo);
-        const std::string cmd = "mlagate replay " + exec::shell_word(path) + extra_args_ + " --backend " + r.backend +
+        const std::string cmd = embedded_command() + " replay " + exec::shell_word(path) + extra_args_ + " --backend " + r.backend +
                                 " --op " + r.op + computation_args_;
         r.details += (r.details.empty() ? "" : "\n") + std::string("repro bundle: ") + cmd;
         if (!ra_.quiet) std::printf("saved %s\n  replay: %s\n", path.c_str(), cmd.c_str());

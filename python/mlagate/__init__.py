@@ -325,6 +325,22 @@ def _function_ref(fn: Callable) -> list | None:
     return [module, qualname, None] if obj is fn else None
 
 
+def _import_root(ref: list) -> str | None:
+    """The sys.path entry a worker or repro command needs to import a function's module."""
+    module, _, script = ref
+    if script:
+        return os.path.dirname(script)  # loaded by its path; what it imports beside it is found there
+    f = getattr(sys.modules.get(module), "__file__", None)
+    if not f:
+        return None
+    d = os.path.dirname(os.path.abspath(f))
+    if os.path.basename(f) == "__init__.py":
+        d = os.path.dirname(d)
+    for _ in range(module.count(".")):
+        d = os.path.dirname(d)
+    return d
+
+
 def _script_top_level_names(path: str) -> set:
     """Names a script binds at its top level, outside `if __name__ == "__main__":` blocks."""
     import ast  # noqa: PLC0415
@@ -538,12 +554,20 @@ def _run(backends, backend, isolate, json, argv, kwargs) -> RunResult:  # noqa: 
         report_path = tmp.name
     words = ["run"] + flags(backend=backend, isolate=isolate, json=report_path, **kwargs) + list(argv)
     previous_cmd = _mlagate.worker_command()
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
     try:
         _mlagate.set_backends(decls)
         if isolate == "process":
             spec = {"sys_path": sys.path, "backends": specs}
-            worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
             _mlagate.set_worker_command([sys.executable, worker, _json_dumps(spec)])
+        if decls and importable:
+            # Repro lines rerun a record with the same functions: the worker script, without --worker.
+            import shlex  # noqa: PLC0415
+            roots = sorted({r for s in specs for ref in s["fns"].values() for r in [_import_root(ref)] if r})
+            here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            spec = {"sys_path": [here] + roots, "backends": specs}
+            _mlagate.set_repro_command(" ".join(shlex.quote(w) for w in
+                                                (sys.executable, worker, _json_dumps(spec, separators=(",", ":")))))
         sys.stdout.flush()
         sys.stderr.flush()
         code = _mlagate.cli_main(words)
@@ -557,6 +581,7 @@ def _run(backends, backend, isolate, json, argv, kwargs) -> RunResult:  # noqa: 
     finally:
         _mlagate.set_backends([])
         _mlagate.set_worker_command(previous_cmd)
+        _mlagate.set_repro_command("")
         if tmp is not None:
             try:
                 os.unlink(tmp.name)

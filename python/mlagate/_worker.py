@@ -1,7 +1,10 @@
 """An isolation worker for mlagate.run(isolate="process"): started by the C++ core as
 `python _worker.py <spec> run <flags> --worker`, it imports the user's backend functions again by
 module and name (a script as a module, as multiprocessing's spawn does), registers them as they were
-declared, and serves jobs with the CLI's worker protocol. Crashes stay in here."""
+declared, and serves jobs with the CLI's worker protocol. Crashes stay in here.
+
+Without --worker it is the repro command of a Python backend's records: the same CLI run, in this
+process, with the same functions (`python _worker.py <spec> run --suite ... --backend mine ...`)."""
 
 import importlib
 import json
@@ -33,7 +36,9 @@ def main() -> int:
     os.dup2(2, 1)
     spec = json.loads(sys.argv[1])
     here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in spec["sys_path"] if os.path.abspath(p or ".") != here]
+    # This file's folder (put first by `python _worker.py`) out; the parent's entries first.
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    sys.path[:0] = [p for p in spec["sys_path"] if os.path.abspath(p or ".") != here and p not in sys.path]
     os.environ["MLAGATE_PY_WORKER"] = "1"
     import mlagate  # noqa: PLC0415
 

@@ -157,7 +157,15 @@ def test_run_catches_a_planted_bug_and_exits_1(tmp_path):
     assert r.exit_code == 1
     assert ran and all(x["status"] == "INCORRECT" for x in ran)
     assert "buggy" in junit.read_text()
-    assert "--backend buggy" in r.records[0]["repro"]
+    # The repro line reruns exactly that record, with the same Python function, from a shell.
+    failing = ran[0]
+    assert "--backend buggy" in failing["repro"] and "_worker.py" in failing["repro"]
+    p = subprocess.run(failing["repro"] + " --json " + str(tmp_path / "again.json"), shell=True,
+                       capture_output=True, text=True, cwd="/")
+    assert p.returncode == 1, p.stdout + p.stderr
+    again = json.loads((tmp_path / "again.json").read_text())["records"]
+    assert [(x["id"], x["status"], x["message"]) for x in again] == \
+        [(failing["id"], failing["status"], failing["message"])]
 
 
 def test_a_raising_function_is_a_record_and_an_abort_is_isolated():
