@@ -1,6 +1,6 @@
-// DLPack export and import for the Python module (dlpack.h). The structs are
-// the DLPack ABI (dlpack.h of the DLPack project, v0.8, the "dltensor" capsule
-// protocol), declared here from the specification: it is a stable C ABI.
+// DLPack export and import for the Python module (dlpack.h): the "dltensor"
+// capsule protocol of the DLPack specification over the DLPack structs the
+// plugin ABI already declares.
 #include "python/dlpack.h"
 
 #include <bit>
@@ -9,51 +9,23 @@
 #include <cstring>
 #include <vector>
 
+#include "backends/plugin/abi.h"
 #include "cases/encoding.h"
 
 namespace mlagate::py {
 namespace {
 
-// --- the DLPack ABI -----------------------------------------------------------
-constexpr std::int32_t kDLCPU = 1;
-enum : std::uint8_t { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLBool = 6 };
-struct DLDevice {
-  std::int32_t device_type;
-  std::int32_t device_id;
-};
-struct DLDataType {
-  std::uint8_t code;
-  std::uint8_t bits;
-  std::uint16_t lanes;
-};
-struct DLTensor {
-  void* data;
-  DLDevice device;
-  std::int32_t ndim;
-  DLDataType dtype;
-  std::int64_t* shape;
-  std::int64_t* strides;  // in elements; null: compact row-major
-  std::uint64_t byte_offset;
-};
+// DLDevice, DLDataType and DLTensor are the plugin ABI's (mlagate/plugin.h,
+// the DLPack definitions), with its dtype mapping (backends/plugin/abi.h); the
+// capsule protocol adds the managed tensor.
 struct DLManagedTensor {
   DLTensor dl_tensor;
   void* manager_ctx;
   void (*deleter)(DLManagedTensor* self);
 };
-// -----------------------------------------------------------------------------
 
-DLDataType dl_dtype(DType t) {
-  switch (t) {
-    case DType::kF64: return {kDLFloat, 64, 1};
-    case DType::kF32: return {kDLFloat, 32, 1};
-    case DType::kF16: return {kDLFloat, 16, 1};
-    case DType::kBF16: return {kDLBfloat, 16, 1};
-    case DType::kI32: return {kDLInt, 32, 1};
-    case DType::kI64: return {kDLInt, 64, 1};
-    case DType::kU8: return {kDLUInt, 8, 1};
-  }
-  throw std::logic_error("dl_dtype: unknown dtype");
-}
+using plugin::dl_dtype;
+using plugin::dl_dtype_str;
 
 bool from_dl_dtype(DLDataType d, DType& out) {
   if (d.lanes != 1) return false;
@@ -65,14 +37,6 @@ bool from_dl_dtype(DLDataType d, DType& out) {
     }
   }
   return false;
-}
-
-std::string dl_dtype_str(DLDataType d) {
-  static const char* codes[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
-  std::string s = d.code < 7 ? codes[d.code] : "code" + std::to_string(d.code);
-  s += std::to_string(d.bits);
-  if (d.lanes != 1) s += "x" + std::to_string(d.lanes);
-  return s;
 }
 
 struct Exported {
@@ -184,8 +148,7 @@ Tensor tensor_from_python(const pyb::handle& obj, DType dtype, const Shape& shap
   } release{m};
   const DLTensor& d = m->dl_tensor;
   if (d.device.device_type != kDLCPU)
-    throw pyb::value_error(what + ": on device type " + std::to_string(d.device.device_type) +
-                           ", not the host (move it with .cpu())");
+    throw pyb::value_error(what + ": on " + plugin::dl_device_str(d.device) + ", not the host (move it with .cpu())");
   DType given{};
   if (!from_dl_dtype(d.dtype, given))
     throw pyb::type_error(what + ": dtype " + dl_dtype_str(d.dtype) + " (expected " + std::string(dtype_name(dtype)) + ")");

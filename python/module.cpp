@@ -44,15 +44,13 @@ struct Session {
   std::mutex mutex;
   std::unique_ptr<CaseStream> stream;
   const CaseSpec* current = nullptr;
+  // The stream keeps the context when it is the same case's.
   CaseContext& enter(const CaseSpec& spec) {
     if (!stream) stream = std::make_unique<CaseStream>(cfg);
-    if (current != &spec) {
-      current = nullptr;
-      CaseContext& ctx = stream->enter(spec);
-      current = &spec;
-      return ctx;
-    }
-    return stream->enter(spec);  // the same case: its context, kept
+    current = nullptr;  // until enter() returns: it may throw, having left the last case
+    CaseContext& ctx = stream->enter(spec);
+    current = &spec;
+    return ctx;
   }
 };
 

@@ -8,6 +8,7 @@
 #include "cases/case_spec.h"
 #include "cases/errors.h"
 #include "cases/paged_cache.h"
+#include "harness/run/layer.h"
 #include "python/dlpack.h"
 
 namespace mlagate::py {
@@ -232,20 +233,7 @@ class PyBackend final : public Backend {
   // The inputs are the case's own, lent: a function that writes into them
   // would hand the next backend (and --repeat's next run) other inputs. Its
   // record says so instead.
-  static std::uint64_t print(const TensorView& v) {
-    const auto* p = static_cast<const unsigned char*>(v.data);
-    const std::size_t n = v.data ? v.nbytes() : 0;
-    std::uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
-    std::size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      std::uint64_t w;
-      std::memcpy(&w, p + i, 8);
-      h = (h ^ w) * 0xff51afd7ed558ccdull;
-      h ^= h >> 29;
-    }
-    for (; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
-  }
+  static std::uint64_t print(const TensorView& v) { return fingerprint(v.data, v.data ? v.nbytes() : 0); }
 
   template <class MakeArgs>
   void call(Op op, MakeArgs make, const std::vector<Input>& inputs) {

@@ -86,9 +86,11 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
 // Four independent multiply-xor lanes per block of words, blocks in parallel,
 // each block's lanes mixed with its index so that moved data changes the
 // print too.
-std::uint64_t fingerprint(const Tensor& t) {
-  const std::byte* p = t.bytes();
-  const std::int64_t words = static_cast<std::int64_t>(t.nbytes() / 8);
+std::uint64_t fingerprint(const Tensor& t) { return fingerprint(t.bytes(), t.nbytes()); }
+
+std::uint64_t fingerprint(const void* data, std::size_t nbytes) {
+  const auto* p = static_cast<const std::byte*>(data);
+  const std::int64_t words = static_cast<std::int64_t>(nbytes / 8);
   constexpr std::int64_t kBlock = 1 << 16;
   const std::int64_t blocks = (words + kBlock - 1) / kBlock;
   const auto mix = [](std::uint64_t x) {
@@ -98,7 +100,7 @@ std::uint64_t fingerprint(const Tensor& t) {
     x *= 0xc4ceb9fe1a85ec53ull;
     return x ^ (x >> 33);
   };
-  std::uint64_t print = mix(t.nbytes());
+  std::uint64_t print = mix(nbytes);
 #pragma omp parallel for schedule(static) reduction(^ : print)
   for (std::int64_t b = 0; b < blocks; ++b) {
     std::uint64_t h[4] = {1, 2, 3, 4};
@@ -117,7 +119,7 @@ std::uint64_t fingerprint(const Tensor& t) {
     }
     print ^= mix(mix(h[0]) ^ mix(h[1] + 1) ^ mix(h[2] + 2) ^ mix(h[3] + 3) ^ mix(static_cast<std::uint64_t>(b) + 0x9e3779b97f4a7c15ull));
   }
-  for (std::size_t i = static_cast<std::size_t>(words) * 8; i < t.nbytes(); ++i)  // the tail bytes
+  for (std::size_t i = static_cast<std::size_t>(words) * 8; i < nbytes; ++i)  // the tail bytes
     print = mix(print ^ static_cast<std::uint64_t>(p[i]));
   return print;
 }

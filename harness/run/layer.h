@@ -112,6 +112,7 @@ class LayerMemo {
 // A 64-bit print of a tensor's bytes, to notice a backend that wrote into
 // inputs it was lent (fast: a GB in a fraction of a second on 16 cores).
 std::uint64_t fingerprint(const Tensor& t);
+std::uint64_t fingerprint(const void* data, std::size_t nbytes);  // any bytes (a TensorView's)
 
 // Layer op. base_cache: the case's cache for the backend's block size, built
 // with write_new_tokens = false (the backend's cache_write fills them).
