@@ -182,6 +182,8 @@ void mqa_core(const Case& c, const Layout& x, const double* q_full, double* o_la
 #pragma omp parallel
   {
     Buffer logits_buf(logits_size), keys(keys_size);
+    int keys_request = -1;  // whose keys rows [0, keys_loaded) of `keys` hold
+    Index keys_loaded = 0;
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t k = 0; k < num_chunks; ++k) {
       const RowChunk& ch = chunks[k];
@@ -196,11 +198,15 @@ void mqa_core(const Case& c, const Layout& x, const double* q_full, double* o_la
         std::fill(l, l + ch.rows, kNegInf);
         continue;
       }
+      // A request's chunks mostly fall to the same thread in turn: rows
+      // already widened for it stay (same values either way).
       const Index kv0 = c.kv_start_loc[i];
-      for (Index j = 0; j < cols; ++j) {
+      if (i != keys_request) keys_request = i, keys_loaded = 0;
+      for (Index j = keys_loaded; j < cols; ++j) {
         convert_run(kv_c, (kv0 + j) * x.L, x.L, keys.data() + j * D);
         convert_run(k_pe, (kv0 + j) * x.R, x.R, keys.data() + j * D + x.L);
       }
+      keys_loaded = std::max(keys_loaded, cols);
       const Index stride = padded(cols);
       MatMap logits = mat(logits_buf.data(), ch.rows, cols, stride);
       logits.noalias() = cmat(q_full + row * D, ch.rows, D, D) * cmat(keys.data(), cols, D, D).transpose();

@@ -176,6 +176,8 @@ void mqa_core(const Case& c, std::span<const int> req, std::span<const Index> to
   {
     Scratch scratch;
     std::vector<float> keys(static_cast<std::size_t>(keys_size));
+    int keys_request = -1;  // whose keys rows [0, keys_loaded) of `keys` hold
+    Index keys_loaded = 0;
     std::vector<int> visible;
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t u = 0; u < num_units; ++u) {
@@ -188,11 +190,17 @@ void mqa_core(const Case& c, std::span<const int> req, std::span<const Index> to
         visible[static_cast<std::size_t>(r)] = visible_keys(c, i, (un.row0 + r) / x.N);
         nk = std::max(nk, visible[static_cast<std::size_t>(r)]);
       }
+      // A request's units mostly fall to the same thread in turn: its keys
+      // stay widened (widening them again per 128 rows was a tenth of the
+      // decode form's time on long contexts), and only rows not yet widened
+      // are loaded. The values are the same either way.
       const Index kv0 = c.kv_start_loc[i];
-      for (Index j = 0; j < nk; ++j) {
+      if (i != keys_request) keys_request = i, keys_loaded = 0;
+      for (Index j = keys_loaded; j < nk; ++j) {
         load(kv_c, (kv0 + j) * x.L, x.L, keys.data() + j * D, dt);
         load(k_pe, (kv0 + j) * x.R, x.R, keys.data() + j * D + x.L, dt);
       }
+      keys_loaded = std::max<Index>(keys_loaded, nk);
       // v = kv_c: the first L columns of the keys.
       sdpa_rows(q_full + row * D, un.rows, D, keys.data(), D, keys.data(), D, x.L, visible.data(), scale, dt,
                 o_lat + row * x.L, lse + row, scratch);
