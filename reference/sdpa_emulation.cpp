@@ -238,7 +238,14 @@ void emulate_decode_form(const Case& c, std::span<const int> req, SdpaResult& e)
   const Index n = static_cast<Index>(token.size());
   if (n == 0) return;
   std::vector<float> q_full(static_cast<std::size_t>(n * x.N * D));
-  // ql[:, h, :] = round(q_nope[:, h, :] @ W_UK[:, h, :]^T): one [n, P] x [P, L] GEMM per head.
+  // ql[:, h, :] = round(q_nope[:, h, :] @ W_UK[:, h, :]^T): per head, one
+  // [q_len, P] x [P, L] GEMM per request. Per request, not over all of `req`'s
+  // tokens at once: Eigen sums a row in another order when it falls in a
+  // block's remainder, so a request's bits would depend on which requests were
+  // emulated with it (the runner emulates the requests each backend routes
+  // through a form; export emulates them all).
+  std::vector<Index> len;
+  for (int i : req) len.push_back(c.query_lens[i]);
 #pragma omp parallel
   {
     MatF w(x.L, x.P), qn(n, x.P);
@@ -246,8 +253,11 @@ void emulate_decode_form(const Case& c, std::span<const int> req, SdpaResult& e)
     for (Index h = 0; h < x.N; ++h) {
       load_head(c.w_uk, h, w.data(), x.P, dt);
       for (Index t = 0; t < n; ++t) load(c.q.view(), (token[t] * x.N + h) * QW, x.P, qn.data() + t * x.P, dt);
-      MapF ql = mat(q_full.data() + h * D, n, x.L, x.N * D);
-      ql.noalias() = qn * w.transpose();
+      for (std::size_t k = 0; k < len.size(); ++k) {
+        if (len[k] == 0) continue;
+        MapF ql = mat(q_full.data() + (tok0[k] * x.N + h) * D, len[k], x.L, x.N * D);
+        ql.noalias() = qn.middleRows(tok0[k], len[k]) * w.transpose();
+      }
       for (Index t = 0; t < n; ++t) round_all(q_full.data() + (t * x.N + h) * D, x.L, dt);
       for (Index t = 0; t < n; ++t)
         load(c.q.view(), (token[t] * x.N + h) * QW + x.P, x.R, q_full.data() + (t * x.N + h) * D + x.L, dt);
@@ -255,14 +265,18 @@ void emulate_decode_form(const Case& c, std::span<const int> req, SdpaResult& e)
   }
   std::vector<float> o_lat(static_cast<std::size_t>(n * x.N * x.L)), lse(static_cast<std::size_t>(n * x.N));
   mqa_core(c, req, tok0, q_full.data(), o_lat.data(), lse.data());
-  // out[:, h*V..] = round(o_lat[:, h, :] @ W_UV[:, h, :]): one [n, L] x [L, V] GEMM per head.
+  // out[:, h*V..] = round(o_lat[:, h, :] @ W_UV[:, h, :]): per head, one
+  // [q_len, L] x [L, V] GEMM per request (as above).
 #pragma omp parallel
   {
     MatF w(x.L, x.V), o(n, x.V);
 #pragma omp for schedule(dynamic, 1)
     for (Index h = 0; h < x.N; ++h) {
       load_head(c.w_uv, h, w.data(), x.V, dt);
-      o.noalias() = cmat(o_lat.data() + h * x.L, n, x.L, x.N * x.L) * w;
+      for (std::size_t k = 0; k < len.size(); ++k)
+        if (len[k] > 0)
+          o.middleRows(tok0[k], len[k]).noalias() =
+              cmat(o_lat.data() + (tok0[k] * x.N + h) * x.L, len[k], x.L, x.N * x.L) * w;
       for (Index t = 0; t < n; ++t) {
         round_all(o.data() + t * x.V, x.V, dt);
         for (Index v = 0; v < x.V; ++v)
@@ -372,6 +386,29 @@ SdpaResult emulate_sdpa_layer(const Case& c, SdpaForm form, std::span<const int>
     emulate_prefill_form(c, requests, projection, e);
   }
   return e;
+}
+
+double baseline_error(const std::vector<double>& a, const std::vector<double>& b, std::size_t first, std::size_t n) {
+  if (first + n > a.size() || first + n > b.size()) throw std::out_of_range("baseline_error: rows past the outputs");
+  double worst = 0;
+  for (std::size_t k = first; k < first + n; ++k)
+    if (std::isfinite(a[k]) && std::isfinite(b[k])) worst = std::max(worst, std::fabs(a[k] - b[k]));
+  return worst;
+}
+
+void layer_baseline_errors(const Case& c, const SdpaResult& e, const std::vector<double>& ref_out,
+                           const std::vector<double>& ref_lse, std::span<const int> requests, std::vector<double>& out,
+                           std::vector<double>& lse) {
+  const auto N = static_cast<std::size_t>(c.spec.num_heads()), V = static_cast<std::size_t>(c.spec.dims.v_head_dim);
+  const auto B = static_cast<std::size_t>(c.num_requests);
+  if (out.size() != B) out.assign(B, std::numeric_limits<double>::quiet_NaN());
+  if (lse.size() != B) lse.assign(B, std::numeric_limits<double>::quiet_NaN());
+  for (int i : requests) {
+    const auto first = static_cast<std::size_t>(c.query_start_loc[i]);
+    const auto count = static_cast<std::size_t>(c.query_lens[i]);
+    out[static_cast<std::size_t>(i)] = baseline_error(e.out, ref_out, first * N * V, count * N * V);
+    lse[static_cast<std::size_t>(i)] = baseline_error(e.lse, ref_lse, first * N, count * N);
+  }
 }
 
 SdpaResult emulate_sdpa_decode_op(const Case& c, const TensorView& q_lat) {

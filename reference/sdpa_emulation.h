@@ -58,4 +58,18 @@ SdpaResult emulate_sdpa_decode_op(const Case& c, const TensorView& q_lat);
 // request. out is o [T, N, V] (= [T, N*V]).
 SdpaResult emulate_sdpa_prefill_op(const Case& c, const TensorView& k, const TensorView& v);
 
+// err_baseline's parts (SPEC: Pass rules, rule 5): the largest |a - b| over
+// the pairs of elements [first, first + n) where both are finite.
+double baseline_error(const std::vector<double>& a, const std::vector<double>& b, std::size_t first, std::size_t n);
+
+// The layer op's per-request err_baseline of one form: for each request i of
+// `requests`, out[i] and lse[i] are the largest error of the emulation `e`
+// against the reference (out [T, N*V], lse [T, N]) over request i's rows.
+// A request's values depend on its own rows alone (the emulation's too), so
+// the runner, which emulates the requests each backend routes through a form,
+// and export, which emulates them all, agree.
+void layer_baseline_errors(const Case& c, const SdpaResult& e, const std::vector<double>& ref_out,
+                           const std::vector<double>& ref_lse, std::span<const int> requests, std::vector<double>& out,
+                           std::vector<double>& lse);
+
 }  // namespace mlagate

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -77,6 +78,35 @@ TEST(SdpaEmulation, FillsExactlyTheRequestedRows) {
           ASSERT_TRUE(std::isnan(v));
         }
       }
+  }
+}
+
+// A request's rows depend on it alone, not on the requests emulated with it:
+// the runner emulates the requests each backend routes through a form (decode
+// requests first for one backend, every request for another), export all of
+// them at once, and a golden file's stored err_baseline must be the run's.
+TEST(SdpaEmulation, EachRequestsBitsDoNotDependOnTheOthersEmulatedWithIt) {
+  for (const char* suite : {"smoke", "vllm"}) {
+    for (const CaseSpec& spec : load_suite(suite).cases) {
+      if (spec.id().find("tp16") == std::string::npos && std::string(suite) == "vllm") continue;  // small enough
+      if (spec.id().find("large") != std::string::npos) continue;
+      const Case c = generate_case(spec);
+      for (SdpaForm f : {SdpaForm::kDecode, SdpaForm::kPrefill}) {
+        const SdpaResult whole = emulate_sdpa_layer(c, f, all_requests(c));
+        const std::size_t per_token = whole.out.size() / static_cast<std::size_t>(c.num_tokens);
+        const std::size_t heads = whole.lse.size() / static_cast<std::size_t>(c.num_tokens);
+        for (int i = 0; i < c.num_requests; ++i) {
+          const std::vector<int> one{i};
+          const SdpaResult alone = emulate_sdpa_layer(c, f, one);
+          for (std::size_t k = c.query_start_loc[i] * per_token; k < c.query_start_loc[i + 1] * per_token; ++k)
+            ASSERT_EQ(std::memcmp(&alone.out[k], &whole.out[k], sizeof(double)), 0)
+                << spec.id() << " form " << sdpa_form_name(f) << " request " << i << " element " << k;
+          for (std::size_t k = c.query_start_loc[i] * heads; k < c.query_start_loc[i + 1] * heads; ++k)
+            ASSERT_EQ(std::memcmp(&alone.lse[k], &whole.lse[k], sizeof(double)), 0)
+                << spec.id() << " form " << sdpa_form_name(f) << " request " << i << " lse " << k;
+        }
+      }
+    }
   }
 }
 
