@@ -195,7 +195,13 @@ class GoldenReader {
   // /case_ids does not list. A command runs this before anything else, so a
   // bad file is an input error before any backend runs, whichever cases the
   // command selects. Memory: one case at a time, within max_bytes.
-  void validate_all();
+  // kReferences (run --golden, which regenerates the inputs and caches and
+  // checks them against the stored hashes): everything but the bytes of the
+  // stored inputs and cache data, whose datasets are checked for dtype, shape,
+  // storage and attributes without being read (a corrupt chunk in them is
+  // found by replay, which reads them).
+  enum class ValidateScope { kEverything, kReferences };
+  void validate_all(ValidateScope scope = ValidateScope::kEverything);
   // Everything replay needs: inputs, golden, decode reference (if stored) and
   // the caches by block size, each checked (hashes, shapes, block ids <
   // num_blocks, slot mapping, lengths). build_missing_caches is false.
@@ -203,6 +209,8 @@ class GoldenReader {
   // Stored references only (run --golden), checked like load_case.
   ReferenceOutputs load_reference(const std::string& id);
   std::optional<PreparedCase::DecodeReference> load_decode_reference(const std::string& id);
+  // Stored err_baseline parts (files exported before they were stored: none).
+  std::optional<StoredBaselines> load_baselines(const std::string& id);
   // A sparse case's stored query and reference, every stored value validated
   // and the index sets checked equal to c's (the regenerated case).
   PreparedCase::SparseReference load_sparse(const std::string& id, const Case& c);

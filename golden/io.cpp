@@ -318,11 +318,10 @@ Shape dataset_shape(hid_t loc, const std::string& name, const Where& w) {
   return Shape(dims.begin(), dims.end());
 }
 
-Tensor read_tensor(hid_t loc, const std::string& name, DType dtype, const Shape& shape, const Where& parent,
-                   Budget& budget, std::uint64_t* hash_out) {
-  const Where w = parent / name;
-  if (!has_link(loc, name, parent)) bad(w, "missing dataset");
-  const h5::Dataset ds = h5::dopen(loc, name, w.str());
+namespace {
+
+// read_tensor's checks of everything but the content; returns the stored hash.
+std::uint64_t check_dataset(const h5::Dataset& ds, DType dtype, const Shape& shape, const Where& w) {
   const Storage st = storage_of(dtype);
   const h5::Datatype t = h5::dget_type(ds, w.str());
   const H5T_class_t cls = h5::tget_class(t, w.str());
@@ -337,7 +336,25 @@ Tensor read_tensor(hid_t loc, const std::string& name, DType dtype, const Shape&
   check_storage(ds, st.size, w);
   const std::string dt = read_string(ds.get(), "dtype", w, 64);
   if (dt != dtype_name(dtype)) bad(w, "dtype attribute '" + dt + "', expected '" + std::string(dtype_name(dtype)) + "'");
-  const std::uint64_t stored = read_hash(ds.get(), "fnv1a64", w);
+  return read_hash(ds.get(), "fnv1a64", w);
+}
+
+}  // namespace
+
+void check_tensor(hid_t loc, const std::string& name, DType dtype, const Shape& shape, const Where& parent) {
+  const Where w = parent / name;
+  if (!has_link(loc, name, parent)) bad(w, "missing dataset");
+  const h5::Dataset ds = h5::dopen(loc, name, w.str());
+  check_dataset(ds, dtype, shape, w);
+}
+
+Tensor read_tensor(hid_t loc, const std::string& name, DType dtype, const Shape& shape, const Where& parent,
+                   Budget& budget, std::uint64_t* hash_out) {
+  const Where w = parent / name;
+  if (!has_link(loc, name, parent)) bad(w, "missing dataset");
+  const h5::Dataset ds = h5::dopen(loc, name, w.str());
+  const Storage st = storage_of(dtype);
+  const std::uint64_t stored = check_dataset(ds, dtype, shape, w);
   double bytes = static_cast<double>(st.size);
   for (auto d : shape) bytes *= static_cast<double>(d);
   budget.take(bytes, w);

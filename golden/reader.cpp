@@ -292,9 +292,49 @@ struct GoldenReader::Impl {
     return r;
   }
 
+  // err_baseline parts (export's emulation): each NaN (not stored) or a
+  // finite error >= 0. Files without the group give none (computed by the run).
+  std::optional<StoredBaselines> read_baselines(hid_t g, const CaseHeader& h, io::Budget& budget) {
+    const Where w = case_where(h.id);
+    if (!io::has_link(g, schema::kBaselineGroup, w)) return std::nullopt;
+    const h5::Group bg = io::open_group(g, schema::kBaselineGroup, w);
+    const Where wb = w / schema::kBaselineGroup;
+    auto check = [&](const std::vector<double>& v, const Where& wd) {
+      for (double x : v)
+        if (!std::isnan(x) && !(std::isfinite(x) && x >= 0))
+          bad(wd, "an err_baseline value is negative or infinite (" + std::to_string(x) + ")");
+    };
+    StoredBaselines b;
+    if (io::has_link(bg.get(), "layer_out", wb) || io::has_link(bg.get(), "layer_lse", wb)) {
+      if (h.spec.sparse.active()) bad(wb, "layer err_baseline stored for a sparse case");
+      const std::int64_t B = h.spec.num_requests();
+      for (const char* name : {"layer_out", "layer_lse"}) {
+        const std::vector<double> v = to_vector(io::read_tensor(bg.get(), name, DType::kF64, {2, B}, wb, budget));
+        check(v, wb / name);
+        auto& dst = std::string(name) == "layer_out" ? b.layer_out : b.layer_lse;
+        dst[0].assign(v.begin(), v.begin() + B);
+        dst[1].assign(v.begin() + B, v.end());
+      }
+    }
+    const std::pair<const char*, std::optional<std::array<double, 2>>*> ops[3] = {
+        {"decode_op", &b.decode_op}, {"prefill_op", &b.prefill_op}, {"sparse", &b.sparse}};
+    for (const auto& [name, dst] : ops) {
+      if (!io::has_link(bg.get(), name, wb)) continue;
+      const std::vector<double> v = to_vector(io::read_tensor(bg.get(), name, DType::kF64, {2}, wb, budget));
+      check(v, wb / name);
+      *dst = std::array<double, 2>{v[0], v[1]};
+    }
+    if (b.decode_op && !h.has_decode) bad(wb / "decode_op", "stored without the case's decode group");
+    if (b.sparse && !h.spec.sparse.active()) bad(wb / "sparse", "stored for a dense case");
+    return b;
+  }
+
   // A stored cache, every index in it checked against the case before any
   // backend may read through it.
-  PagedCache read_cache(hid_t cg, const Case& c, int bs, const Where& wc, io::Budget& budget) {
+  // check_data_only: the data's storage and attributes are checked, its bytes
+  // not read (run --golden rebuilds the cache); the small block table and
+  // slot mapping are read and checked as always.
+  PagedCache read_cache(hid_t cg, const Case& c, int bs, const Where& wc, io::Budget& budget, bool check_data_only = false) {
     const std::string name = schema::cache_group_name(bs);
     const h5::Group g = io::open_group(cg, name, wc);
     const Where w = wc / name;
@@ -342,7 +382,8 @@ struct GoldenReader::Impl {
 
     Shape data_shape = pc.data.shape();
     data_shape.at(0) = num_blocks;
-    pc.data = io::read_tensor(g.get(), "data", DType::kU8, data_shape, w, budget);
+    if (check_data_only) io::check_tensor(g.get(), "data", DType::kU8, data_shape, w);
+    else pc.data = io::read_tensor(g.get(), "data", DType::kU8, data_shape, w, budget);
     pc.block_table = io::read_tensor(g.get(), "block_table", DType::kI32, {c.num_requests, width}, w, budget);
     pc.slot_mapping = io::read_tensor(g.get(), "slot_mapping", DType::kI64, {c.num_tokens}, w, budget);
 
@@ -432,12 +473,46 @@ bool GoldenReader::has_case(const std::string& id) const { return impl_->id_set.
 
 CaseHeader GoldenReader::header(const std::string& id) { return impl_->header(id); }
 
-void GoldenReader::validate_all() {
+void GoldenReader::validate_all(ValidateScope scope) {
   Impl& m = *impl_;
   m.check_case_tree();
   for (const std::string& id : m.ids) {
-    if (m.info.kind == FileKind::kGolden) load_case(id);  // discarded: only the checks matter here
-    else load_results(id);
+    if (m.info.kind != FileKind::kGolden) {
+      load_results(id);
+    } else if (scope == ValidateScope::kEverything) {
+      load_case(id);  // discarded: only the checks matter here
+    } else {
+      // What run --golden reads of a case: its header, references, stored
+      // err_baseline and caches' recorded options (it regenerates the inputs
+      // and caches and checks them against the stored hashes instead).
+      const h5::Group g = m.open_case(id);
+      io::Budget budget(m.max_bytes);
+      const CaseHeader h = m.read_header(g.get(), id, budget);
+      if (!h.valid || !h.has_inputs) bad(m.case_where(id), "no stored inputs (a results file holds outputs only)");
+      if (h.spec.sparse.active()) {
+        load_case(id);  // the stored sparse sets are checked against the stored inputs (small cases)
+        continue;
+      }
+      const Where w = m.case_where(id);
+      {
+        const h5::Group in = io::open_group(g.get(), schema::kInputsGroup, w);
+        const auto shapes = schema::input_shapes(h.spec);
+        for (std::size_t i = 0; i < 5; ++i)
+          io::check_tensor(in.get(), schema::kInputNames[i], h.spec.dtype, shapes[i], w / schema::kInputsGroup);
+      }
+      m.read_reference(g.get(), h, budget);
+      m.read_decode(g.get(), h, budget);
+      m.read_baselines(g.get(), h, budget);
+      if (!h.cache_block_sizes.empty()) {
+        const Case layout = case_layout(h.spec);
+        const h5::Group cg = io::open_group(g.get(), schema::kCacheGroup, w);
+        for (int bs : h.cache_block_sizes) {
+          io::Budget cache_budget(m.max_bytes);
+          m.read_cache(cg.get(), layout, bs, w / schema::kCacheGroup, cache_budget, true);
+          cache_options(id, bs);
+        }
+      }
+    }
   }
 }
 
@@ -475,6 +550,7 @@ PreparedCase GoldenReader::load_case(const std::string& id) {
     pc.reference = m.read_reference(g.get(), h, budget);
   }
   pc.decode = m.read_decode(g.get(), h, budget);
+  pc.baselines = m.read_baselines(g.get(), h, budget);
   if (!h.cache_block_sizes.empty()) {
     const h5::Group cg = io::open_group(g.get(), schema::kCacheGroup, w);
     for (int bs : h.cache_block_sizes) pc.caches.emplace(bs, m.read_cache(cg.get(), pc.c, bs, w / schema::kCacheGroup, budget));
@@ -505,6 +581,15 @@ PreparedCase::SparseReference GoldenReader::load_sparse(const std::string& id, c
     bad(m.case_where(id) / golden::kSparseGroup,
         "stored index sets or sink differ from the regenerated ones: the generator or the case definition changed");
   return std::move(st.ref);
+}
+
+std::optional<StoredBaselines> GoldenReader::load_baselines(const std::string& id) {
+  Impl& m = *impl_;
+  const h5::Group g = m.open_case(id);
+  io::Budget budget(m.max_bytes);
+  const CaseHeader h = m.read_header(g.get(), id, budget);
+  if (!h.valid) return std::nullopt;
+  return m.read_baselines(g.get(), h, budget);
 }
 
 std::optional<PreparedCase::DecodeReference> GoldenReader::load_decode_reference(const std::string& id) {

@@ -18,6 +18,8 @@
 #include "golden/detail/schema.h"
 #include "golden/detail/sparse_io.h"
 #include "reference/glue.h"
+#include "reference/sdpa_emulation.h"
+#include "reference/sparse_reference.h"
 #include "mlagate/config.h"
 #include "reference/fp64_reference.h"
 
@@ -43,9 +45,17 @@ InputHashes input_hashes(const Case& c) {
   const auto ts = golden::schema::input_tensors(c);
   std::uint64_t* each[5] = {&h.q, &h.kv_c, &h.k_pe, &h.w_uk, &h.w_uv};
   h.combined = kFnvOffset;
+  // Each tensor's hash and the running combined one in one pass: two
+  // independent multiply chains, about the time of one.
   for (std::size_t i = 0; i < ts.size(); ++i) {
-    *each[i] = fnv1a64(ts[i]->bytes(), ts[i]->nbytes());
-    h.combined = fnv1a64(ts[i]->bytes(), ts[i]->nbytes(), h.combined);
+    const auto* p = reinterpret_cast<const unsigned char*>(ts[i]->bytes());
+    std::uint64_t a = kFnvOffset, b = h.combined;
+    for (std::size_t k = 0, n = ts[i]->nbytes(); k < n; ++k) {
+      a = (a ^ p[k]) * 0x100000001b3ull;
+      b = (b ^ p[k]) * 0x100000001b3ull;
+    }
+    *each[i] = a;
+    h.combined = b;
   }
   return h;
 }
@@ -303,11 +313,75 @@ void write_case_content(hid_t g, const PreparedCase& pc, const io::Where& w) {
     io::write_dataset(dg.get(), "o_lat", DType::kF64, {T, N, d.kv_lora_rank}, pc.decode->o_lat.data(), wd);
     io::write_dataset(dg.get(), "lse", DType::kF64, {T, N}, pc.decode->lse.data(), wd);
   }
+  if (pc.baselines) {
+    const StoredBaselines& b = *pc.baselines;
+    const h5::Group bg = io::create_group(g, schema::kBaselineGroup, w);
+    const io::Where wb = w / schema::kBaselineGroup;
+    io::write_attr(bg.get(), "implementation", "emulated (reference/sdpa_emulation.h)", wb);
+    if (!b.layer_out[0].empty()) {
+      const std::int64_t B = c.num_requests;
+      std::vector<double> out, lse;
+      for (int f = 0; f < 2; ++f) {
+        out.insert(out.end(), b.layer_out[f].begin(), b.layer_out[f].end());
+        lse.insert(lse.end(), b.layer_lse[f].begin(), b.layer_lse[f].end());
+      }
+      io::write_dataset(bg.get(), "layer_out", DType::kF64, {2, B}, out.data(), wb);
+      io::write_dataset(bg.get(), "layer_lse", DType::kF64, {2, B}, lse.data(), wb);
+    }
+    const std::pair<const char*, const std::optional<std::array<double, 2>>*> ops[3] = {
+        {"decode_op", &b.decode_op}, {"prefill_op", &b.prefill_op}, {"sparse", &b.sparse}};
+    for (const auto& [name, v] : ops)
+      if (*v) io::write_dataset(bg.get(), name, DType::kF64, {2}, (*v)->data(), wb);
+  }
 }
 
 }  // namespace golden
 
 // ---------------------------------------------------------------- export
+
+namespace {
+
+// err_baseline's parts, computed as a run computes them (the emulation against
+// the references just made) for everything a run may ask: the layer op in both
+// forms for every request (which requests a backend routes through which form
+// is the backend's choice), and the kernel-level ops exported. Models whose
+// dtype the emulation does not take (fp32) store none: a run computes nothing
+// for them either.
+std::optional<StoredBaselines> export_baselines(const PreparedCase& pc, const std::vector<Op>& ops) {
+  const Case& c = pc.c;
+  if (c.spec.dtype != DType::kBF16 && c.spec.dtype != DType::kF16) return std::nullopt;
+  StoredBaselines b;
+  auto both = [](const std::vector<double>& eo, const std::vector<double>& go, const std::vector<double>& el,
+                 const std::vector<double>& gl) {
+    return std::array<double, 2>{baseline_error(eo, go, 0, eo.size()), baseline_error(el, gl, 0, el.size())};
+  };
+  if (pc.sparse) {
+    const SparseReference e = sparse_emulation(c, pc.sparse->q.view());
+    b.sparse = both(e.o, pc.sparse->o, e.lse, pc.sparse->lse);
+    return b;
+  }
+  if (!pc.reference) return std::nullopt;
+  std::vector<int> all(static_cast<std::size_t>(c.num_requests));
+  for (int i = 0; i < c.num_requests; ++i) all[static_cast<std::size_t>(i)] = i;
+  KvProjection projection(c);
+  projection.ensure(all);
+  for (int f = 0; f < 2; ++f) {
+    const SdpaForm form = f == 0 ? SdpaForm::kDecode : SdpaForm::kPrefill;
+    const SdpaResult e = emulate_sdpa_layer(c, form, all, &projection);
+    layer_baseline_errors(c, e, pc.reference->out, pc.reference->lse, all, b.layer_out[f], b.layer_lse[f]);
+  }
+  if (pc.decode) {
+    const SdpaResult e = emulate_sdpa_decode_op(c, pc.decode->q_lat.view());
+    b.decode_op = both(e.out, pc.decode->o_lat, e.lse, pc.decode->lse);
+  }
+  if (std::find(ops.begin(), ops.end(), Op::kPrefill) != ops.end()) {
+    const SdpaResult e = emulate_sdpa_prefill_op(c, projection.k_all().view(), projection.v_all().view());
+    b.prefill_op = both(e.out, pc.reference->out, e.lse, pc.reference->lse);
+  }
+  return b;
+}
+
+}  // namespace
 
 PreparedCase prepare_export_case(const CaseSpec& spec, const ExportOptions& opt) {
   PreparedCase pc;
@@ -336,6 +410,7 @@ PreparedCase prepare_export_case(const CaseSpec& spec, const ExportOptions& opt)
     reference_mqa(pc.c, d.q_lat.view(), d.o_lat, d.lse);
     pc.decode = std::move(d);
   }
+  pc.baselines = export_baselines(pc, opt.ops);
   return pc;
 }
 

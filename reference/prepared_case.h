@@ -5,6 +5,7 @@
 // against exactly the stored values.
 #pragma once
 
+#include <array>
 #include <map>
 #include <optional>
 #include <vector>
@@ -15,6 +16,15 @@
 #include "reference/fp64_reference.h"
 
 namespace mlagate {
+
+// err_baseline's parts as the emulation (reference/sdpa_emulation.h) gives
+// them against the case's references, stored by export: the layer op per form
+// (0 decode, 1 prefill) and request [B] (NaN: not stored), and each
+// kernel-level op's (out, lse).
+struct StoredBaselines {
+  std::array<std::vector<double>, 2> layer_out, layer_lse;
+  std::optional<std::array<double, 2>> decode_op, prefill_op, sparse;
+};
 
 // What is left empty is computed as in a plain run (the runner fills it).
 struct PreparedCase {
@@ -33,6 +43,10 @@ struct PreparedCase {
     std::vector<double> o, lse;  // [T, N, Dv], [T, N]
   };
   std::optional<SparseReference> sparse;
+  std::optional<StoredBaselines> baselines;
+  // fp8 caches: the references over the unquantized inputs (an auto case's
+  // out, and its decode op's o_lat), for the quantization error records report.
+  std::optional<std::vector<double>> unquantized, unquantized_mqa;
   std::map<int, PagedCache> caches;  // block size -> cache without the new tokens (write_new_tokens = false)
   // false: a backend whose block size has no cache here is SKIPPED (replay runs stored caches only).
   bool build_missing_caches = true;

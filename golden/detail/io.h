@@ -77,6 +77,10 @@ Shape dataset_shape(hid_t loc, const std::string& name, const Where& w);
 // chunks), the dtype attribute and the fnv1a64 content hash.
 Tensor read_tensor(hid_t loc, const std::string& name, DType dtype, const Shape& shape, const Where& w, Budget& budget,
                    std::uint64_t* hash_out = nullptr);
+// Everything read_tensor checks but the content: link, dtype, shape, storage,
+// the dtype attribute and a well-formed fnv1a64 attribute (run --golden's
+// validation of stored inputs and cache data it does not read).
+void check_tensor(hid_t loc, const std::string& name, DType dtype, const Shape& shape, const Where& w);
 std::vector<std::string> read_strings(hid_t loc, const std::string& name, const Where& w, std::size_t max_count,
                                       std::size_t max_len, Budget& budget);
 

@@ -18,6 +18,7 @@ inline constexpr const char* kInputsGroup = "inputs";
 inline constexpr const char* kCacheGroup = "cache";
 inline constexpr const char* kGoldenGroup = "golden";
 inline constexpr const char* kDecodeGroup = "decode";
+inline constexpr const char* kBaselineGroup = "err_baseline";
 inline constexpr const char* kResultsGroup = "results";
 // Dataset names of the five inputs, in the order of the combined input hash.
 inline constexpr std::array<const char*, 5> kInputNames = {"q", "kv_c", "k_pe", "W_UK", "W_UV"};

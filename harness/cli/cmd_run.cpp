@@ -237,7 +237,7 @@ class RunCommand {
     // selection flag is given; stored references replace the recomputed ones.
     if (!ra_.golden.empty() || !ra_.replay.empty() || !ra_.save_results.empty())
       golden_.emplace(GoldenRunOptions{ra_.golden, ra_.replay, ra_.case_ids, ra_.save_results, ra_.max_bytes,
-                                       command_line_, shard_ ? shard_->str() : std::string()});
+                                       command_line_, shard_ ? shard_->str() : std::string(), ra_.worker});
     from_file_ = !ra_.replay.empty() || (!ra_.golden.empty() && sel_.argv().empty());
     if (from_file_) cfg_.cases = golden_->file_cases(sel_.filter);
     else if (!ra_.case_ids.empty()) cfg_.cases = sel_.resolve_ids(ra_.case_ids);  // the order-dependent repro's order

@@ -2,6 +2,8 @@
 // own comparison logic runs unchanged on cases made from a file.
 #include "harness/run/golden_run.h"
 
+#include <array>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -21,6 +23,25 @@ bool same_file(const std::string& a, const std::string& b) {
 
 const char* kInputLabels[5] = {"q", "kv_c", "k_pe", "W_UK", "W_UV"};
 
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.bytes(), b.bytes(), a.nbytes()) == 0;
+}
+
+// Bit for bit (NaN marks a part not stored).
+bool same_doubles(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+bool same_baselines(const std::optional<StoredBaselines>& a, const std::optional<StoredBaselines>& b) {
+  if (a.has_value() != b.has_value()) return false;
+  if (!a) return true;
+  auto same_pair = [](const std::optional<std::array<double, 2>>& x, const std::optional<std::array<double, 2>>& y) {
+    return x.has_value() == y.has_value() && (!x || std::memcmp(x->data(), y->data(), sizeof(double) * 2) == 0);
+  };
+  for (int f = 0; f < 2; ++f)
+    if (!same_doubles(a->layer_out[f], b->layer_out[f]) || !same_doubles(a->layer_lse[f], b->layer_lse[f])) return false;
+  return same_pair(a->decode_op, b->decode_op) && same_pair(a->prefill_op, b->prefill_op) && same_pair(a->sparse, b->sparse);
+}
+
 }  // namespace
 
 struct GoldenRun::Impl {
@@ -36,9 +57,9 @@ struct GoldenRun::Impl {
   }
 
   // The regenerated inputs must be the ones the file was exported from.
-  void check_regenerated(const Case& c, const CaseHeader& h) const {
+  void check_regenerated(const Case& c, const CaseHeader& h) {
     const std::string& id = h.id;
-    const InputHashes mine = input_hashes(c);
+    const InputHashes mine = regenerated_hashes(c);
     const std::uint64_t a[5] = {mine.q, mine.kv_c, mine.k_pe, mine.w_uk, mine.w_uv};
     const std::uint64_t b[5] = {h.hashes.q, h.hashes.kv_c, h.hashes.k_pe, h.hashes.w_uk, h.hashes.w_uv};
     for (int i = 0; i < 5; ++i)
@@ -60,17 +81,73 @@ struct GoldenRun::Impl {
     return so;
   }
 
-  PreparedCase from_golden(const CaseSpec& spec, const ExecOptions& exec) {
-    const std::string id = spec.id();
+  // The last case generated: the next one with equal inputs (another kv
+  // cache dtype) is a copy of it retargeted, as a plain run hands it on.
+  // Its input hashes are computed once (the parent's check).
+  std::optional<Case> last_generated;
+  std::optional<InputHashes> last_hashes;
+  // Rebuilt caches checked already, by cache_values_key, block size and poison
+  // options (fp8 and fp8_e4m3 caches are the same bytes): their hashes.
+  std::map<std::string, std::array<std::uint64_t, 3>> checked_caches;
+  bool validated = false;  // validate() ran in this process
+
+  Case regenerate(const CaseSpec& spec) {
+    if (last_generated && inputs_key(last_generated->spec) == inputs_key(spec)) {
+      spec.validate();
+      Case c = *last_generated;
+      retarget_case(c, spec);
+      return c;
+    }
+    last_generated.reset();
+    last_hashes.reset();
     Case c = generate_case(spec);  // InvalidCase: INVALID_CASE records, as in a plain run
+    last_generated = c;
+    return c;
+  }
+  const InputHashes& regenerated_hashes(const Case& c) {
+    if (!last_hashes) last_hashes = input_hashes(c);
+    return *last_hashes;
+  }
+
+  // fp8 caches: the quantization error's reference over the unquantized
+  // inputs is the golden of the kv=auto case of the same inputs, when the file
+  // holds that case (its input hashes equal this one's).
+  void load_unquantized(const CaseSpec& spec, const CaseHeader& h, PreparedCase& pc) {
+    if (!is_fp8(spec.kv_cache_dtype) || spec.sparse.active()) return;
+    CaseSpec a = spec;
+    a.kv_cache_dtype = KvCacheDtype::kAuto;
+    a.scale_rule = ScaleRule::kPow2;
+    a.k_scale = 1.f;
+    const std::string aid = a.id();
+    if (inputs_key(a) != inputs_key(spec) || !reader->has_case(aid)) return;
+    const CaseHeader ah = reader->header(aid);
+    if (!ah.has_golden || ah.hashes.combined != h.hashes.combined) return;
+    pc.unquantized = reader->load_reference(aid).out;
+    if (pc.decode)
+      if (auto d = reader->load_decode_reference(aid)) pc.unquantized_mqa = std::move(d->o_lat);
+  }
+
+  // check_only (the parent's check before any worker starts): the inputs and
+  // caches regenerated and checked, the references (validated already) not read.
+  PreparedCase from_golden(const CaseSpec& spec, const ExecOptions& exec, bool check_only = false) {
+    const std::string id = spec.id();
+    // Hashes are checked once, by validate() (in the parent process of an
+    // isolated run): generation is deterministic, so the worker's own
+    // regeneration gives the same bits and is not hashed again.
+    const bool check = check_only || !(validated || opt.validated_by_parent);
+    Case c = regenerate(spec);
     require_case(id);
     const CaseHeader h = reader->header(id);
-    check_regenerated(c, h);
+    if (check) check_regenerated(c, h);
     PreparedCase pc;
     pc.c = std::move(c);
     if (pc.c.sparse) pc.sparse = reader->load_sparse(id, pc.c);
-    else pc.reference = reader->load_reference(id);
-    pc.decode = reader->load_decode_reference(id);
+    else if (!check_only) pc.reference = reader->load_reference(id);
+    if (!check_only) {
+      pc.decode = reader->load_decode_reference(id);
+      pc.baselines = reader->load_baselines(id);
+      load_unquantized(spec, h, pc);
+    }
     for (int bs : h.cache_block_sizes) {
       const StoredCacheOptions so = stored_cache_options(id, bs, exec);
       CacheOptions co;
@@ -78,7 +155,19 @@ struct GoldenRun::Impl {
       co.poison_block_table = exec.poison_block_table;
       co.write_new_tokens = false;
       co.spare_blocks = so.spare_blocks;
+      const std::string key = cache_values_key(spec) + "/bs=" + std::to_string(bs) + "/" + std::string(poison_name(co.poison)) +
+                              (co.poison_block_table ? "+table" : "") + "/spare=" + std::to_string(co.spare_blocks);
+      if (check_only) {
+        const auto seen = checked_caches.find(key);
+        if (seen != checked_caches.end() &&
+            seen->second == std::array<std::uint64_t, 3>{so.hash_data, so.hash_block_table, so.hash_slot_mapping})
+          continue;  // the same bytes as a cache checked already
+      }
       PagedCache built = build_paged_cache(pc.c, bs, co);
+      if (!check) {
+        pc.caches.emplace(bs, std::move(built));
+        continue;
+      }
       const std::pair<const char*, const Tensor*> parts[3] = {
           {"data", &built.data}, {"block_table", &built.block_table}, {"slot_mapping", &built.slot_mapping}};
       const std::uint64_t stored[3] = {so.hash_data, so.hash_block_table, so.hash_slot_mapping};
@@ -89,7 +178,8 @@ struct GoldenRun::Impl {
                                 hash_hex(hh) + ") differs from the golden file's (hash " + hash_hex(stored[i]) +
                                 "): the cache layout changed since " + opt.golden + " was exported");
       }
-      pc.caches.emplace(bs, std::move(built));
+      checked_caches[key] = {so.hash_data, so.hash_block_table, so.hash_slot_mapping};
+      if (!check_only) pc.caches.emplace(bs, std::move(built));
     }
     return pc;
   }
@@ -145,7 +235,8 @@ std::vector<CaseSpec> GoldenRun::file_cases(const std::string& filter) const {
 void GoldenRun::validate(const std::vector<CaseSpec>& cases, const ExecOptions& exec) {
   Impl& m = *impl_;
   if (!m.reader) return;
-  m.reader->validate_all();
+  m.reader->validate_all(m.opt.golden.empty() ? GoldenReader::ValidateScope::kEverything
+                                               : GoldenReader::ValidateScope::kReferences);
   if (m.opt.golden.empty()) return;
   // run --golden: what the workers' from_golden would refuse (a case missing
   // from the file, inputs or caches that rebuild differently, other poison
@@ -153,11 +244,12 @@ void GoldenRun::validate(const std::vector<CaseSpec>& cases, const ExecOptions& 
   // backend. The same code as the workers', one case at a time.
   for (const CaseSpec& spec : cases) {
     try {
-      m.from_golden(spec, exec);
+      m.from_golden(spec, exec, true);
     } catch (const InvalidCase&) {
       // A case that cannot be generated: INVALID_CASE records, as in a plain run.
     }
   }
+  m.validated = true;
 }
 
 void GoldenRun::attach(RunConfig& cfg) {
@@ -165,6 +257,25 @@ void GoldenRun::attach(RunConfig& cfg) {
   m->policy = cfg.policy;
   for (const CaseSpec& s : cfg.cases) m->specs.emplace(s.id(), s);
   const ExecOptions exec = cfg.exec;
+  if (!m->opt.golden.empty() && !m->writer) {
+    // fp8 and fp8_e4m3 cases of one input set hold the same cache values, so
+    // export stored the same references for both; when the file's are equal
+    // (read and compared, not assumed), the run shares the case's context
+    // (caches, glue, up-projection) as a generated run does.
+    cfg.prepared_same = [m](const CaseSpec& prev, const CaseSpec& next) {
+      const std::string a = prev.id(), b = next.id();
+      if (!m->reader->has_case(a) || !m->reader->has_case(b)) return false;
+      const CaseHeader ha = m->reader->header(a), hb = m->reader->header(b);
+      if (ha.hashes != hb.hashes || ha.cache_block_sizes != hb.cache_block_sizes || ha.spec.sparse.active()) return false;
+      const ReferenceOutputs ra = m->reader->load_reference(a), rb = m->reader->load_reference(b);
+      if (ra.out != rb.out || ra.lse != rb.lse) return false;
+      const auto da = m->reader->load_decode_reference(a), db = m->reader->load_decode_reference(b);
+      if (da.has_value() != db.has_value()) return false;
+      if (da && (da->o_lat != db->o_lat || da->lse != db->lse || !same_bits(da->q_lat, db->q_lat))) return false;
+      const auto ba = m->reader->load_baselines(a), bb = m->reader->load_baselines(b);
+      return same_baselines(ba, bb);
+    };
+  }
   cfg.prepare = [m, exec](const CaseSpec& spec) {
     PreparedCase pc;
     if (!m->opt.replay.empty()) pc = m->reader->load_case(spec.id());

@@ -23,6 +23,9 @@ struct GoldenRunOptions {
   std::uint64_t max_bytes = kDefaultMaxBytes;
   std::string command_line;
   std::string shard;  // --shard I/N: recorded in the results file for mlagate merge
+  // An isolation worker: the parent validated the file and the cases
+  // (validate()), so preparing a case skips the hash checks it made.
+  bool validated_by_parent = false;
 };
 
 class GoldenRun {

@@ -25,12 +25,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-// Largest |a - b| over the finite pairs of elements [first, first + n).
 double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b, std::size_t first, std::size_t n) {
-  double worst = 0;
-  for (std::size_t k = first; k < first + n; ++k)
-    if (std::isfinite(a[k]) && std::isfinite(b[k])) worst = std::max(worst, std::fabs(a[k] - b[k]));
-  return worst;
+  return baseline_error(a, b, first, n);
 }
 
 struct BaselineErrors {
@@ -138,7 +134,19 @@ struct CaseContext {
     }
     given_caches = std::move(p.caches);
     build_missing_caches = p.build_missing_caches;
+    if (p.unquantized) unquantized = ReferenceOutputs{std::move(*p.unquantized), {}, {}};
+    if (p.unquantized_mqa) unquantized_mqa = std::move(*p.unquantized_mqa);
+    if (p.baselines) {
+      const StoredBaselines& b = *p.baselines;
+      stored_layer_base = b;
+      if (b.decode_op) base_decode_op = BaselineErrors{(*b.decode_op)[0], (*b.decode_op)[1]};
+      if (b.prefill_op) base_prefill_op = BaselineErrors{(*b.prefill_op)[0], (*b.prefill_op)[1]};
+      if (b.sparse) base_sparse = BaselineErrors{(*b.sparse)[0], (*b.sparse)[1]};
+    }
   }
+  // A golden file's stored err_baseline parts of the layer op (the emulation's:
+  // used unless a replacement implementation computes them).
+  std::optional<StoredBaselines> stored_layer_base;
   // Empty when a cache of this block size can be had, else why not.
   std::string missing_cache(int bs) const {
     if (build_missing_caches || given_caches.count(bs)) return {};
@@ -247,7 +255,6 @@ struct CaseContext {
     const ReferenceOutputs& g = get_reference();
     const auto t0 = Clock::now();
     const auto B = static_cast<std::size_t>(c.num_requests);
-    const auto N = static_cast<std::size_t>(c.spec.num_heads()), V = static_cast<std::size_t>(c.spec.dims.v_head_dim);
     if (paths.size() != B)
       throw std::logic_error("layer_baseline: " + std::to_string(paths.size()) + " paths for " + std::to_string(B) +
                              " requests");
@@ -255,7 +262,14 @@ struct CaseContext {
       const SdpaForm form = f == 0 ? SdpaForm::kDecode : SdpaForm::kPrefill;
       std::vector<double>& eo = base_out[f];
       std::vector<double>& el = base_lse[f];
-      if (eo.empty()) eo.assign(B, kNaN), el.assign(B, kNaN);
+      if (eo.empty()) {
+        eo.assign(B, kNaN), el.assign(B, kNaN);
+        // Stored values (NaN: not stored) for the emulation; what is missing is computed.
+        if (stored_layer_base && !impl.layer) {
+          eo = stored_layer_base->layer_out[f];
+          el = stored_layer_base->layer_lse[f];
+        }
+      }
       std::vector<int> need;
       for (std::size_t i = 0; i < B; ++i)
         if (paths[i] == sdpa_form_name(form) && std::isnan(eo[i])) need.push_back(static_cast<int>(i));
@@ -268,16 +282,12 @@ struct CaseContext {
         baseline_ms -= ms_since(t1);
         return emulate_sdpa_layer(c, form, need, kv);
       };
-      const SdpaResult e = impl.layer ? impl.layer(c, form, need) : emulate();
+      SdpaResult e = impl.layer ? impl.layer(c, form, need) : emulate();
       // A replacement without lse (SDPA returns none): lse from the emulation.
-      const SdpaResult e_lse = e.lse.empty() ? emulate() : SdpaResult{};
-      const std::vector<double>& lse = e.lse.empty() ? e_lse.lse : e.lse;
-      for (int i : need) {
-        const auto first = static_cast<std::size_t>(c.query_start_loc[i]);
-        const auto count = static_cast<std::size_t>(c.query_lens[i]);
-        eo[i] = max_abs_diff(e.out, g.out, first * N * V, count * N * V);
-        el[i] = max_abs_diff(lse, g.lse, first * N, count * N);
-      }
+      if (e.lse.empty()) e.lse = emulate().lse;
+      std::vector<double> got_out, got_lse;
+      layer_baseline_errors(c, e, g.out, g.lse, need, got_out, got_lse);
+      for (int i : need) eo[i] = got_out[i], el[i] = got_lse[i];
     }
     BaselineErrors err{0, 0};
     for (std::size_t i = 0; i < B; ++i) {
@@ -579,21 +589,23 @@ CaseContext& CaseStream::enter(const CaseSpec& spec) {
   ctx->reference = &cfg_.reference;
   std::unique_ptr<CaseContext> prev = std::move(last_);
   const auto t0 = Clock::now();
-  if (cfg_.prepare) {
-    prev.reset();  // a prepared case (golden file) is never handed on: each one is read again
+  const bool same_values = prev && cache_values_key(prev->c.spec) == cache_values_key(spec);
+  if (cfg_.prepare && !(same_values && cfg_.prepared_same && cfg_.prepared_same(prev->c.spec, spec))) {
+    prev.reset();  // a prepared case (golden file) is handed on only when its references are the same
     ctx->adopt(cfg_.prepare(spec));
-  } else if (prev && cache_values_key(prev->c.spec) == cache_values_key(spec)) {
+  } else if (same_values) {
     spec.validate();
     ctx = std::move(prev);
     ctx->c.spec = spec;
-    for (auto& [key, pc] : ctx->caches) {
-      pc.kv_dtype = spec.kv_cache_dtype;
-      pc.k_scale = spec.k_scale;
-    }
-    for (auto& [key, pc] : ctx->extra_caches) {
-      pc.kv_dtype = spec.kv_cache_dtype;
-      pc.k_scale = spec.k_scale;
-    }
+    auto retag = [&](auto& caches) {
+      for (auto& [key, pc] : caches) {
+        pc.kv_dtype = spec.kv_cache_dtype;
+        pc.k_scale = spec.k_scale;
+      }
+    };
+    retag(ctx->caches);
+    retag(ctx->extra_caches);
+    retag(ctx->given_caches);
   } else if (prev && inputs_key(prev->c.spec) == inputs_key(spec)) {
     if (!is_fp8(prev->c.spec.kv_cache_dtype)) {
       if (prev->ref_outputs) prev->unquantized = std::move(prev->ref_outputs);

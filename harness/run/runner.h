@@ -65,6 +65,10 @@ struct RunConfig {
   // (optional) makes each case instead of generate_case (golden files); InvalidCase
   // gives INVALID_CASE records, any other exception ends the run.
   std::function<PreparedCase(const CaseSpec&)> prepare;
+  // (optional, with prepare) true when the case `next` would be prepared with
+  // exactly the references of `prev` (equal cache values): the context of prev
+  // is handed on as in a generated run instead of preparing next anew.
+  std::function<bool(const CaseSpec& prev, const CaseSpec& next)> prepared_same;
   // (optional) each record that ran, with its outputs, before they are freed (results files).
   std::function<void(const Case&, const Record&, std::span<const ProducedOutput>)> on_outputs;
   // (optional) polled between records: true ends the run early (SIGINT/SIGTERM).

@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
+#include <stdexcept>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -300,6 +302,13 @@ BinaryRun run_binary(const std::vector<std::string>& args, const fs::path& scrat
   fs::remove(out);
   fs::remove(err);
   return r;
+}
+
+Tensor doubles(const std::vector<double>& v, const Shape& shape) {
+  Tensor t(DType::kF64, shape);
+  if (v.size() * sizeof(double) != t.nbytes()) throw std::invalid_argument("doubles: values and shape disagree");
+  std::memcpy(t.bytes(), v.data(), t.nbytes());
+  return t;
 }
 
 }  // namespace mlagate::testing

@@ -51,6 +51,8 @@ void set_int_attr(const fs::path& file, const std::string& object, const std::st
 void set_string_attr(const fs::path& file, const std::string& object, const std::string& name, const std::string& v);
 void set_vlen_string_attr(const fs::path& file, const std::string& object, const std::string& name, const std::string& v);
 void delete_attr(const fs::path& file, const std::string& object, const std::string& name);
+// A float64 tensor of `shape` holding v (row-major).
+Tensor doubles(const std::vector<double>& v, const Shape& shape);
 // Replaces a dataset (new shape and data allowed) with correct dtype and
 // fnv1a64 attributes, as a consistent but hostile writer would.
 void replace_dataset(const fs::path& file, const std::string& group, const std::string& name, const Tensor& t);

@@ -4,6 +4,8 @@
 // export leaves nothing behind; the CLI's exit codes.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -167,6 +169,79 @@ TEST_F(H5Files, RunGoldenGivesTheVerdictsOfARecomputedRun) {
   std::size_t passed = 0;
   for (const Record& r : got) passed += r.status == Status::kPassed;
   EXPECT_GT(passed, got.size() / 2);  // a real run, not a pile of NOT_SUPPORTED
+}
+
+// Export stores err_baseline's parts (the layer op per form and request, the
+// decode op's) and run --golden takes them instead of emulating again: equal
+// to a recomputed run's, bit for bit, and, in a file whose stored values were
+// doubled, doubled in the records (the prefill op's, not stored by this
+// export, computed as before).
+TEST_F(H5Files, RunGoldenTakesTheStoredErrBaseline) {
+  auto backends = select_backends("cpu.paged,cpu.splitkv");
+  RunConfig plain = small_run_config(small_specs());
+  plain.baseline.always = true;
+  const std::vector<Record> want = run_cases(plain, backends);
+
+  RunConfig cfg = small_run_config(small_specs());
+  cfg.baseline.always = true;
+  GoldenRun golden(GoldenRunOptions{golden_, "", {}, "", kDefaultMaxBytes, "test", ""});
+  golden.attach(cfg);
+  const std::vector<Record> got = run_cases(cfg, backends);
+  expect_same_records(got, want);
+  std::size_t with_baseline = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    for (std::size_t k = 0; k < got[i].metrics.size(); ++k) {
+      const double a = got[i].metrics[k].err_baseline, b = want[i].metrics[k].err_baseline;
+      EXPECT_EQ(std::memcmp(&a, &b, sizeof(double)), 0) << got[i].case_id << " " << got[i].backend << " " << got[i].op;
+      with_baseline += std::isfinite(a) && a > 0;
+    }
+  EXPECT_GT(with_baseline, got.size() / 2);
+
+  const fs::path doubled = scratch_ / "doubled.h5";
+  fs::copy_file(golden_, doubled);
+  {
+    GoldenReader r(golden_);
+    for (const std::string& id : r.case_ids()) {
+      const std::optional<StoredBaselines> b = r.load_baselines(id);
+      ASSERT_TRUE(b) << id;
+      ASSERT_TRUE(b->decode_op) << id;
+      EXPECT_FALSE(b->prefill_op) << id;  // export_small: layer and decode only
+      const std::int64_t B = static_cast<std::int64_t>(b->layer_out[0].size());
+      std::vector<double> out, lse;
+      for (int f = 0; f < 2; ++f) {
+        ASSERT_EQ(static_cast<std::int64_t>(b->layer_out[f].size()), B);
+        for (std::int64_t i = 0; i < B; ++i) {
+          EXPECT_TRUE(std::isfinite(b->layer_out[f][i])) << id;  // every request, both forms
+          out.push_back(2 * b->layer_out[f][i]);
+          lse.push_back(2 * b->layer_lse[f][i]);
+        }
+      }
+      const std::string g = case_path(id) + "/err_baseline";
+      replace_dataset(doubled, g, "layer_out", doubles(out, {2, B}));
+      replace_dataset(doubled, g, "layer_lse", doubles(lse, {2, B}));
+      replace_dataset(doubled, g, "decode_op", doubles({2 * (*b->decode_op)[0], 2 * (*b->decode_op)[1]}, {2}));
+    }
+  }
+  RunConfig cfg2 = small_run_config(small_specs());
+  cfg2.baseline.always = true;
+  GoldenRun golden2(GoldenRunOptions{doubled.string(), "", {}, "", kDefaultMaxBytes, "test", ""});
+  golden2.attach(cfg2);
+  const std::vector<Record> twice = run_cases(cfg2, backends);
+  ASSERT_EQ(twice.size(), want.size());
+  std::size_t changed = 0;
+  for (std::size_t i = 0; i < twice.size(); ++i)
+    for (std::size_t k = 0; k < twice[i].metrics.size(); ++k) {
+      const double a = twice[i].metrics[k].err_baseline, b = want[i].metrics[k].err_baseline;
+      if (!std::isfinite(b)) continue;
+      const std::string at = twice[i].case_id + " " + twice[i].backend + " " + twice[i].op;
+      if (twice[i].op == "prefill") {
+        EXPECT_EQ(a, b) << at;
+      } else {
+        EXPECT_EQ(a, 2 * b) << at;
+        changed += b > 0;
+      }
+    }
+  EXPECT_GT(changed, 0u);
 }
 
 TEST_F(H5Files, ReplayEqualsRunAndTheirResultsCompareIdentical) {

@@ -6,6 +6,9 @@
 // results file behind; never a CRASHED or NONFINITE record that blames the
 // kernels. The hostile files are made here by editing a freshly exported one
 // (dataset hashes recomputed, so the semantic check under test must catch it).
+// One exception, by design: run --golden does not read the bytes of stored
+// inputs and cache data (it regenerates them and checks the stored hashes), so
+// a corrupt chunk there is replay's to refuse (CorruptedDataChunk).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -98,12 +101,6 @@ fs::path HostileCli::good_;
 std::map<std::string, PreparedCase>* HostileCli::originals_ = nullptr;
 std::string HostileCli::decode_id_, HostileCli::padding_id_;
 
-Tensor doubles(const std::vector<double>& v, const Shape& shape) {
-  Tensor t(DType::kF64, shape);
-  std::memcpy(t.bytes(), v.data(), t.nbytes());
-  return t;
-}
-
 TEST_F(HostileCli, TheGoodFilePasses) {
   const BinaryRun r = run_binary({"run", "--golden", good_.string(), "--backend", "cpu.paged", "--no-progress", "-q"}, scratch_.path());
   EXPECT_EQ(r.rc, kExitPassed) << r.out << r.err;
@@ -184,7 +181,16 @@ TEST_F(HostileCli, CorruptedDataChunk) {
   const std::uint64_t off = chunks[0].first + chunks[0].second / 2;
   bytes[off] = static_cast<char>(bytes[off] ^ 0x20);
   write_bytes(p, bytes);
-  expect_refused(p, {ds});
+  // replay reads the stored cache: refused. run --golden never reads the
+  // stored cache's bytes (it rebuilds the cache and checks it against the
+  // stored hashes, which are intact), so it runs against the intact references.
+  const std::string f = p.string();
+  const BinaryRun r = run_binary({"replay", f, "--backend", "cpu.paged", "--no-progress", "-q"}, scratch_.path());
+  EXPECT_EQ(r.rc, kExitUsage) << r.out << r.err;
+  EXPECT_NE(r.err.find(ds), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
+  const BinaryRun g = run_binary({"run", "--golden", f, "--backend", "cpu.paged", "--no-progress", "-q"}, scratch_.path());
+  EXPECT_EQ(g.rc, kExitPassed) << g.out << g.err;
 }
 
 // A NaN or an infinity stored in a reference made every backend NONFINITE.
@@ -242,6 +248,24 @@ TEST_F(HostileCli, EmptyRowLseMustBeMinusInfinity) {
   replace_dataset(p, group(padding_id_, "decode"), "lse", doubles(dl, {T, N}));
   expect_refused(p, {group(padding_id_, "decode/lse") + ": element " + std::to_string(row1) +
                      " (request 1, token 0, head 0, dim 0) is nan"});
+}
+
+// A stored err_baseline part must be an error (finite, >= 0) or NaN (not
+// stored): an infinite one would pass every backend under the baseline policy.
+TEST_F(HostileCli, StoredErrBaselineMustBeAnError) {
+  const std::int64_t B = original(decode_id_).c.num_requests;
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> v(static_cast<std::size_t>(2 * B), 1e-3);
+  v[1] = -1e-3;
+  fs::path p = copy("baseline_negative.h5");
+  replace_dataset(p, group(decode_id_, "err_baseline"), "layer_out", doubles(v, {2, B}));
+  expect_refused(p, {group(decode_id_, "err_baseline/layer_out") + ": an err_baseline value is negative or infinite"});
+  p = copy("baseline_inf.h5");
+  replace_dataset(p, group(decode_id_, "err_baseline"), "decode_op", doubles({1e-3, inf}, {2}));
+  expect_refused(p, {group(decode_id_, "err_baseline/decode_op") + ": an err_baseline value is negative or infinite"});
+  p = copy("baseline_shape.h5");
+  replace_dataset(p, group(decode_id_, "err_baseline"), "layer_lse", doubles(v, {B, 2}));
+  expect_refused(p, {group(decode_id_, "err_baseline/layer_lse")});
 }
 
 // Every case and every cache the file holds is validated, whichever the
