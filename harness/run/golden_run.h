@@ -42,7 +42,8 @@ class GoldenRun {
   // cases from here; run --golden does when no --suite or --spec is given.
   std::vector<CaseSpec> file_cases(const std::string& filter) const;
   // Validates the whole file before anything runs (GoldenReader::validate_all:
-  // every case, selected or not), and for run --golden checks that each of
+  // every case, selected or not; for run --golden without reading the bytes of
+  // the stored inputs and cache data, which it regenerates), and for run --golden checks that each of
   // `cases` is in the file, regenerates to its stored input hashes and was
   // exported with `exec`'s poison options. Throws GoldenFileError (exit 2).
   // The parent process calls it; isolation workers do not repeat it.
