@@ -49,6 +49,7 @@ class H5Error : public GoldenFileError {
 
 // FNV-1a 64 over raw bytes: the content hash stored with every dataset.
 inline constexpr std::uint64_t kFnvOffset = 0xcbf29ce484222325ull;
+inline constexpr std::uint64_t kFnvPrime = 0x100000001b3ull;
 std::uint64_t fnv1a64(const void* data, std::size_t n, std::uint64_t h = kFnvOffset);
 std::string hash_hex(std::uint64_t h);  // 16 lowercase hex digits
 
@@ -211,6 +212,11 @@ class GoldenReader {
   std::optional<PreparedCase::DecodeReference> load_decode_reference(const std::string& id);
   // Stored err_baseline parts (files exported before they were stored: none).
   std::optional<StoredBaselines> load_baselines(const std::string& id);
+  // The stored fnv1a64 content hashes of a case's references (golden/,
+  // decode/, err_baseline/; which groups and datasets exist included), without
+  // reading them: equal for two cases of a validated file means equal
+  // references.
+  std::vector<std::uint64_t> stored_reference_hashes(const std::string& id);
   // A sparse case's stored query and reference, every stored value validated
   // and the index sets checked equal to c's (the regenerated case).
   PreparedCase::SparseReference load_sparse(const std::string& id, const Case& c);

@@ -292,6 +292,17 @@ struct GoldenReader::Impl {
     return r;
   }
 
+  // A per-case part that only a valid (generated) case has: none otherwise.
+  template <class T>
+  std::optional<T> read_optional(const std::string& id,
+                                 std::optional<T> (Impl::*read)(hid_t, const CaseHeader&, io::Budget&)) {
+    const h5::Group g = open_case(id);
+    io::Budget budget(max_bytes);
+    const CaseHeader h = read_header(g.get(), id, budget);
+    if (!h.valid) return std::nullopt;
+    return (this->*read)(g.get(), h, budget);
+  }
+
   // err_baseline parts (export's emulation): each NaN (not stored) or a
   // finite error >= 0. Files without the group give none (computed by the run).
   std::optional<StoredBaselines> read_baselines(hid_t g, const CaseHeader& h, io::Budget& budget) {
@@ -584,21 +595,40 @@ PreparedCase::SparseReference GoldenReader::load_sparse(const std::string& id, c
 }
 
 std::optional<StoredBaselines> GoldenReader::load_baselines(const std::string& id) {
-  Impl& m = *impl_;
-  const h5::Group g = m.open_case(id);
-  io::Budget budget(m.max_bytes);
-  const CaseHeader h = m.read_header(g.get(), id, budget);
-  if (!h.valid) return std::nullopt;
-  return m.read_baselines(g.get(), h, budget);
+  return impl_->read_optional(id, &Impl::read_baselines);
 }
 
 std::optional<PreparedCase::DecodeReference> GoldenReader::load_decode_reference(const std::string& id) {
+  return impl_->read_optional(id, &Impl::read_decode);
+}
+
+std::vector<std::uint64_t> GoldenReader::stored_reference_hashes(const std::string& id) {
   Impl& m = *impl_;
   const h5::Group g = m.open_case(id);
-  io::Budget budget(m.max_bytes);
-  const CaseHeader h = m.read_header(g.get(), id, budget);
-  if (!h.valid) return std::nullopt;
-  return m.read_decode(g.get(), h, budget);
+  const Where w = m.case_where(id);
+  struct Part {
+    const char* group;
+    std::vector<const char*> datasets;
+  };
+  const Part parts[3] = {{schema::kGoldenGroup, {"out", "lse"}},
+                         {schema::kDecodeGroup, {"q_lat", "q_pe", "o_lat", "lse"}},
+                         {schema::kBaselineGroup, {"layer_out", "layer_lse", "decode_op", "prefill_op", "sparse"}}};
+  std::vector<std::uint64_t> out;
+  for (const Part& part : parts) {
+    const bool has = io::has_link(g.get(), part.group, w);
+    out.push_back(has);
+    if (!has) continue;
+    const h5::Group pg = io::open_group(g.get(), part.group, w);
+    const Where wp = w / part.group;
+    for (const char* name : part.datasets) {
+      const bool present = io::has_link(pg.get(), name, wp);
+      out.push_back(present);
+      if (!present) continue;
+      const h5::Dataset ds = h5::dopen(pg.get(), name, (wp / name).str());
+      out.push_back(io::read_hash(ds.get(), "fnv1a64", wp / name));
+    }
+  }
+  return out;
 }
 
 StoredCacheOptions GoldenReader::cache_options(const std::string& id, int block_size) {

@@ -29,7 +29,7 @@ std::uint64_t fnv1a64(const void* data, std::size_t n, std::uint64_t h) {
   const auto* p = static_cast<const unsigned char*>(data);
   for (std::size_t i = 0; i < n; ++i) {
     h ^= p[i];
-    h *= 0x100000001b3ull;
+    h *= kFnvPrime;
   }
   return h;
 }
@@ -51,8 +51,8 @@ InputHashes input_hashes(const Case& c) {
     const auto* p = reinterpret_cast<const unsigned char*>(ts[i]->bytes());
     std::uint64_t a = kFnvOffset, b = h.combined;
     for (std::size_t k = 0, n = ts[i]->nbytes(); k < n; ++k) {
-      a = (a ^ p[k]) * 0x100000001b3ull;
-      b = (b ^ p[k]) * 0x100000001b3ull;
+      a = (a ^ p[k]) * kFnvPrime;
+      b = (b ^ p[k]) * kFnvPrime;
     }
     *each[i] = a;
     h.combined = b;

@@ -244,6 +244,50 @@ TEST_F(H5Files, RunGoldenTakesTheStoredErrBaseline) {
   EXPECT_GT(changed, 0u);
 }
 
+// fp8 and fp8_e4m3 cases of one input set share a context in run --golden
+// only while the file's stored references are the same: with the fp8_e4m3
+// case's stored err_baseline doubled, its records must carry the doubled
+// values, not the fp8 case's.
+TEST_F(H5Files, RunGoldenSharesACaseOnlyWhenItsStoredReferencesAreEqual) {
+  std::vector<CaseSpec> specs;
+  for (KvCacheDtype kv : {KvCacheDtype::kFp8, KvCacheDtype::kFp8E4m3}) {
+    CaseSpec s = small_specs()[0];
+    s.kv_cache_dtype = kv;
+    specs.push_back(s);
+  }
+  const fs::path file = scratch_ / "fp8.h5", edited = scratch_ / "fp8_doubled.h5";
+  export_small(file, specs);
+  fs::copy_file(file, edited);
+  {
+    GoldenReader r(file.string());
+    const std::string id = specs[1].id();
+    const StoredBaselines b = *r.load_baselines(id);
+    const std::int64_t B = static_cast<std::int64_t>(b.layer_out[0].size());
+    std::vector<double> out;
+    for (int f = 0; f < 2; ++f)
+      for (double x : b.layer_out[f]) out.push_back(2 * x);
+    replace_dataset(edited, case_path(id) + "/err_baseline", "layer_out", doubles(out, {2, B}));
+  }
+  auto run = [&](const fs::path& f) {
+    auto backends = select_backends("cpu.paged");
+    RunConfig cfg = small_run_config(specs);
+    cfg.ops = {Op::kLayer};
+    cfg.baseline.always = true;
+    GoldenRun golden(GoldenRunOptions{f.string(), "", {}, "", kDefaultMaxBytes, "test", ""});
+    golden.validate(cfg.cases, cfg.exec);
+    golden.attach(cfg);
+    return run_cases(cfg, backends);
+  };
+  const std::vector<Record> same = run(file), twice = run(edited);
+  ASSERT_EQ(same.size(), 2u);
+  ASSERT_EQ(twice.size(), 2u);
+  const double fp8 = same[0].metrics.at(0).err_baseline;
+  ASSERT_TRUE(std::isfinite(fp8) && fp8 > 0);
+  EXPECT_EQ(same[1].metrics.at(0).err_baseline, fp8);     // shared (or equal anyway)
+  EXPECT_EQ(twice[0].metrics.at(0).err_baseline, fp8);
+  EXPECT_EQ(twice[1].metrics.at(0).err_baseline, 2 * fp8);  // its own stored values, not the fp8 case's
+}
+
 TEST_F(H5Files, ReplayEqualsRunAndTheirResultsCompareIdentical) {
   auto backends = select_backends("cpu.paged,cpu.splitkv");
   const fs::path run_results = scratch_ / "run.h5", replay_results = scratch_ / "replay.h5";
