@@ -4,6 +4,7 @@
 // header (golden/detail/h5.h is private to golden/*.cpp).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -51,15 +52,36 @@ class H5Error : public GoldenFileError {
 inline constexpr std::uint64_t kFnvOffset = 0xcbf29ce484222325ull;
 inline constexpr std::uint64_t kFnvPrime = 0x100000001b3ull;
 std::uint64_t fnv1a64(const void* data, std::size_t n, std::uint64_t h = kFnvOffset);
+// XXH64 (the published algorithm) over raw bytes: stored beside fnv1a64 since
+// it was added, and the hash readers check where a file has it (it runs at
+// memory speed; FNV-1a at about 1 GB/s).
+std::uint64_t xxh64(const void* data, std::size_t n, std::uint64_t seed = 0);
 std::string hash_hex(std::uint64_t h);  // 16 lowercase hex digits
 
+// A content hash as a reader checks it: the dataset's xxh64 attribute where
+// it has one, else its fnv1a64 (files written before xxh64 was stored).
+struct ContentHash {
+  enum class Kind : std::uint8_t { kFnv1a64, kXxh64 };
+  Kind kind = Kind::kFnv1a64;
+  std::uint64_t value = 0;
+  static ContentHash of(Kind kind, const void* data, std::size_t n);
+  bool matches(const void* data, std::size_t n) const { return of(kind, data, n).value == value; }
+  std::string str() const;  // "xxh64 0123456789abcdef"
+  bool operator==(const ContentHash&) const = default;
+};
+
 // Content hashes of a case's inputs. `combined` is FNV-1a over the raw bytes of
-// q, kv_c, k_pe, W_UK, W_UV in this order (the case's input_hash attribute).
+// q, kv_c, k_pe, W_UK, W_UV in this order (the case's input_hash attribute);
+// the five FNV-1a hashes are hash_<name>, the XXH64 ones xxh64_<name> (absent
+// from older files: `has_xxh` false when read from one).
 struct InputHashes {
   std::uint64_t q = 0, kv_c = 0, k_pe = 0, w_uk = 0, w_uv = 0, combined = 0;
+  std::array<std::uint64_t, 5> xxh{};  // q, kv_c, k_pe, W_UK, W_UV
+  bool has_xxh = true;
   bool operator==(const InputHashes&) const = default;
 };
-InputHashes input_hashes(const Case& c);
+InputHashes input_hashes(const Case& c);  // both kinds
+std::array<std::uint64_t, 5> input_xxh64(const Case& c);  // the XXH64 ones only
 
 enum class FileKind { kGolden, kResults };
 
@@ -156,7 +178,7 @@ struct StoredCacheOptions {
   Poison poison = Poison::kNaN;
   bool poison_block_table = false;
   int spare_blocks = kDefaultSpareBlocks;
-  std::uint64_t hash_data = 0, hash_block_table = 0, hash_slot_mapping = 0;
+  ContentHash hash_data, hash_block_table, hash_slot_mapping;  // the datasets' checked hashes
 };
 
 struct StoredOutput {
@@ -212,7 +234,7 @@ class GoldenReader {
   std::optional<PreparedCase::DecodeReference> load_decode_reference(const std::string& id);
   // Stored err_baseline parts (files exported before they were stored: none).
   std::optional<StoredBaselines> load_baselines(const std::string& id);
-  // The stored fnv1a64 content hashes of a case's references (golden/,
+  // The stored content hashes (ContentHash) of a case's references (golden/,
   // decode/, err_baseline/; which groups and datasets exist included), without
   // reading them: equal for two cases of a validated file means equal
   // references.

@@ -213,6 +213,7 @@ std::uint64_t write_raw(hid_t loc, const std::string& name, hid_t file_type, hid
   const std::uint64_t hash = fnv1a64(data, nbytes);
   write_attr(ds.get(), "dtype", dtype_attr, w);
   write_attr(ds.get(), "fnv1a64", hash_hex(hash), w);
+  write_attr(ds.get(), "xxh64", hash_hex(xxh64(data, nbytes)), w);
   return hash;
 }
 
@@ -287,6 +288,14 @@ std::uint64_t read_hash(hid_t loc, const std::string& name, const Where& w) {
   return std::stoull(s, nullptr, 16);
 }
 
+ContentHash read_content_hash(hid_t ds, const Where& w) {
+  // fnv1a64 must be well-formed even where xxh64 is the hash checked: a
+  // reader that checks FNV only (older mlagate, a script) reads the same file.
+  ContentHash h{ContentHash::Kind::kFnv1a64, read_hash(ds, "fnv1a64", w)};
+  if (has_attr(ds, "xxh64", w)) h = {ContentHash::Kind::kXxh64, read_hash(ds, "xxh64", w)};
+  return h;
+}
+
 bool has_link(hid_t loc, const std::string& name, const Where& w) {
   const std::string what = (w / name).str();
   if (!h5::lexists(loc, name, what)) return false;
@@ -321,7 +330,7 @@ Shape dataset_shape(hid_t loc, const std::string& name, const Where& w) {
 namespace {
 
 // read_tensor's checks of everything but the content; returns the stored hash.
-std::uint64_t check_dataset(const h5::Dataset& ds, DType dtype, const Shape& shape, const Where& w) {
+ContentHash check_dataset(const h5::Dataset& ds, DType dtype, const Shape& shape, const Where& w) {
   const Storage st = storage_of(dtype);
   const h5::Datatype t = h5::dget_type(ds, w.str());
   const H5T_class_t cls = h5::tget_class(t, w.str());
@@ -336,7 +345,7 @@ std::uint64_t check_dataset(const h5::Dataset& ds, DType dtype, const Shape& sha
   check_storage(ds, st.size, w);
   const std::string dt = read_string(ds.get(), "dtype", w, 64);
   if (dt != dtype_name(dtype)) bad(w, "dtype attribute '" + dt + "', expected '" + std::string(dtype_name(dtype)) + "'");
-  return read_hash(ds.get(), "fnv1a64", w);
+  return read_content_hash(ds.get(), w);
 }
 
 }  // namespace
@@ -349,19 +358,19 @@ void check_tensor(hid_t loc, const std::string& name, DType dtype, const Shape& 
 }
 
 Tensor read_tensor(hid_t loc, const std::string& name, DType dtype, const Shape& shape, const Where& parent,
-                   Budget& budget, std::uint64_t* hash_out) {
+                   Budget& budget, ContentHash* hash_out) {
   const Where w = parent / name;
   if (!has_link(loc, name, parent)) bad(w, "missing dataset");
   const h5::Dataset ds = h5::dopen(loc, name, w.str());
   const Storage st = storage_of(dtype);
-  const std::uint64_t stored = check_dataset(ds, dtype, shape, w);
+  const ContentHash stored = check_dataset(ds, dtype, shape, w);
   double bytes = static_cast<double>(st.size);
   for (auto d : shape) bytes *= static_cast<double>(d);
   budget.take(bytes, w);
   Tensor out(dtype, shape);
   if (out.nbytes() > 0) h5::dread(ds, st.mem_type, out.bytes(), w.str());
-  const std::uint64_t h = fnv1a64(out.bytes(), out.nbytes());
-  if (h != stored) bad(w, "content hash " + hash_hex(h) + " differs from the stored " + hash_hex(stored) + " (corrupt file)");
+  const ContentHash h = ContentHash::of(stored.kind, out.bytes(), out.nbytes());
+  if (h != stored) bad(w, "content hash " + h.str() + " differs from the stored " + hash_hex(stored.value) + " (corrupt file)");
   if (hash_out) *hash_out = h;
   return out;
 }
@@ -380,12 +389,12 @@ std::vector<std::string> read_strings(hid_t loc, const std::string& name, const 
   if (dims.size() != 1) bad(w, "not one-dimensional " + dims_str(dims));
   if (dims[0] > max_count) bad(w, "more than " + std::to_string(max_count) + " entries");
   check_storage(ds, len, w);
-  const std::uint64_t stored = read_hash(ds.get(), "fnv1a64", w);
+  const ContentHash stored = read_content_hash(ds.get(), w);
   budget.take(static_cast<double>(dims[0]) * static_cast<double>(len), w);
   std::vector<char> buf(static_cast<std::size_t>(dims[0]) * len, '\0');
   if (!buf.empty()) h5::dread(ds, t.get(), buf.data(), w.str());
-  const std::uint64_t h = fnv1a64(buf.data(), buf.size());
-  if (h != stored) bad(w, "content hash " + hash_hex(h) + " differs from the stored " + hash_hex(stored) + " (corrupt file)");
+  const ContentHash h = ContentHash::of(stored.kind, buf.data(), buf.size());
+  if (h != stored) bad(w, "content hash " + h.str() + " differs from the stored " + hash_hex(stored.value) + " (corrupt file)");
   std::vector<std::string> out;
   for (std::size_t i = 0; i < dims[0]; ++i) {
     const char* p = buf.data() + i * len;

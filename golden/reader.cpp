@@ -185,6 +185,13 @@ struct GoldenReader::Impl {
     h.hashes.combined = io::read_hash(g, "input_hash", w);
     std::uint64_t* each[5] = {&h.hashes.q, &h.hashes.kv_c, &h.hashes.k_pe, &h.hashes.w_uk, &h.hashes.w_uv};
     for (std::size_t i = 0; i < 5; ++i) *each[i] = io::read_hash(g, std::string("hash_") + schema::kInputNames[i], w);
+    // xxh64_<name>: all five or none (files written before they were stored).
+    int xxh_attrs = 0;
+    for (std::size_t i = 0; i < 5; ++i) xxh_attrs += io::has_attr(g, std::string("xxh64_") + schema::kInputNames[i], w);
+    if (xxh_attrs != 0 && xxh_attrs != 5) bad(w, "some of the xxh64_<input> attributes are missing (all five or none)");
+    h.hashes.has_xxh = xxh_attrs == 5;
+    for (std::size_t i = 0; h.hashes.has_xxh && i < 5; ++i)
+      h.hashes.xxh[i] = io::read_hash(g, std::string("xxh64_") + schema::kInputNames[i], w);
     h.has_inputs = io::has_link(g, schema::kInputsGroup, w);
     h.has_golden = io::has_link(g, schema::kGoldenGroup, w);
     h.has_decode = io::has_link(g, schema::kDecodeGroup, w);
@@ -541,14 +548,20 @@ PreparedCase GoldenReader::load_case(const std::string& id) {
     const Where wi = w / schema::kInputsGroup;
     const auto shapes = schema::input_shapes(h.spec);
     const auto dst = schema::input_tensors(pc.c);
-    const std::uint64_t want[5] = {h.hashes.q, h.hashes.kv_c, h.hashes.k_pe, h.hashes.w_uk, h.hashes.w_uv};
+    for (std::size_t i = 0; i < 5; ++i)
+      *dst[i] = io::read_tensor(in.get(), schema::kInputNames[i], h.spec.dtype, shapes[i], wi, budget);
+    // The datasets' own hashes were checked as they were read; the case's
+    // hash_<name> (and xxh64_<name>) must describe the same bytes.
+    const InputHashes got = input_hashes(pc.c);
+    const std::uint64_t fnv_got[5] = {got.q, got.kv_c, got.k_pe, got.w_uk, got.w_uv};
+    const std::uint64_t fnv_want[5] = {h.hashes.q, h.hashes.kv_c, h.hashes.k_pe, h.hashes.w_uk, h.hashes.w_uv};
     for (std::size_t i = 0; i < 5; ++i) {
-      std::uint64_t got = 0;
-      *dst[i] = io::read_tensor(in.get(), schema::kInputNames[i], h.spec.dtype, shapes[i], wi, budget, &got);
-      if (got != want[i])
+      if (fnv_got[i] != fnv_want[i])
         bad(wi / schema::kInputNames[i], "content differs from the case's hash_" + std::string(schema::kInputNames[i]));
+      if (h.hashes.has_xxh && got.xxh[i] != h.hashes.xxh[i])
+        bad(wi / schema::kInputNames[i], "content differs from the case's xxh64_" + std::string(schema::kInputNames[i]));
     }
-    if (input_hashes(pc.c).combined != h.hashes.combined) bad(w, "inputs differ from the case's input_hash");
+    if (got.combined != h.hashes.combined) bad(w, "inputs differ from the case's input_hash");
     // Values derived from the inputs and the spec alone (fp8 caches: the
     // latent as a correct reader sees it), as generate_case derives them.
     retarget_case(pc.c, h.spec);
@@ -625,7 +638,9 @@ std::vector<std::uint64_t> GoldenReader::stored_reference_hashes(const std::stri
       out.push_back(present);
       if (!present) continue;
       const h5::Dataset ds = h5::dopen(pg.get(), name, (wp / name).str());
-      out.push_back(io::read_hash(ds.get(), "fnv1a64", wp / name));
+      const ContentHash ch = io::read_content_hash(ds.get(), wp / name);  // the one validate_all checked
+      out.push_back(static_cast<std::uint64_t>(ch.kind));
+      out.push_back(ch.value);
     }
   }
   return out;
@@ -649,12 +664,12 @@ StoredCacheOptions GoldenReader::cache_options(const std::string& id, int block_
   }
   o.poison_block_table = io::read_int(b.get(), "poison_block_table", wb, 0, 1) == 1;
   o.spare_blocks = static_cast<int>(io::read_int(b.get(), "spare_blocks", wb, 0, kIntMax));
-  std::uint64_t* hashes[3] = {&o.hash_data, &o.hash_block_table, &o.hash_slot_mapping};
+  ContentHash* hashes[3] = {&o.hash_data, &o.hash_block_table, &o.hash_slot_mapping};
   const char* names[3] = {"data", "block_table", "slot_mapping"};
   for (int i = 0; i < 3; ++i) {
     if (!io::has_link(b.get(), names[i], wb)) bad(wb / names[i], "missing dataset");
     const h5::Dataset ds = h5::dopen(b.get(), names[i], (wb / names[i]).str());
-    *hashes[i] = io::read_hash(ds.get(), "fnv1a64", wb / names[i]);
+    *hashes[i] = io::read_content_hash(ds.get(), wb / names[i]);
   }
   return o;
 }

@@ -25,41 +25,6 @@
 
 namespace mlagate {
 
-std::uint64_t fnv1a64(const void* data, std::size_t n, std::uint64_t h) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= kFnvPrime;
-  }
-  return h;
-}
-
-std::string hash_hex(std::uint64_t h) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
-}
-
-InputHashes input_hashes(const Case& c) {
-  InputHashes h;
-  const auto ts = golden::schema::input_tensors(c);
-  std::uint64_t* each[5] = {&h.q, &h.kv_c, &h.k_pe, &h.w_uk, &h.w_uv};
-  h.combined = kFnvOffset;
-  // Each tensor's hash and the running combined one in one pass: two
-  // independent multiply chains, about the time of one.
-  for (std::size_t i = 0; i < ts.size(); ++i) {
-    const auto* p = reinterpret_cast<const unsigned char*>(ts[i]->bytes());
-    std::uint64_t a = kFnvOffset, b = h.combined;
-    for (std::size_t k = 0, n = ts[i]->nbytes(); k < n; ++k) {
-      a = (a ^ p[k]) * kFnvPrime;
-      b = (b ^ p[k]) * kFnvPrime;
-    }
-    *each[i] = a;
-    h.combined = b;
-  }
-  return h;
-}
-
 namespace golden {
 
 namespace fs = std::filesystem;
@@ -246,6 +211,9 @@ void write_case_header(hid_t g, const CaseSpec& spec, const InputHashes* hashes,
     io::write_attr(g, "input_hash", hash_hex(hashes->combined), w);
     const std::uint64_t each[5] = {hashes->q, hashes->kv_c, hashes->k_pe, hashes->w_uk, hashes->w_uv};
     for (std::size_t i = 0; i < 5; ++i) io::write_attr(g, std::string("hash_") + schema::kInputNames[i], hash_hex(each[i]), w);
+    if (hashes->has_xxh)
+      for (std::size_t i = 0; i < 5; ++i)
+        io::write_attr(g, std::string("xxh64_") + schema::kInputNames[i], hash_hex(hashes->xxh[i]), w);
   }
   std::vector<std::int32_t> seq(spec.batch.seq_lens.begin(), spec.batch.seq_lens.end());
   std::vector<std::int32_t> ql(spec.batch.query_lens.begin(), spec.batch.query_lens.end());

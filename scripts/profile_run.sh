@@ -22,6 +22,8 @@ set +e
 rc=${PIPESTATUS[0]}
 set -e
 tail -n 1 "$out/time.txt"
+# MLAGATE_PROFILE_JSON=FILE keeps the run's JSON report (records to compare between runs).
+[[ -n ${MLAGATE_PROFILE_JSON:-} && -f $out/r.json ]] && cp "$out/r.json" "$MLAGATE_PROFILE_JSON"
 echo "load after:  $(cut -d' ' -f1-3 /proc/loadavg)"
 if command -v python3 >/dev/null; then
   # The JSON report's copy of the profile (up to the reports' writing) and the

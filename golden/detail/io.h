@@ -46,7 +46,7 @@ inline void write_attr(hid_t loc, const std::string& name, int v, const Where& w
 }
 h5::Group create_group(hid_t loc, const std::string& name, const Where& w);
 // A dataset of `dtype` elements (16-bit floats as their raw uint16 bits, other
-// non-native types by size) with attributes dtype and fnv1a64. Small datasets
+// non-native types by size) with attributes dtype, fnv1a64 and xxh64. Small datasets
 // are compact (inside the checksummed object header); the rest chunked with
 // shuffle + gzip + fletcher32. Returns the content hash.
 std::uint64_t write_dataset(hid_t loc, const std::string& name, DType dtype, const Shape& shape, const void* data,
@@ -64,6 +64,9 @@ std::uint64_t read_u64(hid_t loc, const std::string& name, const Where& w);
 double read_double(hid_t loc, const std::string& name, const Where& w);
 std::string read_string(hid_t loc, const std::string& name, const Where& w, std::size_t max_len = 1 << 16);
 std::uint64_t read_hash(hid_t loc, const std::string& name, const Where& w);  // 16 hex digits
+// The hash a dataset's content is checked against: xxh64 where stored, else
+// fnv1a64 (which must be well-formed either way).
+ContentHash read_content_hash(hid_t ds, const Where& w);
 bool has_link(hid_t loc, const std::string& name, const Where& w);  // exists, and only as a hard link
 h5::Group open_group(hid_t loc, const std::string& name, const Where& w);  // hard links only
 // Children of a group (at most max_names, names checked printable).
@@ -74,11 +77,11 @@ std::string dataset_dtype_attr(hid_t loc, const std::string& name, const Where& 
 Shape dataset_shape(hid_t loc, const std::string& name, const Where& w);
 // Reads a dataset whose dtype and shape must be exactly these; checks storage
 // (no external or virtual storage, only deflate/shuffle/fletcher32, bounded
-// chunks), the dtype attribute and the fnv1a64 content hash.
+// chunks), the dtype attribute and the content hash (read_content_hash).
 Tensor read_tensor(hid_t loc, const std::string& name, DType dtype, const Shape& shape, const Where& w, Budget& budget,
-                   std::uint64_t* hash_out = nullptr);
+                   ContentHash* hash_out = nullptr);
 // Everything read_tensor checks but the content: link, dtype, shape, storage,
-// the dtype attribute and a well-formed fnv1a64 attribute (run --golden's
+// the dtype attribute and well-formed hash attributes (run --golden's
 // validation of stored inputs and cache data it does not read).
 void check_tensor(hid_t loc, const std::string& name, DType dtype, const Shape& shape, const Where& w);
 std::vector<std::string> read_strings(hid_t loc, const std::string& name, const Where& w, std::size_t max_count,

@@ -43,6 +43,30 @@ namespace mlagate {
 
 namespace {
 
+// A message on one protocol line: backslashes and newlines escaped.
+std::string escape_line(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    if (ch == '\\') out += "\\\\";
+    else if (ch == '\n') out += "\\n";
+    else if (ch == '\r') out += "\\r";
+    else out += ch;
+  }
+  return out;
+}
+std::string unescape_line(const std::string& s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\\' || i + 1 == s.size()) {
+      out += s[i];
+      continue;
+    }
+    const char n = s[++i];
+    out += n == 'n' ? '\n' : n == 'r' ? '\r' : n;
+  }
+  return out;
+}
+
 std::vector<std::string>& worker_cmd() {
   static std::vector<std::string> words;
   return words;
@@ -330,6 +354,11 @@ class IsolatedRun {
       w = worker->read_line(line, opt_.timeout_s, cfg_.stop);
     if (w == WorkerProcess::Wait::kStopped) return std::nullopt;  // unfinished: not recorded, rerun on --resume
     Record r;
+    if (w == WorkerProcess::Wait::kLine && line.rfind("INPUT_ERROR ", 0) == 0) {
+      worker->kill();  // it has said all it will; do not wait on it
+      worker.reset();
+      throw InputError(unescape_line(line.substr(12)));
+    }
     if (w == WorkerProcess::Wait::kLine && line.rfind("RECORD ", 0) == 0) {
       r = record_from_json_line(line.substr(7));
       {
@@ -553,6 +582,13 @@ int worker_main(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& bac
         ctx = &stream.enter(cfg.cases[ci]);
       } catch (const InvalidCase& e) {
         invalid = e.what();
+      } catch (const InputError& e) {
+        // Bad input found where the case is made (a golden file whose
+        // regenerated inputs differ from its hashes): the run's error, which
+        // the parent reports with exit 2, never a backend's record.
+        std::fprintf(proto, "INPUT_ERROR %s\n", escape_line(e.what()).c_str());
+        std::fflush(proto);
+        return 2;
       }
     }
     Backend& b = *backends[bi];

@@ -36,18 +36,34 @@ struct GoldenRun::Impl {
       throw GoldenFileError(opt.golden + ": no case '" + id + "' (export it, or leave out --suite/--spec to run the file's cases)");
   }
 
-  // The regenerated inputs must be the ones the file was exported from.
+  // The regenerated inputs must be the ones the file was exported from:
+  // checked by XXH64 where the file stores it (memory speed), else by the
+  // FNV-1a hashes every file has. Once per input set and process (its other kv
+  // dtypes retarget the same tensors).
+  std::string checked_inputs;  // inputs_key of the last input set checked
   void check_regenerated(const Case& c, const CaseHeader& h) {
+    const std::string key = inputs_key(c.spec);
+    if (key == checked_inputs) return;
     const std::string& id = h.id;
-    const InputHashes mine = regenerated_hashes(c);
-    const std::uint64_t a[5] = {mine.q, mine.kv_c, mine.k_pe, mine.w_uk, mine.w_uv};
-    const std::uint64_t b[5] = {h.hashes.q, h.hashes.kv_c, h.hashes.k_pe, h.hashes.w_uk, h.hashes.w_uv};
-    for (int i = 0; i < 5; ++i)
-      if (a[i] != b[i])
-        throw GoldenFileError("case " + id + ": regenerated input " + kInputLabels[i] + " (hash " + hash_hex(a[i]) +
-                              ") differs from the golden file's (hash " + hash_hex(b[i]) +
-                              "): the generator or the case definition changed since " + opt.golden + " was exported");
-    if (mine.combined != h.hashes.combined) throw GoldenFileError("case " + id + ": input_hash differs from the golden file's");
+    auto differs = [&](int i, std::uint64_t mine, std::uint64_t stored, const char* kind) {
+      throw GoldenFileError("case " + id + ": regenerated input " + kInputLabels[i] + " (" + kind + " " + hash_hex(mine) +
+                            ") differs from the golden file's (" + kind + " " + hash_hex(stored) +
+                            "): the generator or the case definition changed since " + opt.golden + " was exported");
+    };
+    if (h.hashes.has_xxh) {
+      const std::array<std::uint64_t, 5> mine = input_xxh64(c);
+      for (int i = 0; i < 5; ++i)
+        if (mine[static_cast<std::size_t>(i)] != h.hashes.xxh[static_cast<std::size_t>(i)])
+          differs(i, mine[static_cast<std::size_t>(i)], h.hashes.xxh[static_cast<std::size_t>(i)], "xxh64");
+    } else {
+      const InputHashes mine = input_hashes(c);
+      const std::uint64_t a[5] = {mine.q, mine.kv_c, mine.k_pe, mine.w_uk, mine.w_uv};
+      const std::uint64_t b[5] = {h.hashes.q, h.hashes.kv_c, h.hashes.k_pe, h.hashes.w_uk, h.hashes.w_uv};
+      for (int i = 0; i < 5; ++i)
+        if (a[i] != b[i]) differs(i, a[i], b[i], "fnv1a64");
+      if (mine.combined != h.hashes.combined) throw GoldenFileError("case " + id + ": input_hash differs from the golden file's");
+    }
+    checked_inputs = key;
   }
 
   // A stored cache is rebuilt with the run's poison options: they must be the file's.
@@ -61,32 +77,21 @@ struct GoldenRun::Impl {
     return so;
   }
 
-  // The last case generated: the next one with equal inputs (another kv
-  // cache dtype) is a copy of it retargeted, as a plain run hands it on.
-  // Its input hashes are computed once (the parent's check).
-  std::optional<Case> last_generated;
-  std::optional<InputHashes> last_hashes;
   // Rebuilt caches checked already, by cache_values_key, block size and poison
   // options (fp8 and fp8_e4m3 caches are the same bytes): their hashes.
-  std::map<std::string, std::array<std::uint64_t, 3>> checked_caches;
+  std::map<std::string, std::array<ContentHash, 3>> checked_caches;
   bool validated = false;  // validate() ran in this process
 
-  Case regenerate(const CaseSpec& spec) {
-    if (last_generated && inputs_key(last_generated->spec) == inputs_key(spec)) {
+  // The previous case's tensors when its inputs are these (moved on by the
+  // runner, as a plain run hands them on), else generated.
+  static Case regenerate(const CaseSpec& spec, Case* previous) {
+    if (previous && inputs_key(previous->spec) == inputs_key(spec)) {
       spec.validate();
-      Case c = *last_generated;
+      Case c = std::move(*previous);
       retarget_case(c, spec);
       return c;
     }
-    last_generated.reset();
-    last_hashes.reset();
-    Case c = generate_case(spec);  // InvalidCase: INVALID_CASE records, as in a plain run
-    last_generated = c;
-    return c;
-  }
-  const InputHashes& regenerated_hashes(const Case& c) {
-    if (!last_hashes) last_hashes = input_hashes(c);
-    return *last_hashes;
+    return generate_case(spec);  // InvalidCase: INVALID_CASE records, as in a plain run
   }
 
   // fp8 caches: the quantization error's reference over the unquantized
@@ -107,27 +112,25 @@ struct GoldenRun::Impl {
       if (auto d = reader->load_decode_reference(aid)) pc.unquantized_mqa = std::move(d->o_lat);
   }
 
-  // check_only (the parent's check before any worker starts): the inputs and
-  // caches regenerated and checked, the references (validated already) not read.
-  PreparedCase from_golden(const CaseSpec& spec, const ExecOptions& exec, bool check_only = false) {
+  // The case from the file: inputs regenerated and checked against the
+  // stored hashes, caches rebuilt and checked likewise, references read (and
+  // checked against their content hashes as they are read). The check runs
+  // where the case is made, once per input set and cache, in the worker of
+  // an isolated run: a mismatch is a GoldenFileError, which the worker passes
+  // to the parent as the run's input error (exit 2), never a record.
+  PreparedCase from_golden(const CaseSpec& spec, const ExecOptions& exec, Case* previous) {
     const std::string id = spec.id();
-    // Hashes are checked once, by validate() (in the parent process of an
-    // isolated run): generation is deterministic, so the worker's own
-    // regeneration gives the same bits and is not hashed again.
-    const bool check = check_only || !(validated || opt.validated_by_parent);
-    Case c = regenerate(spec);
     require_case(id);
+    Case c = regenerate(spec, previous);
     const CaseHeader h = reader->header(id);
-    if (check) check_regenerated(c, h);
+    check_regenerated(c, h);
     PreparedCase pc;
     pc.c = std::move(c);
     if (pc.c.sparse) pc.sparse = reader->load_sparse(id, pc.c);
-    else if (!check_only) pc.reference = reader->load_reference(id);
-    if (!check_only) {
-      pc.decode = reader->load_decode_reference(id);
-      pc.baselines = reader->load_baselines(id);
-      load_unquantized(spec, h, pc);
-    }
+    else pc.reference = reader->load_reference(id);
+    pc.decode = reader->load_decode_reference(id);
+    pc.baselines = reader->load_baselines(id);
+    load_unquantized(spec, h, pc);
     for (int bs : h.cache_block_sizes) {
       const StoredCacheOptions so = stored_cache_options(id, bs, exec);
       CacheOptions co;
@@ -137,29 +140,23 @@ struct GoldenRun::Impl {
       co.spare_blocks = so.spare_blocks;
       const std::string key = cache_values_key(spec) + "/bs=" + std::to_string(bs) + "/" + std::string(poison_name(co.poison)) +
                               (co.poison_block_table ? "+table" : "") + "/spare=" + std::to_string(co.spare_blocks);
-      if (check_only) {
-        const auto seen = checked_caches.find(key);
-        if (seen != checked_caches.end() &&
-            seen->second == std::array<std::uint64_t, 3>{so.hash_data, so.hash_block_table, so.hash_slot_mapping})
-          continue;  // the same bytes as a cache checked already
-      }
       PagedCache built = build_paged_cache(pc.c, bs, co);
-      if (!check) {
-        pc.caches.emplace(bs, std::move(built));
-        continue;
+      const std::array<ContentHash, 3> stored = {so.hash_data, so.hash_block_table, so.hash_slot_mapping};
+      const auto seen = checked_caches.find(key);
+      if (seen == checked_caches.end() || seen->second != stored) {
+        const std::pair<const char*, const Tensor*> parts[3] = {
+            {"data", &built.data}, {"block_table", &built.block_table}, {"slot_mapping", &built.slot_mapping}};
+        for (int i = 0; i < 3; ++i) {
+          const ContentHash hh = ContentHash::of(stored[static_cast<std::size_t>(i)].kind, parts[i].second->bytes(),
+                                                 parts[i].second->nbytes());
+          if (hh != stored[static_cast<std::size_t>(i)])
+            throw GoldenFileError("case " + id + ": rebuilt cache bs=" + std::to_string(bs) + " " + parts[i].first + " (" +
+                                  hh.str() + ") differs from the golden file's (" + hash_hex(stored[static_cast<std::size_t>(i)].value) +
+                                  "): the cache layout changed since " + opt.golden + " was exported");
+        }
+        checked_caches[key] = stored;
       }
-      const std::pair<const char*, const Tensor*> parts[3] = {
-          {"data", &built.data}, {"block_table", &built.block_table}, {"slot_mapping", &built.slot_mapping}};
-      const std::uint64_t stored[3] = {so.hash_data, so.hash_block_table, so.hash_slot_mapping};
-      for (int i = 0; i < 3; ++i) {
-        const std::uint64_t hh = fnv1a64(parts[i].second->bytes(), parts[i].second->nbytes());
-        if (hh != stored[i])
-          throw GoldenFileError("case " + id + ": rebuilt cache bs=" + std::to_string(bs) + " " + parts[i].first + " (hash " +
-                                hash_hex(hh) + ") differs from the golden file's (hash " + hash_hex(stored[i]) +
-                                "): the cache layout changed since " + opt.golden + " was exported");
-      }
-      checked_caches[key] = {so.hash_data, so.hash_block_table, so.hash_slot_mapping};
-      if (!check_only) pc.caches.emplace(bs, std::move(built));
+      pc.caches.emplace(bs, std::move(built));
     }
     return pc;
   }
@@ -218,16 +215,15 @@ void GoldenRun::validate(const std::vector<CaseSpec>& cases, const ExecOptions& 
   m.reader->validate_all(m.opt.golden.empty() ? GoldenReader::ValidateScope::kEverything
                                                : GoldenReader::ValidateScope::kReferences);
   if (m.opt.golden.empty()) return;
-  // run --golden: what the workers' from_golden would refuse (a case missing
-  // from the file, inputs or caches that rebuild differently, other poison
-  // options) is refused here first, so that no worker meets it and blames a
-  // backend. The same code as the workers', one case at a time.
+  // run --golden: what can be refused without making a case (a case missing
+  // from the file, a stored cache built with other poison options) is refused
+  // here, before any worker starts. Regenerated inputs and rebuilt caches are
+  // checked against the file's hashes where they are made (from_golden, in
+  // the workers): the parent generating every case too doubled that work.
   for (const CaseSpec& spec : cases) {
-    try {
-      m.from_golden(spec, exec, true);
-    } catch (const InvalidCase&) {
-      // A case that cannot be generated: INVALID_CASE records, as in a plain run.
-    }
+    const std::string id = spec.id();
+    m.require_case(id);
+    for (int bs : m.reader->header(id).cache_block_sizes) m.stored_cache_options(id, bs, exec);
   }
   m.validated = true;
 }
@@ -252,10 +248,10 @@ void GoldenRun::attach(RunConfig& cfg) {
       return m->reader->stored_reference_hashes(a) == m->reader->stored_reference_hashes(b);
     };
   }
-  cfg.prepare = [m, exec](const CaseSpec& spec) {
+  cfg.prepare = [m, exec](const CaseSpec& spec, Case* previous) {
     PreparedCase pc;
     if (!m->opt.replay.empty()) pc = m->reader->load_case(spec.id());
-    else if (!m->opt.golden.empty()) pc = m->from_golden(spec, exec);
+    else if (!m->opt.golden.empty()) pc = m->from_golden(spec, exec, previous);
     else pc.c = generate_case(spec);
     if (m->writer) m->writer->add_case(spec, &pc.c, m->policy);
     return pc;

@@ -23,8 +23,9 @@ struct GoldenRunOptions {
   std::uint64_t max_bytes = kDefaultMaxBytes;
   std::string command_line;
   std::string shard;  // --shard I/N: recorded in the results file for mlagate merge
-  // An isolation worker: the parent validated the file and the cases
-  // (validate()), so preparing a case skips the hash checks it made.
+  // An isolation worker: the parent validated the file (validate()), so the
+  // stored references' hashes may be compared between cases (prepared_same).
+  // The regenerated inputs and rebuilt caches are checked by the worker.
   bool validated_by_parent = false;
 };
 
@@ -44,9 +45,11 @@ class GoldenRun {
   // Validates the whole file before anything runs (GoldenReader::validate_all:
   // every case, selected or not; for run --golden without reading the bytes of
   // the stored inputs and cache data, which it regenerates), and for run --golden checks that each of
-  // `cases` is in the file, regenerates to its stored input hashes and was
-  // exported with `exec`'s poison options. Throws GoldenFileError (exit 2).
-  // The parent process calls it; isolation workers do not repeat it.
+  // `cases` is in the file and its caches were exported with `exec`'s poison
+  // options. Throws GoldenFileError (exit 2). The parent process calls it;
+  // isolation workers do not repeat it. The regenerated inputs and rebuilt
+  // caches are checked against the stored hashes as each case is made (the
+  // worker's GoldenFileError ends the run with exit 2: harness/reliability).
   void validate(const std::vector<CaseSpec>& cases, const ExecOptions& exec);
   // Installs cfg.prepare, cfg.on_outputs and wraps cfg.on_record. Call after
   // cfg.cases, cfg.policy, cfg.exec and cfg.on_record are set.

@@ -587,8 +587,12 @@ CaseContext& CaseStream::enter(const CaseSpec& spec) {
   const auto t0 = Clock::now();
   const bool same_values = prev && cache_values_key(prev->c.spec) == cache_values_key(spec);
   if (cfg_.prepare && !(same_values && cfg_.prepared_same && cfg_.prepared_same(prev->c.spec, spec))) {
-    prev.reset();  // a prepared case (golden file) is handed on only when its references are the same
-    ctx->adopt(cfg_.prepare(spec));
+    // A prepared case (golden file) is handed on whole only when its
+    // references are the same; its inputs whenever they are.
+    Case* previous = prev && inputs_key(prev->c.spec) == inputs_key(spec) ? &prev->c : nullptr;
+    PreparedCase p = cfg_.prepare(spec, previous);
+    prev.reset();
+    ctx->adopt(std::move(p));
   } else if (same_values) {
     spec.validate();
     ctx = std::move(prev);

@@ -63,8 +63,11 @@ struct RunConfig {
   // Called after every record (progress, console lines).
   std::function<void(const Record&, std::size_t done, std::size_t total)> on_record;
   // (optional) makes each case instead of generate_case (golden files); InvalidCase
-  // gives INVALID_CASE records, any other exception ends the run.
-  std::function<PreparedCase(const CaseSpec&)> prepare;
+  // gives INVALID_CASE records, any other exception ends the run. `previous`:
+  // the previous case when its inputs are this one's (inputs_key; another kv
+  // cache dtype), which prepare may move from and retarget instead of
+  // generating the same tensors again; else null.
+  std::function<PreparedCase(const CaseSpec&, Case* previous)> prepare;
   // (optional, with prepare) true when the case `next` would be prepared with
   // exactly the references of `prev` (equal cache values): the context of prev
   // is handed on as in a generated run instead of preparing next anew.

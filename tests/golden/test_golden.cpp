@@ -4,11 +4,14 @@
 // export leaves nothing behind; the CLI's exit codes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
+#include <string_view>
 
 #include "backends/registry.h"
 #include "cases/generator.h"
@@ -347,24 +350,74 @@ TEST_F(H5Files, ReplayWithoutTheBackendsBlockSizeIsSkippedNotRun) {
   }
 }
 
+// The published XXH64 vectors (seed 0 unless given): the empty input, the
+// tails of 1 to 7 bytes, exactly 32 bytes and 31, and the four-lane path.
+TEST(ContentHashes, Xxh64MatchesThePublishedVectors) {
+  auto x = [](std::string_view s, std::uint64_t seed = 0) { return xxh64(s.data(), s.size(), seed); };
+  EXPECT_EQ(x(""), 0xEF46DB3751D8E999ull);
+  EXPECT_EQ(x("a"), 0xD24EC4F1A98C6E5Bull);
+  EXPECT_EQ(x("abc"), 0x44BC2CF5AD770999ull);
+  EXPECT_EQ(x("Hello, world!"), 0xF58336A78B6F9476ull);
+  EXPECT_EQ(x("1234567890123456789012345678901"), 0x8F367CB873A5376Eull);
+  EXPECT_EQ(x("12345678901234567890123456789012"), 0x40FD1AA52D98274Cull);
+  EXPECT_EQ(x("The quick brown fox jumps over the lazy dog"), 0x0B242D361FDA71BCull);
+  EXPECT_EQ(x("abc", 5381), 0x19D1C1B5C673451Full);
+  EXPECT_EQ(x("12345678901234567890123456789012", 5381), 0x38EA26E7C55F8095ull);
+  // A ContentHash checks with the kind it was stored with.
+  const std::string s = "mlagate";
+  const ContentHash xh = ContentHash::of(ContentHash::Kind::kXxh64, s.data(), s.size());
+  const ContentHash fh = ContentHash::of(ContentHash::Kind::kFnv1a64, s.data(), s.size());
+  EXPECT_EQ(xh.value, xxh64(s.data(), s.size()));
+  EXPECT_EQ(fh.value, fnv1a64(s.data(), s.size()));
+  EXPECT_TRUE(xh.matches(s.data(), s.size()));
+  EXPECT_FALSE(xh.matches(s.data(), s.size() - 1));
+}
+
+// run --golden checks regenerated inputs by the file's xxh64_<name> (files
+// since XXH64 was stored) or, where a file has none, by its FNV hash_<name>:
+// either mismatch stops the run naming the case and the tensor, in-process
+// and through the binary, whose worker passes the error to the parent.
 TEST_F(H5Files, RegeneratedInputMismatchNamesTheCaseAndTensor) {
-  const fs::path f = scratch_ / "edited.h5";
-  fs::copy_file(golden_, f);
   const std::string id = small_specs()[1].id();
-  set_string_attr(f, case_path(id), "hash_kv_c", "0123456789abcdef");
-  auto backends = select_backends("cpu.paged");
-  RunConfig cfg = small_run_config(small_specs());
-  GoldenRun g(GoldenRunOptions{f.string(), "", {}, "", kDefaultMaxBytes, "test", ""});
-  g.attach(cfg);
-  try {
-    run_cases(cfg, backends);
-    FAIL() << "a regenerated input that differs from the file must stop the run";
-  } catch (const GoldenFileError& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("case " + id), std::string::npos) << m;
-    EXPECT_NE(m.find("input kv_c"), std::string::npos) << m;
+  struct Variant {
+    const char* name;
+    std::function<void(const fs::path&)> edit;
+    const char* kind;
+  };
+  const Variant variants[] = {
+      {"xxh64", [&](const fs::path& f) { set_string_attr(f, case_path(id), "xxh64_kv_c", "0123456789abcdef"); }, "xxh64"},
+      {"fnv1a64 (an older file)",
+       [&](const fs::path& f) {
+         for (const char* n : {"q", "kv_c", "k_pe", "W_UK", "W_UV"}) delete_attr(f, case_path(id), std::string("xxh64_") + n);
+         set_string_attr(f, case_path(id), "hash_kv_c", "0123456789abcdef");
+       },
+       "fnv1a64"},
+  };
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    const fs::path f = scratch_ / "edited.h5";
+    fs::copy_file(golden_, f, fs::copy_options::overwrite_existing);
+    v.edit(f);
+    auto backends = select_backends("cpu.paged");
+    RunConfig cfg = small_run_config(small_specs());
+    GoldenRun g(GoldenRunOptions{f.string(), "", {}, "", kDefaultMaxBytes, "test", ""});
+    g.attach(cfg);
+    try {
+      run_cases(cfg, backends);
+      ADD_FAILURE() << "a regenerated input that differs from the file must stop the run";
+    } catch (const GoldenFileError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("case " + id), std::string::npos) << m;
+      EXPECT_NE(m.find("input kv_c (" + std::string(v.kind) + " "), std::string::npos) << m;
+    }
+    EXPECT_EQ(cli({"run", "--golden", f.string(), "--backend", "cpu.paged", "--no-progress", "--isolate", "none"}),
+              kExitUsage);
+    const BinaryRun r = run_binary({"run", "--golden", f.string(), "--backend", "cpu.paged", "--no-progress", "-q"},
+                                   scratch_.path());
+    EXPECT_EQ(r.rc, kExitUsage) << r.out << r.err;
+    EXPECT_NE(r.err.find("mlagate: error: case " + id + ": regenerated input kv_c"), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
-  EXPECT_EQ(cli({"run", "--golden", f.string(), "--backend", "cpu.paged", "--no-progress"}), kExitUsage);
 }
 
 TEST_F(H5Files, RunGoldenWithOtherCacheOptionsIsAClearError) {

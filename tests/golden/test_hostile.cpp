@@ -297,8 +297,17 @@ TEST_F(H5Hostile, DatasetShapeOrTypeDisagreesWithAttributes) {
   replace_dataset(p, group("inputs"), "q", q);
   expect_rejected(p, "content differs from the case's hash_q");
   p = copy();
+  set_string_attr(p, group("inputs/k_pe"), "xxh64", "00000000deadbeef");
+  expect_rejected(p, "content hash xxh64 ");
+  // Without xxh64 (an older file) the fnv1a64 attribute is the one checked.
+  p = copy();
+  delete_attr(p, group("inputs/k_pe"), "xxh64");
   set_string_attr(p, group("inputs/k_pe"), "fnv1a64", "00000000deadbeef");
-  expect_rejected(p, "content hash");
+  expect_rejected(p, "content hash fnv1a64 ");
+  // Where xxh64 is checked, fnv1a64 must still be a hash (FNV-only readers).
+  p = copy();
+  set_string_attr(p, group("inputs/k_pe"), "fnv1a64", "deadbeef");
+  expect_rejected(p, "attribute 'fnv1a64' is not a 16-digit hex hash");
 }
 
 TEST_F(H5Hostile, MissingOrMistypedAttributes) {

@@ -6,9 +6,12 @@
 // results file behind; never a CRASHED or NONFINITE record that blames the
 // kernels. The hostile files are made here by editing a freshly exported one
 // (dataset hashes recomputed, so the semantic check under test must catch it).
-// One exception, by design: run --golden does not read the bytes of stored
+// Two exceptions, by design: run --golden does not read the bytes of stored
 // inputs and cache data (it regenerates them and checks the stored hashes), so
-// a corrupt chunk there is replay's to refuse (CorruptedDataChunk).
+// a corrupt chunk there is replay's to refuse (CorruptedDataChunk); and it
+// checks those regenerated inputs and rebuilt caches where each case is made,
+// in the worker, which hands the error to the parent (exit 2, one message;
+// RunGoldenRebuiltCacheMismatchIsRefused).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -305,8 +308,10 @@ TEST_F(HostileCli, RunGoldenSelectionMismatchIsRefusedBeforeWorkers) {
 
 // A stored cache whose bytes are self-consistent (dataset hash recomputed) but
 // not what this build makes: replay runs the stored bytes and may pass, run
-// --golden rebuilds the cache and must refuse the file in the parent.
-TEST_F(HostileCli, RunGoldenRebuiltCacheMismatchIsRefusedBeforeWorkers) {
+// --golden rebuilds the cache and must refuse the file: its worker finds the
+// mismatch as it makes the case and the parent exits 2 with that message
+// (here the first case, so before any record).
+TEST_F(HostileCli, RunGoldenRebuiltCacheMismatchIsRefused) {
   const PagedCache& c = original(decode_id_).caches.at(16);
   Tensor data = c.data;
   const std::int64_t last_block = c.num_blocks - 1;  // a spare block: no backend reads it
@@ -316,7 +321,8 @@ TEST_F(HostileCli, RunGoldenRebuiltCacheMismatchIsRefusedBeforeWorkers) {
   const BinaryRun r = run_binary({"run", "--golden", p.string(), "--backend", "cpu.paged", "--no-progress"}, scratch_.path());
   EXPECT_EQ(r.rc, kExitUsage) << r.out << r.err;
   EXPECT_EQ(r.out, "");
-  EXPECT_NE(r.err.find("case " + decode_id_ + ": rebuilt cache bs=16 data (hash "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("mlagate: error: case " + decode_id_ + ": rebuilt cache bs=16 data (xxh64 "), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_NE(r.err.find(p.string()), std::string::npos) << r.err;
   EXPECT_EQ(run_binary({"replay", p.string(), "--backend", "cpu.paged", "--no-progress", "-q"}, scratch_.path()).rc,
             kExitPassed);
