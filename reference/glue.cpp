@@ -4,6 +4,7 @@
 
 #include <Eigen/Dense>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -153,7 +154,29 @@ void project_rows(const Case& c, const TensorView& kv_c, const TensorView& k_pe,
   }
 }
 
+std::atomic<RowProjector> g_row_projector{nullptr};
+
+// The runs with rows, projected by the row projector if one is set.
+void project_runs(const Case& c, const TensorView& kv_c, const TensorView& k_pe, std::span<const RowRun> runs) {
+  std::vector<RowRun> todo;
+  for (const RowRun& r : runs)
+    if (r.n > 0) todo.push_back(r);
+  if (todo.empty()) return;
+  if (const RowProjector p = g_row_projector.load()) return p(c, kv_c, k_pe, todo);
+  project_rows_on_cpu(c, kv_c, k_pe, todo);
+}
+
 }  // namespace
+
+void set_row_projector(RowProjector p) { g_row_projector.store(p); }
+RowProjector row_projector() { return g_row_projector.load(); }
+
+void project_rows_on_cpu(const Case& c, const TensorView& kv_c, const TensorView& k_pe, std::span<const RowRun> runs) {
+  if (std::none_of(runs.begin(), runs.end(), [](const RowRun& r) { return r.n > 0; })) return;
+  const detail::PackedPanels wk = pack_weight(c.w_uk), wv = pack_weight(c.w_uv);
+  for (const RowRun& r : runs)
+    if (r.n > 0) project_rows(c, kv_c, k_pe, r.first, r.n, wk, wv, r.k, r.v);
+}
 
 void up_project_kv(const Case& c, const TensorView& kv_c, const TensorView& k_pe, Tensor& k, Tensor& v) {
   const Dims& d = c.spec.dims;
@@ -162,9 +185,8 @@ void up_project_kv(const Case& c, const TensorView& kv_c, const TensorView& k_pe
   // Every element is written below.
   k = Tensor::for_overwrite(c.spec.dtype, {s, N, P + R});
   v = Tensor::for_overwrite(c.spec.dtype, {s, N, V});
-  if (s == 0) return;
-  project_rows(c, kv_c, k_pe, 0, s, pack_weight(c.w_uk), pack_weight(c.w_uv), k.data<std::uint16_t>(),
-               v.data<std::uint16_t>());
+  const RowRun run{0, s, k.data<std::uint16_t>(), v.data<std::uint16_t>()};
+  project_runs(c, kv_c, k_pe, {&run, 1});
 }
 
 KvProjection::KvProjection(const Case& c) : c_(&c) {
@@ -193,25 +215,28 @@ void KvProjection::hold(std::int64_t r, int piece, std::int64_t row_in_piece) {
   piece_of_[static_cast<std::size_t>(r)] = piece;
 }
 
-void KvProjection::project_run(std::int64_t first, std::int64_t n, const detail::PackedPanels& wk,
-                               const detail::PackedPanels& wv, std::shared_ptr<Tensor> k, std::shared_ptr<Tensor> v,
-                               std::int64_t at) {
+void KvProjection::project_pieces(std::vector<PieceRun>& runs) {
   const Dims& d = c_->spec.dims;
-  const std::int64_t N = c_->spec.num_heads(), L = d.kv_lora_rank, P = d.nope_dim, R = d.rope_dim, V = d.v_head_dim;
-  if (!k) {  // a piece of its own
-    k = std::make_shared<Tensor>(Tensor::for_overwrite(c_->spec.dtype, {n, N, P + R}));
-    v = std::make_shared<Tensor>(Tensor::for_overwrite(c_->spec.dtype, {n, N, V}));
-    at = 0;
+  const std::int64_t N = c_->spec.num_heads(), P = d.nope_dim, R = d.rope_dim, V = d.v_head_dim;
+  std::vector<RowRun> rows;
+  rows.reserve(runs.size());
+  for (PieceRun& p : runs) {
+    if (!p.k) {  // a piece of its own
+      p.k = std::make_shared<Tensor>(Tensor::for_overwrite(c_->spec.dtype, {p.n, N, P + R}));
+      p.v = std::make_shared<Tensor>(Tensor::for_overwrite(c_->spec.dtype, {p.n, N, V}));
+      p.at = 0;
+    }
+    // Row `first` of the latent lands at row `at` of the piece.
+    rows.push_back({p.first, p.n, p.k->data<std::uint16_t>() + p.at * N * (P + R),
+                    p.v->data<std::uint16_t>() + p.at * N * V});
   }
-  // project_rows writes rows j of its output at index j: views that start at
-  // the run's place in the piece, over the latent rows from `first`.
-  const TensorView kv{kv_.dtype(), {n, L}, const_cast<std::byte*>(kv_.bytes()) + first * L * 2};
-  const TensorView pe{pe_.dtype(), {n, R}, const_cast<std::byte*>(pe_.bytes()) + first * R * 2};
-  project_rows(*c_, kv, pe, 0, n, wk, wv, k->data<std::uint16_t>() + at * N * (P + R),
-               v->data<std::uint16_t>() + at * N * V);
-  pieces_.push_back({k, v});
-  const int piece = static_cast<int>(pieces_.size()) - 1;
-  for (std::int64_t j = 0; j < n; ++j) hold(first + j, piece, at + j);
+  project_runs(*c_, kv_.view(), pe_.view(), rows);
+  // Held only once projected: a projection that throws leaves nothing held.
+  for (const PieceRun& p : runs) {
+    pieces_.push_back({p.k, p.v});
+    const int piece = static_cast<int>(pieces_.size()) - 1;
+    for (std::int64_t j = 0; j < p.n; ++j) hold(p.first + j, piece, p.at + j);
+  }
 }
 
 void KvProjection::unheld_runs(std::int64_t from, std::int64_t to,
@@ -235,9 +260,9 @@ void KvProjection::ensure(std::span<const int> requests) {
     if (i < 0 || i >= c.num_requests) throw std::out_of_range("KvProjection: request " + std::to_string(i));
     unheld_runs(c.kv_start_loc[i], std::int64_t{c.kv_start_loc[i]} + c.seq_lens[i], runs);
   }
-  if (runs.empty()) return;
-  const detail::PackedPanels wk = pack_weight(c.w_uk), wv = pack_weight(c.w_uv);
-  for (const auto& [first, n] : runs) project_run(first, n, wk, wv, nullptr, nullptr, 0);
+  std::vector<PieceRun> pieces;
+  for (const auto& [first, n] : runs) pieces.push_back({first, n, nullptr, nullptr, 0});
+  project_pieces(pieces);
 }
 
 const Tensor& KvProjection::k_all() {
@@ -245,21 +270,23 @@ const Tensor& KvProjection::k_all() {
     const Case& c = *c_;
     const Dims& d = c.spec.dims;
     const std::int64_t S = c.num_kv_tokens, N = c.spec.num_heads(), P = d.nope_dim, R = d.rope_dim, V = d.v_head_dim;
-    k_all_ = std::make_shared<Tensor>(Tensor::for_overwrite(c.spec.dtype, {S, N, P + R}));
-    v_all_ = std::make_shared<Tensor>(Tensor::for_overwrite(c.spec.dtype, {S, N, V}));
+    auto k = std::make_shared<Tensor>(Tensor::for_overwrite(c.spec.dtype, {S, N, P + R}));
+    auto v = std::make_shared<Tensor>(Tensor::for_overwrite(c.spec.dtype, {S, N, V}));
     const std::size_t k_row = static_cast<std::size_t>(N * (P + R)) * 2, v_row = static_cast<std::size_t>(N * V) * 2;
     // Rows held already are copied; the rest projected straight into place.
     for (std::int64_t r = 0; r < S; ++r)
       if (const std::uint16_t* kr = k_rows_[static_cast<std::size_t>(r)]) {
-        std::memcpy(k_all_->bytes() + r * k_row, kr, k_row);
-        std::memcpy(v_all_->bytes() + r * v_row, v_rows_[static_cast<std::size_t>(r)], v_row);
+        std::memcpy(k->bytes() + r * k_row, kr, k_row);
+        std::memcpy(v->bytes() + r * v_row, v_rows_[static_cast<std::size_t>(r)], v_row);
       }
     std::vector<std::pair<std::int64_t, std::int64_t>> runs;
     unheld_runs(0, S, runs);
-    if (!runs.empty()) {
-      const detail::PackedPanels wk = pack_weight(c.w_uk), wv = pack_weight(c.w_uv);
-      for (const auto& [first, n] : runs) project_run(first, n, wk, wv, k_all_, v_all_, first);
-    }
+    std::vector<PieceRun> pieces;
+    for (const auto& [first, n] : runs) pieces.push_back({first, n, k, v, first});
+    project_pieces(pieces);
+    // Kept only when whole: a projection that throws leaves no half-made tensors.
+    k_all_ = std::move(k);
+    v_all_ = std::move(v);
   }
   return *k_all_;
 }
@@ -345,15 +372,16 @@ void up_project_kv_known(const Case& c, const TensorView& kv_c, const TensorView
   for (std::int64_t j = 0; j < s; ++j)
     if (!hit[static_cast<std::size_t>(j)]) miss.push_back(j);
   if (miss.empty()) return;
-  const detail::PackedPanels wk = pack_weight(c.w_uk), wv = pack_weight(c.w_uv);
   // Runs of consecutive missed rows, each projected in place (row-wise: the same bits).
+  std::vector<RowRun> runs;
   for (std::size_t a = 0; a < miss.size();) {
     std::size_t b = a + 1;
     while (b < miss.size() && miss[b] == miss[b - 1] + 1) ++b;
-    project_rows(c, kv_c, k_pe, miss[a], static_cast<std::int64_t>(b - a), wk, wv,
-                 k.data<std::uint16_t>() + miss[a] * N * (P + R), v.data<std::uint16_t>() + miss[a] * N * V);
+    runs.push_back({miss[a], static_cast<std::int64_t>(b - a), k.data<std::uint16_t>() + miss[a] * N * (P + R),
+                    v.data<std::uint16_t>() + miss[a] * N * V});
     a = b;
   }
+  project_runs(c, kv_c, k_pe, runs);
 }
 
 void merge_states(std::vector<float>& acc_o, std::vector<float>& acc_lse, const TensorView& part_o,

@@ -14,10 +14,6 @@
 
 namespace mlagate {
 
-namespace detail {
-class PackedPanels;  // reference/detail/rowwise_gemm.h
-}
-
 // Latent queries of the given tokens: q_lat[i, n, :] = q_nope[t_i, n, :] @ W_UK[:, n, :]^T.
 // q_lat: [n, N, L], q_pe: [n, N, R], model dtype.
 void absorb_queries(const Case& c, std::span<const int> tokens, Tensor& q_lat, Tensor& q_pe);
@@ -25,10 +21,53 @@ void absorb_queries(const Case& c, std::span<const int> tokens, Tensor& q_lat, T
 // out[i, n*V + v] = o_lat[i, n, :] @ W_UV[:, n, v] written to rows rows[i] of out [T, N*V].
 void project_latent_output(const Case& c, const TensorView& o_lat, std::span<const int> rows, Tensor& out);
 
+// A run of latent rows to up-project: rows [first, first + n) of kv_c and
+// k_pe into n consecutive K rows [N, P+R] from k and V rows [N, V] from v.
+struct RowRun {
+  std::int64_t first = 0, n = 0;
+  std::uint16_t* k = nullptr;
+  std::uint16_t* v = nullptr;
+};
+
+// Where the up-projection's arithmetic runs (up_project_kv, KvProjection,
+// up_project_kv_known): a projector gets every run of one call at once and
+// must write the bits the CPU writes, element for element: K_nope[j, h, p] =
+// round16(the fma chain over l = 0..L-1 of kv[j, l] * W_UK[l, h, p], from
+// +0, in increasing l), V likewise with W_UV, rounded by encoding.h's
+// f32_bits_to_bf16 / f32_bits_to_f16, and k_pe's row copied into every head
+// (model-dtype bits verbatim, any other dtype widened and rounded). With the
+// same bits wherever a row is projected, KvProjection's sharing of rows
+// between the glue, the baseline emulation and the prefill op stays exact
+// whichever projector made them. (A NaN result is NaN either way; its sign
+// and payload are not promised: x86's depend on the FMA form the compiler
+// chose.) Process-wide; null, the default, is the CPU's row-wise GEMM
+// (detail::rowwise_gemm). --reference cuda sets reference/cuda's.
+using RowProjector = void (*)(const Case& c, const TensorView& kv_c, const TensorView& k_pe,
+                              std::span<const RowRun> runs);
+void set_row_projector(RowProjector p);
+RowProjector row_projector();
+
+// Sets a projector for its lifetime, then puts the previous one back.
+class RowProjectorScope {
+ public:
+  explicit RowProjectorScope(RowProjector p) : previous_(row_projector()) { set_row_projector(p); }
+  ~RowProjectorScope() { set_row_projector(previous_); }
+  RowProjectorScope(const RowProjectorScope&) = delete;
+  RowProjectorScope& operator=(const RowProjectorScope&) = delete;
+
+ private:
+  RowProjector previous_;
+};
+
+// The CPU's projection of the runs (what a null projector does), whatever
+// projector is set: for tests that compare a projector with it.
+void project_rows_on_cpu(const Case& c, const TensorView& kv_c, const TensorView& k_pe, std::span<const RowRun> runs);
+
 // Up-projected keys and values of latent rows kv_c [s, L] with k_pe [s, R]:
 // k [s, N, P+R] = [kv_c @ W_UK[:, n, :], k_pe], v [s, N, V] = kv_c @ W_UV[:, n, :].
-// Every row is projected on its own (detail::rowwise_gemm): the same latent row
-// gives the same K and V bits whatever rows come with it.
+// Every row is projected on its own (detail::rowwise_gemm, or the row
+// projector): the same latent row gives the same K and V bits whatever rows
+// come with it.
 void up_project_kv(const Case& c, const TensorView& kv_c, const TensorView& k_pe, Tensor& k, Tensor& v);
 
 // The case's own kv rows up-projected once, from the latent rows the
@@ -69,8 +108,16 @@ class KvProjection {
   void hold(std::int64_t r, int piece, std::int64_t row_in_piece);
   // Appends the runs [first, n) of rows in [from, to) not held.
   void unheld_runs(std::int64_t from, std::int64_t to, std::vector<std::pair<std::int64_t, std::int64_t>>& runs) const;
-  void project_run(std::int64_t first, std::int64_t n, const detail::PackedPanels& wk, const detail::PackedPanels& wv,
-                   std::shared_ptr<Tensor> k, std::shared_ptr<Tensor> v, std::int64_t at);
+  // Rows [first, first + n) projected into k and v from their row `at`
+  // (null k: a piece of their own).
+  struct PieceRun {
+    std::int64_t first = 0, n = 0;
+    std::shared_ptr<Tensor> k, v;
+    std::int64_t at = 0;
+  };
+  // Projects the runs in one call (one upload of the weights for a GPU
+  // projector), then holds their rows.
+  void project_pieces(std::vector<PieceRun>& runs);
   const Case* c_;
   Tensor kv_, pe_;
   std::vector<Piece> pieces_;

@@ -113,6 +113,7 @@ Event::~Event() {
   if (e_) cudaEventDestroy(e_);
 }
 void Event::record(cudaStream_t s) { MLAGATE_CUDA_CHECK(cudaEventRecord(e_, s)); }
+void Event::synchronize() const { MLAGATE_CUDA_CHECK(cudaEventSynchronize(e_)); }
 float Event::elapsed_since(const Event& start) const {
   MLAGATE_CUDA_CHECK(cudaEventSynchronize(e_));
   float ms = 0;

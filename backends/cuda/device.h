@@ -99,6 +99,7 @@ class Event {
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
   void record(cudaStream_t s);
+  void synchronize() const;  // waits until the work recorded before it is done
   // Milliseconds from `start` to this event (both recorded, this one completed).
   float elapsed_since(const Event& start) const;
 

@@ -185,6 +185,26 @@ ReferenceImpl make_reference(const std::string& name) {
   throw InputError("--reference '" + name + "' (expected eigen or cuda)");
 }
 
+#if MLAGATE_HAS_CUDA
+// --reference cuda: the layer glue's up-projection of latent keys to K and V
+// (reference/glue.h) runs on the GPU too, while the run lasts. Its bits are the
+// CPU's (cuda_project_rows), so no record changes, only the time. Workers plan
+// the same flags and set it up in their own process.
+class GpuGlue {
+ public:
+  explicit GpuGlue(bool on) : release_{on}, scope_(on ? cuda_project_rows : row_projector()) {}
+
+ private:
+  struct Release {
+    bool on;
+    ~Release() {
+      if (on) cuda_release_row_projector();  // after scope_ has put the previous projector back
+    }
+  } release_;
+  RowProjectorScope scope_;
+};
+#endif
+
 }  // namespace
 
 void configure_computation(const RunArgs& ra, RunConfig& cfg) {
@@ -213,6 +233,9 @@ class RunCommand {
 
   int main() {
     plan();
+#if MLAGATE_HAS_CUDA
+    const GpuGlue gpu_glue(cfg_.reference.name == "cuda");
+#endif
     if (ra_.worker) return worker_main(cfg_, backends_);
     plan_parent();
     execute();

@@ -5,13 +5,19 @@
 // Agreement with the Eigen reference (tests/device): relative 1e-10 with a floor
 // of 1e-3 of the reference RMS on every smoke and edges case; both are fp64 and
 // differ only in summation order and the exp/log of the two math libraries.
+//
+// Also the layer glue's up-projection of latent keys to K and V on the GPU
+// (cuda_project_rows): with --reference cuda it replaces the CPU's row-wise
+// GEMM (reference/glue.h, set_row_projector) and writes the same bits.
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "cases/case.h"
 #include "cases/tensor.h"
 #include "reference/fp64_reference.h"
+#include "reference/glue.h"
 
 namespace mlagate {
 
@@ -21,5 +27,22 @@ ReferenceOutputs cuda_reference_absorbed(const Case& c);
 // As reference_mqa: the attention core on given latent queries q_lat [T, N, L]
 // (any 16-bit model dtype or f64) with q_pe from c.q.
 void cuda_reference_mqa(const Case& c, const TensorView& q_lat, std::vector<double>& o_lat, std::vector<double>& lse);
+
+// A RowProjector (reference/glue.h): the runs of latent rows up-projected on
+// the GPU, bit for bit what the CPU's row-wise GEMM writes (every non-NaN
+// element; a NaN is NaN on both, its payload not promised). Every element is
+// one thread's __fmaf_rn chain over the latent dimension in increasing order
+// from +0 (row_projection.cu: 128 x 128 block tiles, depth steps of 8, 8 x 8
+// outputs a thread, no split of the depth, no tensor cores), then rounded by
+// cases/encoding.h's own integer code compiled for the device. Rows go in
+// chunks of at most 64 MiB of K and V (pinned on the host twice, on the device
+// once); the weights of the last case stay on the device (kept only while its
+// bytes are the same). Thread-safe (one call at a time). Throws
+// DeviceUnavailableError without a GPU.
+void cuda_project_rows(const Case& c, const TensorView& kv_c, const TensorView& k_pe, std::span<const RowRun> runs);
+
+// Frees what cuda_project_rows keeps between calls (stream, weights, chunk
+// buffers); the next call makes them again.
+void cuda_release_row_projector();
 
 }  // namespace mlagate
