@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -234,7 +235,10 @@ class RunCommand {
   int main() {
     plan();
 #if MLAGATE_HAS_CUDA
-    const GpuGlue gpu_glue(cfg_.reference.name == "cuda");
+    // MLAGATE_GLUE_DEVICE=cpu keeps the glue on the CPU (the same bits):
+    // for measuring what the GPU projector saves (PERFORMANCE.md).
+    const char* glue_device = std::getenv("MLAGATE_GLUE_DEVICE");
+    const GpuGlue gpu_glue(cfg_.reference.name == "cuda" && !(glue_device && std::string_view(glue_device) == "cpu"));
 #endif
     if (ra_.worker) return worker_main(cfg_, backends_);
     plan_parent();
