@@ -185,7 +185,7 @@ namespace {
 
 std::uint64_t write_raw(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type, std::size_t elem,
                         const std::vector<hsize_t>& dims, const void* data, const std::string& dtype_attr,
-                        const Where& parent) {
+                        const Where& parent, Compress compress = Compress::kGzip) {
   const Where w = parent / name;
   double numel = 1;
   for (hsize_t d : dims) numel *= static_cast<double>(d);
@@ -204,8 +204,10 @@ std::uint64_t write_raw(hid_t loc, const std::string& name, hid_t file_type, hid
       bytes = slice * static_cast<double>(chunk[i]);
     }
     h5::set_chunk(dcpl, chunk);
-    h5::set_shuffle(dcpl);
-    h5::set_deflate(dcpl, kDeflateLevel);
+    if (compress == Compress::kGzip) {
+      h5::set_shuffle(dcpl);
+      h5::set_deflate(dcpl, kDeflateLevel);
+    }
     h5::set_fletcher32(dcpl);
   }
   const h5::Dataset ds = h5::dcreate(loc, name, file_type, space, dcpl, w.str());
@@ -220,10 +222,10 @@ std::uint64_t write_raw(hid_t loc, const std::string& name, hid_t file_type, hid
 }  // namespace
 
 std::uint64_t write_dataset(hid_t loc, const std::string& name, DType dtype, const Shape& shape, const void* data,
-                            const Where& w) {
+                            const Where& w, Compress compress) {
   const Storage st = storage_of(dtype);
   std::vector<hsize_t> dims(shape.begin(), shape.end());
-  return write_raw(loc, name, st.file_type, st.mem_type, st.size, dims, data, std::string(dtype_name(dtype)), w);
+  return write_raw(loc, name, st.file_type, st.mem_type, st.size, dims, data, std::string(dtype_name(dtype)), w, compress);
 }
 
 void write_strings(hid_t loc, const std::string& name, const std::vector<std::string>& v, const Where& w) {

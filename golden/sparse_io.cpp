@@ -99,8 +99,8 @@ void write_sparse_group(hid_t g, const Case& c, const PreparedCase::SparseRefere
   io::write_attr(sg.get(), "reference", "fp64 Eigen over the dequantized caches (reference/sparse_reference.h sparse_golden)", ws);
   io::write_attr(sg.get(), "index_codes", "request-local key positions; -1 no key; -2 past the length, a poisoned slot", ws);
   io::write_tensor(sg.get(), "q", ref.q, ws);
-  io::write_dataset(sg.get(), "o", DType::kF64, {T, N, c.spec.sparse_dv()}, ref.o.data(), ws);
-  io::write_dataset(sg.get(), "lse", DType::kF64, {T, N}, ref.lse.data(), ws);
+  io::write_dataset(sg.get(), "o", DType::kF64, {T, N, c.spec.sparse_dv()}, ref.o.data(), ws, io::Compress::kNone);
+  io::write_dataset(sg.get(), "lse", DType::kF64, {T, N}, ref.lse.data(), ws, io::Compress::kNone);
   auto write_set = [&](const IndexSet& s, const char* name) {
     if (s.empty()) return;
     io::write_tensor(sg.get(), name, i32_tensor(s.pos, {T, s.width}), ws);

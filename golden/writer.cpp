@@ -31,6 +31,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// References: stored without gzip (io::write_dataset says why).
+constexpr io::Compress kRef = io::Compress::kNone;
+
 void write_provenance(hid_t g, const io::Where& w) {
   io::write_attr(g, "schema", kGoldenSchema, w);
   io::write_attr(g, "schema_version", kGoldenSchemaVersion, w);
@@ -268,8 +271,8 @@ void write_case_content(hid_t g, const PreparedCase& pc, const io::Where& w) {
     const h5::Group gg = io::create_group(g, schema::kGoldenGroup, w);
     const io::Where wg = w / schema::kGoldenGroup;
     io::write_attr(gg.get(), "reference", "fp64 Eigen, absorbed path (reference/fp64_reference.h reference_absorbed)", wg);
-    io::write_dataset(gg.get(), "out", DType::kF64, {T, N * d.v_head_dim}, pc.reference->out.data(), wg);
-    io::write_dataset(gg.get(), "lse", DType::kF64, {T, N}, pc.reference->lse.data(), wg);
+    io::write_dataset(gg.get(), "out", DType::kF64, {T, N * d.v_head_dim}, pc.reference->out.data(), wg, kRef);
+    io::write_dataset(gg.get(), "lse", DType::kF64, {T, N}, pc.reference->lse.data(), wg, kRef);
   }
   if (pc.sparse) write_sparse_group(g, pc.c, *pc.sparse, w);
   if (pc.decode) {
@@ -278,8 +281,8 @@ void write_case_content(hid_t g, const PreparedCase& pc, const io::Where& w) {
     io::write_attr(dg.get(), "reference", "fp64 Eigen on the absorbed queries (reference/fp64_reference.h reference_mqa)", wd);
     io::write_tensor(dg.get(), "q_lat", pc.decode->q_lat, wd);
     io::write_tensor(dg.get(), "q_pe", pc.decode->q_pe, wd);
-    io::write_dataset(dg.get(), "o_lat", DType::kF64, {T, N, d.kv_lora_rank}, pc.decode->o_lat.data(), wd);
-    io::write_dataset(dg.get(), "lse", DType::kF64, {T, N}, pc.decode->lse.data(), wd);
+    io::write_dataset(dg.get(), "o_lat", DType::kF64, {T, N, d.kv_lora_rank}, pc.decode->o_lat.data(), wd, kRef);
+    io::write_dataset(dg.get(), "lse", DType::kF64, {T, N}, pc.decode->lse.data(), wd, kRef);
   }
   if (pc.baselines) {
     const StoredBaselines& b = *pc.baselines;

@@ -48,9 +48,13 @@ h5::Group create_group(hid_t loc, const std::string& name, const Where& w);
 // A dataset of `dtype` elements (16-bit floats as their raw uint16 bits, other
 // non-native types by size) with attributes dtype, fnv1a64 and xxh64. Small datasets
 // are compact (inside the checksummed object header); the rest chunked with
-// shuffle + gzip + fletcher32. Returns the content hash.
+// shuffle + gzip + fletcher32 (kNone: fletcher32 only). Returns the FNV-1a hash.
+// References are written kNone: fp64 results that gzip shrinks by about a
+// tenth, and that every run --golden reads (decompressing them cost it more
+// than the rest of its reading).
+enum class Compress { kGzip, kNone };
 std::uint64_t write_dataset(hid_t loc, const std::string& name, DType dtype, const Shape& shape, const void* data,
-                            const Where& w);
+                            const Where& w, Compress compress = Compress::kGzip);
 inline std::uint64_t write_tensor(hid_t loc, const std::string& name, const Tensor& t, const Where& w) {
   return write_dataset(loc, name, t.dtype(), t.shape(), t.bytes(), w);
 }
