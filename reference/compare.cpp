@@ -18,6 +18,9 @@ namespace mlagate {
 
 namespace {
 
+// Elements per block of the metrics pass (whole runs; see compare_output).
+constexpr std::int64_t kCompareBlock = std::int64_t{1} << 16;
+
 std::string fmt(double v) {
   char b[32];
   std::snprintf(b, sizeof b, "%.4g", v);
@@ -152,11 +155,13 @@ std::vector<double> as_f64(const TensorView& v) {
     }
     case DType::kBF16: {
       const auto* p = static_cast<const std::uint16_t*>(v.data);
+#pragma omp parallel for schedule(static) if (n > (1 << 18))
       for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = bf16_to_f32(p[i]);
       break;
     }
     case DType::kF16: {
       const auto* p = static_cast<const std::uint16_t*>(v.data);
+#pragma omp parallel for schedule(static) if (n > (1 << 18))
       for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = f16_to_f32(p[i]);
       break;
     }
@@ -165,6 +170,27 @@ std::vector<double> as_f64(const TensorView& v) {
   }
   return out;
 }
+
+// The kWorstElements largest errors seen, earlier elements first among equals.
+struct WorstKept {
+  void offer(double d, std::int64_t i) {
+    if (!(d > floor)) return;
+    std::size_t k = n < kWorstElements ? n++ : kWorstElements - 1;
+    for (; k > 0 && err[k - 1] < d; --k) {
+      err[k] = err[k - 1];
+      flat[k] = flat[k - 1];
+    }
+    err[k] = d;
+    flat[k] = i;
+    if (n == kWorstElements) floor = err[kWorstElements - 1];
+  }
+  // The smallest kept error once kWorstElements are kept; -1 before, so
+  // that any error (>= 0) is taken.
+  double floor = -1;
+  std::size_t n = 0;
+  std::array<double, kWorstElements> err{};
+  std::array<std::int64_t, kWorstElements> flat{};
+};
 
 // The error summary of Metrics (err_token_head, query_lens, worst_elements),
 // kept while compare_output walks the elements: the map's geometry is fixed
@@ -210,27 +236,21 @@ class ErrorSummary {
   // (the metrics pass's `d > cell` never replaces a NaN).
   void mark_nonfinite(std::int64_t i) { cell(i) = std::numeric_limits<float>::quiet_NaN(); }
 
-  // Keeps the kWorstElements largest d, earlier elements first among equals.
-  void offer(double d, std::int64_t i) {
-    if (!(d > floor_)) return;
-    std::size_t k = n_ < kWorstElements ? n_++ : kWorstElements - 1;
-    for (; k > 0 && err_[k - 1] < d; --k) {
-      err_[k] = err_[k - 1];
-      flat_[k] = flat_[k - 1];
-    }
-    err_[k] = d;
-    flat_[k] = i;
-    if (n_ == kWorstElements) floor_ = err_[kWorstElements - 1];
+  void offer(double d, std::int64_t i) { worst_.offer(d, i); }
+  // A block's kept errors, offered in their order (blocks in element order:
+  // the same list as offering every element in order).
+  void offer_all(const WorstKept& w) {
+    for (std::size_t k = 0; k < w.n; ++k) worst_.offer(w.err[k], w.flat[k]);
   }
 
   // Fills worst_elements from the kept indices.
   void finish(const Layout& layout, const std::vector<double>& got, const std::vector<double>& ref) {
-    for (std::size_t k = 0; k < n_; ++k) {
+    for (std::size_t k = 0; k < worst_.n; ++k) {
       WorstElement w;
-      w.where = layout.locate(flat_[k]);
-      w.got = got[static_cast<std::size_t>(flat_[k])];
-      w.expected = ref[static_cast<std::size_t>(flat_[k])];
-      w.err = err_[k];
+      w.where = layout.locate(worst_.flat[k]);
+      w.got = got[static_cast<std::size_t>(worst_.flat[k])];
+      w.expected = ref[static_cast<std::size_t>(worst_.flat[k])];
+      w.err = worst_.err[k];
       m_.worst_elements.push_back(w);
     }
   }
@@ -240,12 +260,16 @@ class ErrorSummary {
   std::int64_t heads_ = 0, dim_ = 0;  // dim_ 0: no map
   std::int64_t cols_ = 0;
   float scratch_ = 0;
-  // The smallest kept error once kWorstElements are kept; -1 before, so
-  // that any error (>= 0) is taken.
-  double floor_ = -1;
-  std::size_t n_ = 0;
-  std::array<double, kWorstElements> err_{};
-  std::array<std::int64_t, kWorstElements> flat_{};
+  WorstKept worst_;
+};
+
+// One block's share of the metrics pass: sums from zero, maxima, its largest
+// errors and each of its (token, head) runs' largest error.
+struct BlockMetrics {
+  double sum_abs = 0, sum_d2 = 0, sum_y2 = 0, sum_x2 = 0, sum_xy = 0, max_abs_y = 0;
+  double max_abs = 0, max_ulp = 0, min_atol = 0;
+  std::int64_t n = 0, worst = -1;
+  WorstKept kept;
 };
 
 }  // namespace
@@ -300,29 +324,63 @@ Status compare_output(const OutputCheck& c, const Policy& p, Metrics& m) {
   m.max_ulp = 0;
   m.min_atol = 0;
   // Runs of elements sharing an error-map cell: (token, head) rows of `dim`.
+  // The pass runs over blocks of whole runs in parallel; each block sums from
+  // zero and the blocks are added in element order, so the figures depend on
+  // the block size alone, never on the threads (the same bits on any machine).
   const std::int64_t run = summary.run_length(m.numel);
-  for (std::int64_t start = 0; start < m.numel; start += run) {
-    float& cell = summary.cell(start);
-    for (std::int64_t i = start, end = std::min(m.numel, start + run); i < end; ++i) {
-      const double x = got[static_cast<std::size_t>(i)], r = y[static_cast<std::size_t>(i)];
-      if (!std::isfinite(x) || !std::isfinite(r)) continue;
-      const double d = std::fabs(x - r);
-      if (const float df = static_cast<float>(d); df > cell) cell = df;
-      summary.offer(d, i);
-      ++n;
-      sum_abs += d;
-      sum_d2 += d * d;
-      sum_y2 += r * r;
-      sum_x2 += x * x;
-      sum_xy += x * r;
-      max_abs_y = std::max(max_abs_y, std::fabs(r));
-      if (d > m.max_abs || worst < 0) {
-        m.max_abs = d;
-        worst = i;
+  const std::int64_t runs = m.numel > 0 ? (m.numel + run - 1) / run : 0;
+  const std::int64_t runs_per_block = std::max<std::int64_t>(1, kCompareBlock / run);
+  const std::int64_t blocks = (runs + runs_per_block - 1) / runs_per_block;
+  std::vector<BlockMetrics> bm(static_cast<std::size_t>(blocks));
+  std::vector<float> run_max(static_cast<std::size_t>(runs), 0.0f);  // each run's largest error
+#pragma omp parallel for schedule(dynamic, 1) if (blocks > 1)
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    BlockMetrics& k = bm[static_cast<std::size_t>(b)];
+    for (std::int64_t q = b * runs_per_block, q_end = std::min(runs, (b + 1) * runs_per_block); q < q_end; ++q) {
+      float cell = 0;
+      for (std::int64_t i = q * run, end = std::min(m.numel, (q + 1) * run); i < end; ++i) {
+        const double x = got[static_cast<std::size_t>(i)], r = y[static_cast<std::size_t>(i)];
+        if (!std::isfinite(x) || !std::isfinite(r)) continue;
+        const double d = std::fabs(x - r);
+        if (const float df = static_cast<float>(d); df > cell) cell = df;
+        k.kept.offer(d, i);
+        ++k.n;
+        k.sum_abs += d;
+        k.sum_d2 += d * d;
+        k.sum_y2 += r * r;
+        k.sum_x2 += x * x;
+        k.sum_xy += x * r;
+        k.max_abs_y = std::max(k.max_abs_y, std::fabs(r));
+        if (d > k.max_abs || k.worst < 0) {
+          k.max_abs = d;
+          k.worst = i;
+        }
+        k.max_ulp = std::max(k.max_ulp, d / ulp_in(r, ulp_fmt));
+        k.min_atol = std::max(k.min_atol, d - rtol * std::fabs(r));
       }
-      m.max_ulp = std::max(m.max_ulp, d / ulp_in(r, ulp_fmt));
-      m.min_atol = std::max(m.min_atol, d - rtol * std::fabs(r));
+      run_max[static_cast<std::size_t>(q)] = cell;
     }
+  }
+  for (std::int64_t q = 0; q < runs; ++q) {
+    // A cell marked NaN (a non-finite mismatch) keeps its NaN: `>` is false.
+    float& cell = summary.cell(q * run);
+    if (run_max[static_cast<std::size_t>(q)] > cell) cell = run_max[static_cast<std::size_t>(q)];
+  }
+  for (const BlockMetrics& k : bm) {
+    n += k.n;
+    sum_abs += k.sum_abs;
+    sum_d2 += k.sum_d2;
+    sum_y2 += k.sum_y2;
+    sum_x2 += k.sum_x2;
+    sum_xy += k.sum_xy;
+    max_abs_y = std::max(max_abs_y, k.max_abs_y);
+    if (k.worst >= 0 && (worst < 0 || k.max_abs > m.max_abs)) {
+      m.max_abs = k.max_abs;
+      worst = k.worst;
+    }
+    m.max_ulp = std::max(m.max_ulp, k.max_ulp);
+    m.min_atol = std::max(m.min_atol, k.min_atol);
+    summary.offer_all(k.kept);
   }
   summary.finish(c.layout, got, y);
   m.ref_norm = std::sqrt(sum_y2);
@@ -335,12 +393,14 @@ Status compare_output(const OutputCheck& c, const Policy& p, Metrics& m) {
     // Relative error with a floor at 1% of the reference's RMS, so near-zero
     // reference elements do not dominate.
     m.rel_floor = std::max(1e-2 * std::sqrt(sum_y2 / static_cast<double>(n)), 1e-30);
-    m.max_rel = 0;
+    double max_rel = 0;  // a maximum: the same whatever the threads
+    const double rel_floor = m.rel_floor;
+#pragma omp parallel for schedule(static) reduction(max : max_rel) if (m.numel > (1 << 18))
     for (std::int64_t i = 0; i < m.numel; ++i) {
       const double x = got[static_cast<std::size_t>(i)], r = y[static_cast<std::size_t>(i)];
-      if (std::isfinite(x) && std::isfinite(r))
-        m.max_rel = std::max(m.max_rel, std::fabs(x - r) / std::max(std::fabs(r), m.rel_floor));
+      if (std::isfinite(x) && std::isfinite(r)) max_rel = std::max(max_rel, std::fabs(x - r) / std::max(std::fabs(r), rel_floor));
     }
+    m.max_rel = max_rel;
     m.worst = c.layout.locate(worst);
   } else {
     m.max_abs = kNaN;

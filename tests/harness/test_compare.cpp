@@ -2,7 +2,11 @@
 // outputs, so a regression in one rule cannot hide behind another.
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "cases/errors.h"
@@ -205,6 +209,74 @@ TEST(Compare, BaselinePolicyNeedsErrBaselineAndAValidFudge) {
   EXPECT_EQ(p.cli_args(), "--policy baseline --fudge 2.5");
   EXPECT_TRUE(p.gates("lse"));
   EXPECT_EQ(make_policy("baseline", 0, 0).fudge, kDefaultFudge);
+}
+
+// The metrics pass runs over blocks of whole (token, head) runs in parallel:
+// its figures must not depend on the threads (the same bits on any machine),
+// and its maxima, worst elements and error map must be those of the elements.
+TEST(Compare, ManyBlocksGiveTheSameBitsWhateverTheThreads) {
+  const std::int64_t T = 300, N = 16, D = 128;  // 614,400 elements: ten blocks
+  std::vector<std::int32_t> qsl{0, 100, 300};
+  std::vector<double> ref(static_cast<std::size_t>(T * N * D));
+  Tensor got(DType::kBF16, {T, N, D});
+  std::uint64_t s = 12345;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    ref[i] = static_cast<double>(static_cast<std::int64_t>(s >> 11) % 20001 - 10000) * 1e-4;
+    got.set(static_cast<std::int64_t>(i), ref[i]);  // rounded to bf16: errors everywhere
+  }
+  got.set(T * N * D - 5, 7.0);  // the worst element, in the last block
+  got.set(T * N * D / 2 + 3, std::nan(""));  // a non-finite mismatch, mid-way
+  OutputCheck c;
+  c.name = "out";
+  c.got = got.view();
+  c.expected_shape = {T, N, D};
+  c.expected_dtype = DType::kBF16;
+  c.reference = &ref;
+  c.layout = Layout{qsl, N, D};
+  auto run_with = [&](int threads) {
+    omp_set_num_threads(threads);
+    Metrics m;
+    compare_output(c, make_policy("vllm", 0, 0), m);
+    return m;
+  };
+  const int before = omp_get_max_threads();
+  const Metrics one = run_with(1), three = run_with(3);
+  omp_set_num_threads(before);
+  auto bits = [](double x) { return std::bit_cast<std::uint64_t>(x); };
+  for (auto f : {&Metrics::max_abs, &Metrics::max_rel, &Metrics::mean_abs, &Metrics::nmse, &Metrics::cos_diff,
+                 &Metrics::max_ulp, &Metrics::ref_norm, &Metrics::out_norm, &Metrics::min_atol})
+    EXPECT_EQ(bits(one.*f), bits(three.*f));
+  EXPECT_EQ(one.err_token_head.size(), three.err_token_head.size());
+  EXPECT_EQ(std::memcmp(one.err_token_head.data(), three.err_token_head.data(), one.err_token_head.size() * sizeof(float)),
+            0);
+  // Against the elements themselves.
+  double max_abs = 0;
+  std::int64_t worst = -1;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double x = got.get(static_cast<std::int64_t>(i));
+    if (!std::isfinite(x)) continue;
+    const double d = std::fabs(x - ref[i]);
+    if (d > max_abs || worst < 0) max_abs = d, worst = static_cast<std::int64_t>(i);
+  }
+  EXPECT_EQ(one.max_abs, max_abs);
+  EXPECT_EQ(worst, T * N * D - 5);
+  ASSERT_FALSE(one.worst_elements.empty());
+  EXPECT_EQ(one.worst_elements[0].err, max_abs);
+  for (std::size_t k = 1; k < one.worst_elements.size(); ++k) {
+    EXPECT_GE(one.worst_elements[k - 1].err, one.worst_elements[k].err);
+    EXPECT_EQ(one.worst_elements[k].err, three.worst_elements[k].err);
+  }
+  EXPECT_EQ(one.nonfinite_mismatches, 1);
+  // The cell of the NaN shows NaN; the worst element's cell holds its error.
+  std::size_t nan_cells = 0;
+  float largest = 0;
+  for (float v : one.err_token_head) {
+    if (std::isnan(v)) ++nan_cells;
+    else largest = std::max(largest, v);
+  }
+  EXPECT_EQ(nan_cells, 1u);
+  EXPECT_EQ(largest, static_cast<float>(max_abs));
 }
 
 }  // namespace
