@@ -77,7 +77,7 @@ struct ContentHash {
 struct InputHashes {
   std::uint64_t q = 0, kv_c = 0, k_pe = 0, w_uk = 0, w_uv = 0, combined = 0;
   std::array<std::uint64_t, 5> xxh{};  // q, kv_c, k_pe, W_UK, W_UV
-  bool has_xxh = true;
+  bool has_xxh = false;  // input_hashes() sets it; readers when the file has them
   bool operator==(const InputHashes&) const = default;
 };
 InputHashes input_hashes(const Case& c);  // both kinds

@@ -60,7 +60,7 @@ std::uint64_t xxh64(const void* data, std::size_t n, std::uint64_t seed) {
   std::uint64_t h;
   if (n >= 32) {
     std::uint64_t v1 = seed + kP1 + kP2, v2 = seed + kP2, v3 = seed, v4 = seed - kP1;
-    for (const unsigned char* const limit = end - 32; p <= limit; p += 32) {
+    for (; end - p >= 32; p += 32) {
       v1 = round(v1, load64(p));
       v2 = round(v2, load64(p + 8));
       v3 = round(v3, load64(p + 16));
@@ -75,8 +75,8 @@ std::uint64_t xxh64(const void* data, std::size_t n, std::uint64_t seed) {
     h = seed + kP5;
   }
   h += static_cast<std::uint64_t>(n);
-  for (; p + 8 <= end; p += 8) h = std::rotl(h ^ round(0, load64(p)), 27) * kP1 + kP4;
-  if (p + 4 <= end) {
+  for (; end - p >= 8; p += 8) h = std::rotl(h ^ round(0, load64(p)), 27) * kP1 + kP4;
+  if (end - p >= 4) {
     h = std::rotl(h ^ (static_cast<std::uint64_t>(load32(p)) * kP1), 23) * kP2 + kP3;
     p += 4;
   }
@@ -121,6 +121,7 @@ InputHashes input_hashes(const Case& c) {
     h.combined = b;
   }
   h.xxh = input_xxh64(c);
+  h.has_xxh = true;
   return h;
 }
 

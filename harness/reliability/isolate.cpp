@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <atomic>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -529,6 +530,11 @@ std::vector<Record> run_isolated(const RunConfig& cfg, const std::vector<std::st
   };
   std::vector<std::vector<Record>> got(n);
   std::vector<std::exception_ptr> errors(n);
+  // One stream's error (a worker's INPUT_ERROR: the input is bad) stops the
+  // others at their next job, as a signal would: the run ends with that error.
+  std::atomic<bool> failed{false};
+  RunConfig stoppable = cfg;
+  stoppable.stop = [&failed, &cfg] { return failed.load() || (cfg.stop && cfg.stop()); };
   {
     std::vector<std::jthread> threads;
     for (std::size_t d = 0; d < n; ++d)
@@ -536,9 +542,10 @@ std::vector<Record> run_isolated(const RunConfig& cfg, const std::vector<std::st
         try {
           IsolationOptions mine = opt;
           mine.device = opt.devices[d];
-          got[d] = run_stream(cfg, backend_names, dealt[d], mine, locked);
+          got[d] = run_stream(stoppable, backend_names, dealt[d], mine, locked);
         } catch (...) {
           errors[d] = std::current_exception();
+          failed = true;
         }
       });
   }

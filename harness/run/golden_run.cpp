@@ -38,12 +38,17 @@ struct GoldenRun::Impl {
 
   // The regenerated inputs must be the ones the file was exported from:
   // checked by XXH64 where the file stores it (memory speed), else by the
-  // FNV-1a hashes every file has. Once per input set and process (its other kv
-  // dtypes retarget the same tensors).
-  std::string checked_inputs;  // inputs_key of the last input set checked
+  // FNV-1a hashes every file has. The regenerated tensors are hashed once per
+  // input set and process (its other kv dtypes retarget the same tensors);
+  // every case's own stored hashes are compared with them.
+  struct Computed {
+    std::string key;  // inputs_key
+    std::optional<std::array<std::uint64_t, 5>> xxh;
+    std::optional<InputHashes> fnv;
+  } computed;
   void check_regenerated(const Case& c, const CaseHeader& h) {
     const std::string key = inputs_key(c.spec);
-    if (key == checked_inputs) return;
+    if (computed.key != key) computed = Computed{key, {}, {}};
     const std::string& id = h.id;
     auto differs = [&](int i, std::uint64_t mine, std::uint64_t stored, const char* kind) {
       throw GoldenFileError("case " + id + ": regenerated input " + kInputLabels[i] + " (" + kind + " " + hash_hex(mine) +
@@ -51,19 +56,20 @@ struct GoldenRun::Impl {
                             "): the generator or the case definition changed since " + opt.golden + " was exported");
     };
     if (h.hashes.has_xxh) {
-      const std::array<std::uint64_t, 5> mine = input_xxh64(c);
+      if (!computed.xxh) computed.xxh = input_xxh64(c);
+      const std::array<std::uint64_t, 5>& mine = *computed.xxh;
       for (int i = 0; i < 5; ++i)
         if (mine[static_cast<std::size_t>(i)] != h.hashes.xxh[static_cast<std::size_t>(i)])
           differs(i, mine[static_cast<std::size_t>(i)], h.hashes.xxh[static_cast<std::size_t>(i)], "xxh64");
     } else {
-      const InputHashes mine = input_hashes(c);
+      if (!computed.fnv) computed.fnv = input_hashes(c);
+      const InputHashes& mine = *computed.fnv;
       const std::uint64_t a[5] = {mine.q, mine.kv_c, mine.k_pe, mine.w_uk, mine.w_uv};
       const std::uint64_t b[5] = {h.hashes.q, h.hashes.kv_c, h.hashes.k_pe, h.hashes.w_uk, h.hashes.w_uv};
       for (int i = 0; i < 5; ++i)
         if (a[i] != b[i]) differs(i, a[i], b[i], "fnv1a64");
       if (mine.combined != h.hashes.combined) throw GoldenFileError("case " + id + ": input_hash differs from the golden file's");
     }
-    checked_inputs = key;
   }
 
   // A stored cache is rebuilt with the run's poison options: they must be the file's.
@@ -81,7 +87,13 @@ struct GoldenRun::Impl {
   // options (fp8 and fp8_e4m3 caches are the same bytes): their hashes.
   std::map<std::string, std::array<ContentHash, 3>> checked_caches;
   bool validated = false;  // validate() ran in this process
-  std::optional<std::pair<std::string, std::vector<double>>> last_auto;  // (id, golden/out) of the last kv=auto case
+  // (id, golden/out) of the last kv=auto case, for its fp8 siblings; dropped
+  // when the input set changes.
+  struct AutoReference {
+    std::string id, inputs;  // the case and its inputs_key
+    std::vector<double> out;
+  };
+  std::optional<AutoReference> last_auto;
 
   // The previous case's tensors when its inputs are these (moved on by the
   // runner, as a plain run hands them on), else generated.
@@ -108,7 +120,7 @@ struct GoldenRun::Impl {
     if (inputs_key(a) != inputs_key(spec) || !reader->has_case(aid)) return;
     const CaseHeader ah = reader->header(aid);
     if (!ah.has_golden || ah.hashes.combined != h.hashes.combined) return;
-    if (last_auto && last_auto->first == aid) pc.unquantized = last_auto->second;  // read for that case just now
+    if (last_auto && last_auto->id == aid) pc.unquantized = last_auto->out;  // read for that case just now
     else pc.unquantized = reader->load_reference(aid).out;
     if (pc.decode)
       if (auto d = reader->load_decode_reference(aid)) pc.unquantized_mqa = std::move(d->o_lat);
@@ -124,6 +136,7 @@ struct GoldenRun::Impl {
     const std::string id = spec.id();
     require_case(id);
     Case c = regenerate(spec, previous);
+    if (last_auto && last_auto->inputs != inputs_key(spec)) last_auto.reset();
     const CaseHeader h = reader->header(id);
     check_regenerated(c, h);
     PreparedCase pc;
@@ -131,7 +144,8 @@ struct GoldenRun::Impl {
     if (pc.c.sparse) pc.sparse = reader->load_sparse(id, pc.c);
     else pc.reference = reader->load_reference(id);
     // A kv=auto case's output reference is the next fp8 cases' unquantized one.
-    if (pc.reference && spec.kv_cache_dtype == KvCacheDtype::kAuto) last_auto.emplace(id, pc.reference->out);
+    if (pc.reference && spec.kv_cache_dtype == KvCacheDtype::kAuto)
+      last_auto = AutoReference{id, inputs_key(spec), pc.reference->out};
     pc.decode = reader->load_decode_reference(id);
     pc.baselines = reader->load_baselines(id);
     load_unquantized(spec, h, pc);
@@ -249,6 +263,15 @@ void GoldenRun::attach(RunConfig& cfg) {
       if (!m->reader->has_case(a) || !m->reader->has_case(b)) return false;
       const CaseHeader ha = m->reader->header(a), hb = m->reader->header(b);
       if (ha.hashes != hb.hashes || ha.cache_block_sizes != hb.cache_block_sizes || ha.spec.sparse.active()) return false;
+      // The handed-on context's caches were checked against a's stored ones:
+      // b's must be the same bytes (their hashes) to be checked too.
+      for (int bs : ha.cache_block_sizes) {
+        const StoredCacheOptions ca = m->reader->cache_options(a, bs), cb = m->reader->cache_options(b, bs);
+        if (ca.hash_data != cb.hash_data || ca.hash_block_table != cb.hash_block_table ||
+            ca.hash_slot_mapping != cb.hash_slot_mapping || ca.poison != cb.poison ||
+            ca.poison_block_table != cb.poison_block_table || ca.spare_blocks != cb.spare_blocks)
+          return false;
+      }
       return m->reader->stored_reference_hashes(a) == m->reader->stored_reference_hashes(b);
     };
   }

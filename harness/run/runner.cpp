@@ -589,10 +589,12 @@ CaseContext& CaseStream::enter(const CaseSpec& spec) {
   if (cfg_.prepare && !(same_values && cfg_.prepared_same && cfg_.prepared_same(prev->c.spec, spec))) {
     // A prepared case (golden file) is handed on whole only when its
     // references are the same; its inputs whenever they are.
-    Case* previous = prev && inputs_key(prev->c.spec) == inputs_key(spec) ? &prev->c : nullptr;
-    PreparedCase p = cfg_.prepare(spec, previous);
+    // The previous context is freed before the next is made (peak memory):
+    // only its case's tensors are kept, when they are this one's.
+    std::optional<Case> previous;
+    if (prev && inputs_key(prev->c.spec) == inputs_key(spec)) previous.emplace(std::move(prev->c));
     prev.reset();
-    ctx->adopt(std::move(p));
+    ctx->adopt(cfg_.prepare(spec, previous ? &*previous : nullptr));
   } else if (same_values) {
     spec.validate();
     ctx = std::move(prev);

@@ -291,6 +291,58 @@ TEST_F(H5Files, RunGoldenSharesACaseOnlyWhenItsStoredReferencesAreEqual) {
   EXPECT_EQ(twice[1].metrics.at(0).err_baseline, 2 * fp8);  // its own stored values, not the fp8 case's
 }
 
+// Cases of one input set (kv=auto, then fp8 and fp8_e4m3 of the same inputs)
+// hash the regenerated tensors once, but each case's own stored hashes are
+// compared with them, and each case's own stored caches with what is rebuilt,
+// including a case handed on a shared context: a doctored later case stops
+// the run, naming it.
+TEST_F(H5Files, EveryCaseOfAnInputSetHasItsOwnHashesChecked) {
+  std::vector<CaseSpec> specs;
+  for (KvCacheDtype kv : {KvCacheDtype::kAuto, KvCacheDtype::kFp8, KvCacheDtype::kFp8E4m3}) {
+    CaseSpec s = small_specs()[0];
+    s.kv_cache_dtype = kv;
+    specs.push_back(s);
+  }
+  const fs::path file = scratch_ / "three.h5";
+  export_small(file, specs);
+  auto run = [&](const fs::path& f) {
+    auto backends = select_backends("cpu.paged");
+    RunConfig cfg = small_run_config(specs);
+    cfg.ops = {Op::kLayer};
+    GoldenRun golden(GoldenRunOptions{f.string(), "", {}, "", kDefaultMaxBytes, "test", ""});
+    golden.validate(cfg.cases, cfg.exec);
+    golden.attach(cfg);
+    return run_cases(cfg, backends);
+  };
+  ASSERT_EQ(run(file).size(), 3u);
+  for (std::size_t victim : {1u, 2u}) {
+    SCOPED_TRACE(specs[victim].id());
+    const fs::path edited = scratch_ / ("doctored" + std::to_string(victim) + ".h5");
+    fs::copy_file(file, edited, fs::copy_options::overwrite_existing);
+    set_string_attr(edited, case_path(specs[victim].id()), "xxh64_kv_c", "0123456789abcdef");
+    try {
+      run(edited);
+      ADD_FAILURE() << "a later case of the input set with a doctored hash must stop the run";
+    } catch (const GoldenFileError& e) {
+      EXPECT_NE(std::string(e.what()).find("case " + specs[victim].id() + ": regenerated input kv_c"), std::string::npos)
+          << e.what();
+    }
+  }
+  // The fp8_e4m3 case shares the fp8 case's context (equal references): its
+  // own stored cache must still equal what was rebuilt and checked.
+  {
+    const fs::path edited = scratch_ / "doctored_cache.h5";
+    fs::copy_file(file, edited, fs::copy_options::overwrite_existing);
+    GoldenReader r(file.string());
+    const PreparedCase pc = r.load_case(specs[2].id());
+    Tensor data = pc.caches.at(16).data;
+    const PagedCache& c = pc.caches.at(16);
+    data.data<std::uint8_t>()[(c.num_blocks - 1) * c.block_size * c.entry_bytes + 3] ^= 0x10;  // a spare block
+    replace_dataset(edited, case_path(specs[2].id()) + "/cache/bs16", "data", data);
+    EXPECT_THROW(run(edited), GoldenFileError);
+  }
+}
+
 TEST_F(H5Files, ReplayEqualsRunAndTheirResultsCompareIdentical) {
   auto backends = select_backends("cpu.paged,cpu.splitkv");
   const fs::path run_results = scratch_ / "run.h5", replay_results = scratch_ / "replay.h5";
