@@ -19,6 +19,11 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static const std::string path = "/tmp/mlagate_fuzz_golden_" + std::to_string(::getpid()) + ".h5";
+  // Removed after each input: libFuzzer ends a timed run without running
+  // static destructors, and the file was left in /tmp, one per run.
+  struct Remove {
+    ~Remove() { std::remove(path.c_str()); }
+  } remove_after;
   {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
