@@ -18,14 +18,10 @@
 #include "cases/suite.h"
 #include "harness/cli/cli.h"
 #include "harness/run/runner.h"
+#include "tests/require_gpu.h"
 
 namespace mlagate {
 namespace {
-
-#define MLAGATE_REQUIRE_GPU()                                                           \
-  do {                                                                                  \
-    if (!cuda_device_info().available) GTEST_SKIP() << cuda_device_info().error;        \
-  } while (0)
 
 // The gate of the CPU backends' suite tests (tests/harness/test_detection.cpp):
 // tighter than the vllm policy and checks lse too.

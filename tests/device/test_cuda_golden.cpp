@@ -16,14 +16,10 @@
 #include "cases/suite.h"
 #include "reference/glue.h"
 #include "reference/fp64_reference.h"
+#include "tests/require_gpu.h"
 
 namespace mlagate {
 namespace {
-
-#define MLAGATE_REQUIRE_GPU()                                                    \
-  do {                                                                           \
-    if (!cuda_device_info().available) GTEST_SKIP() << cuda_device_info().error; \
-  } while (0)
 
 // The agreement backends/cuda/README.md documents for --reference cuda.
 constexpr double kRelTol = 1e-10;

@@ -24,14 +24,10 @@
 #include "reference/cuda/cuda_reference.h"
 #include "reference/glue.h"
 #include "reference/sdpa_emulation.h"
+#include "tests/require_gpu.h"
 
 namespace mlagate {
 namespace {
-
-#define MLAGATE_REQUIRE_GPU()                                                    \
-  do {                                                                           \
-    if (!cuda_device_info().available) GTEST_SKIP() << cuda_device_info().error; \
-  } while (0)
 
 // Empty when the bytes are equal, else where they first differ (as 16-bit words).
 std::string first_difference(const void* a, const void* b, std::size_t bytes) {

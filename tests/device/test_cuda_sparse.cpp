@@ -19,14 +19,10 @@
 #include "cases/suite.h"
 #include "reference/compare.h"
 #include "harness/run/runner.h"
+#include "tests/require_gpu.h"
 
 namespace mlagate {
 namespace {
-
-#define MLAGATE_REQUIRE_GPU()                                                    \
-  do {                                                                           \
-    if (!cuda_device_info().available) GTEST_SKIP() << cuda_device_info().error; \
-  } while (0)
 
 const std::vector<Op> kSparseOps = {Op::kSparseDecode, Op::kSparsePrefill};
 

@@ -24,14 +24,10 @@
 #include "cases/suite.h"
 #include "harness/cli/cli.h"
 #include "harness/run/runner.h"
+#include "tests/require_gpu.h"
 
 namespace mlagate {
 namespace {
-
-#define MLAGATE_REQUIRE_GPU()                                                    \
-  do {                                                                           \
-    if (!cuda_device_info().available) GTEST_SKIP() << cuda_device_info().error; \
-  } while (0)
 
 // The adapters this build has, by the registry's names.
 std::vector<std::string> adapter_names() {
