@@ -8,7 +8,11 @@
 //                                                   <ms>: its initialisation (process start to here)
 //   parent -> worker  JOB <case> <backend> <op>     indices into both sides' identical lists
 //   worker -> parent  RECORD <record_json_line>
+//   worker -> parent  INPUT_ERROR <json string>     bad input met making a case (run --golden's
+//                                                   hash checks); the worker exits, the run ends (exit 2)
 #include "harness/reliability/isolate.h"
+
+#include <nlohmann/json.hpp>
 
 #include <fcntl.h>
 #include <poll.h>
@@ -44,28 +48,16 @@ namespace mlagate {
 
 namespace {
 
-// A message on one protocol line: backslashes and newlines escaped.
-std::string escape_line(const std::string& s) {
-  std::string out;
-  for (char ch : s) {
-    if (ch == '\\') out += "\\\\";
-    else if (ch == '\n') out += "\\n";
-    else if (ch == '\r') out += "\\r";
-    else out += ch;
-  }
-  return out;
+// A message on one protocol line: a JSON string, as records travel as JSON.
+std::string message_to_line(const std::string& s) {
+  return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // bytes that are not UTF-8: U+FFFD
 }
-std::string unescape_line(const std::string& s) {
-  std::string out;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s[i] != '\\' || i + 1 == s.size()) {
-      out += s[i];
-      continue;
-    }
-    const char n = s[++i];
-    out += n == 'n' ? '\n' : n == 'r' ? '\r' : n;
+std::string message_from_line(const std::string& line) {
+  try {
+    return nlohmann::json::parse(line).get<std::string>();
+  } catch (const nlohmann::json::exception&) {
+    return line;  // not from a worker of this build: shown as it came
   }
-  return out;
 }
 
 std::vector<std::string>& worker_cmd() {
@@ -358,7 +350,7 @@ class IsolatedRun {
     if (w == WorkerProcess::Wait::kLine && line.rfind("INPUT_ERROR ", 0) == 0) {
       worker->kill();  // it has said all it will; do not wait on it
       worker.reset();
-      throw InputError(unescape_line(line.substr(12)));
+      throw InputError(message_from_line(line.substr(12)));
     }
     if (w == WorkerProcess::Wait::kLine && line.rfind("RECORD ", 0) == 0) {
       r = record_from_json_line(line.substr(7));
@@ -593,7 +585,7 @@ int worker_main(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& bac
         // Bad input found where the case is made (a golden file whose
         // regenerated inputs differ from its hashes): the run's error, which
         // the parent reports with exit 2, never a backend's record.
-        std::fprintf(proto, "INPUT_ERROR %s\n", escape_line(e.what()).c_str());
+        std::fprintf(proto, "INPUT_ERROR %s\n", message_to_line(e.what()).c_str());
         std::fflush(proto);
         return 2;
       }

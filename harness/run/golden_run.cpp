@@ -99,9 +99,8 @@ struct GoldenRun::Impl {
   // runner, as a plain run hands them on), else generated.
   static Case regenerate(const CaseSpec& spec, Case* previous) {
     if (previous && inputs_key(previous->spec) == inputs_key(spec)) {
-      spec.validate();
       Case c = std::move(*previous);
-      retarget_case(c, spec);
+      retarget_case(c, spec);  // validates spec (InvalidCase)
       return c;
     }
     return generate_case(spec);  // InvalidCase: INVALID_CASE records, as in a plain run
@@ -129,9 +128,10 @@ struct GoldenRun::Impl {
   // The case from the file: inputs regenerated and checked against the
   // stored hashes, caches rebuilt and checked likewise, references read (and
   // checked against their content hashes as they are read). The check runs
-  // where the case is made, once per input set and cache, in the worker of
-  // an isolated run: a mismatch is a GoldenFileError, which the worker passes
-  // to the parent as the run's input error (exit 2), never a record.
+  // where the case is made, in the worker of an isolated run (the tensors
+  // hashed once per input set and cache, every case's stored hashes
+  // compared): a mismatch is a GoldenFileError, which the worker passes to
+  // the parent as the run's input error (exit 2), never a record.
   PreparedCase from_golden(const CaseSpec& spec, const ExecOptions& exec, Case* previous) {
     const std::string id = spec.id();
     require_case(id);
