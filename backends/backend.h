@@ -36,6 +36,11 @@ struct Capabilities {
   int reorder_threshold = 1;           // requests with q_len <= threshold are decodes
   std::vector<DType> dtypes;           // model dtypes
   std::vector<KvCacheDtype> kv_dtypes;  // cache dtypes the kernels read (and cache_write writes)
+  // prefill() reads k and v where they are, host or CUDA device memory
+  // (TensorView::on_device), and never writes them. With the glue on the GPU
+  // (--reference cuda) the layer op then lends the up-projected context as
+  // device memory: no upload per backend and call (a TP 1 chunk is 1.3 GB).
+  bool device_inputs = false;
 };
 
 // Run-wide settings handed to backend factories by the registry (CLI flags).

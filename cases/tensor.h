@@ -25,6 +25,11 @@ struct TensorView {
   DType dtype = DType::kF32;
   Shape shape;
   void* data = nullptr;
+  // data is CUDA device memory, not host memory: only in the prefill inputs
+  // the layer glue lends a backend whose Capabilities::device_inputs says it
+  // reads them there (harness/run/device_staging.h). get(), set() and every
+  // host read are invalid on such a view.
+  bool on_device = false;
 
   std::int64_t numel() const { return shape_numel(shape); }
   std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype); }

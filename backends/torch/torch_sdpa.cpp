@@ -51,10 +51,13 @@ at::ScalarType scalar_type(DType d) {
   }
 }
 
-// A host view as a tensor on the GPU (a copy).
+// A view as a tensor on the GPU: a copy of a host view, or a device view
+// (TensorView::on_device, prefill's k and v) as it is, not copied.
 at::Tensor upload(const TensorView& v) {
   std::vector<std::int64_t> shape(v.shape.begin(), v.shape.end());
-  return at::from_blob(v.data, shape, at::TensorOptions().dtype(scalar_type(v.dtype))).to(at::kCUDA);
+  const at::TensorOptions o = at::TensorOptions().dtype(scalar_type(v.dtype));
+  if (v.on_device) return at::from_blob(v.data, shape, o.device(at::kCUDA, c10::cuda::current_device()));
+  return at::from_blob(v.data, shape, o).to(at::kCUDA);
 }
 
 // Copies a GPU tensor into a host view of the same number of elements and dtype.
@@ -284,6 +287,7 @@ class TorchSdpaBackend final : public Backend {
     c.reorder_threshold = 1;
     c.dtypes = {DType::kBF16, DType::kF16};
     c.kv_dtypes = {KvCacheDtype::kAuto, KvCacheDtype::kFp8, KvCacheDtype::kFp8E4m3};
+    c.device_inputs = true;  // prefill reads k and v from device memory in place (upload())
     return c;
   }
   Support supports(const CaseSpec& spec, Op op) const override;

@@ -189,11 +189,16 @@ ReferenceImpl make_reference(const std::string& name) {
 #if MLAGATE_HAS_CUDA
 // --reference cuda: the layer glue's up-projection of latent keys to K and V
 // (reference/glue.h) runs on the GPU too, while the run lasts. Its bits are the
-// CPU's (cuda_project_rows), so no record changes, only the time. Workers plan
-// the same flags and set it up in their own process.
+// CPU's (cuda_project_rows), so no record changes, only the time. The K and V
+// of the prefill path are lent in device memory to backends that read them
+// there (reference/device_staging.h): the same bytes, one upload instead of
+// one per backend and call. Workers plan the same flags and set it up in their
+// own process.
 class GpuGlue {
  public:
-  explicit GpuGlue(bool on) : release_{on}, scope_(on ? cuda_project_rows : row_projector()) {}
+  explicit GpuGlue(bool on)
+      : release_{on}, scope_(on ? cuda_project_rows : row_projector()),
+        staging_(on ? cuda_device_staging() : device_staging()) {}
 
  private:
   struct Release {
@@ -203,6 +208,7 @@ class GpuGlue {
     }
   } release_;
   RowProjectorScope scope_;
+  DeviceStagingScope staging_;
 };
 #endif
 

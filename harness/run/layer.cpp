@@ -40,19 +40,25 @@ Tensor gather_rows(const Tensor& t, std::span<const std::int64_t> rows) {
 void gather_from_cache(const Case& c, const PagedCache& cache, int r, int from, int to, Tensor& kv, Tensor& pe,
                        std::int64_t out_row) {
   const std::int64_t L = c.spec.dims.kv_lora_rank, R = c.spec.dims.rope_dim;
+  // Rows are independent: spread over the threads for a long context (a TP 1
+  // chunk is 16k rows per backend), where one thread would take milliseconds.
+  const bool parallel = to - from >= 256;
   if (is_fp8(cache.kv_dtype)) {
-    std::vector<float> kv_f(static_cast<std::size_t>(L)), pe_f(static_cast<std::size_t>(R));
-    std::uint16_t (*round)(float) = c.spec.dtype == DType::kBF16 ? f32_to_bf16 : f32_to_f16;
-    for (int p = from; p < to; ++p) {
-      reference_cache_read(cache, cache.slot_of(r, p), kv_f.data(), pe_f.data());
-      const std::int64_t row = out_row + p - from;
-      std::uint16_t* kv_out = kv.data<std::uint16_t>() + row * L;
-      std::uint16_t* pe_out = pe.data<std::uint16_t>() + row * R;
-      for (std::int64_t k = 0; k < L; ++k) kv_out[k] = round(kv_f[static_cast<std::size_t>(k)]);
-      for (std::int64_t k = 0; k < R; ++k) pe_out[k] = round(pe_f[static_cast<std::size_t>(k)]);
+    const bool bf16 = c.spec.dtype == DType::kBF16;
+#pragma omp parallel if (parallel)
+    {
+      std::vector<float> kv_f(static_cast<std::size_t>(L)), pe_f(static_cast<std::size_t>(R));
+#pragma omp for schedule(static)
+      for (int p = from; p < to; ++p) {
+        reference_cache_read(cache, cache.slot_of(r, p), kv_f.data(), pe_f.data());
+        const std::int64_t row = out_row + p - from;
+        f32_run_to_16bit(kv_f.data(), L, bf16, kv.data<std::uint16_t>() + row * L);
+        f32_run_to_16bit(pe_f.data(), R, bf16, pe.data<std::uint16_t>() + row * R);
+      }
     }
     return;
   }
+#pragma omp parallel for schedule(static) if (parallel)
   for (int p = from; p < to; ++p) {
     const std::byte* e = cache.entry(cache.slot_of(r, p));
     std::memcpy(kv.bytes() + (out_row + p - from) * L * 2, e, static_cast<std::size_t>(L * 2));
@@ -73,9 +79,9 @@ std::vector<std::int32_t> cumsum(const std::vector<std::int32_t>& lens) {
   return cu;
 }
 
-std::size_t hash_bytes(const Tensor& t) {
-  return std::hash<std::string_view>{}(std::string_view(reinterpret_cast<const char*>(t.bytes()), t.nbytes()));
-}
+// The memo's lookup key: fingerprint() (below), which reads a long context's
+// megabytes on every thread where std::hash would take one.
+std::uint64_t hash_bytes(const Tensor& t);
 
 bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.bytes(), b.bytes(), a.nbytes()) == 0;
@@ -87,6 +93,10 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
 // each block's lanes mixed with its index so that moved data changes the
 // print too.
 std::uint64_t fingerprint(const Tensor& t) { return fingerprint(t.bytes(), t.nbytes()); }
+
+namespace {
+std::uint64_t hash_bytes(const Tensor& t) { return fingerprint(t); }
+}  // namespace
 
 std::uint64_t fingerprint(const void* data, std::size_t nbytes) {
   const auto* p = static_cast<const std::byte*>(data);
@@ -166,11 +176,31 @@ void LayerMemo::returned(const Tensor* k, const Tensor* v) {
     if (fingerprint(*p.k) != p.k_print || fingerprint(*p.v) != p.v_print) {
       if (p.offered_to) p.offered_to->withdraw(p.k.get());
       bytes_ -= p.kv.nbytes() + p.pe.nbytes() + (p.offered_to ? 0 : p.k->nbytes() + p.v->nbytes());
+      if (p.device_k) device_bytes_ -= p.k->nbytes() + p.v->nbytes();
       projections_.erase(it);
     }
     return;
   }
   // spare_: not kept and not offered, nothing to check.
+}
+
+std::pair<void*, void*> LayerMemo::on_device(const DeviceStaging& s, const Tensor* k, const Tensor* v) {
+  for (const auto& entry : projections_) {
+    Projection& p = *entry;
+    if (p.k.get() != k || p.v.get() != v) continue;
+    const std::size_t size = k->nbytes() + v->nbytes();
+    if (!p.device_k && device_bytes_ + size <= kMaxDeviceBytes) {
+      std::shared_ptr<void> dk = s.upload(k->bytes(), k->nbytes());
+      p.device_v = s.upload(v->bytes(), v->nbytes());
+      p.device_k = std::move(dk);
+      device_bytes_ += size;
+    }
+    if (p.device_k)
+      return {s.to_scratch(0, p.device_k.get(), k->nbytes(), true), s.to_scratch(1, p.device_v.get(), v->nbytes(), true)};
+    break;
+  }
+  // Not kept (spare_, or past the device limit): straight from the host.
+  return {s.to_scratch(0, k->bytes(), k->nbytes(), false), s.to_scratch(1, v->bytes(), v->nbytes(), false)};
 }
 
 std::pair<const Tensor*, const Tensor*> LayerMemo::absorb(const Case& c, const std::vector<int>& tokens) {
@@ -242,6 +272,8 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
   const std::int64_t T = c.num_tokens;
   OpRun run;
   PagedCache cache = base_cache;
+  // The prefill path's K and V lent in device memory (LayerMemo::on_device).
+  const DeviceStaging* staging = memo && b.capabilities().device_inputs ? device_staging() : nullptr;
 
   // 1. New tokens into the cache through the backend's own writer.
   std::vector<std::int64_t> kv_rows;
@@ -350,6 +382,10 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
       a.q = q.view();
       a.k = memo ? mk->view() : k.view();
       a.v = memo ? mv->view() : v.view();
+      if (staging) {
+        std::tie(a.k.data, a.v.data) = memo->on_device(*staging, mk, mv);
+        a.k.on_device = a.v.on_device = true;
+      }
       a.cu_seqlens_q = cu_q;
       a.cu_seqlens_k = cu_k;
       a.causal = causal;
@@ -359,7 +395,7 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
       const auto t0 = Clock::now();
       b.prefill(a);
       run.run_ms += ms_since(t0);
-      if (memo) memo->returned(mk, mv);
+      if (memo && !staging) memo->returned(mk, mv);  // lent on the device: the host's copies were not
       note_guard(run, o, what + " o");
       note_guard(run, l, what + " lse");
     };

@@ -15,6 +15,7 @@
 #include "cases/case.h"
 #include "cases/paged_cache.h"
 #include "harness/run/guarded.h"
+#include "reference/device_staging.h"
 #include "reference/glue.h"
 
 namespace mlagate {
@@ -79,6 +80,13 @@ class LayerMemo {
                                                      std::span<const std::int64_t> rows = {},
                                                      KvProjection* known = nullptr);
   void returned(const Tensor* k, const Tensor* v);
+  // k and v, as up_project returned them, in device memory for a backend
+  // that reads its prefill inputs there (Capabilities::device_inputs), valid
+  // until the next call: a kept entry goes to the device once (up to
+  // kMaxDeviceBytes of such copies) and every call is lent the staging's
+  // scratch copies of it, so a backend writing into them changes nothing
+  // the next one gets, and nothing needs a fingerprint afterwards.
+  std::pair<void*, void*> on_device(const DeviceStaging& s, const Tensor* k, const Tensor* v);
   // absorb_queries(c, tokens), computed on a miss.
   std::pair<const Tensor*, const Tensor*> absorb(const Case& c, const std::vector<int>& tokens);
   std::size_t bytes() const { return bytes_; }
@@ -88,6 +96,7 @@ class LayerMemo {
   void set_projection(ProjectionSource source) { projection_ = std::move(source); }
   KvProjection* projection() const { return projection_ ? &projection_() : nullptr; }
   static constexpr std::size_t kMaxBytes = std::size_t{2} << 30;  // beyond: computed, not kept
+  static constexpr std::size_t kMaxDeviceBytes = std::size_t{16} << 30;  // beyond: uploaded per call
 
  private:
   struct Projection {
@@ -96,6 +105,7 @@ class LayerMemo {
     std::shared_ptr<Tensor> k, v;  // shared with the KvProjection it was offered to
     std::uint64_t k_print = 0, v_print = 0;  // fingerprint() of k and v as computed
     KvProjection* offered_to = nullptr;      // holds some of its rows
+    std::shared_ptr<void> device_k, device_v;  // on_device()'s kept copies
   };
   struct Absorbed {
     std::vector<int> tokens;
@@ -106,6 +116,7 @@ class LayerMemo {
   std::unique_ptr<Projection> spare_;  // a miss over the limit: valid until the next call
   std::unique_ptr<Absorbed> spare_absorbed_;
   std::size_t bytes_ = 0;
+  std::size_t device_bytes_ = 0;
   ProjectionSource projection_;
 };
 

@@ -17,6 +17,7 @@
 #include "cases/case.h"
 #include "cases/tensor.h"
 #include "reference/fp64_reference.h"
+#include "reference/device_staging.h"
 #include "reference/glue.h"
 
 namespace mlagate {
@@ -44,5 +45,10 @@ void cuda_project_rows(const Case& c, const TensorView& kv_c, const TensorView& 
 // Frees what cuda_project_rows keeps between calls (stream, weights, chunk
 // buffers); the next call makes them again.
 void cuda_release_row_projector();
+
+// The GPU's DeviceStaging (reference/device_staging.h): device copies by
+// cudaMemcpy, two scratch slots kept between calls. Its functions throw
+// DeviceUnavailableError without a GPU.
+const DeviceStaging* cuda_device_staging();
 
 }  // namespace mlagate

@@ -1,0 +1,173 @@
+// The layer op's prefill inputs lent in "device" memory (reference/
+// device_staging.h) to backends whose capabilities say they read them there:
+// one upload per memo entry whatever the number of backends and calls, every
+// call given its own scratch copy (a backend that writes into it reaches no
+// one), the same bits as the host path, and host views for every other
+// backend. The staging here is a host stand-in that counts its copies.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "backends/cpu/cpu_backends.h"
+#include "cases/suite.h"
+#include "harness/run/layer.h"
+#include "harness/run/runner.h"
+#include "reference/device_staging.h"
+
+namespace mlagate {
+namespace {
+
+struct Counts {
+  int uploads = 0, from_device = 0, from_host = 0, releases = 0;
+};
+Counts g_counts;
+std::vector<std::byte> g_slot[2];
+
+std::shared_ptr<void> fake_upload(const void* host, std::size_t bytes) {
+  ++g_counts.uploads;
+  std::shared_ptr<std::byte[]> p(new std::byte[bytes ? bytes : 1]);
+  std::memcpy(p.get(), host, bytes);
+  return std::shared_ptr<void>(p, p.get());
+}
+void* fake_to_scratch(int slot, const void* src, std::size_t bytes, bool src_on_device) {
+  ++(src_on_device ? g_counts.from_device : g_counts.from_host);
+  auto& s = g_slot[slot];
+  s.assign(bytes ? bytes : 1, std::byte{0});
+  std::memcpy(s.data(), src, bytes);
+  return s.data();
+}
+void fake_release() { ++g_counts.releases; }
+const DeviceStaging kFake{fake_upload, fake_to_scratch, fake_release};
+
+// cpu.paged that says it reads prefill inputs on the device (the stand-in's
+// "device" is host memory, so it can); it notes what it was lent and may
+// scribble over it afterwards.
+class OnDevice : public Backend {
+ public:
+  explicit OnDevice(bool scribble) : scribble_(scribble), inner_(make_cpu_paged()) {}
+  std::string_view name() const override { return scribble_ ? "test.device.scribbler" : "test.device"; }
+  std::string_view description() const override { return "test backend"; }
+  Capabilities capabilities() const override {
+    Capabilities c = inner_->capabilities();
+    c.device_inputs = true;
+    return c;
+  }
+  void decode(const DecodeArgs& a) override { inner_->decode(a); }
+  void cache_write(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,
+                   std::span<const std::int64_t> slots) override {
+    inner_->cache_write(cache, kv_c, k_pe, slots);
+  }
+  void prefill(const PrefillArgs& a) override {
+    ++calls;
+    if (a.k.on_device && a.v.on_device) ++device_calls;
+    if (a.q.on_device || a.o.on_device || a.lse.on_device) ++other_on_device;
+    PrefillArgs host = a;
+    host.k.on_device = host.v.on_device = false;
+    inner_->prefill(host);
+    if (scribble_) {
+      std::memset(a.k.data, 0x7F, a.k.nbytes());
+      std::memset(a.v.data, 0x7F, a.v.nbytes());
+    }
+  }
+  int calls = 0, device_calls = 0, other_on_device = 0;
+
+ private:
+  bool scribble_;
+  std::unique_ptr<Backend> inner_;
+};
+
+// cpu.paged, noting whether it was ever lent device memory.
+class HostOnly : public Backend {
+ public:
+  HostOnly() : inner_(make_cpu_paged()) {}
+  std::string_view name() const override { return "cpu.paged"; }
+  std::string_view description() const override { return "test backend"; }
+  Capabilities capabilities() const override { return inner_->capabilities(); }
+  void decode(const DecodeArgs& a) override { inner_->decode(a); }
+  void prefill(const PrefillArgs& a) override {
+    ++calls;
+    if (a.k.on_device || a.v.on_device) ++device_calls;
+    inner_->prefill(a);
+  }
+  int calls = 0, device_calls = 0;
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
+RunConfig config() {
+  RunConfig cfg;
+  CaseSpec s;
+  s.batch = find_batch_spec("mixed_small");  // decodes and prefills with context
+  s.tp = 16;
+  cfg.cases = {s};
+  cfg.policy = make_policy("baseline", 0, 0);  // err_baseline in every record
+  cfg.exec.prefill_chunk = 16;  // several chunks of context: several memo entries
+  return cfg;
+}
+
+void expect_same_metrics(const Record& a, const Record& b) {
+  SCOPED_TRACE(b.backend);
+  EXPECT_EQ(b.status, Status::kPassed) << b.message;
+  ASSERT_EQ(a.metrics.size(), b.metrics.size());
+  for (std::size_t k = 0; k < a.metrics.size(); ++k) {
+    EXPECT_EQ(a.metrics[k].max_abs, b.metrics[k].max_abs) << a.metrics[k].output;
+    EXPECT_EQ(a.metrics[k].nmse, b.metrics[k].nmse) << a.metrics[k].output;
+    EXPECT_EQ(a.metrics[k].err_baseline, b.metrics[k].err_baseline) << a.metrics[k].output;
+  }
+}
+
+TEST(DeviceStaging, OneUploadPerEntryAndTheHostPathsBits) {
+  const RunConfig cfg = config();
+  std::vector<std::unique_ptr<Backend>> alone;
+  alone.push_back(make_cpu_paged());
+  const std::vector<Record> want = run_cases(cfg, alone);
+  ASSERT_EQ(want.size(), 1u);
+  ASSERT_EQ(want[0].status, Status::kPassed) << want[0].message;
+
+  g_counts = {};
+  std::vector<std::unique_ptr<Backend>> bs;
+  bs.push_back(std::make_unique<OnDevice>(false));
+  bs.push_back(std::make_unique<OnDevice>(true));  // writes into what it is lent
+  bs.push_back(std::make_unique<OnDevice>(false));
+  bs.push_back(std::make_unique<HostOnly>());
+  auto* first = static_cast<OnDevice*>(bs[0].get());
+  auto* third = static_cast<OnDevice*>(bs[2].get());
+  auto* host = static_cast<HostOnly*>(bs[3].get());
+  std::vector<Record> got;
+  {
+    const DeviceStagingScope scope(&kFake);
+    got = run_cases(cfg, bs);
+  }
+  ASSERT_EQ(got.size(), 4u);
+  for (const Record& r : got) expect_same_metrics(want[0], r);
+  // A causal call and at least two chunks of context per backend.
+  ASSERT_GE(first->calls, 3);
+  EXPECT_EQ(first->device_calls, first->calls);
+  EXPECT_EQ(third->device_calls, third->calls);
+  EXPECT_EQ(first->other_on_device, 0);  // q and the outputs stay on the host
+  EXPECT_EQ(host->device_calls, 0);
+  EXPECT_EQ(host->calls, first->calls);
+  // K and V of each entry uploaded once; every call of the three lent copies of them.
+  EXPECT_EQ(g_counts.uploads, 2 * first->calls);
+  EXPECT_EQ(g_counts.from_device, 2 * 3 * first->calls);
+  EXPECT_EQ(g_counts.from_host, 0);
+  EXPECT_EQ(g_counts.releases, 1);  // the scope's end
+}
+
+TEST(DeviceStaging, WithoutAStagingEveryBackendGetsHostViews) {
+  ASSERT_EQ(device_staging(), nullptr);
+  std::vector<std::unique_ptr<Backend>> bs;
+  bs.push_back(std::make_unique<OnDevice>(false));
+  auto* b = static_cast<OnDevice*>(bs[0].get());
+  const std::vector<Record> got = run_cases(config(), bs);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].status, Status::kPassed) << got[0].message;
+  EXPECT_GE(b->calls, 3);
+  EXPECT_EQ(b->device_calls, 0);
+}
+
+}  // namespace
+}  // namespace mlagate
