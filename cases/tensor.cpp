@@ -3,6 +3,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -38,6 +39,39 @@ void Tensor::advise_huge_pages(void* p, std::size_t bytes) noexcept {
 #ifdef MADV_HUGEPAGE
   if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);  // advice only: errors ignored
 #endif
+}
+
+namespace {
+// memcpy in 1 MiB pieces on every thread above 8 MiB (serial inside a parallel region).
+void copy_bytes(std::byte* dst, const std::byte* src, std::size_t n) {
+  constexpr std::size_t kPiece = std::size_t{1} << 20;
+  if (n < 8 * kPiece) {
+    if (n) std::memcpy(dst, src, n);
+    return;
+  }
+  const std::int64_t pieces = static_cast<std::int64_t>((n + kPiece - 1) / kPiece);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < pieces; ++i) {
+    const std::size_t at = static_cast<std::size_t>(i) * kPiece;
+    std::memcpy(dst + at, src + at, std::min(kPiece, n - at));
+  }
+}
+}  // namespace
+
+Tensor::Tensor(const Tensor& o) : dtype_(o.dtype_), shape_(o.shape_) {
+  bytes_.resize(o.bytes_.size());  // left unset (DefaultInitAllocator): every byte is copied below
+  copy_bytes(bytes_.data(), o.bytes_.data(), bytes_.size());
+}
+
+Tensor& Tensor::operator=(const Tensor& o) {
+  if (this == &o) return *this;
+  dtype_ = o.dtype_;
+  shape_ = o.shape_;
+  // Kept when big enough; else let go first, so that growing copies no stale bytes.
+  if (bytes_.capacity() < o.bytes_.size()) decltype(bytes_)().swap(bytes_);
+  bytes_.resize(o.bytes_.size());
+  copy_bytes(bytes_.data(), o.bytes_.data(), bytes_.size());
+  return *this;
 }
 
 Tensor Tensor::for_overwrite(DType dtype, Shape shape) {

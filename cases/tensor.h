@@ -53,6 +53,15 @@ class Tensor {
   // it is about to overwrite (the layer op's up-projected K and V are a GB at
   // TP 1, where that pass cost seconds).
   static Tensor for_overwrite(DType dtype, Shape shape);
+  // Copies spread large byte ranges over the threads (a TP 1 case's tensors
+  // and caches are hundreds of MB); assignment reuses the storage it has when
+  // that is big enough, so a buffer copied into again and again faults its
+  // pages in once.
+  Tensor(const Tensor& o);
+  Tensor& operator=(const Tensor& o);
+  Tensor(Tensor&&) noexcept = default;
+  Tensor& operator=(Tensor&&) noexcept = default;
+  ~Tensor() = default;
 
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }

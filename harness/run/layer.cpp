@@ -184,6 +184,11 @@ void LayerMemo::returned(const Tensor* k, const Tensor* v) {
   // spare_: not kept and not offered, nothing to check.
 }
 
+PagedCache& LayerMemo::cache_copy(const PagedCache& base) {
+  cache_ = base;  // Tensor's assignment: the storage reused, the bytes copied on every thread
+  return cache_;
+}
+
 std::pair<void*, void*> LayerMemo::on_device(const DeviceStaging& s, const Tensor* k, const Tensor* v) {
   for (const auto& entry : projections_) {
     Projection& p = *entry;
@@ -271,7 +276,8 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
   const std::int64_t N = c.spec.num_heads(), L = d.kv_lora_rank, R = d.rope_dim, V = d.v_head_dim;
   const std::int64_t T = c.num_tokens;
   OpRun run;
-  PagedCache cache = base_cache;
+  PagedCache own;  // without a memo
+  PagedCache& cache = memo ? memo->cache_copy(base_cache) : (own = base_cache);
   // The prefill path's K and V lent in device memory (LayerMemo::on_device).
   const DeviceStaging* staging = memo && b.capabilities().device_inputs ? device_staging() : nullptr;
 

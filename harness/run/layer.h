@@ -87,6 +87,10 @@ class LayerMemo {
   // scratch copies of it, so a backend writing into them changes nothing
   // the next one gets, and nothing needs a fingerprint afterwards.
   std::pair<void*, void*> on_device(const DeviceStaging& s, const Tensor* k, const Tensor* v);
+  // A copy of the case's cache for one backend's call (its cache_write writes
+  // into it), made in storage kept from the previous backend's: the pages are
+  // faulted in once a case, not once a backend. Valid until the next call.
+  PagedCache& cache_copy(const PagedCache& base);
   // absorb_queries(c, tokens), computed on a miss.
   std::pair<const Tensor*, const Tensor*> absorb(const Case& c, const std::vector<int>& tokens);
   std::size_t bytes() const { return bytes_; }
@@ -118,6 +122,7 @@ class LayerMemo {
   std::size_t bytes_ = 0;
   std::size_t device_bytes_ = 0;
   ProjectionSource projection_;
+  PagedCache cache_;  // cache_copy()'s
 };
 
 // A 64-bit print of a tensor's bytes, to notice a backend that wrote into
