@@ -22,17 +22,9 @@ namespace {
 using MatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using Stride = Eigen::OuterStride<>;
 
-// Rounds fp32 to the 16-bit model dtype (hot loops avoid TensorView::set).
-using Round16 = std::uint16_t (*)(float);
+// Widens one 16-bit model-dtype value to fp32 (hot loops avoid TensorView::get).
 using Load16 = float (*)(std::uint16_t);
-Round16 rounder(DType d) { return d == DType::kBF16 ? f32_to_bf16 : f32_to_f16; }
 Load16 loader(DType d) { return d == DType::kBF16 ? bf16_to_f32 : f16_to_f32; }
-
-std::vector<float> to_f32(const TensorView& v) {
-  std::vector<float> out(static_cast<std::size_t>(v.numel()));
-  detail::widen_any(v, 0, v.numel(), out.data());
-  return out;
-}
 
 }  // namespace
 
@@ -44,29 +36,37 @@ TensorView row_view(const Tensor& t, std::int64_t first, std::int64_t count) {
   return {t.dtype(), s, const_cast<std::byte*>(t.bytes()) + first * row * static_cast<std::int64_t>(dtype_size(t.dtype()))};
 }
 
+// Both projections below widen, per head, only that head's slice of the
+// weight and of the activations, into buffers of the thread that owns the
+// head: no whole-tensor float copies (a TP 1 weight is 8M elements, and
+// allocating and zeroing such copies on every call cost more than the GEMMs),
+// and the same Eigen products over the same values, so the same bits.
 void absorb_queries(const Case& c, std::span<const int> tokens, Tensor& q_lat, Tensor& q_pe) {
   const Dims& d = c.spec.dims;
   const std::int64_t N = c.spec.num_heads(), L = d.kv_lora_rank, P = d.nope_dim, R = d.rope_dim;
   const std::int64_t n = static_cast<std::int64_t>(tokens.size());
-  q_lat = Tensor(c.spec.dtype, {n, N, L});
-  q_pe = Tensor(c.spec.dtype, {n, N, R});
-  const std::vector<float> w = to_f32(c.w_uk.view());  // [L, N*P]
+  q_lat = Tensor::for_overwrite(c.spec.dtype, {n, N, L});  // every element written below
+  q_pe = Tensor::for_overwrite(c.spec.dtype, {n, N, R});
+  const TensorView w = c.w_uk.view();  // [L, N, P]
+  const bool bf16 = c.spec.dtype == DType::kBF16;
   const Load16 load = loader(c.spec.dtype);
-  const Round16 round = rounder(c.spec.dtype);
   const std::uint16_t* q = c.q.data<std::uint16_t>();
   std::uint16_t* lat = q_lat.data<std::uint16_t>();
   std::uint16_t* pe = q_pe.data<std::uint16_t>();
   const std::int64_t QD = P + R;
-#pragma omp parallel for schedule(static)
-  for (std::int64_t h = 0; h < N; ++h) {
-    MatF qn(n, P);
-    for (std::int64_t i = 0; i < n; ++i)
-      for (std::int64_t k = 0; k < P; ++k) qn(i, k) = load(q[(tokens[i] * N + h) * QD + k]);
-    Eigen::Map<const MatF, 0, Stride> wh(w.data() + h * P, L, P, Stride(N * P));
-    const MatF ql = qn * wh.transpose();  // [n, L]
-    for (std::int64_t i = 0; i < n; ++i) {
-      for (std::int64_t l = 0; l < L; ++l) lat[(i * N + h) * L + l] = round(ql(i, l));
-      for (std::int64_t r = 0; r < R; ++r) pe[(i * N + h) * R + r] = q[(tokens[i] * N + h) * QD + P + r];
+#pragma omp parallel
+  {
+    MatF qn(n, P), wh(L, P);
+#pragma omp for schedule(static)
+    for (std::int64_t h = 0; h < N; ++h) {
+      for (std::int64_t i = 0; i < n; ++i)
+        for (std::int64_t k = 0; k < P; ++k) qn(i, k) = load(q[(tokens[i] * N + h) * QD + k]);
+      for (std::int64_t l = 0; l < L; ++l) detail::widen_any(w, (l * N + h) * P, P, wh.data() + l * P);
+      const MatF ql = qn * wh.transpose();  // [n, L]
+      for (std::int64_t i = 0; i < n; ++i) {
+        f32_run_to_16bit(ql.data() + i * L, L, bf16, lat + (i * N + h) * L);
+        std::copy_n(q + (tokens[i] * N + h) * QD + P, R, pe + (i * N + h) * R);
+      }
     }
   }
 }
@@ -75,17 +75,20 @@ void project_latent_output(const Case& c, const TensorView& o_lat, std::span<con
   const Dims& d = c.spec.dims;
   const std::int64_t N = c.spec.num_heads(), L = d.kv_lora_rank, V = d.v_head_dim;
   const std::int64_t n = static_cast<std::int64_t>(rows.size());
-  const std::vector<float> w = to_f32(c.w_uv.view());  // [L, N*V]
-  const std::vector<float> o_all = to_f32(o_lat);      // [n, N, L], any dtype the backend wrote
-  const Round16 round = rounder(c.spec.dtype);
+  const TensorView w = c.w_uv.view();  // [L, N, V]
+  const bool bf16 = c.spec.dtype == DType::kBF16;
   std::uint16_t* dst = out.data<std::uint16_t>();
-#pragma omp parallel for schedule(static)
-  for (std::int64_t h = 0; h < N; ++h) {
-    Eigen::Map<const MatF, 0, Stride> o(o_all.data() + h * L, n, L, Stride(N * L));
-    Eigen::Map<const MatF, 0, Stride> wh(w.data() + h * V, L, V, Stride(N * V));
-    const MatF r = o * wh;  // [n, V]
-    for (std::int64_t i = 0; i < n; ++i)
-      for (std::int64_t v = 0; v < V; ++v) dst[rows[i] * N * V + h * V + v] = round(r(i, v));
+#pragma omp parallel
+  {
+    MatF o(n, L), wh(L, V);
+#pragma omp for schedule(static)
+    for (std::int64_t h = 0; h < N; ++h) {
+      // o_lat [n, N, L] in any dtype the backend wrote: widened exactly.
+      for (std::int64_t i = 0; i < n; ++i) detail::widen_any(o_lat, (i * N + h) * L, L, o.data() + i * L);
+      for (std::int64_t l = 0; l < L; ++l) detail::widen_any(w, (l * N + h) * V, V, wh.data() + l * V);
+      const MatF r = o * wh;  // [n, V]
+      for (std::int64_t i = 0; i < n; ++i) f32_run_to_16bit(r.data() + i * V, V, bf16, dst + rows[i] * N * V + h * V);
+    }
   }
 }
 
