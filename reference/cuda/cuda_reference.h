@@ -46,8 +46,9 @@ void cuda_project_rows(const Case& c, const TensorView& kv_c, const TensorView& 
 // buffers); the next call makes them again.
 void cuda_release_row_projector();
 
-// The GPU's DeviceStaging (reference/device_staging.h): device copies by
-// cudaMemcpy, two scratch slots kept between calls. Its functions throw
+// The GPU's DeviceStaging (reference/device_staging.h): host bytes go up
+// through two pinned buffers in turn, device copies stay on the device, two
+// scratch slots are kept between calls. Its functions throw
 // DeviceUnavailableError without a GPU.
 const DeviceStaging* cuda_device_staging();
 

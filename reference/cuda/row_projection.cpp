@@ -32,36 +32,6 @@ namespace {
 // K and V bytes of one chunk of rows (pinned twice on the host, once on the device).
 constexpr std::size_t kChunkBytes = std::size_t{64} << 20;
 
-// cudaMallocHost'ed memory. Move-only.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  explicit PinnedBuffer(std::size_t bytes) : bytes_(bytes) { MLAGATE_CUDA_CHECK(cudaMallocHost(&ptr_, bytes ? bytes : 16)); }
-  ~PinnedBuffer() {
-    if (ptr_) cudaFreeHost(ptr_);
-  }
-  PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
-    if (this != &o) {
-      if (ptr_) cudaFreeHost(ptr_);
-      ptr_ = std::exchange(o.ptr_, nullptr);
-      bytes_ = std::exchange(o.bytes_, 0);
-    }
-    return *this;
-  }
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-  std::size_t size() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  std::size_t bytes_ = 0;
-};
-
 // A device buffer of at least `bytes` (grown, never shrunk).
 void reserve(DeviceBuffer& b, std::size_t bytes) {
   if (b.size() < bytes) b = DeviceBuffer(bytes);
