@@ -37,7 +37,8 @@ struct Capabilities {
   std::vector<DType> dtypes;           // model dtypes
   std::vector<KvCacheDtype> kv_dtypes;  // cache dtypes the kernels read (and cache_write writes)
   // prefill() reads k and v where they are, host or CUDA device memory
-  // (TensorView::on_device), and never writes them. With the glue on the GPU
+  // (TensorView::on_device), and never writes them (device memory it may
+  // still read on its own streams after returning). With the glue on the GPU
   // (--reference cuda) the layer op then lends the up-projected context as
   // device memory: no upload per backend and call (a TP 1 chunk is 1.3 GB).
   bool device_inputs = false;

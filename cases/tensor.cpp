@@ -65,12 +65,16 @@ Tensor::Tensor(const Tensor& o) : dtype_(o.dtype_), shape_(o.shape_) {
 
 Tensor& Tensor::operator=(const Tensor& o) {
   if (this == &o) return *this;
-  dtype_ = o.dtype_;
-  shape_ = o.shape_;
+  Shape shape = o.shape_;  // what can throw first, so that a failure leaves *this as it was or empty
   // Kept when big enough; else let go first, so that growing copies no stale bytes.
-  if (bytes_.capacity() < o.bytes_.size()) decltype(bytes_)().swap(bytes_);
+  if (bytes_.capacity() < o.bytes_.size()) {
+    decltype(bytes_)().swap(bytes_);
+    shape_ = Shape{0};  // no elements until the new storage is in place
+  }
   bytes_.resize(o.bytes_.size());
   copy_bytes(bytes_.data(), o.bytes_.data(), bytes_.size());
+  dtype_ = o.dtype_;
+  shape_ = std::move(shape);
   return *this;
 }
 

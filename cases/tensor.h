@@ -27,7 +27,7 @@ struct TensorView {
   void* data = nullptr;
   // data is CUDA device memory, not host memory: only in the prefill inputs
   // the layer glue lends a backend whose Capabilities::device_inputs says it
-  // reads them there (harness/run/device_staging.h). get(), set() and every
+  // reads them there (reference/device_staging.h). get(), set() and every
   // host read are invalid on such a view.
   bool on_device = false;
 

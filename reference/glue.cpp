@@ -39,8 +39,11 @@ TensorView row_view(const Tensor& t, std::int64_t first, std::int64_t count) {
 // Both projections below widen, per head, only that head's slice of the
 // weight and of the activations, into buffers of the thread that owns the
 // head: no whole-tensor float copies (a TP 1 weight is 8M elements, and
-// allocating and zeroing such copies on every call cost more than the GEMMs),
-// and the same Eigen products over the same values, so the same bits.
+// allocating and zeroing such copies on every call cost more than the GEMMs).
+// The products are Eigen's over the same values, so the same bits, except for
+// a single token at TP 1: Eigen's matrix-vector kernel blocks by the weight's
+// row stride, which was 64 KiB for the old strided view at TP 1 and is the
+// head's width now, as at every other TP (a last-bit change, 2026-11-26).
 void absorb_queries(const Case& c, std::span<const int> tokens, Tensor& q_lat, Tensor& q_pe) {
   const Dims& d = c.spec.dims;
   const std::int64_t N = c.spec.num_heads(), L = d.kv_lora_rank, P = d.nope_dim, R = d.rope_dim;

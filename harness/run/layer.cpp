@@ -5,9 +5,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <limits>
-#include <string_view>
 #include <tuple>
 
 #include "cases/encoding.h"
@@ -40,30 +40,42 @@ Tensor gather_rows(const Tensor& t, std::span<const std::int64_t> rows) {
 void gather_from_cache(const Case& c, const PagedCache& cache, int r, int from, int to, Tensor& kv, Tensor& pe,
                        std::int64_t out_row) {
   const std::int64_t L = c.spec.dims.kv_lora_rank, R = c.spec.dims.rope_dim;
+  const bool fp8 = is_fp8(cache.kv_dtype), bf16 = c.spec.dtype == DType::kBF16;
   // Rows are independent: spread over the threads for a long context (a TP 1
   // chunk is 16k rows per backend), where one thread would take milliseconds.
-  const bool parallel = to - from >= 256;
-  if (is_fp8(cache.kv_dtype)) {
-    const bool bf16 = c.spec.dtype == DType::kBF16;
-#pragma omp parallel if (parallel)
-    {
-      std::vector<float> kv_f(static_cast<std::size_t>(L)), pe_f(static_cast<std::size_t>(R));
+  // A row that throws (a block table a cache writer damaged) must not leave
+  // the parallel region, which would end the process: the lowest such row's
+  // exception is rethrown after it, the same one whatever the thread count.
+  int failed_row = to;
+  std::exception_ptr failure;
+#pragma omp parallel if (to - from >= 256)
+  {
+    std::vector<float> kv_f(static_cast<std::size_t>(fp8 ? L : 0)), pe_f(static_cast<std::size_t>(fp8 ? R : 0));
 #pragma omp for schedule(static)
-      for (int p = from; p < to; ++p) {
-        reference_cache_read(cache, cache.slot_of(r, p), kv_f.data(), pe_f.data());
-        const std::int64_t row = out_row + p - from;
-        f32_run_to_16bit(kv_f.data(), L, bf16, kv.data<std::uint16_t>() + row * L);
-        f32_run_to_16bit(pe_f.data(), R, bf16, pe.data<std::uint16_t>() + row * R);
+    for (int p = from; p < to; ++p) {
+      const std::int64_t row = out_row + p - from;
+      try {
+        if (fp8) {
+          reference_cache_read(cache, cache.slot_of(r, p), kv_f.data(), pe_f.data());
+          f32_run_to_16bit(kv_f.data(), L, bf16, kv.data<std::uint16_t>() + row * L);
+          f32_run_to_16bit(pe_f.data(), R, bf16, pe.data<std::uint16_t>() + row * R);
+        } else {
+          const std::int64_t slot = cache.slot_of(r, p);
+          if (slot < 0 || slot >= static_cast<std::int64_t>(cache.num_blocks) * cache.block_size)
+            throw std::out_of_range("context gather: request " + std::to_string(r) + " position " +
+                                    std::to_string(p) + " maps to slot " + std::to_string(slot) +
+                                    ", outside the cache (its block table was damaged)");
+          const std::byte* e = cache.entry(slot);
+          std::memcpy(kv.bytes() + row * L * 2, e, static_cast<std::size_t>(L * 2));
+          std::memcpy(pe.bytes() + row * R * 2, e + L * 2, static_cast<std::size_t>(R * 2));
+        }
+      } catch (...) {
+#pragma omp critical(mlagate_gather_failure)
+        if (p < failed_row) failed_row = p, failure = std::current_exception();
       }
     }
-    return;
   }
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int p = from; p < to; ++p) {
-    const std::byte* e = cache.entry(cache.slot_of(r, p));
-    std::memcpy(kv.bytes() + (out_row + p - from) * L * 2, e, static_cast<std::size_t>(L * 2));
-    std::memcpy(pe.bytes() + (out_row + p - from) * R * 2, e + L * 2, static_cast<std::size_t>(R * 2));
-  }
+  if (failure) std::rethrow_exception(failure);
 }
 
 // A kernel's output as floats: its values are model-dtype or fp32, so exact.
@@ -79,10 +91,6 @@ std::vector<std::int32_t> cumsum(const std::vector<std::int32_t>& lens) {
   return cu;
 }
 
-// The memo's lookup key: fingerprint() (below), which reads a long context's
-// megabytes on every thread where std::hash would take one.
-std::uint64_t hash_bytes(const Tensor& t);
-
 bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.bytes(), b.bytes(), a.nbytes()) == 0;
 }
@@ -93,10 +101,6 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
 // each block's lanes mixed with its index so that moved data changes the
 // print too.
 std::uint64_t fingerprint(const Tensor& t) { return fingerprint(t.bytes(), t.nbytes()); }
-
-namespace {
-std::uint64_t hash_bytes(const Tensor& t) { return fingerprint(t); }
-}  // namespace
 
 std::uint64_t fingerprint(const void* data, std::size_t nbytes) {
   const auto* p = static_cast<const std::byte*>(data);
@@ -136,7 +140,8 @@ std::uint64_t fingerprint(const void* data, std::size_t nbytes) {
 
 std::pair<const Tensor*, const Tensor*> LayerMemo::up_project(const Case& c, const Tensor& kv, const Tensor& pe,
                                                               std::span<const std::int64_t> rows, KvProjection* known) {
-  const std::size_t h = hash_bytes(kv) ^ (hash_bytes(pe) * 0x9e3779b97f4a7c15ull);
+  // fingerprint(): a long context's megabytes on every thread, where std::hash would take one.
+  const std::size_t h = fingerprint(kv) ^ (fingerprint(pe) * 0x9e3779b97f4a7c15ull);
   for (const auto& p : projections_)
     if (p->hash == h && same_bytes(p->kv, kv) && same_bytes(p->pe, pe)) return {p->k.get(), p->v.get()};
   spare_.reset();  // valid until this call only: its memory serves the new one
@@ -388,9 +393,18 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
       a.q = q.view();
       a.k = memo ? mk->view() : k.view();
       a.v = memo ? mv->view() : v.view();
+      bool on_device = false;
       if (staging) {
-        std::tie(a.k.data, a.v.data) = memo->on_device(*staging, mk, mv);
-        a.k.on_device = a.v.on_device = true;
+        // A harness failure here (device memory taken by the backends, say)
+        // is not the backend's: it gets host views, as without a staging,
+        // and uploads them itself.
+        try {
+          std::tie(a.k.data, a.v.data) = memo->on_device(*staging, mk, mv);
+          a.k.on_device = a.v.on_device = on_device = true;
+        } catch (const std::exception&) {
+          a.k.data = const_cast<std::byte*>(mk->bytes());
+          a.v.data = const_cast<std::byte*>(mv->bytes());
+        }
       }
       a.cu_seqlens_q = cu_q;
       a.cu_seqlens_k = cu_k;
@@ -399,9 +413,16 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
       a.o = o.view();
       a.lse = l.view();
       const auto t0 = Clock::now();
-      b.prefill(a);
+      try {
+        b.prefill(a);
+      } catch (...) {
+        // Checked even so: a backend that wrote into the host tensors it was
+        // lent and then threw must not leave them damaged for the next one.
+        if (memo && !on_device) memo->returned(mk, mv);
+        throw;
+      }
       run.run_ms += ms_since(t0);
-      if (memo && !staging) memo->returned(mk, mv);  // lent on the device: the host's copies were not
+      if (memo && !on_device) memo->returned(mk, mv);  // lent on the device: the host's copies were not
       note_guard(run, o, what + " o");
       note_guard(run, l, what + " lse");
     };

@@ -448,10 +448,18 @@ Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg
       case Op::kPrefill: {
         const auto [k, v] = ctx.projection_of_all();
         const std::uint64_t k_print = fingerprint(*k), v_print = fingerprint(*v);
-        run = run_prefill_op(b, c, *k, *v, cfg.exec);
         // Lent, not copied: a backend that wrote into them must not change the
-        // next backend's inputs nor the baseline's keys.
-        if (fingerprint(*k) != k_print || fingerprint(*v) != v_print) ctx.kv_projection->withdraw(k);
+        // next backend's inputs nor the baseline's keys, whether it returned or threw.
+        const auto check = [&] {
+          if (fingerprint(*k) != k_print || fingerprint(*v) != v_print) ctx.kv_projection->withdraw(k);
+        };
+        try {
+          run = run_prefill_op(b, c, *k, *v, cfg.exec);
+        } catch (...) {
+          check();
+          throw;
+        }
+        check();
         reference_main = &ctx.get_reference().out;
         reference_lse = &ctx.get_reference().lse;
         break;

@@ -83,6 +83,9 @@ void* to_scratch(int slot, const void* src, std::size_t bytes, bool src_on_devic
   if (slot < 0 || slot > 1) throw std::out_of_range("device staging: scratch slot " + std::to_string(slot));
   const std::lock_guard lock(g_mutex);
   Staging& st = state();
+  // The last backend lent this slot may have left kernels reading it on a
+  // stream of its own: they finish before the slot is written again.
+  MLAGATE_CUDA_CHECK(cudaDeviceSynchronize());
   DeviceBuffer& b = st.slots[slot];
   if (b.size() < bytes) {
     b = DeviceBuffer();  // the old one freed before the bigger one is allocated

@@ -2,7 +2,8 @@
 // op: the torch.sdpa.* backends, which read prefill inputs in device memory,
 // give the same records (status and every metric, bit for bit) whether the
 // glue lends them K and V on the device or on the host, and the device path is
-// the one taken (one upload per memo entry, every call lent a scratch copy).
+// the one taken (uploads made, and more scratch copies lent than uploads: the
+// backends after the first took the kept copies).
 // Skips without a GPU or without the torch.sdpa.* backends in this build.
 #include <gtest/gtest.h>
 

@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include "backends/cpu/cpu_backends.h"
@@ -40,6 +41,11 @@ void* fake_to_scratch(int slot, const void* src, std::size_t bytes, bool src_on_
 }
 void fake_release() { ++g_counts.releases; }
 const DeviceStaging kFake{fake_upload, fake_to_scratch, fake_release};
+
+// A staging whose device memory is always taken.
+std::shared_ptr<void> full_upload(const void*, std::size_t) { throw std::runtime_error("out of device memory"); }
+void* full_to_scratch(int, const void*, std::size_t, bool) { throw std::runtime_error("out of device memory"); }
+const DeviceStaging kFull{full_upload, full_to_scratch, fake_release};
 
 // cpu.paged that says it reads prefill inputs on the device (the stand-in's
 // "device" is host memory, so it can); it notes what it was lent and may
@@ -155,6 +161,25 @@ TEST(DeviceStaging, OneUploadPerEntryAndTheHostPathsBits) {
   EXPECT_EQ(g_counts.from_device, 2 * 3 * first->calls);
   EXPECT_EQ(g_counts.from_host, 0);
   EXPECT_EQ(g_counts.releases, 1);  // the scope's end
+}
+
+TEST(DeviceStaging, AFailingStagingGivesHostViewsNotACrash) {
+  const RunConfig cfg = config();
+  std::vector<std::unique_ptr<Backend>> alone;
+  alone.push_back(make_cpu_paged());
+  const std::vector<Record> want = run_cases(cfg, alone);
+  std::vector<std::unique_ptr<Backend>> bs;
+  bs.push_back(std::make_unique<OnDevice>(false));
+  auto* b = static_cast<OnDevice*>(bs[0].get());
+  std::vector<Record> got;
+  {
+    const DeviceStagingScope scope(&kFull);
+    got = run_cases(cfg, bs);
+  }
+  ASSERT_EQ(got.size(), 1u);
+  expect_same_metrics(want[0], got[0]);  // PASSED, the harness's failure not blamed on the backend
+  EXPECT_GE(b->calls, 3);
+  EXPECT_EQ(b->device_calls, 0);
 }
 
 TEST(DeviceStaging, WithoutAStagingEveryBackendGetsHostViews) {

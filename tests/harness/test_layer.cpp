@@ -3,7 +3,9 @@
 // missing kernels.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 #include "backends/cpu/cpu_backends.h"
 #include "cases/errors.h"
@@ -66,7 +68,7 @@ TEST(Routing, PrefillWithoutPrefillKernelIsNotSupported) {
 // Wraps cpu.paged and breaks it in one controlled way.
 class Misbehaving : public Backend {
  public:
-  enum class Mode { kOutOfBounds, kThrow, kStaleRow, kScribbleInputs };
+  enum class Mode { kOutOfBounds, kThrow, kStaleRow, kScribbleInputs, kScribbleThenThrow };
   explicit Misbehaving(Mode m) : mode_(m), inner_(make_cpu_paged()) {}
   std::string_view name() const override { return "test.misbehaving"; }
   std::string_view description() const override { return "test backend"; }
@@ -84,10 +86,11 @@ class Misbehaving : public Backend {
   void prefill(const PrefillArgs& a) override {
     inner_->prefill(a);
     // Its own output is right; the K and V it was given are not left as they were.
-    if (mode_ == Mode::kScribbleInputs) {
+    if (mode_ == Mode::kScribbleInputs || mode_ == Mode::kScribbleThenThrow) {
       poison_row(a.k, 0, a.k.numel());
       poison_row(a.v, 0, a.v.numel());
     }
+    if (mode_ == Mode::kScribbleThenThrow) throw std::runtime_error("kernel failed after writing its inputs");
   }
 
  private:
@@ -179,6 +182,71 @@ TEST(Runner, ABackendWritingIntoItsInputsDoesNotReachTheNextBackend) {
       EXPECT_EQ(a[0].metrics[k].err_baseline, b[0].metrics[k].err_baseline) << a[0].metrics[k].output;
       EXPECT_EQ(a[0].metrics[k].err_baseline, b[1].metrics[k].err_baseline) << a[0].metrics[k].output;
     }
+  }
+}
+
+// The same when the backend throws after writing into what it was lent: its
+// record is CRASHED and the check still runs, so the next backend is untouched.
+TEST(Runner, ABackendThatWritesIntoItsInputsAndThrowsDoesNotReachTheNextBackend) {
+  for (Op op : {Op::kLayer, Op::kPrefill}) {
+    SCOPED_TRACE(std::string(op_name(op)));
+    RunConfig cfg;
+    cfg.cases = {spec_of("small_prefill")};
+    cfg.ops = {op};
+    cfg.policy = make_policy("baseline", 0, 0);
+    cfg.exec.prefill_chunk = 16;
+    std::vector<std::unique_ptr<Backend>> alone, after;
+    alone.push_back(make_cpu_paged());
+    after.push_back(std::make_unique<Misbehaving>(Misbehaving::Mode::kScribbleThenThrow));
+    after.push_back(make_cpu_paged());
+    const auto a = run_cases(cfg, alone), b = run_cases(cfg, after);
+    ASSERT_EQ(a.size(), 1u);
+    ASSERT_EQ(b.size(), 2u);
+    EXPECT_EQ(b[0].status, Status::kCrashed) << b[0].message;
+    EXPECT_EQ(b[1].status, Status::kPassed) << b[1].message;
+    ASSERT_EQ(a[0].metrics.size(), b[1].metrics.size());
+    for (std::size_t k = 0; k < a[0].metrics.size(); ++k) {
+      EXPECT_EQ(a[0].metrics[k].max_abs, b[1].metrics[k].max_abs) << a[0].metrics[k].output;
+      EXPECT_EQ(a[0].metrics[k].err_baseline, b[1].metrics[k].err_baseline) << a[0].metrics[k].output;
+    }
+  }
+}
+
+// A cache writer that damages the block table: the context gather (spread
+// over the threads for long contexts) meets slots outside the cache. The
+// record says so; the process is not ended by an exception leaving the
+// parallel region.
+class TableWrecker : public Backend {
+ public:
+  TableWrecker() : inner_(make_cpu_paged()) {}
+  std::string_view name() const override { return "test.table_wrecker"; }
+  std::string_view description() const override { return "test backend"; }
+  Capabilities capabilities() const override { return inner_->capabilities(); }
+  void decode(const DecodeArgs& a) override { inner_->decode(a); }
+  void prefill(const PrefillArgs& a) override { inner_->prefill(a); }
+  void cache_write(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,
+                   std::span<const std::int64_t> slots) override {
+    inner_->cache_write(cache, kv_c, k_pe, slots);
+    std::fill_n(cache.block_table.data<std::int32_t>(), cache.block_table.numel(), 0x7FFFFFF);
+  }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
+TEST(Runner, ADamagedBlockTableInTheContextGatherIsARecordNotAnExit) {
+  for (KvCacheDtype kv : {KvCacheDtype::kAuto, KvCacheDtype::kFp8}) {
+    SCOPED_TRACE(std::string(kv_cache_dtype_name(kv)));
+    RunConfig cfg;
+    CaseSpec s = spec_of("medium_prefill");  // contexts of 240 to 2032 tokens: the parallel gather
+    s.kv_cache_dtype = kv;
+    cfg.cases = {s};
+    std::vector<std::unique_ptr<Backend>> bs;
+    bs.push_back(std::make_unique<TableWrecker>());
+    const auto recs = run_cases(cfg, bs);
+    ASSERT_EQ(recs.size(), 1u);
+    EXPECT_EQ(recs[0].status, Status::kCrashed) << recs[0].message;
+    EXPECT_NE(recs[0].message.find("slot"), std::string::npos) << recs[0].message;
   }
 }
 
