@@ -153,19 +153,25 @@ TEST(Runner, ChunkedPrefillMatchesUnchunked) {
 // the same rows (KvProjection); a backend that writes into them must change
 // neither the next backend's result nor any err_baseline: the runner notices
 // (fingerprints) and projects them afresh.
+// small_prefill through `op` on cpu.paged alone, and on cpu.paged after a
+// Misbehaving backend in `mode`: the records of both runs.
+std::pair<std::vector<Record>, std::vector<Record>> alone_and_after(Op op, Misbehaving::Mode mode) {
+  RunConfig cfg;
+  cfg.cases = {spec_of("small_prefill")};
+  cfg.ops = {op};
+  cfg.policy = make_policy("baseline", 0, 0);  // err_baseline in every record
+  cfg.exec.prefill_chunk = 16;  // the context in several chunks: several lent K/V pairs
+  std::vector<std::unique_ptr<Backend>> alone, after;
+  alone.push_back(make_cpu_paged());
+  after.push_back(std::make_unique<Misbehaving>(mode));
+  after.push_back(make_cpu_paged());
+  return {run_cases(cfg, alone), run_cases(cfg, after)};
+}
+
 TEST(Runner, ABackendWritingIntoItsInputsDoesNotReachTheNextBackend) {
   for (Op op : {Op::kLayer, Op::kPrefill}) {
     SCOPED_TRACE(std::string(op_name(op)));
-    RunConfig cfg;
-    cfg.cases = {spec_of("small_prefill")};
-    cfg.ops = {op};
-    cfg.policy = make_policy("baseline", 0, 0);  // err_baseline in every record
-    cfg.exec.prefill_chunk = 16;  // the context in several chunks: several lent K/V pairs
-    std::vector<std::unique_ptr<Backend>> alone, after;
-    alone.push_back(make_cpu_paged());
-    after.push_back(std::make_unique<Misbehaving>(Misbehaving::Mode::kScribbleInputs));
-    after.push_back(make_cpu_paged());
-    const auto a = run_cases(cfg, alone), b = run_cases(cfg, after);
+    const auto [a, b] = alone_and_after(op, Misbehaving::Mode::kScribbleInputs);
     ASSERT_EQ(a.size(), 1u);
     ASSERT_EQ(b.size(), 2u);
     EXPECT_EQ(b[0].status, Status::kPassed) << b[0].message;  // wrote its inputs after using them
@@ -190,16 +196,7 @@ TEST(Runner, ABackendWritingIntoItsInputsDoesNotReachTheNextBackend) {
 TEST(Runner, ABackendThatWritesIntoItsInputsAndThrowsDoesNotReachTheNextBackend) {
   for (Op op : {Op::kLayer, Op::kPrefill}) {
     SCOPED_TRACE(std::string(op_name(op)));
-    RunConfig cfg;
-    cfg.cases = {spec_of("small_prefill")};
-    cfg.ops = {op};
-    cfg.policy = make_policy("baseline", 0, 0);
-    cfg.exec.prefill_chunk = 16;
-    std::vector<std::unique_ptr<Backend>> alone, after;
-    alone.push_back(make_cpu_paged());
-    after.push_back(std::make_unique<Misbehaving>(Misbehaving::Mode::kScribbleThenThrow));
-    after.push_back(make_cpu_paged());
-    const auto a = run_cases(cfg, alone), b = run_cases(cfg, after);
+    const auto [a, b] = alone_and_after(op, Misbehaving::Mode::kScribbleThenThrow);
     ASSERT_EQ(a.size(), 1u);
     ASSERT_EQ(b.size(), 2u);
     EXPECT_EQ(b[0].status, Status::kCrashed) << b[0].message;
