@@ -41,9 +41,9 @@ void Tensor::advise_huge_pages(void* p, std::size_t bytes) noexcept {
 #endif
 }
 
-namespace {
-// memcpy in 1 MiB pieces on every thread above 8 MiB (serial inside a parallel region).
-void copy_bytes(std::byte* dst, const std::byte* src, std::size_t n) {
+void parallel_memcpy(void* to, const void* from, std::size_t n) {
+  auto* dst = static_cast<std::byte*>(to);
+  const auto* src = static_cast<const std::byte*>(from);
   constexpr std::size_t kPiece = std::size_t{1} << 20;
   if (n < 8 * kPiece) {
     if (n) std::memcpy(dst, src, n);
@@ -56,11 +56,10 @@ void copy_bytes(std::byte* dst, const std::byte* src, std::size_t n) {
     std::memcpy(dst + at, src + at, std::min(kPiece, n - at));
   }
 }
-}  // namespace
 
 Tensor::Tensor(const Tensor& o) : dtype_(o.dtype_), shape_(o.shape_) {
   bytes_.resize(o.bytes_.size());  // left unset (DefaultInitAllocator): every byte is copied below
-  copy_bytes(bytes_.data(), o.bytes_.data(), bytes_.size());
+  parallel_memcpy(bytes_.data(), o.bytes_.data(), bytes_.size());
 }
 
 Tensor& Tensor::operator=(const Tensor& o) {
@@ -72,7 +71,7 @@ Tensor& Tensor::operator=(const Tensor& o) {
     shape_ = Shape{0};  // no elements until the new storage is in place
   }
   bytes_.resize(o.bytes_.size());
-  copy_bytes(bytes_.data(), o.bytes_.data(), bytes_.size());
+  parallel_memcpy(bytes_.data(), o.bytes_.data(), bytes_.size());
   dtype_ = o.dtype_;
   shape_ = std::move(shape);
   return *this;

@@ -131,4 +131,9 @@ class Tensor {
   std::vector<std::byte, DefaultInitAllocator<std::byte>> bytes_;
 };
 
+// memcpy in 1 MiB pieces on every thread above 8 MiB, one memcpy below
+// (serial inside a parallel region): Tensor's copies, and host copies of
+// hundreds of MB elsewhere (the device staging's pinned buffers).
+void parallel_memcpy(void* dst, const void* src, std::size_t n);
+
 }  // namespace mlagate

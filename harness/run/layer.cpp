@@ -275,7 +275,8 @@ void finish_kernel_op(OpRun& run, ProducedOutput& out, ProducedOutput& lse, int 
 }
 
 OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const ExecOptions& opt, LayerMemo* memo) {
-  const Routing routing = route_requests(b.capabilities(), c.spec);
+  const Capabilities caps = b.capabilities();
+  const Routing routing = route_requests(caps, c.spec);
   if (!routing.support.ok) throw NotSupportedError(routing.support.reason);
   const Dims& d = c.spec.dims;
   const std::int64_t N = c.spec.num_heads(), L = d.kv_lora_rank, R = d.rope_dim, V = d.v_head_dim;
@@ -284,7 +285,7 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
   PagedCache own;  // without a memo
   PagedCache& cache = memo ? memo->cache_copy(base_cache) : (own = base_cache);
   // The prefill path's K and V lent in device memory (LayerMemo::on_device).
-  const DeviceStaging* staging = memo && b.capabilities().device_inputs ? device_staging() : nullptr;
+  const DeviceStaging* staging = memo && caps.device_inputs ? device_staging() : nullptr;
 
   // 1. New tokens into the cache through the backend's own writer.
   std::vector<std::int64_t> kv_rows;

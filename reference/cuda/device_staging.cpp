@@ -17,6 +17,7 @@
 #include <string>
 
 #include "backends/cuda/device.h"
+#include "cases/tensor.h"
 #include "reference/cuda/cuda_reference.h"
 #include "reference/device_staging.h"
 
@@ -46,13 +47,7 @@ struct Staging {
       const std::size_t n = std::min(kPiece, bytes - at);
       if (in_flight[b]) done[b].synchronize();  // its last piece has left
       std::byte* pin = pinned[b].as<std::byte>();
-      constexpr std::size_t kStripe = std::size_t{1} << 20;
-      const std::int64_t stripes = static_cast<std::int64_t>((n + kStripe - 1) / kStripe);
-#pragma omp parallel for schedule(static)
-      for (std::int64_t s = 0; s < stripes; ++s) {
-        const std::size_t o = static_cast<std::size_t>(s) * kStripe;
-        std::memcpy(pin + o, from + at + o, std::min(kStripe, n - o));
-      }
+      parallel_memcpy(pin, from + at, n);
       MLAGATE_CUDA_CHECK(cudaMemcpyAsync(to + at, pin, n, cudaMemcpyHostToDevice, stream.get()));
       done[b].record(stream.get());
       in_flight[b] = true;
