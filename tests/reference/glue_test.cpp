@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -83,6 +84,113 @@ TEST(RowwiseGemm, EveryElementIsTheFmaChainWhateverRowsComeWithIt) {
           ASSERT_EQ(0, std::memcmp(part.data() + r * cols, whole.data() + r * cols, cols * sizeof(float)))
               << "rows [" << first << ", " << first + n << ") row " << r;
       }
+}
+
+// Every element of rowwise_gemm(a, b) against its plain fma chain, bit for bit.
+void expect_fma_chain_bits(const std::vector<float>& a, const std::vector<float>& b, GemmIndex rows, GemmIndex depth,
+                           GemmIndex cols, const detail::PackedPanels& packed, const char* what) {
+  const std::vector<float> got = gemm_rows(a, depth, packed, 0, rows, rows);
+  for (GemmIndex r = 0; r < rows; ++r)
+    for (GemmIndex c = 0; c < cols; ++c) {
+      float chain = 0.f;
+      for (GemmIndex k = 0; k < depth; ++k)
+        chain = std::fma(a[static_cast<std::size_t>(r * depth + k)], b[static_cast<std::size_t>(k * cols + c)], chain);
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(got[static_cast<std::size_t>(r * cols + c)]),
+                std::bit_cast<std::uint32_t>(chain))
+          << what << ": row " << r << " column " << c;
+    }
+}
+
+float to_bf16_value(float x) {  // rounded to nearest even, as a float
+  std::uint32_t u = std::bit_cast<std::uint32_t>(x);
+  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  return std::bit_cast<float>(u);
+}
+
+// bf16 operands over the whole range the pair path takes (2^-50 to 2^40),
+// with zeros and rows that cancel exactly: on an AVX512_BF16 build they take
+// VDPBF16PS, elsewhere the fma path; the bits are the chain's either way.
+TEST(RowwiseGemm, Bf16OperandsGiveTheFmaChainsBits) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  for (const GemmIndex depth : {GemmIndex{512}, GemmIndex{130}}) {
+    const GemmIndex rows = 203, cols = 77;
+    std::vector<float> a(static_cast<std::size_t>(rows * depth)), b(static_cast<std::size_t>(depth * cols));
+    const auto spread = [&](int lo, int hi) {
+      const float x = to_bf16_value(std::ldexp(nd(rng), lo + static_cast<int>(rng() % static_cast<unsigned>(hi - lo))));
+      return detail::bf16_pair_safe(x) ? x : 0.f;
+    };
+    for (float& x : a) x = spread(-48, 20);
+    for (float& x : b) x = spread(-48, 18);
+    for (std::size_t i = 0; i < a.size(); i += 17) a[i] = 0.f;
+    for (std::size_t i = 0; i < b.size(); i += 23) b[i] = -0.f;
+    // Row 3: x, -x, y, -y, ... (sums that return to zero on the way).
+    for (GemmIndex k = 0; k + 1 < depth; k += 2) a[static_cast<std::size_t>(3 * depth + k + 1)] = -a[static_cast<std::size_t>(3 * depth + k)];
+    const detail::PackedPanels packed(depth, cols, [&](GemmIndex k, float* dst) { std::copy_n(b.data() + k * cols, cols, dst); });
+    EXPECT_EQ(packed.has_pairs(), detail::kBf16PairPath);
+    expect_fma_chain_bits(a, b, rows, depth, cols, packed, "bf16 operands");
+  }
+}
+
+// Operands on which VDPBF16PS would give other bits (denormals read as zero or
+// flushed, values that are not bf16) take the fma path; a test that would fail
+// on an AVX512_BF16 build if they took the pair path.
+TEST(RowwiseGemm, OperandsThePairPathWouldChangeTakeTheFmaPath) {
+  const GemmIndex rows = 100, depth = 64, cols = 70;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  std::vector<float> a(static_cast<std::size_t>(rows * depth)), b(static_cast<std::size_t>(depth * cols));
+  for (float& x : a) x = to_bf16_value(nd(rng));
+  for (float& x : b) x = to_bf16_value(nd(rng));
+  const auto pack = [&](const std::vector<float>& w, GemmIndex d) {
+    return detail::PackedPanels(d, cols, [&](GemmIndex k, float* dst) { std::copy_n(w.data() + k * cols, cols, dst); });
+  };
+  {  // a bf16 denormal in a (read as zero by the instruction): 2^-130 x 2^40 is 2^-90
+    std::vector<float> a2 = a, b2 = b;
+    std::fill_n(a2.begin() + 10 * depth, depth, 0.f);
+    a2[static_cast<std::size_t>(10 * depth + 4)] = std::ldexp(1.f, -130);
+    for (GemmIndex c = 0; c < cols; ++c) b2[static_cast<std::size_t>(4 * cols + c)] = std::ldexp(1.f, 40);
+    const auto packed = pack(b2, depth);
+    EXPECT_EQ(packed.has_pairs(), detail::kBf16PairPath);  // b is safe: the rows decide
+    expect_fma_chain_bits(a2, b2, rows, depth, cols, packed, "denormal in a");
+  }
+  {  // normal operands whose product is an fp32 denormal (flushed by the instruction)
+    std::vector<float> a2 = a, b2 = b;
+    std::fill_n(a2.begin() + 97 * depth, depth, 0.f);
+    a2[static_cast<std::size_t>(97 * depth + 9)] = std::ldexp(1.f, -100);
+    for (GemmIndex c = 0; c < cols; ++c) b2[static_cast<std::size_t>(9 * cols + c)] = std::ldexp(1.f, -30);
+    const auto packed = pack(b2, depth);
+    EXPECT_EQ(packed.has_pairs(), detail::kBf16PairPath);
+    expect_fma_chain_bits(a2, b2, rows, depth, cols, packed, "denormal product");
+    // The same product from b's side: b has no pairs.
+    std::vector<float> a3 = a, b3 = b;
+    for (GemmIndex c = 0; c < cols; ++c) b3[static_cast<std::size_t>(9 * cols + c)] = std::ldexp(1.f, -100);
+    std::fill_n(a3.begin() + 97 * depth, depth, 0.f);
+    a3[static_cast<std::size_t>(97 * depth + 9)] = std::ldexp(1.f, -30);
+    const auto packed3 = pack(b3, depth);
+    EXPECT_FALSE(packed3.has_pairs());
+    expect_fma_chain_bits(a3, b3, rows, depth, cols, packed3, "denormal product, small b");
+  }
+  {  // a value that is not bf16 (an fp16 model's): the instruction would drop its low bits
+    std::vector<float> a2 = a;
+    a2[static_cast<std::size_t>(50 * depth + 1)] = 1.f + std::ldexp(1.f, -10);
+    expect_fma_chain_bits(a2, b, rows, depth, cols, pack(b, depth), "non-bf16 value in a");
+  }
+  {  // the same in b: no pairs at all
+    std::vector<float> b2 = b;
+    b2[static_cast<std::size_t>(3 * cols + 2)] = 1.f + std::ldexp(1.f, -10);
+    const auto packed = pack(b2, depth);
+    EXPECT_FALSE(packed.has_pairs());
+    expect_fma_chain_bits(a, b2, rows, depth, cols, packed, "non-bf16 value in b");
+  }
+  {  // an odd depth: no pairs
+    const GemmIndex odd = depth - 1;
+    std::vector<float> a2(static_cast<std::size_t>(rows * odd));
+    for (GemmIndex r = 0; r < rows; ++r) std::copy_n(a.begin() + r * depth, odd, a2.begin() + r * odd);
+    const auto packed = pack(b, odd);
+    EXPECT_FALSE(packed.has_pairs());
+    expect_fma_chain_bits(a2, b, rows, odd, cols, packed, "odd depth");
+  }
 }
 
 // The smoke suite's mixed_small cases (bf16 at TP 16, fp16 at TP 8) on the given cache dtype.
