@@ -178,6 +178,7 @@ ReferenceImpl make_reference(const std::string& name) {
     r.name = "cuda";
     r.absorbed = cuda_reference_absorbed;
     r.mqa = cuda_reference_mqa;
+    r.on_device = true;  // a stream of its own, no host threads: safe beside the emulation
     return r;
 #else
     throw InputError("--reference cuda: this build has no CUDA");

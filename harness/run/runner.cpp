@@ -5,6 +5,8 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <exception>
+#include <future>
 #include <map>
 #include <optional>
 
@@ -245,15 +247,15 @@ struct CaseContext {
     return *base_sparse;
   }
 
-  // err_baseline of the layer op on the given per-request paths; each
-  // (form, request) is computed once per case, whichever backend needs it.
-  BaselineErrors layer_baseline(const std::vector<std::string>& paths, const BaselineImpl& impl) {
-    const ReferenceOutputs& g = get_reference();
-    const auto t0 = Clock::now();
+  // The (form, request) pairs of the layer op's err_baseline that `paths`
+  // need and that are not known yet, by form (decode, prefill).
+  std::array<std::vector<int>, 2> layer_baseline_missing(const std::vector<std::string>& paths,
+                                                        const BaselineImpl& impl) {
     const auto B = static_cast<std::size_t>(c.num_requests);
     if (paths.size() != B)
       throw std::logic_error("layer_baseline: " + std::to_string(paths.size()) + " paths for " + std::to_string(B) +
                              " requests");
+    std::array<std::vector<int>, 2> need;
     for (int f = 0; f < 2; ++f) {
       const SdpaForm form = f == 0 ? SdpaForm::kDecode : SdpaForm::kPrefill;
       std::vector<double>& eo = base_out[f];
@@ -266,27 +268,78 @@ struct CaseContext {
           el = stored_layer_base->layer_lse[f];
         }
       }
-      std::vector<int> need;
       for (std::size_t i = 0; i < B; ++i)
-        if (paths[i] == sdpa_form_name(form) && std::isnan(eo[i])) need.push_back(static_cast<int>(i));
-      if (need.empty()) continue;
-      // The prefill form's keys and values: the projection the glue shares (its
-      // time counted as generate, not baseline).
-      auto emulate = [&] {
-        const auto t1 = Clock::now();
-        const KvProjection* kv = form == SdpaForm::kPrefill ? &projection(need) : nullptr;
-        baseline_ms -= ms_since(t1);
-        return emulate_sdpa_layer(c, form, need, kv);
-      };
-      SdpaResult e = impl.layer ? impl.layer(c, form, need) : emulate();
-      // A replacement without lse (SDPA returns none): lse from the emulation.
-      if (e.lse.empty()) e.lse = emulate().lse;
+        if (paths[i] == sdpa_form_name(form) && std::isnan(eo[i])) need[f].push_back(static_cast<int>(i));
+    }
+    return need;
+  }
+  // The model-dtype SDPA of `need` in one form: the emulation or its replacement.
+  SdpaResult layer_emulation(SdpaForm form, const std::vector<int>& need, const BaselineImpl& impl) {
+    // The prefill form's keys and values: the projection the glue shares (its
+    // time counted as generate, not baseline).
+    auto emulate = [&] {
+      const auto t1 = Clock::now();
+      const KvProjection* kv = form == SdpaForm::kPrefill ? &projection(need) : nullptr;
+      baseline_ms -= ms_since(t1);
+      return emulate_sdpa_layer(c, form, need, kv);
+    };
+    SdpaResult e = impl.layer ? impl.layer(c, form, need) : emulate();
+    // A replacement without lse (SDPA returns none): lse from the emulation.
+    if (e.lse.empty()) e.lse = emulate().lse;
+    return e;
+  }
+  // Emulations made ahead (overlap_reference_and_baseline) for exactly these requests.
+  std::array<std::optional<std::pair<std::vector<int>, SdpaResult>>, 2> early_emulation;
+
+  // With a reference on the device not yet computed and the emulation's
+  // err_baseline about to be needed, the reference runs on another thread
+  // while this one emulates: the GPU's fp64 work and the CPU's model-dtype
+  // work overlap instead of following each other. The results are the same
+  // bits either way (neither reads the other); the reference phase counts
+  // only the time spent waiting for it after the emulation. An emulation that
+  // throws here is dropped and made again in layer_baseline, where its
+  // exception is reported as before; the reference's exception is thrown here,
+  // where get_reference would have thrown it.
+  void overlap_reference_and_baseline(const std::vector<std::string>& paths, const BaselineImpl& impl) {
+    if (ref_outputs || !reference || !reference->on_device || !reference->absorbed || impl.layer) return;
+    const std::array<std::vector<int>, 2> need = layer_baseline_missing(paths, impl);
+    if (need[0].empty() && need[1].empty()) return;
+    std::future<ReferenceOutputs> golden =
+        std::async(std::launch::async, [absorbed = reference->absorbed, &cc = c] { return absorbed(cc); });
+    const auto t0 = Clock::now();
+    try {
+      for (int f = 0; f < 2; ++f)
+        if (!need[f].empty())
+          early_emulation[f].emplace(need[f], layer_emulation(f == 0 ? SdpaForm::kDecode : SdpaForm::kPrefill,
+                                                              need[f], impl));
+    } catch (...) {
+      early_emulation = {};
+    }
+    baseline_ms += ms_since(t0);
+    const auto t1 = Clock::now();
+    ref_outputs = golden.get();
+    reference_ms += ms_since(t1);
+  }
+
+  // err_baseline of the layer op on the given per-request paths; each
+  // (form, request) is computed once per case, whichever backend needs it.
+  BaselineErrors layer_baseline(const std::vector<std::string>& paths, const BaselineImpl& impl) {
+    const ReferenceOutputs& g = get_reference();
+    const auto t0 = Clock::now();
+    const std::array<std::vector<int>, 2> need = layer_baseline_missing(paths, impl);
+    for (int f = 0; f < 2; ++f) {
+      if (need[f].empty()) continue;
+      const SdpaForm form = f == 0 ? SdpaForm::kDecode : SdpaForm::kPrefill;
+      std::optional<SdpaResult> e;
+      if (early_emulation[f] && early_emulation[f]->first == need[f]) e = std::move(early_emulation[f]->second);
+      early_emulation[f].reset();
+      if (!e) e = layer_emulation(form, need[f], impl);
       std::vector<double> got_out, got_lse;
-      layer_baseline_errors(c, e, g.out, g.lse, need, got_out, got_lse);
-      for (int i : need) eo[i] = got_out[i], el[i] = got_lse[i];
+      layer_baseline_errors(c, *e, g.out, g.lse, need[f], got_out, got_lse);
+      for (int i : need[f]) base_out[f][i] = got_out[i], base_lse[f][i] = got_lse[i];
     }
     BaselineErrors err{0, 0};
-    for (std::size_t i = 0; i < B; ++i) {
+    for (std::size_t i = 0; i < paths.size(); ++i) {
       const int f = paths[i] == sdpa_form_name(SdpaForm::kDecode) ? 0 : 1;
       err.out = std::max(err.out, base_out[f][i]);
       err.lse = std::max(err.lse, base_lse[f][i]);
@@ -433,6 +486,8 @@ Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg
       case Op::kLayer: {
         const PagedCache& base = ctx.cache(r.block_size, false, cfg.exec, r.timings.cache_ms);
         run = run_layer(b, c, base, cfg.exec, &ctx.layer_memo);
+        if (cfg.baseline.always || cfg.policy.kind == Policy::Kind::kBaseline)
+          ctx.overlap_reference_and_baseline(run.paths, cfg.baseline);
         reference_main = &ctx.get_reference().out;
         reference_lse = &ctx.get_reference().lse;
         break;

@@ -29,6 +29,9 @@ namespace mlagate {
 struct ReferenceImpl {
   std::string name = "eigen";
   std::function<ReferenceOutputs(const Case&)> absorbed;  // as reference_absorbed
+  // absorbed runs on a device and may be called on another thread while this
+  // one computes the baseline emulation (their work overlaps).
+  bool on_device = false;
   std::function<void(const Case&, const TensorView& q_lat, std::vector<double>& o_lat, std::vector<double>& lse)>
       mqa;  // as reference_mqa
 };
