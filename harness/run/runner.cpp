@@ -9,6 +9,7 @@
 #include <future>
 #include <map>
 #include <optional>
+#include <system_error>
 
 #include "cases/case.h"
 #include "cases/encoding.h"
@@ -302,8 +303,12 @@ struct CaseContext {
   // only the time spent waiting for it after the emulation. An emulation that
   // throws here is dropped and made again in layer_baseline, where its
   // exception is reported as before; the reference's exception is thrown here,
-  // where get_reference would have thrown it.
+  // where get_reference would have thrown it. The thread's current device is
+  // the process's first visible one (--devices gives each worker its device
+  // through CUDA_VISIBLE_DEVICES); the reference uploads its inputs from the
+  // host, so the device that computes it does not change its bits.
   void overlap_reference_and_baseline(const std::vector<std::string>& paths, const BaselineImpl& impl) {
+    early_emulation = {};
     if (ref_outputs || !reference || !reference->on_device || !reference->absorbed || impl.layer) return;
     std::array<std::vector<int>, 2> need;
     try {
@@ -312,8 +317,12 @@ struct CaseContext {
       return;  // thrown again where layer_baseline asks, as before
     }
     if (need[0].empty() && need[1].empty()) return;
-    std::future<ReferenceOutputs> golden =
-        std::async(std::launch::async, [absorbed = reference->absorbed, &cc = c] { return absorbed(cc); });
+    std::future<ReferenceOutputs> golden;
+    try {
+      golden = std::async(std::launch::async, [absorbed = reference->absorbed, &cc = c] { return absorbed(cc); });
+    } catch (const std::system_error&) {
+      return;  // no thread to be had: the two follow each other, as before
+    }
     const auto t0 = Clock::now();
     try {
       for (int f = 0; f < 2; ++f)
@@ -325,7 +334,13 @@ struct CaseContext {
     }
     baseline_ms += ms_since(t0);
     const auto t1 = Clock::now();
-    ref_outputs = golden.get();
+    try {
+      ref_outputs = golden.get();
+    } catch (...) {
+      reference_ms += ms_since(t1);
+      early_emulation = {};  // the record is the reference's failure; nothing will read them
+      throw;
+    }
     reference_ms += ms_since(t1);
   }
 

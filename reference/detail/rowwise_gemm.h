@@ -24,7 +24,9 @@
 // each product and each partial sum is a multiple of 2^-114 and so either
 // zero or far from fp32's denormals (below 2^-126), and no product or sum of
 // a few thousand of them nears fp32's overflow. Operands outside that range,
-// non-bf16 values (fp16 models), NaN and odd depths take the fma path.
+// values that are not bf16 (most of an fp16 model's), NaN and odd depths take
+// the fma path. The path is chosen when the build targets AVX512_BF16
+// (-march=native on such a machine), per block of rows at run time.
 #pragma once
 
 #include <algorithm>
@@ -100,6 +102,11 @@ class PackedPanels {
         }
     }
   }
+  // data_ and pairs_ point into the buffers: a move keeps them valid, a copy would not.
+  PackedPanels(const PackedPanels&) = delete;
+  PackedPanels& operator=(const PackedPanels&) = delete;
+  PackedPanels(PackedPanels&&) noexcept = default;
+  PackedPanels& operator=(PackedPanels&&) noexcept = default;
   GemmIndex depth() const { return depth_; }
   GemmIndex cols() const { return cols_; }
   GemmIndex panels() const { return panels_; }

@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -130,6 +131,24 @@ TEST(RowwiseGemm, Bf16OperandsGiveTheFmaChainsBits) {
     EXPECT_EQ(packed.has_pairs(), detail::kBf16PairPath);
     expect_fma_chain_bits(a, b, rows, depth, cols, packed, "bf16 operands");
   }
+}
+
+// The guard's bounds, exactly where the header puts them.
+TEST(RowwiseGemm, TheGuardAcceptsExactlyTheSafeRange) {
+  using detail::bf16_pair_safe;
+  EXPECT_TRUE(bf16_pair_safe(0.f));
+  EXPECT_TRUE(bf16_pair_safe(-0.f));
+  EXPECT_TRUE(bf16_pair_safe(std::ldexp(1.f, -50)));
+  EXPECT_TRUE(bf16_pair_safe(-std::ldexp(1.f, -50)));
+  EXPECT_FALSE(bf16_pair_safe(std::ldexp(1.f, -51)));
+  EXPECT_FALSE(bf16_pair_safe(std::ldexp(1.9921875f, -51)));  // the largest bf16 below 2^-50
+  EXPECT_TRUE(bf16_pair_safe(std::ldexp(1.9921875f, 40)));    // the largest bf16 below 2^41
+  EXPECT_FALSE(bf16_pair_safe(std::ldexp(1.f, 41)));
+  EXPECT_FALSE(bf16_pair_safe(std::numeric_limits<float>::infinity()));
+  EXPECT_FALSE(bf16_pair_safe(std::numeric_limits<float>::quiet_NaN()));
+  EXPECT_FALSE(bf16_pair_safe(std::ldexp(1.f, -130)));        // a bf16 denormal
+  EXPECT_FALSE(bf16_pair_safe(1.f + std::ldexp(1.f, -10)));   // not a bf16 value
+  EXPECT_TRUE(bf16_pair_safe(1.f + std::ldexp(1.f, -7)));     // 8 significant bits: a bf16 value
 }
 
 // Operands on which VDPBF16PS would give other bits (denormals read as zero or
