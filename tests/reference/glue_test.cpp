@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cases/case.h"
+#include "cases/encoding.h"
 #include "cases/suite.h"
 #include "reference/detail/rowwise_gemm.h"
 #include "reference/glue.h"
@@ -102,11 +103,7 @@ void expect_fma_chain_bits(const std::vector<float>& a, const std::vector<float>
     }
 }
 
-float to_bf16_value(float x) {  // rounded to nearest even, as a float
-  std::uint32_t u = std::bit_cast<std::uint32_t>(x);
-  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-  return std::bit_cast<float>(u);
-}
+float to_bf16_value(float x) { return bf16_to_f32(f32_to_bf16(x)); }  // rounded to bf16, as a float
 
 // bf16 operands over the whole range the pair path takes (2^-50 to 2^40),
 // with zeros and rows that cancel exactly: on an AVX512_BF16 build they take
