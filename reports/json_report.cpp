@@ -150,10 +150,14 @@ void write_json(std::ostream& os, const RunInfo& run, std::span<const Record> re
       {"records", std::move(all_records)},
   };
   if (!run.profile.empty()) {
-    // After the documented keys: {"wall_ms", "phases_ms": {phase: ms, ..., "unaccounted": ms}}.
+    // After the documented keys: {"wall_ms", "phases_ms": {phase: ms, ..., "unaccounted": ms},
+    // "backend_in_flight_ms", "workers_side_by_side"}.
     Json phases = Json::object();
     for (const auto& [name, ms] : run.profile) phases[name] = number(ms);
-    doc["profile"] = {{"wall_ms", number(run.profile_wall_ms)}, {"phases_ms", std::move(phases)}};
+    doc["profile"] = {{"wall_ms", number(run.profile_wall_ms)},
+                      {"phases_ms", std::move(phases)},
+                      {"backend_in_flight_ms", number(run.profile_backend_in_flight_ms)},
+                      {"workers_side_by_side", run.profile_streams}};
   }
   // Only when set: whole runs keep the documented keys.
   if (!run.interrupted.empty()) doc["run"]["interrupted"] = run.interrupted;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <mutex>
 
 namespace mlagate {
 
@@ -13,6 +14,55 @@ const std::chrono::steady_clock::time_point g_process_start = std::chrono::stead
 }  // namespace
 
 std::chrono::steady_clock::time_point process_start_time() { return g_process_start; }
+
+namespace {
+std::mutex g_calls_mutex;
+std::vector<CallSpan>& noted_calls() {
+  static std::vector<CallSpan> v;
+  return v;
+}
+std::int64_t ns_of(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+}  // namespace
+
+double backend_call_done(std::chrono::steady_clock::time_point t0) {
+  const auto t1 = std::chrono::steady_clock::now();
+  {
+    const std::lock_guard lock(g_calls_mutex);
+    noted_calls().emplace_back(ns_of(t0), ns_of(t1));
+  }
+  return std::chrono::duration<double, std::milli>(t1 - t0).count();
+}
+
+std::vector<CallSpan> take_backend_calls() {
+  const std::lock_guard lock(g_calls_mutex);
+  std::vector<CallSpan> out;
+  out.swap(noted_calls());
+  return out;
+}
+
+double RunProfile::backend_in_flight_ms() const {
+  std::vector<CallSpan> s = calls;
+  std::sort(s.begin(), s.end());
+  std::int64_t covered = 0, lo = 0, hi = 0;
+  bool open = false;
+  for (const auto& [a, b] : s) {
+    if (b <= a) continue;
+    if (open && a <= hi) {
+      hi = std::max(hi, b);
+      continue;
+    }
+    if (open) covered += hi - lo;
+    lo = a, hi = b, open = true;
+  }
+  if (open) covered += hi - lo;
+  return static_cast<double>(covered) / 1e6;
+}
+
+double RunProfile::worker_domain_ms() const {
+  return worker_spawn_ms + worker_init_ms + jobs.total_ms + ipc_ms + lost_job_ms + record_ms;
+}
 
 double named_phases_ms(const Timings& t) {
   return t.generate_ms + t.reference_ms + t.baseline_ms + t.cache_ms + t.glue_ms + t.run_ms + t.compare_ms;
@@ -55,6 +105,7 @@ std::vector<std::pair<std::string, double>> RunProfile::rows(double wall_ms) con
       {"post", post_ms},
       {"reports", reports_ms},
   };
+  if (side_by_side_ms != 0) r.emplace_back("side_by_side", -side_by_side_ms);
   double named = 0;
   for (const auto& [name, ms] : r) named += ms;
   r.emplace_back("unaccounted", wall_ms - named);
@@ -81,6 +132,7 @@ const char* describe(const std::string& key) {
       {"per_record", "journal, console"},
       {"post", "sanitize, save-failures, results file"},
       {"reports", "JSON, JUnit, Markdown"},
+      {"side_by_side", "less worker time beside other workers'"},
       {"unaccounted", "wall less every row above"},
   };
   for (const auto& [k, what] : kWhat)
@@ -110,6 +162,20 @@ std::string profile_table(const RunProfile& p, double wall_ms) {
                 sum / 1e3,
                 wall_ms > 0 ? 100.0 * sum / wall_ms : 0.0, p.jobs_run, p.workers_started);
   out += line;
+  if (p.streams > 1) {
+    std::snprintf(line, sizeof line, "(up to %d workers side by side: the rows above side_by_side sum their time)\n",
+                  p.streams);
+    out += line;
+  }
+  if (!p.calls.empty() && wall_ms > 0) {
+    // The figure that says whether the kernels or the harness bound the wall.
+    const double in_flight = p.backend_in_flight_ms();
+    std::snprintf(line, sizeof line,
+                  "backend calls in flight %8.3f s %5.1f%% of the wall; the harness alone %8.3f s %5.1f%%\n",
+                  in_flight / 1e3, 100.0 * in_flight / wall_ms, (wall_ms - in_flight) / 1e3,
+                  100.0 * (wall_ms - in_flight) / wall_ms);
+    out += line;
+  }
   return out;
 }
 

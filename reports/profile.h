@@ -11,6 +11,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,19 @@
 #include "reports/record.h"
 
 namespace mlagate {
+
+// A backend call's interval on the steady clock (CLOCK_MONOTONIC, one clock for
+// every process of the machine), in nanoseconds since its epoch.
+using CallSpan = std::pair<std::int64_t, std::int64_t>;
+
+// Ends a backend call begun at t0: notes its interval (this process's list,
+// drained by take_backend_calls) and returns its milliseconds. Every place
+// that times a backend's call for Timings::run_ms calls this, so that a run
+// whose workers run side by side can tell the wall during which some backend
+// call was in flight from the harness's own (RunProfile::backend_in_flight_ms).
+double backend_call_done(std::chrono::steady_clock::time_point t0);
+// The intervals noted since the last call, oldest first (thread-safe).
+std::vector<CallSpan> take_backend_calls();
 
 // When this process started running its code (static initialisation): the
 // worker's initialisation is measured from here to its READY line.
@@ -37,6 +51,19 @@ struct RunProfile {
   // Sums of the records' Timings over every job run.
   Timings jobs;
   long long jobs_run = 0;
+  // Workers side by side (--workers, --devices): how many ran at once at most,
+  // and the worker time (spawn, init, jobs, ipc, lost jobs, per-record work)
+  // that ran beside other workers': the job rows sum every worker's time, and
+  // the "side_by_side" row takes this off so that the rows still sum to the wall.
+  int streams = 1;
+  double side_by_side_ms = 0;
+  // Every backend call's interval, from every process of the run.
+  std::vector<CallSpan> calls;
+  // The wall covered by at least one backend call (the union of `calls`): the
+  // rest of the wall is the harness's own, whatever the number of workers.
+  double backend_in_flight_ms() const;
+  // The per-worker rows' sum (what side_by_side_ms is measured against).
+  double worker_domain_ms() const;
 
   // Adds a record's phases; `parent_wall_ms` < 0 when the job ran in this process.
   void add_job(const Timings& t, double parent_wall_ms = -1);

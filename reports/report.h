@@ -34,6 +34,10 @@ struct RunInfo {
   // summing to profile_wall_ms, from this process's start. Empty: no "profile" key.
   std::vector<std::pair<std::string, double>> profile;
   double profile_wall_ms = 0;
+  // The wall with at least one backend call in flight (the rest is the
+  // harness's own), and the most workers that ran side by side.
+  double profile_backend_in_flight_ms = 0;
+  int profile_streams = 1;
 };
 
 struct StatusCounts {

@@ -16,6 +16,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "backends/registry.h"
 #include "cases/errors.h"
@@ -367,6 +368,19 @@ class RunCommand {
       throw InputError("--save-results keeps every output in this process: use it with --isolate none");
     if (!(ra_.timeout >= 0)) throw InputError("--timeout must be >= 0");
     if (ra_.order == "pairs" && isolate_ != "process") throw InputError("--order pairs needs --isolate process");
+    workers_ = 1;
+    if (ra_.workers != "auto") {
+      char* end = nullptr;
+      const long n = std::strtol(ra_.workers.c_str(), &end, 10);
+      if (ra_.workers.empty() || *end != '\0' || n < 1 || n > 64)
+        throw InputError("--workers '" + ra_.workers + "' (expected auto or a number from 1 to 64)");
+      workers_ = static_cast<std::size_t>(n);
+      if (workers_ > 1 && isolate_ != "process") throw InputError("--workers needs --isolate process");
+    } else if (isolate_ == "process" && cfg_.reference.name == "cuda") {
+      // The GPU run: each worker's case preparation (inputs, caches, the CPU
+      // baseline emulation, the glue) runs beside another's backend calls.
+      workers_ = std::clamp<std::size_t>(std::thread::hardware_concurrency() / 5, 1, 3);
+    }
     if (!ra_.devices.empty()) {
       if (isolate_ != "process") throw InputError("--devices needs --isolate process (a worker per device)");
       std::set<std::string> seen;
@@ -464,11 +478,22 @@ class RunCommand {
       IsolationOptions io;
       io.argv = worker_command();
       io.argv.insert(io.argv.end(), args_.begin() + 1, args_.end());
+      const std::size_t streams = std::max<std::size_t>(1, ra_.devices.size()) * workers_;
+      if (streams > 1 && ra_.threads <= 0) {
+        // Workers side by side share the host's cores, each its part: with a
+        // team of one thread per core each, OpenMP's teams oversubscribe the
+        // host and spin (the vllm GPU suite took 58 s on 3 workers, 19 s on one).
+        const std::size_t hw = std::max(1u, std::thread::hardware_concurrency());
+        io.argv.push_back("--threads");
+        io.argv.push_back(std::to_string(std::max<std::size_t>(1, hw / streams)));
+      }
       io.argv.push_back("--worker");
       io.timeout_s = ra_.timeout;
       io.pairs = ra_.order == "pairs";
       io.max_order_checks = static_cast<std::size_t>(ra_.order_checks);
       io.devices = ra_.devices;
+      io.workers = workers_;
+      io.largest_first = ra_.order == "given";
       run_isolated(cfg_, names, jobs, io, record_done);
     }
     stop_signal_ = g_stop_signal;
@@ -561,7 +586,14 @@ class RunCommand {
     const auto reports0 = Clock::now();
     // The JSON report's profile covers the run up to its own writing (the --profile table has the reports too).
     info.profile_wall_ms = ms_since(process_start_time());
+    {
+      // Backend calls made in this process (--isolate none); workers' came with their records.
+      auto& calls = run_profile().calls;
+      for (const CallSpan& c : take_backend_calls()) calls.push_back(c);
+    }
     info.profile = run_profile().rows(info.profile_wall_ms);
+    info.profile_backend_in_flight_ms = run_profile().backend_in_flight_ms();
+    info.profile_streams = run_profile().streams;
     const ReportArgs& rep = ra_.reports;
     if (!rep.json.empty()) write_report_file(rep.json, [&](std::ostream& os) { write_json(os, info, records_); });
     if (!rep.junit.empty()) write_report_file(rep.junit, [&](std::ostream& os) { write_junit(os, info, records_); });
@@ -628,6 +660,7 @@ class RunCommand {
   std::size_t failed_so_far_ = 0;
 
   std::string isolate_;
+  std::size_t workers_ = 1;  // --workers, resolved
   std::optional<Journal> journal_;
   std::map<std::string, Record> finished_, fresh_;
   std::vector<CaseSpec> all_cases_;

@@ -261,9 +261,16 @@ void RunArgs::add_options(CLI::App* app, bool for_replay) {
                              : "exact case id (repeatable): only these cases, run in the order given");
 
   app->add_option("--devices", devices,
-                  "GPUs to run on, comma-separated (e.g. 0,1,2,3): one worker process per device "
+                  "GPUs to run on, comma-separated (e.g. 0,1,2,3): --workers worker processes per device "
                   "(CUDA_VISIBLE_DEVICES set to it), the cases dealt out between them; records as on one device")
       ->delimiter(',');
+  app->add_option("--workers", workers,
+                  "worker processes side by side per device (in all without --devices), each taking the next "
+                  "group of cases as it finishes its last, while their host memory estimates fit: one's case "
+                  "preparation runs beside another's backend calls. auto: 3 with --reference cuda (at most one "
+                  "per 5 host CPUs), else 1. Records as with 1; their run times then include waiting for the "
+                  "other workers' GPU work")
+      ->capture_default_str();
   app->add_option("--shard", shard,
                   "run shard I of N (0-based, I/N) of the selection, cases assigned by a hash of their id; default: "
                   "GTEST_SHARD_INDEX/GTEST_TOTAL_SHARDS when set. `mlagate merge` joins the shards' reports");

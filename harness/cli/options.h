@@ -99,7 +99,8 @@ struct RunArgs {
   // Golden files (golden/): run --golden F, replay F [--case ID], --save-results R.
   std::string golden, replay, save_results;
   std::vector<std::string> case_ids;
-  std::vector<std::string> devices;  // --devices 0,1,...: one worker per GPU, the cases split between them
+  std::vector<std::string> devices;  // --devices 0,1,...: workers per GPU, the cases split between them
+  std::string workers = "auto";      // --workers N|auto: worker processes side by side per device
   std::string shard;  // --shard I/N; empty: GTEST_SHARD_INDEX/GTEST_TOTAL_SHARDS when set, else the whole selection
   std::uint64_t max_bytes = kDefaultMaxBytes;
   OutOfTree extra;  // --plugin, --exec

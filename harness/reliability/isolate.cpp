@@ -7,6 +7,8 @@
 //   worker -> parent  READY <cases> <backends> <ms>  once, after flags and backends are loaded;
 //                                                   <ms>: its initialisation (process start to here)
 //   parent -> worker  JOB <case> <backend> <op>     indices into both sides' identical lists
+//   worker -> parent  CALLS <n> <start> <end> ...      the job's backend calls, steady-clock ns (the
+//                                                   profile's wall with a backend call in flight)
 //   worker -> parent  RECORD <record_json_line>
 //   worker -> parent  INPUT_ERROR <json string>     bad input met making a case (run --golden's
 //                                                   hash checks); the worker exits, the run ends (exit 2)
@@ -39,6 +41,7 @@
 #include <thread>
 
 #include "cases/errors.h"
+#include "harness/reliability/memory_estimate.h"
 #include "reports/profile.h"
 #include "reports/record_json.h"
 
@@ -345,6 +348,11 @@ class IsolatedRun {
     if (worker->send("JOB " + std::to_string(job.case_index) + " " + std::to_string(job.backend_index) + " " +
                      std::string(op_name(job.op)) + "\n"))
       w = worker->read_line(line, opt_.timeout_s, cfg_.stop);
+    while (w == WorkerProcess::Wait::kLine && line.rfind("CALLS ", 0) == 0) {
+      add_calls(line);
+      const double left = opt_.timeout_s > 0 ? std::max(1e-3, opt_.timeout_s - wall_ms() / 1e3) : 0;
+      w = worker->read_line(line, left, cfg_.stop);
+    }
     if (w == WorkerProcess::Wait::kStopped) return std::nullopt;  // unfinished: not recorded, rerun on --resume
     Record r;
     if (w == WorkerProcess::Wait::kLine && line.rfind("INPUT_ERROR ", 0) == 0) {
@@ -408,6 +416,19 @@ class IsolatedRun {
   }
 
  private:
+  // A CALLS line's intervals into the profile (a malformed one is ignored: it
+  // only feeds the profile's in-flight figure).
+  static void add_calls(const std::string& line) {
+    std::istringstream in(line.substr(6));
+    std::size_t n = 0;
+    if (!(in >> n) || n > (std::size_t{1} << 24)) return;
+    std::vector<CallSpan> calls(n);
+    for (CallSpan& c : calls)
+      if (!(in >> c.first >> c.second)) return;
+    const std::lock_guard lock(profile_mutex());
+    auto& all = run_profile().calls;
+    all.insert(all.end(), calls.begin(), calls.end());
+  }
   const RunConfig& cfg_;
   const std::vector<std::string>& names_;
   const IsolationOptions& opt_;
@@ -421,14 +442,18 @@ bool is_verdict_failure(Status s) {
 
 namespace {
 
+// The jobs of one stream, one at a time; null: none left (or the run stopped).
+using JobSource = std::function<const Job*()>;
+
 // One stream of workers: the jobs in order, a new worker after a crash.
 std::vector<Record> run_stream(const RunConfig& cfg, const std::vector<std::string>& backend_names,
-                               const std::vector<Job>& jobs, const IsolationOptions& opt,
+                               const JobSource& next_job, const IsolationOptions& opt,
                                const std::function<void(const Record&)>& on_record) {
   IsolatedRun iso(cfg, backend_names, opt);
   std::vector<Record> records;
   if (opt.pairs) {
-    for (const Job& job : jobs) {
+    while (const Job* next = next_job()) {
+      const Job job = *next;
       std::optional<Record> r = iso.run_sequence({job});
       if (!r) break;
       // Only a case that passes alone can be order-dependent.
@@ -456,8 +481,10 @@ std::vector<Record> run_stream(const RunConfig& cfg, const std::vector<std::stri
   // keeps between calls (workspaces) comes from there.
   std::map<std::size_t, Job> previous;
   std::map<std::size_t, std::size_t> confirmations;  // order checks made, per backend
-  for (const Job& job : jobs) {
-    if (cfg.stop && cfg.stop()) break;
+  while (!(cfg.stop && cfg.stop())) {
+    const Job* next = next_job();
+    if (!next) break;
+    const Job job = *next;
     if (job.fresh_worker) worker.reset();
     if (!worker) {
       previous.clear();
@@ -501,20 +528,117 @@ std::vector<Record> run_stream(const RunConfig& cfg, const std::vector<std::stri
 
 }  // namespace
 
+std::vector<std::vector<Job>> job_groups(const RunConfig& cfg, const std::vector<Job>& jobs) {
+  std::vector<std::vector<Job>> groups;
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    const bool same = i > 0 && (jobs[i].case_index == jobs[i - 1].case_index ||
+                                inputs_key(cfg.cases.at(jobs[i].case_index)) ==
+                                    inputs_key(cfg.cases.at(jobs[i - 1].case_index)));
+    if (!same) groups.emplace_back();
+    groups.back().push_back(jobs[i]);
+  }
+  return groups;
+}
+
+GroupQueue::GroupQueue(std::vector<std::vector<Job>> groups, std::vector<std::uint64_t> bytes, std::uint64_t budget,
+                       std::size_t streams)
+    : groups_(std::move(groups)), bytes_(std::move(bytes)), budget_(budget), held_(streams, 0) {
+  if (bytes_.size() != groups_.size()) throw std::logic_error("GroupQueue: one size per group");
+}
+
+std::optional<std::size_t> GroupQueue::try_take(std::size_t stream) {
+  const std::lock_guard lock(mutex_);
+  return take_locked(stream);
+}
+
+std::optional<std::size_t> GroupQueue::take_locked(std::size_t stream) {
+  if (next_ >= groups_.size()) return std::nullopt;
+  std::uint64_t others = 0;
+  for (std::size_t s = 0; s < held_.size(); ++s)
+    if (s != stream) others += held_[s];
+  // Alone, a group always runs (the run checked every case against the memory
+  // there is); beside others, only within the budget. The queue's order is
+  // kept: a large group waits for room rather than being overtaken.
+  if (budget_ > 0 && others > 0 && others + bytes_[next_] > budget_) return std::nullopt;
+  held_[stream] = bytes_[next_];
+  return next_++;
+}
+
+std::optional<std::size_t> GroupQueue::take(std::size_t stream, const std::function<bool()>& stop) {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    if (stop && stop()) return std::nullopt;
+    if (next_ >= groups_.size()) {
+      held_[stream] = 0;
+      cv_.notify_all();
+      return std::nullopt;
+    }
+    if (auto g = take_locked(stream)) return g;
+    // Polled as well: a stop request has no notification of its own.
+    cv_.wait_for(lock, std::chrono::milliseconds(200));
+  }
+}
+
+void GroupQueue::release(std::size_t stream) {
+  {
+    const std::lock_guard lock(mutex_);
+    held_[stream] = 0;
+  }
+  cv_.notify_all();
+}
+
 std::vector<Record> run_isolated(const RunConfig& cfg, const std::vector<std::string>& backend_names,
                                  const std::vector<Job>& jobs, const IsolationOptions& opt,
                                  const std::function<void(const Record&)>& on_record) {
   IgnoreSigpipe sigpipe;
-  if (opt.devices.size() <= 1) {
-    IsolationOptions one = opt;
-    one.device = opt.devices.empty() ? std::string() : opt.devices.front();
-    return run_stream(cfg, backend_names, jobs, one, on_record);
+  // The streams: --workers of them per device (the devices first, so that
+  // every device has one before any has two), or --workers in all without --devices.
+  const std::size_t per = std::max<std::size_t>(1, opt.workers);
+  std::vector<std::string> stream_device;
+  for (std::size_t k = 0; k < per; ++k) {
+    if (opt.devices.empty()) stream_device.emplace_back();
+    for (const std::string& d : opt.devices) stream_device.push_back(d);
   }
-  // One thread per device, each feeding its own workers; records reach
-  // on_record one at a time (the caller's journal and progress are not shared).
-  const std::size_t n = opt.devices.size();
-  std::vector<std::vector<Job>> dealt(n);
-  for (const Job& j : jobs) dealt[j.case_index % n].push_back(j);
+  if (stream_device.size() == 1) {
+    IsolationOptions one = opt;
+    one.device = stream_device.front();
+    std::size_t i = 0;
+    return run_stream(cfg, backend_names, [&]() -> const Job* { return i < jobs.size() ? &jobs[i++] : nullptr; }, one,
+                      on_record);
+  }
+  // Several streams take groups of jobs from one queue as they finish the
+  // last: a group is every job of a run of consecutive cases with the same
+  // inputs (another kv cache dtype), which one worker hands on from case to
+  // case instead of generating them again. Which stream runs a group depends
+  // on timing; its records do not (each case is made from its seed).
+  const std::size_t n = stream_device.size();
+  std::vector<std::vector<Job>> groups = job_groups(cfg, jobs);
+  // Host memory: each worker holds one case at a time (its context is freed
+  // before the next is made), so groups run side by side only while their
+  // estimates fit in the memory available now.
+  bool prefill_op = std::find(cfg.ops.begin(), cfg.ops.end(), Op::kPrefill) != cfg.ops.end();
+  std::vector<std::uint64_t> bytes;
+  for (const auto& g : groups) {
+    std::uint64_t most = 0;
+    for (const Job& j : g) most = std::max(most, estimate_case_bytes(cfg.cases.at(j.case_index), prefill_op));
+    bytes.push_back(most);
+  }
+  if (opt.largest_first) {
+    // Largest first (the memory estimate stands in for the work: both grow
+    // with the context, the heads and the tokens), so that no large group is
+    // left to run alone at the end while the other workers idle.
+    std::vector<std::size_t> order(groups.size());
+    for (std::size_t g = 0; g < order.size(); ++g) order[g] = g;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return bytes[a] * groups[a].size() > bytes[b] * groups[b].size();
+    });
+    std::vector<std::vector<Job>> sorted_groups;
+    std::vector<std::uint64_t> sorted_bytes;
+    for (std::size_t g : order) sorted_groups.push_back(std::move(groups[g])), sorted_bytes.push_back(bytes[g]);
+    groups = std::move(sorted_groups);
+    bytes = std::move(sorted_bytes);
+  }
+  GroupQueue queue(std::move(groups), std::move(bytes), available_memory_bytes(), n);
   std::mutex record_mutex;
   auto locked = [&](const Record& r) {
     const std::lock_guard lock(record_mutex);
@@ -527,19 +651,45 @@ std::vector<Record> run_isolated(const RunConfig& cfg, const std::vector<std::st
   std::atomic<bool> failed{false};
   RunConfig stoppable = cfg;
   stoppable.stop = [&failed, &cfg] { return failed.load() || (cfg.stop && cfg.stop()); };
+  double domain_before = 0;
+  {
+    const std::lock_guard lock(profile_mutex());
+    domain_before = run_profile().worker_domain_ms();
+  }
+  const auto t0 = Clock::now();
   {
     std::vector<std::jthread> threads;
     for (std::size_t d = 0; d < n; ++d)
       threads.emplace_back([&, d] {
         try {
           IsolationOptions mine = opt;
-          mine.device = opt.devices[d];
-          got[d] = run_stream(stoppable, backend_names, dealt[d], mine, locked);
+          mine.device = stream_device[d];
+          const std::vector<Job>* group = nullptr;
+          std::size_t i = 0;
+          const JobSource next = [&]() -> const Job* {
+            while (!group || i >= group->size()) {
+              const std::optional<std::size_t> g = queue.take(d, stoppable.stop);
+              if (!g) return nullptr;
+              group = &queue.group(*g);
+              i = 0;
+            }
+            return &(*group)[i++];
+          };
+          got[d] = run_stream(stoppable, backend_names, next, mine, locked);
         } catch (...) {
           errors[d] = std::current_exception();
           failed = true;
         }
+        queue.release(d);
       });
+  }
+  {
+    // The job rows sum every worker's time; what ran beside another's comes off.
+    const std::lock_guard lock(profile_mutex());
+    RunProfile& prof = run_profile();
+    prof.streams = std::max(prof.streams, static_cast<int>(n));
+    prof.side_by_side_ms += std::max(0.0, prof.worker_domain_ms() - domain_before -
+                                              std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
   for (const auto& e : errors)
     if (e) std::rethrow_exception(e);
@@ -593,6 +743,11 @@ int worker_main(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& bac
     Backend& b = *backends[bi];
     const Record r = ctx ? (cfg.run_job ? cfg.run_job(*ctx, b, op) : run_one(*ctx, b, op, cfg))
                          : invalid_case_record(cfg, cfg.cases[ci], std::string(b.name()), op, invalid);
+    if (const std::vector<CallSpan> calls = take_backend_calls(); !calls.empty()) {
+      std::fprintf(proto, "CALLS %zu", calls.size());
+      for (const auto& [a, e] : calls) std::fprintf(proto, " %lld %lld", static_cast<long long>(a), static_cast<long long>(e));
+      std::fputc('\n', proto);
+    }
     std::fprintf(proto, "RECORD %s\n", record_to_json_line(r).c_str());
     std::fflush(proto);
   }

@@ -9,10 +9,14 @@
 // a repro command running exactly that sequence.
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,13 +62,54 @@ struct IsolationOptions {
   // case of the run (ordered pairs, new worker each); a case that passes alone
   // and fails after another gets the first such pair. O(cases^2) workers.
   bool pairs = false;
-  // --devices: one stream of workers per device, each worker started with
-  // CUDA_VISIBLE_DEVICES set to its device; the cases are dealt out by index
-  // (case i to devices[i % N]), every job of a case on the same device. Empty:
-  // one stream with the environment as it is.
+  // --devices: streams of workers per device, each worker started with
+  // CUDA_VISIBLE_DEVICES set to its device. Empty: the environment as it is.
   std::vector<std::string> devices;
+  // --workers: streams per device (in all without --devices). With more than
+  // one stream in all, the streams take groups of jobs (job_groups) from one
+  // queue (GroupQueue) as each finishes its last: every job of a case on the
+  // same worker, records as from one stream.
+  std::size_t workers = 1;
+  // With several streams: the groups handed out largest first (by their
+  // memory estimate times their jobs) rather than in the run's order (--order
+  // given: the order is the harness's to choose; reverse and shuffle keep theirs).
+  bool largest_first = false;
   // Set per stream by run_isolated: the device of this stream's workers.
   std::string device;
+};
+
+// The jobs in groups that one worker runs in order: every job of a run of
+// consecutive cases with equal inputs (inputs_key: another kv cache dtype,
+// block size or k_scale), which a worker hands on instead of generating again.
+std::vector<std::vector<Job>> job_groups(const RunConfig& cfg, const std::vector<Job>& jobs);
+
+// The groups of a run with several streams, handed out in order. A stream
+// holds the memory of the last group it took (its worker keeps that case
+// until it makes the next); a group is handed out beside others only while
+// every stream's holding and its own fit in `budget_bytes` (0: no budget),
+// and alone always. Thread-safe.
+class GroupQueue {
+ public:
+  GroupQueue(std::vector<std::vector<Job>> groups, std::vector<std::uint64_t> bytes, std::uint64_t budget_bytes,
+             std::size_t streams);
+  // The next group's index for `stream`, waiting for room; nullopt when none
+  // is left (the stream then holds nothing) or stop() turned true.
+  std::optional<std::size_t> take(std::size_t stream, const std::function<bool()>& stop);
+  // Without waiting: nullopt when none is left or it does not fit now.
+  std::optional<std::size_t> try_take(std::size_t stream);
+  // The stream is done (its worker is gone): it holds nothing.
+  void release(std::size_t stream);
+  const std::vector<Job>& group(std::size_t g) const { return groups_.at(g); }
+
+ private:
+  std::optional<std::size_t> take_locked(std::size_t stream);
+  std::vector<std::vector<Job>> groups_;
+  std::vector<std::uint64_t> bytes_;
+  std::uint64_t budget_;
+  std::vector<std::uint64_t> held_;
+  std::size_t next_ = 0;
+  std::mutex mutex_;
+  std::condition_variable cv_;
 };
 
 // Runs `jobs` in order in worker processes; each record goes to on_record as it

@@ -2,6 +2,7 @@
 // backend and by the reference writer into copies of one cache, compared byte
 // for byte, the unused (poisoned) regions included.
 #include "harness/run/cache_write.h"
+#include "reports/profile.h"
 
 #include <chrono>
 #include <cstring>
@@ -35,7 +36,7 @@ CacheWriteCheck check_cache_write(Backend& b, const Case& c, const PagedCache& b
   CacheWriteCheck out;
   const auto t0 = std::chrono::steady_clock::now();
   b.cache_write(got, kv_new, pe_new, slots);
-  out.run_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  out.run_ms = backend_call_done(t0);
 
   const std::span<const std::int64_t> new_slots(sm, static_cast<std::size_t>(c.num_tokens));
   out.message = first_cache_difference(got, expected, new_slots, c.query_start_loc);

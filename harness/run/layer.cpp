@@ -14,13 +14,13 @@
 #include "cases/errors.h"
 #include "reference/detail/widen.h"
 #include "reference/glue.h"
+#include "reports/profile.h"
 
 namespace mlagate {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 // Copies rows of a 2-D tensor (row indices given) into a new tensor.
 Tensor gather_rows(const Tensor& t, std::span<const std::int64_t> rows) {
@@ -301,7 +301,7 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
     const Tensor kv_new = gather_rows(c.kv_c, kv_rows), pe_new = gather_rows(c.k_pe, kv_rows);
     const auto t0 = Clock::now();
     b.cache_write(cache, kv_new.view(), pe_new.view(), write_slots);
-    run.run_ms += ms_since(t0);
+    run.run_ms += backend_call_done(t0);
   }
 
   Tensor out(c.spec.dtype, {T, N * V});
@@ -346,7 +346,7 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
     a.lse = d_lse.view();
     const auto t0 = Clock::now();
     b.decode(a);
-    run.run_ms += ms_since(t0);
+    run.run_ms += backend_call_done(t0);
     note_guard(run, o_lat, "decode o_lat");
     note_guard(run, d_lse, "decode lse");
     project_latent_output(c, o_lat.view(), tokens, out);
@@ -422,7 +422,7 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
         if (memo && !on_device) memo->returned(mk, mv);
         throw;
       }
-      run.run_ms += ms_since(t0);
+      run.run_ms += backend_call_done(t0);
       if (memo && !on_device) memo->returned(mk, mv);  // lent on the device: the host's copies were not
       note_guard(run, o, what + " o");
       note_guard(run, l, what + " lse");
@@ -528,7 +528,7 @@ OpRun run_decode_op(Backend& b, const Case& c, const PagedCache& cache, const Te
   a.lse = l.buf.view();
   const auto t0 = Clock::now();
   b.decode(a);
-  run.run_ms = ms_since(t0);
+  run.run_ms = backend_call_done(t0);
   finish_kernel_op(run, o, l, c.num_requests, "decode");
   return run;
 }
@@ -550,7 +550,7 @@ OpRun run_prefill_op(Backend& b, const Case& c, const Tensor& k, const Tensor& v
   a.lse = l.buf.view();
   const auto t0 = Clock::now();
   b.prefill(a);
-  run.run_ms = ms_since(t0);
+  run.run_ms = backend_call_done(t0);
   finish_kernel_op(run, o, l, c.num_requests, "prefill");
   return run;
 }

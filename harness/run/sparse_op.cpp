@@ -7,13 +7,13 @@
 
 #include "cases/encoding.h"
 #include "cases/sparse.h"
+#include "reports/profile.h"
 
 namespace mlagate {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 struct Outputs {
   ProducedOutput o, lse;
@@ -78,7 +78,7 @@ OpRun run_sparse_decode_op(Backend& b, const Case& c, const PagedCache& cache, c
   a.lse = out.lse.buf.view();
   const auto t0 = Clock::now();
   b.sparse_decode(a);
-  run.run_ms = ms_since(t0);
+  run.run_ms = backend_call_done(t0);
   finish_kernel_op(run, out.o, out.lse, c.num_requests, "sparse_decode");
   return run;
 }
@@ -134,7 +134,7 @@ OpRun run_sparse_prefill_op(Backend& b, const Case& c, const PagedCache& cache, 
   a.lse = out.lse.buf.view();
   const auto t0 = Clock::now();
   b.sparse_prefill(a);
-  run.run_ms = ms_since(t0);
+  run.run_ms = backend_call_done(t0);
   finish_kernel_op(run, out.o, out.lse, c.num_requests, "sparse_prefill");
   return run;
 }
