@@ -379,7 +379,7 @@ class RunCommand {
     } else if (isolate_ == "process" && cfg_.reference.name == "cuda") {
       // The GPU run: each worker's case preparation (inputs, caches, the CPU
       // baseline emulation, the glue) runs beside another's backend calls.
-      workers_ = std::clamp<std::size_t>(std::thread::hardware_concurrency() / 5, 1, 3);
+      workers_ = std::clamp<std::size_t>(std::thread::hardware_concurrency() / 4, 1, 4);
     }
     if (!ra_.devices.empty()) {
       if (isolate_ != "process") throw InputError("--devices needs --isolate process (a worker per device)");
@@ -478,14 +478,20 @@ class RunCommand {
       IsolationOptions io;
       io.argv = worker_command();
       io.argv.insert(io.argv.end(), args_.begin() + 1, args_.end());
-      const std::size_t streams = std::max<std::size_t>(1, ra_.devices.size()) * workers_;
-      if (streams > 1 && ra_.threads <= 0) {
-        // Workers side by side share the host's cores, each its part: with a
-        // team of one thread per core each, OpenMP's teams oversubscribe the
-        // host and spin (the vllm GPU suite took 58 s on 3 workers, 19 s on one).
+      const std::size_t devices = std::max<std::size_t>(1, ra_.devices.size());
+      if (devices * workers_ > 1 && ra_.threads <= 0) {
+        // Workers side by side share the host's cores. About one worker per
+        // device is in a backend call at a time (waiting on its GPU, one
+        // thread), so the others' parallel phases share the cores: cores /
+        // (workers - 1) each, per device. OpenMP threads sleep when idle
+        // instead of spinning (unless the environment says otherwise): a team
+        // of one thread per core in each worker, spinning, took the vllm GPU
+        // suite from 19 s to 58 s on 3 workers.
         const std::size_t hw = std::max(1u, std::thread::hardware_concurrency());
+        const std::size_t busy = devices * (workers_ > 1 ? workers_ - 1 : 1);
         io.argv.push_back("--threads");
-        io.argv.push_back(std::to_string(std::max<std::size_t>(1, hw / streams)));
+        io.argv.push_back(std::to_string(std::max<std::size_t>(1, hw / busy)));
+        if (!std::getenv("OMP_WAIT_POLICY")) io.env.push_back("OMP_WAIT_POLICY=passive");
       }
       io.argv.push_back("--worker");
       io.timeout_s = ra_.timeout;

@@ -118,15 +118,19 @@ class WorkerProcess {
     std::vector<char*> argv;
     for (const auto& a : opt.argv) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
-    // --devices: the worker sees its device only (and as device 0).
-    std::vector<std::string> env_store;
+    // --devices: the worker sees its device only (and as device 0); then the
+    // run's own variables (IsolationOptions::env), each replacing an inherited one.
+    std::vector<std::string> env_store = opt.env;
+    if (!opt.device.empty()) env_store.push_back("CUDA_VISIBLE_DEVICES=" + opt.device);
+    auto replaced = [&](const char* e) {
+      for (const std::string& v : env_store)
+        if (std::strncmp(e, v.c_str(), v.find('=') + 1) == 0) return true;
+      return false;
+    };
     std::vector<char*> envp;
     for (char** e = environ; *e; ++e)
-      if (opt.device.empty() || std::strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) != 0) envp.push_back(*e);
-    if (!opt.device.empty()) {
-      env_store.push_back("CUDA_VISIBLE_DEVICES=" + opt.device);
-      envp.push_back(env_store.back().data());
-    }
+      if (!replaced(*e)) envp.push_back(*e);
+    for (std::string& v : env_store) envp.push_back(v.data());
     envp.push_back(nullptr);
     const int rc = posix_spawn(&pid_, argv[0], &files, &attr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&files);

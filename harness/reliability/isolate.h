@@ -74,6 +74,8 @@ struct IsolationOptions {
   // memory estimate times their jobs) rather than in the run's order (--order
   // given: the order is the harness's to choose; reverse and shuffle keep theirs).
   bool largest_first = false;
+  // NAME=VALUE for every worker's environment, replacing inherited ones.
+  std::vector<std::string> env;
   // Set per stream by run_isolated: the device of this stream's workers.
   std::string device;
 };
