@@ -3,6 +3,7 @@
 // execute (journaled, in worker processes or in this one), follow up (sanitizer
 // reruns, saved failures) and finish (reports, console summary, exit code).
 #include <omp.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -167,6 +168,15 @@ BaselineImpl make_baseline(const std::string& name) {
     return b;
   }
   throw InputError("--baseline '" + name + "' (expected emulated, torch or none)");
+}
+
+// The CPUs this process may run on (its affinity mask: a cgroup's or
+// taskset's limit), at least 1.
+std::size_t host_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return static_cast<std::size_t>(CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
 }
 
 // --reference: the fp64 reference on the CPU (Eigen) or on the GPU.
@@ -376,11 +386,19 @@ class RunCommand {
         throw InputError("--workers '" + ra_.workers + "' (expected auto or a number from 1 to 64)");
       workers_ = static_cast<std::size_t>(n);
       if (workers_ > 1 && isolate_ != "process") throw InputError("--workers needs --isolate process");
-    } else if (isolate_ == "process" && cfg_.reference.name == "cuda") {
+      // Which cases a worker runs, and after which, depends on timing with
+      // several: an order asked for could not be kept.
+      if (workers_ > 1 && ra_.order != "given")
+        throw InputError("--order " + ra_.order + " needs --workers 1 (workers side by side run the cases in an order "
+                         "that depends on timing)");
+    } else if (isolate_ == "process" && cfg_.reference.name == "cuda" && ra_.order == "given" && ra_.devices.empty()) {
       // The GPU run: each worker's case preparation (inputs, caches, the CPU
       // baseline emulation, the glue) runs beside another's backend calls.
-      workers_ = std::clamp<std::size_t>(std::thread::hardware_concurrency() / 4, 1, 4);
+      // With --devices, one per device (each device's worker already runs
+      // beside the others').
+      workers_ = std::clamp<std::size_t>(host_cpus() / 4, 1, 4);
     }
+    if (ra_.threads < 0) throw InputError("--threads must be >= 0 (0: every core)");
     if (!ra_.devices.empty()) {
       if (isolate_ != "process") throw InputError("--devices needs --isolate process (a worker per device)");
       std::set<std::string> seen;
@@ -487,8 +505,17 @@ class RunCommand {
         // instead of spinning (unless the environment says otherwise): a team
         // of one thread per core in each worker, spinning, took the vllm GPU
         // suite from 19 s to 58 s on 3 workers.
-        const std::size_t hw = std::max(1u, std::thread::hardware_concurrency());
+        const std::size_t hw = host_cpus();
         const std::size_t busy = devices * (workers_ > 1 ? workers_ - 1 : 1);
+        // A --threads 0 of the run's own is replaced, not given twice.
+        for (std::size_t k = 1; k < io.argv.size();) {
+          if (io.argv[k] == "--threads" && k + 1 < io.argv.size())
+            io.argv.erase(io.argv.begin() + static_cast<std::ptrdiff_t>(k), io.argv.begin() + static_cast<std::ptrdiff_t>(k + 2));
+          else if (io.argv[k].rfind("--threads=", 0) == 0)
+            io.argv.erase(io.argv.begin() + static_cast<std::ptrdiff_t>(k));
+          else
+            ++k;
+        }
         io.argv.push_back("--threads");
         io.argv.push_back(std::to_string(std::max<std::size_t>(1, hw / busy)));
         if (!std::getenv("OMP_WAIT_POLICY")) io.env.push_back("OMP_WAIT_POLICY=passive");

@@ -268,8 +268,8 @@ void RunArgs::add_options(CLI::App* app, bool for_replay) {
                   "worker processes side by side per device (in all without --devices), each taking the next "
                   "group of cases as it finishes its last, while their host memory estimates fit: one's case "
                   "preparation runs beside another's backend calls. auto: 4 with --reference cuda (at most one "
-                  "per 4 host CPUs), else 1. Records as with 1; their run times then include waiting for the "
-                  "other workers' GPU work")
+                  "per 4 host CPUs) unless --devices or an --order other than given, else 1. Records as with 1; "
+                  "their run times (and --timeout) then include waiting for the other workers' GPU work")
       ->capture_default_str();
   app->add_option("--shard", shard,
                   "run shard I of N (0-based, I/N) of the selection, cases assigned by a hash of their id; default: "

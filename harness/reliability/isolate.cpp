@@ -124,7 +124,8 @@ class WorkerProcess {
     if (!opt.device.empty()) env_store.push_back("CUDA_VISIBLE_DEVICES=" + opt.device);
     auto replaced = [&](const char* e) {
       for (const std::string& v : env_store)
-        if (std::strncmp(e, v.c_str(), v.find('=') + 1) == 0) return true;
+        if (const std::size_t eq = v.find('='); eq != std::string::npos && std::strncmp(e, v.c_str(), eq + 1) == 0)
+          return true;
       return false;
     };
     std::vector<char*> envp;
@@ -425,10 +426,11 @@ class IsolatedRun {
   static void add_calls(const std::string& line) {
     std::istringstream in(line.substr(6));
     std::size_t n = 0;
-    if (!(in >> n) || n > (std::size_t{1} << 24)) return;
-    std::vector<CallSpan> calls(n);
-    for (CallSpan& c : calls)
-      if (!(in >> c.first >> c.second)) return;
+    if (!(in >> n)) return;
+    std::vector<CallSpan> calls;
+    CallSpan c;
+    while (calls.size() < n && in >> c.first >> c.second) calls.push_back(c);
+    if (calls.size() != n) return;
     const std::lock_guard lock(profile_mutex());
     auto& all = run_profile().calls;
     all.insert(all.end(), calls.begin(), calls.end());
@@ -447,7 +449,9 @@ bool is_verdict_failure(Status s) {
 namespace {
 
 // The jobs of one stream, one at a time; null: none left (or the run stopped).
-using JobSource = std::function<const Job*()>;
+// Before it waits (for memory), the source calls end_worker, which ends the
+// stream's worker and with it the memory of its last case.
+using JobSource = std::function<const Job*(const std::function<void()>& end_worker)>;
 
 // One stream of workers: the jobs in order, a new worker after a crash.
 std::vector<Record> run_stream(const RunConfig& cfg, const std::vector<std::string>& backend_names,
@@ -456,7 +460,7 @@ std::vector<Record> run_stream(const RunConfig& cfg, const std::vector<std::stri
   IsolatedRun iso(cfg, backend_names, opt);
   std::vector<Record> records;
   if (opt.pairs) {
-    while (const Job* next = next_job()) {
+    while (const Job* next = next_job([] {})) {
       const Job job = *next;
       std::optional<Record> r = iso.run_sequence({job});
       if (!r) break;
@@ -486,7 +490,10 @@ std::vector<Record> run_stream(const RunConfig& cfg, const std::vector<std::stri
   std::map<std::size_t, Job> previous;
   std::map<std::size_t, std::size_t> confirmations;  // order checks made, per backend
   while (!(cfg.stop && cfg.stop())) {
-    const Job* next = next_job();
+    const Job* next = next_job([&] {
+      worker.reset();
+      previous.clear();
+    });
     if (!next) break;
     const Job job = *next;
     if (job.fresh_worker) worker.reset();
@@ -532,6 +539,56 @@ std::vector<Record> run_stream(const RunConfig& cfg, const std::vector<std::stri
 
 }  // namespace
 
+namespace {
+
+// One worker per device (--devices, --workers 1): case i on device i mod N,
+// one thread feeding each device's stream; records reach on_record one at a time.
+std::vector<Record> run_per_device(const RunConfig& cfg, const std::vector<std::string>& backend_names,
+                                   const std::vector<Job>& jobs, const IsolationOptions& opt,
+                                   const std::function<void(const Record&)>& on_record) {
+  const std::size_t n = opt.devices.size();
+  std::vector<std::vector<Job>> dealt(n);
+  for (const Job& j : jobs) dealt[j.case_index % n].push_back(j);
+  std::mutex record_mutex;
+  auto locked = [&](const Record& r) {
+    const std::lock_guard lock(record_mutex);
+    if (on_record) on_record(r);
+  };
+  std::vector<std::vector<Record>> got(n);
+  std::vector<std::exception_ptr> errors(n);
+  // One stream's error (a worker's INPUT_ERROR: the input is bad) stops the
+  // others at their next job, as a signal would: the run ends with that error.
+  std::atomic<bool> failed{false};
+  RunConfig stoppable = cfg;
+  stoppable.stop = [&failed, &cfg] { return failed.load() || (cfg.stop && cfg.stop()); };
+  {
+    std::vector<std::jthread> threads;
+    for (std::size_t d = 0; d < n; ++d)
+      threads.emplace_back([&, d] {
+        try {
+          IsolationOptions mine = opt;
+          mine.device = opt.devices[d];
+          std::size_t i = 0;
+          got[d] = run_stream(
+              stoppable, backend_names,
+              [&](const std::function<void()>&) -> const Job* { return i < dealt[d].size() ? &dealt[d][i++] : nullptr; },
+              mine, locked);
+        } catch (...) {
+          errors[d] = std::current_exception();
+          failed = true;
+        }
+      });
+  }
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  std::vector<Record> records;
+  for (auto& g : got)
+    for (Record& r : g) records.push_back(std::move(r));
+  return records;
+}
+
+}  // namespace
+
 std::vector<std::vector<Job>> job_groups(const RunConfig& cfg, const std::vector<Job>& jobs) {
   std::vector<std::vector<Job>> groups;
   for (std::size_t i = 0; i < jobs.size(); ++i) {
@@ -568,7 +625,8 @@ std::optional<std::size_t> GroupQueue::take_locked(std::size_t stream) {
   return next_++;
 }
 
-std::optional<std::size_t> GroupQueue::take(std::size_t stream, const std::function<bool()>& stop) {
+std::optional<std::size_t> GroupQueue::take(std::size_t stream, const std::function<bool()>& stop,
+                                             const std::function<void()>& before_wait) {
   std::unique_lock lock(mutex_);
   for (;;) {
     if (stop && stop()) return std::nullopt;
@@ -578,6 +636,18 @@ std::optional<std::size_t> GroupQueue::take(std::size_t stream, const std::funct
       return std::nullopt;
     }
     if (auto g = take_locked(stream)) return g;
+    if (held_[stream] > 0) {
+      // A stream that waits holding memory could wait for one that waits for
+      // it: it gives its memory up first (its worker ends), so that waiting
+      // streams hold nothing and the head group always fits beside the
+      // running ones once they finish.
+      lock.unlock();
+      if (before_wait) before_wait();
+      lock.lock();
+      held_[stream] = 0;
+      cv_.notify_all();
+      continue;
+    }
     // Polled as well: a stop request has no notification of its own.
     cv_.wait_for(lock, std::chrono::milliseconds(200));
   }
@@ -603,12 +673,14 @@ std::vector<Record> run_isolated(const RunConfig& cfg, const std::vector<std::st
     if (opt.devices.empty()) stream_device.emplace_back();
     for (const std::string& d : opt.devices) stream_device.push_back(d);
   }
+  if (per == 1 && opt.devices.size() > 1) return run_per_device(cfg, backend_names, jobs, opt, on_record);
   if (stream_device.size() == 1) {
     IsolationOptions one = opt;
     one.device = stream_device.front();
     std::size_t i = 0;
-    return run_stream(cfg, backend_names, [&]() -> const Job* { return i < jobs.size() ? &jobs[i++] : nullptr; }, one,
-                      on_record);
+    return run_stream(
+        cfg, backend_names, [&](const std::function<void()>&) -> const Job* { return i < jobs.size() ? &jobs[i++] : nullptr; },
+        one, on_record);
   }
   // Several streams take groups of jobs from one queue as they finish the
   // last: a group is every job of a run of consecutive cases with the same
@@ -670,9 +742,9 @@ std::vector<Record> run_isolated(const RunConfig& cfg, const std::vector<std::st
           mine.device = stream_device[d];
           const std::vector<Job>* group = nullptr;
           std::size_t i = 0;
-          const JobSource next = [&]() -> const Job* {
+          const JobSource next = [&](const std::function<void()>& end_worker) -> const Job* {
             while (!group || i >= group->size()) {
-              const std::optional<std::size_t> g = queue.take(d, stoppable.stop);
+              const std::optional<std::size_t> g = queue.take(d, stoppable.stop, end_worker);
               if (!g) return nullptr;
               group = &queue.group(*g);
               i = 0;

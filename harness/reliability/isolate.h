@@ -95,8 +95,12 @@ class GroupQueue {
   GroupQueue(std::vector<std::vector<Job>> groups, std::vector<std::uint64_t> bytes, std::uint64_t budget_bytes,
              std::size_t streams);
   // The next group's index for `stream`, waiting for room; nullopt when none
-  // is left (the stream then holds nothing) or stop() turned true.
-  std::optional<std::size_t> take(std::size_t stream, const std::function<bool()>& stop);
+  // is left (the stream then holds nothing) or stop() turned true. Before it
+  // waits, a stream that holds memory calls before_wait (which must free it:
+  // the stream's worker ends) and holds nothing from then on, so streams
+  // never wait for each other in a circle.
+  std::optional<std::size_t> take(std::size_t stream, const std::function<bool()>& stop,
+                                  const std::function<void()>& before_wait = {});
   // Without waiting: nullopt when none is left or it does not fit now.
   std::optional<std::size_t> try_take(std::size_t stream);
   // The stream is done (its worker is gone): it holds nothing.

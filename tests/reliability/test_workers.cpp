@@ -6,6 +6,10 @@
 #include <gtest/gtest.h>
 
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+
 #include "cases/case.h"
 #include "cases/suite.h"
 #include "harness/reliability/isolate.h"
@@ -50,7 +54,8 @@ TEST(Workers, SideBySideTheyGiveOneWorkersRecords) {
   ASSERT_EQ(run("one.json", "1", ": {in} {out}; exit 3"), 1) << slurp(d / "stderr.txt");
   ASSERT_EQ(run("three.json", "3", barrier), 1) << slurp(d / "stderr.txt");
   const auto one = outcomes(d / "one.json"), three = outcomes(d / "three.json");
-  EXPECT_EQ(one.size(), 21u);  // smoke's 7 cases on 3 backends, each once
+  EXPECT_EQ(one.size(), 21u);  // smoke's 7 cases on 3 backends
+  EXPECT_EQ(Json::parse(slurp(d / "three.json")).at("records").size(), 21u);  // each once
   EXPECT_EQ(one, three);
   int crashed = 0;
   for (const auto& [key, what] : three) crashed += key.first == "rel.segv" && what.find(" CRASHED") != std::string::npos;
@@ -68,9 +73,17 @@ TEST(Workers, SideBySideTheyGiveOneWorkersRecords) {
   EXPECT_LT(prof.at("phases_ms").at("side_by_side").get<double>(), 0);
   EXPECT_GT(prof.at("backend_in_flight_ms").get<double>(), 0);
   EXPECT_LE(prof.at("backend_in_flight_ms").get<double>(), prof.at("wall_ms").get<double>());
-  // Bad values are input errors.
+  // Bad values are input errors, and so is an order that workers side by side
+  // could not keep.
   EXPECT_EQ(run("bad.json", "0", "true"), 2);
   EXPECT_EQ(run("bad.json", "three", "true"), 2);
+  EXPECT_EQ(run_mlagate({"run", "--suite", "smoke", "--backend", "cpu.paged", "--workers", "2", "--order", "reverse"}, d), 2);
+  EXPECT_NE(slurp(d / "stderr.txt").find("--order reverse needs --workers 1"), std::string::npos);
+  EXPECT_EQ(run_mlagate({"run", "--suite", "smoke", "--backend", "cpu.paged", "--threads", "-1"}, d), 2);
+  // A --threads 0 of the run's own is replaced in the workers, not given twice.
+  EXPECT_EQ(run_mlagate({"run", "--suite", "smoke", "--backend", "cpu.paged", "--workers", "2", "--threads", "0",
+                         "--no-progress", "-q"}, d), 0)
+      << slurp(d / "stderr.txt");
 }
 
 TEST(Workers, GroupsAreRunsOfCasesWithTheSameInputs) {
@@ -116,6 +129,35 @@ TEST(Workers, GroupsRunSideBySideOnlyWithinTheMemoryBudget) {
   EXPECT_EQ(free.try_take(1), 1u);
   EXPECT_EQ(free.try_take(0), 2u);
   EXPECT_EQ(free.try_take(1), 3u);
+}
+
+// Streams that wait hold nothing: two streams that finish groups which leave
+// no room for the next beside either must not wait for each other (each gives
+// its memory up, its worker ending, before it waits).
+TEST(Workers, WaitingStreamsNeverWaitForEachOther) {
+  std::vector<std::vector<Job>> groups(3, std::vector<Job>{Job{}});
+  GroupQueue q(groups, {6, 3, 20}, 10, 2);
+  std::atomic<int> taken{0}, ended{0};
+  std::atomic<bool> give_up{false};
+  auto stream = [&](std::size_t s) {
+    while (q.take(s, [&] { return give_up.load(); }, [&] { ++ended; })) {
+      ++taken;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the group's work
+    }
+  };
+  {
+    std::jthread a(stream, 0), b(stream, 1);
+    std::jthread timer([&](std::stop_token st) {
+      for (int i = 0; i < 100 && !st.stop_requested() && taken < 3; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      give_up = true;  // a hang ends here, and fails below
+    });
+    a.join();
+    b.join();
+    timer.request_stop();
+  }
+  EXPECT_EQ(taken, 3);
+  EXPECT_GE(ended, 1);  // the 20 could only start once a stream let its 6 or 3 go
 }
 
 }  // namespace
