@@ -3,7 +3,6 @@
 // execute (journaled, in worker processes or in this one), follow up (sanitizer
 // reruns, saved failures) and finish (reports, console summary, exit code).
 #include <omp.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -168,15 +167,6 @@ BaselineImpl make_baseline(const std::string& name) {
     return b;
   }
   throw InputError("--baseline '" + name + "' (expected emulated, torch or none)");
-}
-
-// The CPUs this process may run on (its affinity mask: a cgroup's or
-// taskset's limit), at least 1.
-std::size_t host_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return static_cast<std::size_t>(CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
 }
 
 // --reference: the fp64 reference on the CPU (Eigen) or on the GPU.
@@ -496,30 +486,6 @@ class RunCommand {
       IsolationOptions io;
       io.argv = worker_command();
       io.argv.insert(io.argv.end(), args_.begin() + 1, args_.end());
-      const std::size_t devices = std::max<std::size_t>(1, ra_.devices.size());
-      if (devices * workers_ > 1 && ra_.threads <= 0) {
-        // Workers side by side share the host's cores. About one worker per
-        // device is in a backend call at a time (waiting on its GPU, one
-        // thread), so the others' parallel phases share the cores: cores /
-        // (workers - 1) each, per device. OpenMP threads sleep when idle
-        // instead of spinning (unless the environment says otherwise): a team
-        // of one thread per core in each worker, spinning, took the vllm GPU
-        // suite from 19 s to 58 s on 3 workers.
-        const std::size_t hw = host_cpus();
-        const std::size_t busy = devices * (workers_ > 1 ? workers_ - 1 : 1);
-        // A --threads 0 of the run's own is replaced, not given twice.
-        for (std::size_t k = 1; k < io.argv.size();) {
-          if (io.argv[k] == "--threads" && k + 1 < io.argv.size())
-            io.argv.erase(io.argv.begin() + static_cast<std::ptrdiff_t>(k), io.argv.begin() + static_cast<std::ptrdiff_t>(k + 2));
-          else if (io.argv[k].rfind("--threads=", 0) == 0)
-            io.argv.erase(io.argv.begin() + static_cast<std::ptrdiff_t>(k));
-          else
-            ++k;
-        }
-        io.argv.push_back("--threads");
-        io.argv.push_back(std::to_string(std::max<std::size_t>(1, hw / busy)));
-        if (!std::getenv("OMP_WAIT_POLICY")) io.env.push_back("OMP_WAIT_POLICY=passive");
-      }
       io.argv.push_back("--worker");
       io.timeout_s = ra_.timeout;
       io.pairs = ra_.order == "pairs";
@@ -527,6 +493,7 @@ class RunCommand {
       io.devices = ra_.devices;
       io.workers = workers_;
       io.largest_first = ra_.order == "given";
+      share_cores(io, ra_.threads);
       run_isolated(cfg_, names, jobs, io, record_done);
     }
     stop_signal_ = g_stop_signal;

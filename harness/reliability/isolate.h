@@ -80,6 +80,16 @@ struct IsolationOptions {
   std::string device;
 };
 
+// The CPUs this process may run on (its affinity mask: a cgroup's or
+// taskset's limit), at least 1.
+std::size_t host_cpus();
+
+// Several workers in all (io.devices x io.workers): unless the run gives
+// --threads (> 0), each worker gets its share of the cores as --threads in
+// io.argv (a --threads 0 there is replaced), and OMP_WAIT_POLICY=passive in
+// io.env unless the environment sets it.
+void share_cores(IsolationOptions& io, int threads);
+
 // The jobs in groups that one worker runs in order: every job of a run of
 // consecutive cases with equal inputs (inputs_key: another kv cache dtype,
 // block size or k_scale), which a worker hands on instead of generating again.

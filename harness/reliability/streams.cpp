@@ -1,0 +1,296 @@
+// Streams of isolation workers (isolate.h): one stream, one per device
+// (--devices), or several side by side (--workers) taking groups of jobs from
+// one queue; the cores each worker gets.
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "harness/reliability/isolate.h"
+#include "harness/reliability/memory_estimate.h"
+#include "harness/reliability/stream.h"
+#include "reports/profile.h"
+
+namespace mlagate {
+
+using isolation_detail::IgnoreSigpipe;
+using isolation_detail::JobSource;
+using isolation_detail::profile_mutex;
+using isolation_detail::run_stream;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// One worker per device (--devices, --workers 1): case i on device i mod N,
+// one thread feeding each device's stream; records reach on_record one at a time.
+std::vector<Record> run_per_device(const RunConfig& cfg, const std::vector<std::string>& backend_names,
+                                   const std::vector<Job>& jobs, const IsolationOptions& opt,
+                                   const std::function<void(const Record&)>& on_record) {
+  const std::size_t n = opt.devices.size();
+  std::vector<std::vector<Job>> dealt(n);
+  for (const Job& j : jobs) dealt[j.case_index % n].push_back(j);
+  std::mutex record_mutex;
+  auto locked = [&](const Record& r) {
+    const std::lock_guard lock(record_mutex);
+    if (on_record) on_record(r);
+  };
+  std::vector<std::vector<Record>> got(n);
+  std::vector<std::exception_ptr> errors(n);
+  // One stream's error (a worker's INPUT_ERROR: the input is bad) stops the
+  // others at their next job, as a signal would: the run ends with that error.
+  std::atomic<bool> failed{false};
+  RunConfig stoppable = cfg;
+  stoppable.stop = [&failed, &cfg] { return failed.load() || (cfg.stop && cfg.stop()); };
+  {
+    std::vector<std::jthread> threads;
+    for (std::size_t d = 0; d < n; ++d)
+      threads.emplace_back([&, d] {
+        try {
+          IsolationOptions mine = opt;
+          mine.device = opt.devices[d];
+          std::size_t i = 0;
+          got[d] = run_stream(
+              stoppable, backend_names,
+              [&](const std::function<void()>&) -> const Job* { return i < dealt[d].size() ? &dealt[d][i++] : nullptr; },
+              mine, locked);
+        } catch (...) {
+          errors[d] = std::current_exception();
+          failed = true;
+        }
+      });
+  }
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  std::vector<Record> records;
+  for (auto& g : got)
+    for (Record& r : g) records.push_back(std::move(r));
+  return records;
+}
+
+}  // namespace
+
+std::vector<std::vector<Job>> job_groups(const RunConfig& cfg, const std::vector<Job>& jobs) {
+  std::vector<std::vector<Job>> groups;
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    const bool same = i > 0 && (jobs[i].case_index == jobs[i - 1].case_index ||
+                                inputs_key(cfg.cases.at(jobs[i].case_index)) ==
+                                    inputs_key(cfg.cases.at(jobs[i - 1].case_index)));
+    if (!same) groups.emplace_back();
+    groups.back().push_back(jobs[i]);
+  }
+  return groups;
+}
+
+GroupQueue::GroupQueue(std::vector<std::vector<Job>> groups, std::vector<std::uint64_t> bytes, std::uint64_t budget,
+                       std::size_t streams)
+    : groups_(std::move(groups)), bytes_(std::move(bytes)), budget_(budget), held_(streams, 0) {
+  if (bytes_.size() != groups_.size()) throw std::logic_error("GroupQueue: one size per group");
+}
+
+std::optional<std::size_t> GroupQueue::try_take(std::size_t stream) {
+  const std::lock_guard lock(mutex_);
+  return take_locked(stream);
+}
+
+std::optional<std::size_t> GroupQueue::take_locked(std::size_t stream) {
+  if (next_ >= groups_.size()) return std::nullopt;
+  std::uint64_t others = 0;
+  for (std::size_t s = 0; s < held_.size(); ++s)
+    if (s != stream) others += held_[s];
+  // Alone, a group always runs (the run checked every case against the memory
+  // there is); beside others, only within the budget. The queue's order is
+  // kept: a large group waits for room rather than being overtaken.
+  if (budget_ > 0 && others > 0 && others + bytes_[next_] > budget_) return std::nullopt;
+  held_[stream] = bytes_[next_];
+  return next_++;
+}
+
+std::optional<std::size_t> GroupQueue::take(std::size_t stream, const std::function<bool()>& stop,
+                                             const std::function<void()>& before_wait) {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    if (stop && stop()) return std::nullopt;
+    if (next_ >= groups_.size()) {
+      held_[stream] = 0;
+      cv_.notify_all();
+      return std::nullopt;
+    }
+    if (auto g = take_locked(stream)) return g;
+    if (held_[stream] > 0) {
+      // A stream that waits holding memory could wait for one that waits for
+      // it: it gives its memory up first (its worker ends), so that waiting
+      // streams hold nothing and the head group always fits beside the
+      // running ones once they finish.
+      lock.unlock();
+      if (before_wait) before_wait();
+      lock.lock();
+      held_[stream] = 0;
+      cv_.notify_all();
+      continue;
+    }
+    // Polled as well: a stop request has no notification of its own.
+    cv_.wait_for(lock, std::chrono::milliseconds(200));
+  }
+}
+
+void GroupQueue::release(std::size_t stream) {
+  {
+    const std::lock_guard lock(mutex_);
+    held_[stream] = 0;
+  }
+  cv_.notify_all();
+}
+
+std::vector<Record> run_isolated(const RunConfig& cfg, const std::vector<std::string>& backend_names,
+                                 const std::vector<Job>& jobs, const IsolationOptions& opt,
+                                 const std::function<void(const Record&)>& on_record) {
+  IgnoreSigpipe sigpipe;
+  // The streams: --workers of them per device (the devices first, so that
+  // every device has one before any has two), or --workers in all without --devices.
+  const std::size_t per = std::max<std::size_t>(1, opt.workers);
+  std::vector<std::string> stream_device;
+  for (std::size_t k = 0; k < per; ++k) {
+    if (opt.devices.empty()) stream_device.emplace_back();
+    for (const std::string& d : opt.devices) stream_device.push_back(d);
+  }
+  if (per == 1 && opt.devices.size() > 1) return run_per_device(cfg, backend_names, jobs, opt, on_record);
+  if (stream_device.size() == 1) {
+    IsolationOptions one = opt;
+    one.device = stream_device.front();
+    std::size_t i = 0;
+    return run_stream(
+        cfg, backend_names, [&](const std::function<void()>&) -> const Job* { return i < jobs.size() ? &jobs[i++] : nullptr; },
+        one, on_record);
+  }
+  // Several streams take groups of jobs from one queue as they finish the
+  // last: a group is every job of a run of consecutive cases with the same
+  // inputs (another kv cache dtype), which one worker hands on from case to
+  // case instead of generating them again. Which stream runs a group depends
+  // on timing; its records do not (each case is made from its seed).
+  const std::size_t n = stream_device.size();
+  std::vector<std::vector<Job>> groups = job_groups(cfg, jobs);
+  // Host memory: each worker holds one case at a time (its context is freed
+  // before the next is made), so groups run side by side only while their
+  // estimates fit in the memory available now.
+  bool prefill_op = std::find(cfg.ops.begin(), cfg.ops.end(), Op::kPrefill) != cfg.ops.end();
+  std::vector<std::uint64_t> bytes;
+  for (const auto& g : groups) {
+    std::uint64_t most = 0;
+    for (const Job& j : g) most = std::max(most, estimate_case_bytes(cfg.cases.at(j.case_index), prefill_op));
+    bytes.push_back(most);
+  }
+  if (opt.largest_first) {
+    // Largest first (the memory estimate stands in for the work: both grow
+    // with the context, the heads and the tokens), so that no large group is
+    // left to run alone at the end while the other workers idle.
+    std::vector<std::size_t> order(groups.size());
+    for (std::size_t g = 0; g < order.size(); ++g) order[g] = g;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return bytes[a] * groups[a].size() > bytes[b] * groups[b].size();
+    });
+    std::vector<std::vector<Job>> sorted_groups;
+    std::vector<std::uint64_t> sorted_bytes;
+    for (std::size_t g : order) sorted_groups.push_back(std::move(groups[g])), sorted_bytes.push_back(bytes[g]);
+    groups = std::move(sorted_groups);
+    bytes = std::move(sorted_bytes);
+  }
+  GroupQueue queue(std::move(groups), std::move(bytes), available_memory_bytes(), n);
+  std::mutex record_mutex;
+  auto locked = [&](const Record& r) {
+    const std::lock_guard lock(record_mutex);
+    if (on_record) on_record(r);
+  };
+  std::vector<std::vector<Record>> got(n);
+  std::vector<std::exception_ptr> errors(n);
+  // One stream's error (a worker's INPUT_ERROR: the input is bad) stops the
+  // others at their next job, as a signal would: the run ends with that error.
+  std::atomic<bool> failed{false};
+  RunConfig stoppable = cfg;
+  stoppable.stop = [&failed, &cfg] { return failed.load() || (cfg.stop && cfg.stop()); };
+  double domain_before = 0;
+  {
+    const std::lock_guard lock(profile_mutex());
+    domain_before = run_profile().worker_domain_ms();
+  }
+  const auto t0 = Clock::now();
+  {
+    std::vector<std::jthread> threads;
+    for (std::size_t d = 0; d < n; ++d)
+      threads.emplace_back([&, d] {
+        try {
+          IsolationOptions mine = opt;
+          mine.device = stream_device[d];
+          const std::vector<Job>* group = nullptr;
+          std::size_t i = 0;
+          const JobSource next = [&](const std::function<void()>& end_worker) -> const Job* {
+            while (!group || i >= group->size()) {
+              const std::optional<std::size_t> g = queue.take(d, stoppable.stop, end_worker);
+              if (!g) return nullptr;
+              group = &queue.group(*g);
+              i = 0;
+            }
+            return &(*group)[i++];
+          };
+          got[d] = run_stream(stoppable, backend_names, next, mine, locked);
+        } catch (...) {
+          errors[d] = std::current_exception();
+          failed = true;
+        }
+        queue.release(d);
+      });
+  }
+  {
+    // The job rows sum every worker's time; what ran beside another's comes off.
+    const std::lock_guard lock(profile_mutex());
+    RunProfile& prof = run_profile();
+    prof.streams = std::max(prof.streams, static_cast<int>(n));
+    prof.side_by_side_ms += std::max(0.0, prof.worker_domain_ms() - domain_before -
+                                              std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  std::vector<Record> records;
+  for (auto& g : got)
+    for (Record& r : g) records.push_back(std::move(r));
+  return records;
+}
+
+
+std::size_t host_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return static_cast<std::size_t>(CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+void share_cores(IsolationOptions& io, int threads) {
+  const std::size_t devices = std::max<std::size_t>(1, io.devices.size());
+  const std::size_t workers = std::max<std::size_t>(1, io.workers);
+  if (devices * workers <= 1 || threads > 0) return;
+  // About one worker per device is in a backend call at a time (waiting on
+  // its GPU, one thread), so the others' parallel phases share the cores:
+  // cores / (workers - 1) each, per device. OpenMP threads sleep when idle
+  // instead of spinning (unless the environment says otherwise): a team of
+  // one thread per core in each worker, spinning, took the vllm GPU suite
+  // from 19 s to 58 s on 3 workers.
+  const std::size_t busy = devices * (workers > 1 ? workers - 1 : 1);
+  // A --threads 0 of the run's own is replaced, not given twice.
+  for (std::size_t k = 1; k < io.argv.size();) {
+    if (io.argv[k] == "--threads" && k + 1 < io.argv.size())
+      io.argv.erase(io.argv.begin() + static_cast<std::ptrdiff_t>(k), io.argv.begin() + static_cast<std::ptrdiff_t>(k + 2));
+    else if (io.argv[k].rfind("--threads=", 0) == 0)
+      io.argv.erase(io.argv.begin() + static_cast<std::ptrdiff_t>(k));
+    else
+      ++k;
+  }
+  const auto at = std::find(io.argv.begin(), io.argv.end(), "--worker");  // before the mode flag, if there
+  io.argv.insert(at, {"--threads", std::to_string(std::max<std::size_t>(1, host_cpus() / busy))});
+  if (!std::getenv("OMP_WAIT_POLICY")) io.env.push_back("OMP_WAIT_POLICY=passive");
+}
+
+}  // namespace mlagate
