@@ -26,14 +26,16 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// One worker per device (--devices, --workers 1): case i on device i mod N,
-// one thread feeding each device's stream; records reach on_record one at a time.
-std::vector<Record> run_per_device(const RunConfig& cfg, const std::vector<std::string>& backend_names,
-                                   const std::vector<Job>& jobs, const IsolationOptions& opt,
-                                   const std::function<void(const Record&)>& on_record) {
-  const std::size_t n = opt.devices.size();
-  std::vector<std::vector<Job>> dealt(n);
-  for (const Job& j : jobs) dealt[j.case_index % n].push_back(j);
+// Streams on threads of their own, stream d's workers on device[d] and fed
+// by source(d, stop); records reach on_record one at a time; done(d) runs when
+// stream d ends. One stream's error (a worker's INPUT_ERROR: the input is bad)
+// stops the others at their next job, as a signal would, and is rethrown.
+std::vector<Record> run_streams(const RunConfig& cfg, const std::vector<std::string>& backend_names,
+                                const std::vector<std::string>& device, const IsolationOptions& opt,
+                                const std::function<void(const Record&)>& on_record,
+                                const std::function<JobSource(std::size_t, const std::function<bool()>&)>& source,
+                                const std::function<void(std::size_t)>& done = {}) {
+  const std::size_t n = device.size();
   std::mutex record_mutex;
   auto locked = [&](const Record& r) {
     const std::lock_guard lock(record_mutex);
@@ -41,8 +43,6 @@ std::vector<Record> run_per_device(const RunConfig& cfg, const std::vector<std::
   };
   std::vector<std::vector<Record>> got(n);
   std::vector<std::exception_ptr> errors(n);
-  // One stream's error (a worker's INPUT_ERROR: the input is bad) stops the
-  // others at their next job, as a signal would: the run ends with that error.
   std::atomic<bool> failed{false};
   RunConfig stoppable = cfg;
   stoppable.stop = [&failed, &cfg] { return failed.load() || (cfg.stop && cfg.stop()); };
@@ -52,16 +52,13 @@ std::vector<Record> run_per_device(const RunConfig& cfg, const std::vector<std::
       threads.emplace_back([&, d] {
         try {
           IsolationOptions mine = opt;
-          mine.device = opt.devices[d];
-          std::size_t i = 0;
-          got[d] = run_stream(
-              stoppable, backend_names,
-              [&](const std::function<void()>&) -> const Job* { return i < dealt[d].size() ? &dealt[d][i++] : nullptr; },
-              mine, locked);
+          mine.device = device[d];
+          got[d] = run_stream(stoppable, backend_names, source(d, stoppable.stop), mine, locked);
         } catch (...) {
           errors[d] = std::current_exception();
           failed = true;
         }
+        if (done) done(d);
       });
   }
   for (const auto& e : errors)
@@ -70,6 +67,22 @@ std::vector<Record> run_per_device(const RunConfig& cfg, const std::vector<std::
   for (auto& g : got)
     for (Record& r : g) records.push_back(std::move(r));
   return records;
+}
+
+// One worker per device (--devices, --workers 1): case i on device i mod N.
+std::vector<Record> run_per_device(const RunConfig& cfg, const std::vector<std::string>& backend_names,
+                                   const std::vector<Job>& jobs, const IsolationOptions& opt,
+                                   const std::function<void(const Record&)>& on_record) {
+  const std::size_t n = opt.devices.size();
+  std::vector<std::vector<Job>> dealt(n);
+  for (const Job& j : jobs) dealt[j.case_index % n].push_back(j);
+  std::vector<std::size_t> next(n, 0);
+  return run_streams(cfg, backend_names, opt.devices, opt, on_record,
+                     [&](std::size_t d, const std::function<bool()>&) -> JobSource {
+                       return [&, d](const std::function<void()>&) -> const Job* {
+                         return next[d] < dealt[d].size() ? &dealt[d][next[d]++] : nullptr;
+                       };
+                     });
 }
 
 }  // namespace
@@ -200,49 +213,34 @@ std::vector<Record> run_isolated(const RunConfig& cfg, const std::vector<std::st
     bytes = std::move(sorted_bytes);
   }
   GroupQueue queue(std::move(groups), std::move(bytes), available_memory_bytes(), n);
-  std::mutex record_mutex;
-  auto locked = [&](const Record& r) {
-    const std::lock_guard lock(record_mutex);
-    if (on_record) on_record(r);
-  };
-  std::vector<std::vector<Record>> got(n);
-  std::vector<std::exception_ptr> errors(n);
-  // One stream's error (a worker's INPUT_ERROR: the input is bad) stops the
-  // others at their next job, as a signal would: the run ends with that error.
-  std::atomic<bool> failed{false};
-  RunConfig stoppable = cfg;
-  stoppable.stop = [&failed, &cfg] { return failed.load() || (cfg.stop && cfg.stop()); };
   double domain_before = 0;
   {
     const std::lock_guard lock(profile_mutex());
     domain_before = run_profile().worker_domain_ms();
   }
   const auto t0 = Clock::now();
-  {
-    std::vector<std::jthread> threads;
-    for (std::size_t d = 0; d < n; ++d)
-      threads.emplace_back([&, d] {
-        try {
-          IsolationOptions mine = opt;
-          mine.device = stream_device[d];
-          const std::vector<Job>* group = nullptr;
-          std::size_t i = 0;
-          const JobSource next = [&](const std::function<void()>& end_worker) -> const Job* {
-            while (!group || i >= group->size()) {
-              const std::optional<std::size_t> g = queue.take(d, stoppable.stop, end_worker);
-              if (!g) return nullptr;
-              group = &queue.group(*g);
-              i = 0;
-            }
-            return &(*group)[i++];
-          };
-          got[d] = run_stream(stoppable, backend_names, next, mine, locked);
-        } catch (...) {
-          errors[d] = std::current_exception();
-          failed = true;
-        }
-        queue.release(d);
-      });
+  // Each stream's source: the jobs of the group it took, then the next group.
+  std::vector<const std::vector<Job>*> group(n, nullptr);
+  std::vector<std::size_t> next(n, 0);
+  std::vector<Record> records;
+  std::exception_ptr error;  // thrown after the profile has the streams' time
+  try {
+    records = run_streams(
+      cfg, backend_names, stream_device, opt, on_record,
+      [&](std::size_t d, const std::function<bool()>& stop) -> JobSource {
+        return [&, d, stop](const std::function<void()>& end_worker) -> const Job* {
+          while (!group[d] || next[d] >= group[d]->size()) {
+            const std::optional<std::size_t> g = queue.take(d, stop, end_worker);
+            if (!g) return nullptr;
+            group[d] = &queue.group(*g);
+            next[d] = 0;
+          }
+          return &(*group[d])[next[d]++];
+        };
+      },
+      [&](std::size_t d) { queue.release(d); });
+  } catch (...) {
+    error = std::current_exception();
   }
   {
     // The job rows sum every worker's time; what ran beside another's comes off.
@@ -252,14 +250,9 @@ std::vector<Record> run_isolated(const RunConfig& cfg, const std::vector<std::st
     prof.side_by_side_ms += std::max(0.0, prof.worker_domain_ms() - domain_before -
                                               std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
-  for (const auto& e : errors)
-    if (e) std::rethrow_exception(e);
-  std::vector<Record> records;
-  for (auto& g : got)
-    for (Record& r : g) records.push_back(std::move(r));
+  if (error) std::rethrow_exception(error);
   return records;
 }
-
 
 std::size_t host_cpus() {
   cpu_set_t set;
