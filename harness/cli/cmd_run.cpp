@@ -24,6 +24,7 @@
 #include "harness/cli/cli.h"
 #include "backends/exec/subprocess.h"
 #include "harness/cli/commands.h"
+#include "harness/cli/run_plan.h"
 #include "harness/reliability/isolate.h"
 #include "harness/reliability/journal.h"
 #include "harness/reliability/memory_estimate.h"
@@ -49,78 +50,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
-
-// --order: the cases in another order (every order runs the same records).
-void apply_order(std::vector<CaseSpec>& cases, const std::string& order) {
-  if (order == "given" || order == "pairs") return;  // pairs: the isolated runner pairs them (isolate.h)
-  if (order == "reverse") {
-    std::reverse(cases.begin(), cases.end());
-    return;
-  }
-  if (order.rfind("shuffle:", 0) == 0) {
-    std::uint64_t seed = 0;
-    try {
-      std::size_t pos = 0;
-      seed = std::stoull(order.substr(8), &pos);
-      if (pos != order.size() - 8) throw std::invalid_argument(order);
-    } catch (const std::exception&) {
-      throw InputError("--order '" + order + "': shuffle:SEED needs a non-negative integer seed");
-    }
-    // Fisher-Yates over splitmix64: the same order on every platform and library
-    // (std::shuffle's use of the engine is implementation-defined).
-    auto next = [&seed] {
-      std::uint64_t z = (seed += 0x9E3779B97F4A7C15ull);
-      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-      return z ^ (z >> 31);
-    };
-    for (std::size_t i = cases.size(); i > 1; --i) std::swap(cases[i - 1], cases[next() % i]);
-    return;
-  }
-  throw InputError("--order '" + order + "' (expected given, reverse, shuffle:SEED or pairs)");
-}
-
-// --op: "auto" is layer for dense cases and the two sparse ops for sparse ones;
-// each op once, in the order given.
-std::vector<Op> resolve_ops(const std::vector<std::string>& names, const std::vector<CaseSpec>& cases) {
-  std::vector<Op> ops;
-  auto add = [&ops](Op op) {
-    if (std::find(ops.begin(), ops.end(), op) == ops.end()) ops.push_back(op);
-  };
-  for (const auto& o : names) {
-    if (o != "auto") {
-      add(parse_op(o));
-      continue;
-    }
-    const bool any_sparse = std::any_of(cases.begin(), cases.end(), [](const CaseSpec& c) { return c.sparse.active(); });
-    const bool any_dense = std::any_of(cases.begin(), cases.end(), [](const CaseSpec& c) { return !c.sparse.active(); });
-    if (any_dense || cases.empty()) add(Op::kLayer);
-    if (any_sparse) {
-      add(Op::kSparseDecode);
-      add(Op::kSparsePrefill);
-    }
-  }
-  return ops;
-}
-
-// --shard I/N, else GoogleTest's sharding variables (so a ctest or gtest-style
-// runner that shards tests shards mlagate too); nullopt: the whole selection.
-std::optional<Shard> resolve_shard(const std::string& flag) {
-  if (!flag.empty()) {
-    const std::optional<Shard> s = parse_shard(flag);
-    if (!s) throw InputError("--shard '" + flag + "' (expected I/N with 0 <= I < N)");
-    return s;
-  }
-  const char* total = std::getenv("GTEST_TOTAL_SHARDS");
-  const char* index = std::getenv("GTEST_SHARD_INDEX");
-  if (!total || !index) return std::nullopt;
-  const std::string text = std::string(index) + "/" + total;
-  const std::optional<Shard> s = parse_shard(text);
-  if (!s) throw InputError("GTEST_SHARD_INDEX/GTEST_TOTAL_SHARDS = " + text + " (expected 0 <= index < total)");
-  // The protocol: a program that honours sharding creates this file.
-  if (const char* status = std::getenv("GTEST_SHARD_STATUS_FILE"); status && *status) std::fclose(std::fopen(status, "a"));
-  return s;
-}
 
 // SIGINT/SIGTERM during a run: the run stops between records, writes the
 // reports of what finished and exits 128 + signal. A second signal acts as usual.
