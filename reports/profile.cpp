@@ -104,6 +104,7 @@ std::vector<std::pair<std::string, double>> RunProfile::rows(double wall_ms) con
       {"per_record", record_ms},
       {"post", post_ms},
       {"reports", reports_ms},
+      {"worker_exit", worker_exit_ms},
   };
   if (side_by_side_ms != 0) r.emplace_back("side_by_side", -side_by_side_ms);
   double named = 0;
@@ -132,6 +133,7 @@ const char* describe(const std::string& key) {
       {"per_record", "journal, console"},
       {"post", "sanitize, save-failures, results file"},
       {"reports", "JSON, JUnit, Markdown"},
+      {"worker_exit", "last workers' ends, after the reports"},
       {"side_by_side", "less worker time beside other workers'"},
       {"unaccounted", "wall less every row above"},
   };

@@ -48,6 +48,7 @@ struct RunProfile {
   double record_ms = 0;         // journal append, console lines and progress per record
   double post_ms = 0;           // --sanitize reruns, --save-failures bundles, results file
   double reports_ms = 0;        // JSON, JUnit and Markdown reports, journal removal
+  double worker_exit_ms = 0;    // waiting for the last workers' ends, after the reports (reap_retired_workers)
   // Sums of the records' Timings over every job run.
   Timings jobs;
   long long jobs_run = 0;

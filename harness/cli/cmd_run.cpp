@@ -13,9 +13,12 @@
 #include <string_view>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <future>
 #include <map>
 #include <optional>
 #include <set>
+#include <system_error>
 #include <thread>
 
 #include "backends/registry.h"
@@ -98,13 +101,14 @@ BaselineImpl make_baseline(const std::string& name) {
   throw InputError("--baseline '" + name + "' (expected emulated, torch or none)");
 }
 
-// --reference: the fp64 reference on the CPU (Eigen) or on the GPU.
-ReferenceImpl make_reference(const std::string& name) {
+// --reference: the fp64 reference on the CPU (Eigen) or on the GPU; the
+// device is checked here unless the caller checks it (start_device_check).
+ReferenceImpl make_reference(const std::string& name, bool check_device) {
   ReferenceImpl r;
   if (name == "eigen") return r;
   if (name == "cuda") {
 #if MLAGATE_HAS_CUDA
-    if (!cuda_device_info().available) throw InputError("--reference cuda: " + cuda_device_info().error);
+    if (check_device && !cuda_device_info().available) throw InputError("--reference cuda: " + cuda_device_info().error);
     r.name = "cuda";
     r.absorbed = cuda_reference_absorbed;
     r.mqa = cuda_reference_mqa;
@@ -145,7 +149,7 @@ class GpuGlue {
 
 }  // namespace
 
-void configure_computation(const RunArgs& ra, RunConfig& cfg) {
+void configure_computation(const RunArgs& ra, RunConfig& cfg, bool check_device) {
   cfg.policy = ra.policy.make();
   cfg.baseline = make_baseline(ra.baseline);
   if (cfg.baseline.name == "none" && cfg.policy.kind == Policy::Kind::kBaseline)
@@ -157,10 +161,28 @@ void configure_computation(const RunArgs& ra, RunConfig& cfg) {
   if (ra.prefill_chunk < 1) throw InputError("--prefill-chunk must be >= 1");
   cfg.exec.prefill_chunk = ra.prefill_chunk;
   if (ra.splits < 0) throw InputError("--splits must be >= 1 (or 0: chosen from the work)");
-  cfg.reference = make_reference(ra.reference);
+  cfg.reference = make_reference(ra.reference, check_device);
 }
 
 namespace {
+
+// --reference cuda's device, checked on a thread of its own: making its
+// context takes about 0.2 s, which the parent spends starting its workers
+// (each waits for it before its first job: IsolationOptions::after_start) and
+// a worker spends making its first case (worker_main's device_ready). get()
+// throws the InputError make_reference would have thrown.
+std::shared_future<void> start_device_check() {
+  auto check = [] {
+#if MLAGATE_HAS_CUDA
+    if (!cuda_device_info().available) throw InputError("--reference cuda: " + cuda_device_info().error);
+#endif
+  };
+  try {
+    return std::async(std::launch::async, check).share();
+  } catch (const std::system_error&) {
+    return std::async(std::launch::deferred, check).share();  // no thread to be had: checked when waited for
+  }
+}
 
 // One run from its plan to its exit code; the steps share this state.
 class RunCommand {
@@ -177,8 +199,12 @@ class RunCommand {
     const char* glue_device = std::getenv("MLAGATE_GLUE_DEVICE");
     const GpuGlue gpu_glue(cfg_.reference.name == "cuda" && !(glue_device && std::string_view(glue_device) == "cpu"));
 #endif
-    if (ra_.worker) return worker_main(cfg_, backends_);
+    if (ra_.worker) return worker_main(cfg_, backends_, device_check_.valid() ? [this] { device_check_.get(); }
+                                                                               : std::function<void()>());
     plan_parent();
+    // In this process, the device is waited for before anything runs; with
+    // workers, before each is given its first job.
+    if (device_check_.valid() && isolate_ != "process") device_check_.get();
     execute();
     const auto post0 = Clock::now();
     collect_records();
@@ -221,7 +247,8 @@ class RunCommand {
                         static_cast<double>(need) / (1ull << 30), static_cast<double>(avail) / (1ull << 30));
           throw InputError("case " + c.id() + msg + ": refused before allocating");
         }
-    configure_computation(ra_, cfg_);
+    if (ra_.reference == "cuda" && MLAGATE_HAS_CUDA) device_check_ = start_device_check();
+    configure_computation(ra_, cfg_, !device_check_.valid());
     extra_entries_ = ra_.extra.entries();
     backends_ = select_backends(ra_.backends, BackendOptions{ra_.splits}, extra_entries_);
     ra_.reports.check_paths();
@@ -423,6 +450,8 @@ class RunCommand {
       io.workers = workers_;
       io.largest_first = ra_.order == "given";
       share_cores(io, ra_.threads);
+      if (device_check_.valid()) io.after_start = [this] { device_check_.get(); };
+      io.reap_later = true;  // finish() waits for the last workers' ends after the reports
       run_isolated(cfg_, names, jobs, io, record_done);
     }
     stop_signal_ = g_stop_signal;
@@ -536,6 +565,9 @@ class RunCommand {
       std::filesystem::remove(jp, ec);
     }
     run_profile().reports_ms += ms_since(reports0);
+    const auto exit0 = Clock::now();
+    reap_retired_workers();
+    run_profile().worker_exit_ms += ms_since(exit0);
 
     const StatusCounts counts = count_statuses(records_);
     if (!ra_.quiet) {
@@ -572,6 +604,11 @@ class RunCommand {
     return kExitPassed;
   }
 
+  // Workers retired at the end of their streams (IsolationOptions::reap_later)
+  // are waited for on every way out of the run, finish() or an exception.
+  struct ReapWorkers {
+    ~ReapWorkers() { reap_retired_workers(); }
+  } reap_workers_;
   const Selection& sel_;
   const RunArgs& ra_;
   const std::string& command_line_;
@@ -579,6 +616,7 @@ class RunCommand {
   const Clock::time_point wall0_ = Clock::now();
 
   RunConfig cfg_;
+  std::shared_future<void> device_check_;  // --reference cuda: start_device_check
   std::optional<Shard> shard_;
   std::optional<GoldenRun> golden_;
   bool from_file_ = false;

@@ -29,8 +29,10 @@ int cmd_export(const Selection& sel, const ExportArgs& ea, const std::string& co
 
 // The flags that shape what a record computes (policy, baseline, poison,
 // prefill chunk, splits, reference) applied to `cfg`, each checked: `run`'s plan
-// and the Python module's cases() share it. Throws InputError.
-void configure_computation(const RunArgs& ra, RunConfig& cfg);
+// and the Python module's cases() share it. Throws InputError. check_device:
+// false when the caller checks --reference cuda's device itself (run does so
+// on a thread of its own, beside its workers' start).
+void configure_computation(const RunArgs& ra, RunConfig& cfg, bool check_device = true);
 
 int cmd_compare(const std::string& a, const std::string& b, const FileCompareOptions& opt);
 

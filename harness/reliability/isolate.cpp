@@ -159,6 +159,31 @@ class WorkerProcess {
   WorkerProcess(const WorkerProcess&) = delete;
   WorkerProcess& operator=(const WorkerProcess&) = delete;
 
+  // Ends it without waiting: killed now, reaped by reap_retired_workers. A
+  // worker with a CUDA context takes about 0.3 s to die (the driver tears the
+  // context down), which the run spends on its reports instead.
+  void retire() {
+    for (int* fd : {&to_, &from_, &err_})
+      if (*fd >= 0) ::close(*fd), *fd = -1;
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    const std::lock_guard lock(retired_mutex());
+    retired().push_back(pid_);
+    pid_ = -1;
+  }
+  // Reaps every retired worker (each within 10 s: one stuck in the driver is left to init).
+  static void reap_retired() {
+    std::vector<pid_t> pids;
+    {
+      const std::lock_guard lock(retired_mutex());
+      pids.swap(retired());
+    }
+    for (const pid_t pid : pids) {
+      int st = 0;
+      reap_within(pid, st, std::chrono::seconds(10));
+    }
+  }
+
   // false when the worker is gone (its stdin is closed).
   bool send(const std::string& line) {
     std::size_t done = 0;
@@ -260,6 +285,15 @@ class WorkerProcess {
     return reaped ? describe_wait_status(st) : "pid " + std::to_string(pid) + " did not exit 15 s after SIGKILL";
   }
 
+  static std::mutex& retired_mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::vector<pid_t>& retired() {
+    static std::vector<pid_t> pids;
+    return pids;
+  }
+
   pid_t pid_ = -1;
   int to_ = -1, from_ = -1, err_ = -1;
   std::string buf_, tail_;
@@ -274,6 +308,8 @@ std::string trimmed_tail(const std::string& tail, std::size_t limit) {
 }
 
 }  // namespace
+
+void reap_retired_workers() { WorkerProcess::reap_retired(); }
 
 void set_worker_executable(std::string path) {
   worker_cmd().clear();
@@ -322,6 +358,7 @@ class IsolatedRun {
       throw std::runtime_error("isolation: the worker did not start (" + how + ")\n" +
                                trimmed_tail(worker->stderr_tail(), opt_.stderr_tail_bytes));
     }
+    if (opt_.after_start) opt_.after_start();
     const std::lock_guard lock(profile_mutex());  // streams of several devices add to one profile
     RunProfile& prof = run_profile();
     const double start_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -519,12 +556,14 @@ std::vector<Record> run_stream(const RunConfig& cfg, const std::vector<std::stri
     records.push_back(std::move(*r));
     if (on_record) on_record(records.back());
   }
+  if (worker && opt.reap_later) worker->retire();
   return records;
 }
 
 }  // namespace isolation_detail
 
-int worker_main(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& backends) {
+int worker_main(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& backends,
+                const std::function<void()>& device_ready) {
   // A worker never outlives its parent (kill -9 of the run, say).
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   // The protocol owns the original stdout; anything else printed goes to stderr.
@@ -541,6 +580,7 @@ int worker_main(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& bac
   CaseContext* ctx = nullptr;
   std::string invalid;
   std::string line;
+  bool device_checked = !device_ready;
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);
     std::string word, op_s;
@@ -568,6 +608,18 @@ int worker_main(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& bac
     Backend& b = *backends[bi];
     const Record r = ctx ? (cfg.run_job ? cfg.run_job(*ctx, b, op) : run_one(*ctx, b, op, cfg))
                          : invalid_case_record(cfg, cfg.cases[ci], std::string(b.name()), op, invalid);
+    if (!device_checked) {
+      // The record above may be the failure of a device that could not be
+      // had: the device's own message is the run's, not a backend's record.
+      try {
+        device_ready();
+      } catch (const InputError& e) {
+        std::fprintf(proto, "INPUT_ERROR %s\n", message_to_line(e.what()).c_str());
+        std::fflush(proto);
+        return 2;
+      }
+      device_checked = true;
+    }
     if (const std::vector<CallSpan> calls = take_backend_calls(); !calls.empty()) {
       std::fprintf(proto, "CALLS %zu", calls.size());
       for (const auto& [a, e] : calls) std::fprintf(proto, " %lld %lld", static_cast<long long>(a), static_cast<long long>(e));

@@ -76,6 +76,14 @@ struct IsolationOptions {
   bool largest_first = false;
   // NAME=VALUE for every worker's environment, replacing inherited ones.
   std::vector<std::string> env;
+  // Called after each worker has started, before it is given a job: what the
+  // parent checks while its workers start (the device a GPU reference needs,
+  // about 0.2 s); an exception ends the run before any job, as a worker that
+  // cannot start does.
+  std::function<void()> after_start;
+  // A stream's last worker is killed but not waited for when it has no job
+  // left: the caller reaps it (reap_retired_workers) after its own end work.
+  bool reap_later = false;
   // Set per stream by run_isolated: the device of this stream's workers.
   std::string device;
 };
@@ -135,8 +143,17 @@ std::vector<Record> run_isolated(const RunConfig& cfg, const std::vector<std::st
                                  const std::vector<Job>& jobs, const IsolationOptions& opt,
                                  const std::function<void(const Record&)>& on_record);
 
+// Waits for the workers ended with IsolationOptions::reap_later (a no-op
+// when there are none).
+void reap_retired_workers();
+
 // The worker's side (`--worker`): announces itself, then runs each job read from
 // stdin and answers its record; returns the process exit code at end of input.
-int worker_main(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& backends);
+// `device_ready`, when given, is waited for before the first record is sent:
+// the worker's device, checked (and its context made) on a thread of its own
+// while the first case is made; an InputError from it is the run's (exit 2),
+// and that record is not sent.
+int worker_main(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& backends,
+                const std::function<void()>& device_ready = {});
 
 }  // namespace mlagate
