@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cases/suite.h"
+#include "harness/reliability/journal.h"
 #include "harness/reliability/memory_estimate.h"
 #include "reports/record_json.h"
 #include "tests/reliability/run_mlagate.h"
@@ -202,6 +203,35 @@ TEST(Journal, ResumeAfterKill9RerunsNothingFinished) {
     EXPECT_EQ(same, 4);
   }
   EXPECT_FALSE(fs::exists(journal));  // finished: the reports hold everything
+}
+
+// Appends are not held back for the disk (a thread of the journal's own
+// syncs them): each line is in the file when append returns, and a journal
+// closed and resumed gives every record back.
+TEST(Journal, EachLineIsInTheFileWhenAppendReturns) {
+  const fs::path d = temp_dir("journal_lines");
+  const std::string path = (d / "j.jsonl").string();
+  auto lines = [&] {
+    std::ifstream in(path);
+    std::size_t n = 0;
+    for (std::string line; std::getline(in, line);) ++n;
+    return n;
+  };
+  {
+    Journal j(path, "fp", false);
+    for (int i = 0; i < 50; ++i) {
+      Record r;
+      r.case_id = "case" + std::to_string(i);
+      r.backend = "b";
+      r.op = "layer";
+      r.status = Status::kPassed;
+      j.append(r);
+      ASSERT_EQ(lines(), static_cast<std::size_t>(i) + 2);  // the header and every record so far
+    }
+  }
+  Journal again(path, "fp", true);
+  ASSERT_EQ(again.previous().size(), 50u);
+  EXPECT_EQ(again.previous().back().case_id, "case49");
 }
 
 // In-process resume (--isolate none) of a run killed mid-way: the cases that
