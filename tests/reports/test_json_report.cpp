@@ -110,6 +110,26 @@ TEST(JsonReport, StringsRoundTrip) {
   EXPECT_EQ(doc["records"][3]["message"], expected);
 }
 
+// Records are dumped on several threads and spliced into the document: the
+// bytes must be those one dump of the whole document gives, for none, one and
+// enough records to use every thread (with a message of invalid UTF-8, which
+// both replace).
+TEST(JsonReport, ManyRecordsAreTheBytesOfOneDump) {
+  std::vector<Record> many;
+  for (int k = 0; k < 160; ++k)
+    for (const Record& r : test::sample_records()) {
+      many.push_back(r);
+      many.back().case_id += "/" + std::to_string(k);
+    }
+  many[77].message = "bytes \xff\xfe here";
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, many.size()}) {
+    const std::string text = render_json(std::span<const Record>(many.data(), n));
+    const nlohmann::ordered_json doc = nlohmann::ordered_json::parse(text);
+    EXPECT_EQ(doc.at("records").size(), n);
+    EXPECT_EQ(text, doc.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n") << n;
+  }
+}
+
 TEST(JsonReport, EmptyRunIsValid) {
   const json doc = json::parse(render_json({}));
   EXPECT_TRUE(doc["records"].is_array());
