@@ -103,6 +103,12 @@ void share_cores(IsolationOptions& io, int threads);
 // block size or k_scale), which a worker hands on instead of generating again.
 std::vector<std::vector<Job>> job_groups(const RunConfig& cfg, const std::vector<Job>& jobs);
 
+// --order given with several streams: the groups (and their memory
+// estimates, bytes) in the order they are handed out: the smallest first, then
+// the rest largest first by estimate times jobs (no large group left to run
+// alone at the end); with no more groups than streams, largest first only.
+void order_groups(std::vector<std::vector<Job>>& groups, std::vector<std::uint64_t>& bytes, std::size_t streams);
+
 // The groups of a run with several streams, handed out in order. A stream
 // holds the memory of the last group it took (its worker keeps that case
 // until it makes the next); a group is handed out beside others only while

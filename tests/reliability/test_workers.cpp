@@ -110,6 +110,28 @@ TEST(Workers, GroupsAreRunsOfCasesWithTheSameInputs) {
   EXPECT_LT(groups.size(), cfg.cases.size());  // the kv cache dtypes of one input set share a group
 }
 
+TEST(Workers, TheSmallestGroupGoesFirstThenTheLargest) {
+  auto groups_of = [](std::vector<std::size_t> jobs) {
+    std::vector<std::vector<Job>> g;
+    for (std::size_t k = 0; k < jobs.size(); ++k) g.emplace_back(jobs[k], Job{k, 0, Op::kLayer});
+    return g;
+  };
+  // Work (bytes times jobs): 10, 40, 3, 40, 25 -> the 3 first, then 40, 40 (as given), 25, 10.
+  std::vector<std::vector<Job>> g = groups_of({1, 4, 3, 2, 5});
+  std::vector<std::uint64_t> bytes = {10, 10, 1, 20, 5};
+  order_groups(g, bytes, 2);
+  std::vector<std::size_t> firsts;
+  for (const auto& grp : g) firsts.push_back(grp.front().case_index);
+  EXPECT_EQ(firsts, (std::vector<std::size_t>{2, 1, 3, 4, 0}));
+  EXPECT_EQ(bytes, (std::vector<std::uint64_t>{1, 10, 20, 5, 10}));
+  // No more groups than streams: each stream takes one, largest first.
+  g = groups_of({1, 4});
+  bytes = {10, 10};
+  order_groups(g, bytes, 2);
+  EXPECT_EQ(g.front().front().case_index, 1u);
+  EXPECT_EQ(bytes, (std::vector<std::uint64_t>{10, 10}));
+}
+
 TEST(Workers, GroupsRunSideBySideOnlyWithinTheMemoryBudget) {
   std::vector<std::vector<Job>> groups(4, std::vector<Job>{Job{}});
   GroupQueue q(groups, {6, 6, 3, 20}, 10, 2);
