@@ -134,10 +134,6 @@ Json summary(const StatusCounts& counts) {
   return j;
 }
 
-}  // namespace
-
-namespace {
-
 // The records array as doc.dump(2) writes it at the document's top level
 // ("records": [...], elements four spaces in), each record built and dumped
 // on one of a few threads: a GPU suite's report is tens of megabytes, which one

@@ -101,6 +101,13 @@ BaselineImpl make_baseline(const std::string& name) {
   throw InputError("--baseline '" + name + "' (expected emulated, torch or none)");
 }
 
+#if MLAGATE_HAS_CUDA
+// The device --reference cuda computes on, or an InputError saying why not.
+void require_reference_device() {
+  if (!cuda_device_info().available) throw InputError("--reference cuda: " + cuda_device_info().error);
+}
+#endif
+
 // --reference: the fp64 reference on the CPU (Eigen) or on the GPU; the
 // device is checked here unless the caller checks it (start_device_check).
 ReferenceImpl make_reference(const std::string& name, bool check_device) {
@@ -108,7 +115,7 @@ ReferenceImpl make_reference(const std::string& name, bool check_device) {
   if (name == "eigen") return r;
   if (name == "cuda") {
 #if MLAGATE_HAS_CUDA
-    if (check_device && !cuda_device_info().available) throw InputError("--reference cuda: " + cuda_device_info().error);
+    if (check_device) require_reference_device();
     r.name = "cuda";
     r.absorbed = cuda_reference_absorbed;
     r.mqa = cuda_reference_mqa;
@@ -174,7 +181,7 @@ namespace {
 std::shared_future<void> start_device_check() {
   auto check = [] {
 #if MLAGATE_HAS_CUDA
-    if (!cuda_device_info().available) throw InputError("--reference cuda: " + cuda_device_info().error);
+    require_reference_device();
 #endif
   };
   try {

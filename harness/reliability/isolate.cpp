@@ -148,8 +148,7 @@ class WorkerProcess {
     }
   }
   ~WorkerProcess() {
-    for (int fd : {to_, from_, err_})
-      if (fd >= 0) ::close(fd);
+    close_pipes();
     if (pid_ > 0) {
       ::kill(pid_, SIGKILL);
       int st = 0;
@@ -163,8 +162,7 @@ class WorkerProcess {
   // worker with a CUDA context takes about 0.3 s to die (the driver tears the
   // context down), which the run spends on its reports instead.
   void retire() {
-    for (int* fd : {&to_, &from_, &err_})
-      if (*fd >= 0) ::close(*fd), *fd = -1;
+    close_pipes();
     if (pid_ <= 0) return;
     ::kill(pid_, SIGKILL);
     const std::lock_guard lock(retired_mutex());
@@ -285,6 +283,10 @@ class WorkerProcess {
     return reaped ? describe_wait_status(st) : "pid " + std::to_string(pid) + " did not exit 15 s after SIGKILL";
   }
 
+  void close_pipes() {
+    for (int* fd : {&to_, &from_, &err_})
+      if (*fd >= 0) ::close(*fd), *fd = -1;
+  }
   static std::mutex& retired_mutex() {
     static std::mutex m;
     return m;
@@ -581,6 +583,13 @@ int worker_main(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& bac
   std::string invalid;
   std::string line;
   bool device_checked = !device_ready;
+  // Bad input met in the worker is the run's error, which the parent reports
+  // with exit 2, never a backend's record.
+  auto input_error = [proto](const InputError& e) {
+    std::fprintf(proto, "INPUT_ERROR %s\n", message_to_line(e.what()).c_str());
+    std::fflush(proto);
+    return 2;
+  };
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);
     std::string word, op_s;
@@ -597,12 +606,7 @@ int worker_main(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& bac
       } catch (const InvalidCase& e) {
         invalid = e.what();
       } catch (const InputError& e) {
-        // Bad input found where the case is made (a golden file whose
-        // regenerated inputs differ from its hashes): the run's error, which
-        // the parent reports with exit 2, never a backend's record.
-        std::fprintf(proto, "INPUT_ERROR %s\n", message_to_line(e.what()).c_str());
-        std::fflush(proto);
-        return 2;
+        return input_error(e);  // a golden file whose regenerated inputs differ from its hashes
       }
     }
     Backend& b = *backends[bi];
@@ -614,9 +618,7 @@ int worker_main(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& bac
       try {
         device_ready();
       } catch (const InputError& e) {
-        std::fprintf(proto, "INPUT_ERROR %s\n", message_to_line(e.what()).c_str());
-        std::fflush(proto);
-        return 2;
+        return input_error(e);
       }
       device_checked = true;
     }
