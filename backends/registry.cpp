@@ -17,6 +17,9 @@
 #if MLAGATE_HAS_FLASHINFER
 #include "backends/flashinfer/flashinfer_backend.h"
 #endif
+#if MLAGATE_HAS_FLASH_ATTN
+#include "backends/flash_attn/flash_attn_backend.h"
+#endif
 
 namespace mlagate {
 
@@ -53,6 +56,10 @@ const std::vector<BackendEntry>& backend_registry() {
 #endif
 #if MLAGATE_HAS_FLASHINFER_FA3
       {"flashinfer.mla.fa3", make_flashinfer_mla_fa3},
+#endif
+#if MLAGATE_HAS_FLASH_ATTN
+      {"flash_attn.mla", make_flash_attn_mla},
+      {"flash_attn.mla.cudagraph", make_flash_attn_mla_cudagraph},
 #endif
   };
   return kRegistry;

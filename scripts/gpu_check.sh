@@ -24,9 +24,11 @@
 # `python` stage the build uses the system compilers (MLAGATE_GPU_BUILD
 # defaults to build/gpu-py then, so the usual build/gpu is left as it is).
 # Environment: MLAGATE_GPU_TORCH=1 also builds the libtorch code (PyTorch's
-# cmake prefix); MLAGATE_GPU_FLASHMLA=<FlashMLA checkout> and
-# MLAGATE_GPU_FLASHINFER=<flashinfer/include> build the kernel-library adapters
-# (checkouts the user already has; nothing is fetched); MLAGATE_GPU_JOBS sets the build parallelism (default nproc);
+# cmake prefix); MLAGATE_GPU_FLASHMLA=<FlashMLA checkout>,
+# MLAGATE_GPU_FLASHINFER=<flashinfer/include> and MLAGATE_GPU_FLASH_ATTN=<flash-attention
+# checkout> build the kernel-library adapters (checkouts the user already has;
+# nothing is fetched; MLAGATE_GPU_FLASH_ATTN_KERNELS=<libmlagate_flash_attn_kernels.a>
+# reuses FA3's kernels from an earlier build of the same checkout); MLAGATE_GPU_JOBS sets the build parallelism (default nproc);
 # MLAGATE_GPU_BUILD the build folder (default build/gpu); MLAGATE_GPU_CTEST_ARGS
 # extra ctest arguments (e.g. -E CudaSuites to leave the long suite tests out).
 set -uo pipefail
@@ -71,6 +73,8 @@ if want configure; then
   lib_args=()
   [ -n "${MLAGATE_GPU_FLASHMLA:-}" ] && lib_args+=("-DMLAGATE_FLASHMLA_SOURCE_DIR=$MLAGATE_GPU_FLASHMLA")
   [ -n "${MLAGATE_GPU_FLASHINFER:-}" ] && lib_args+=("-DMLAGATE_FLASHINFER_INCLUDE_DIR=$MLAGATE_GPU_FLASHINFER")
+  [ -n "${MLAGATE_GPU_FLASH_ATTN:-}" ] && lib_args+=("-DMLAGATE_FLASH_ATTN_SOURCE_DIR=$MLAGATE_GPU_FLASH_ATTN")
+  [ -n "${MLAGATE_GPU_FLASH_ATTN_KERNELS:-}" ] && lib_args+=("-DMLAGATE_FLASH_ATTN_KERNELS_LIB=$MLAGATE_GPU_FLASH_ATTN_KERNELS")
   bench_args=()
   [ -f "$root/third_party_local/benchmark/CMakeLists.txt" ] &&
     bench_args=("-DMLAGATE_BENCHMARK_SOURCE_DIR=$root/third_party_local/benchmark")
@@ -86,7 +90,7 @@ if want build; then
   t0=$SECONDS
   targets=(mlagate test_device)
   [ "${MLAGATE_GPU_TORCH:-0}" = 1 ] && targets+=(test_torch)  # the torch reference on the CPU and CUDA
-  [ -n "${MLAGATE_GPU_FLASHMLA:-}${MLAGATE_GPU_FLASHINFER:-}" ] && targets+=(test_kernel_libs)
+  [ -n "${MLAGATE_GPU_FLASHMLA:-}${MLAGATE_GPU_FLASHINFER:-}${MLAGATE_GPU_FLASH_ATTN:-}" ] && targets+=(test_kernel_libs)
   targets+=(test_plugin)  # the plugins stage: PluginCompleteness on the whole vllm suite
   if ! cmake --build "$build" -j"$jobs" --target "${targets[@]}" >>"$log" 2>&1; then
     say "build FAILED (errors:)"; grep -E "error|FAILED" "$log" | head -30 | tee -a "$summary"; exit 2
@@ -100,6 +104,7 @@ gpu_backends='cuda.*'
 [ "${MLAGATE_GPU_TORCH:-0}" = 1 ] && gpu_backends+=',torch.*'
 [ -n "${MLAGATE_GPU_FLASHMLA:-}" ] && gpu_backends+=',flashmla'
 [ -n "${MLAGATE_GPU_FLASHINFER:-}" ] && gpu_backends+=',flashinfer*'
+[ -n "${MLAGATE_GPU_FLASH_ATTN:-}" ] && gpu_backends+=',flash_attn*'
 # The sparse ops' backends (the sparse and v4 suites), with cpu.sparse beside them.
 sparse_backends='cpu.sparse,cuda.sparse'
 [ -n "${MLAGATE_GPU_FLASHMLA:-}" ] && sparse_backends+=',flashmla.sparse'
@@ -181,7 +186,7 @@ for p in "${pids[@]}"; do wait "$p"; done
 if want test; then
   { grep -E "Test +#|tests passed|tests failed|Total Test time|ctest exit" "$out/ctest.log"
     # What the tests print (ctest -V prefixes each line with the test's number).
-    grep -E "^[0-9]+: (cuda golden|cache_write:|determinism:|planted|device [0-9]|cuda\.(ref|splitkv): |cuda\.sparse |flashmla\.sparse |kernel ms|raw scales|smoke|edges|vllm)" \
+    grep -E "^[0-9]+: (cuda golden|cache_write:|determinism:|planted|device [0-9]|cuda\.(ref|splitkv): |cuda\.sparse |flashmla\.sparse |flash_attn|stale |kernel ms|raw scales|smoke|edges|vllm)" \
       "$out/ctest.log" | sed -E 's/^[0-9]+: //' | sort -u | head -60
     grep -E "^[0-9]+: .*(Failure|FAILED|Expected|Which is|exception)" "$out/ctest.log" | head -40
   } | tee -a "$summary"

@@ -1,0 +1,679 @@
+// "flash_attn.mla" and "flash_attn.mla.cudagraph": the adapter from mlagate's
+// decode and prefill calls to FlashAttention-3's Hopper forward (hopper/flash.h's
+// Flash_fwd_params), filled the way flash_api.cpp's mha_fwd and
+// mha_fwd_get_scheduler_metadata fill it from the tensors vLLM's
+// FlashAttnMLAImpl.forward_mqa passes: q = q_pe [T, N, 64], k = the cache's k_pe
+// columns and v = its kv_c columns (one kv head, paged through the block
+// table), q_v = q_lat [T, N, 512], cu_seqlens_q, seqused_k, causal. The cache
+// is passed as is (k and v are two column ranges of each [L + R] entry); the
+// only copies are the requests' block-table rows gathered into a plain [B,
+// width] table, as the library takes a plain table, and the lse, which FA3
+// writes as [N, T] and mlagate's ops define as [T, N].
+//
+// The scheduler metadata is computed ahead of the call, as vLLM's metadata
+// builder does once per batch (get_scheduler_metadata with max_seqlen_k = the
+// longest sequence), and handed to the forward, which then sizes its own
+// split heuristic from the block table's width (mha_fwd: seqlen_k =
+// max_num_pages_per_seq * page_size): the two are computed as the library
+// computes them, not made to agree. After a call that does not split, the
+// tile-count semaphore is reset as mha_fwd resets it; the combine kernel does
+// it otherwise.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backends/cuda/cache_store.h"
+#include "backends/cuda/cuda_backends.h"
+#include "backends/flash_attn/flash_attn_backend.h"
+#include "backends/kernel_libs/adapter_common.h"
+#include "cases/errors.h"
+
+// flash-attention's own headers (MLAGATE_FLASH_ATTN_SOURCE_DIR/hopper).
+#include <cutlass/numeric_types.h>
+
+#include "flash.h"
+#include "heuristics.h"
+#include "tile_size.h"
+
+namespace mlagate {
+namespace {
+
+using gpu::DeviceBuffer;
+using gpu::upload_array;
+
+// What vLLM's FlashAttnMLABackend declares and what this build instantiates.
+constexpr int kReorderThreshold = 512;  // "process small prefills with decode pathway"
+constexpr int kBlockMultiple = 16;      // get_supported_kernel_block_sizes: MultipleOf(16)
+constexpr int kMaxSplits = 256;         // mha_fwd: "num_splits > 256 not supported"
+constexpr int kMaxGraphBatch = 1024;    // the persistent metadata buffer's batch (vLLM: max_num_seqs)
+// vLLM's full-CUDA-graph mode: num_splits = flash_attn_max_num_splits_for_cuda_graph
+// (default 32) for a batch of at most max_cudagraph_capture_size (default 512)
+// decode tokens, so that the split buffers captured in the graph are large enough.
+constexpr int kGraphMaxSplits = 32;
+constexpr int kGraphMaxTokens = 512;
+constexpr int kPrepareMaxBatches1Cta = 992;  // flash_api.cpp's PREPARE_VARLEN_MAX_BATCHES_1CTA
+
+// Block sizes offered: multiples of 16 (64 preferred, as the other MLA libraries).
+std::vector<int> block_sizes() {
+  std::vector<int> v = {64};
+  for (int b = kBlockMultiple; b <= 1024; b += kBlockMultiple)
+    if (b != 64) v.push_back(b);
+  return v;
+}
+
+int round_up(int x, int m) { return (x + m - 1) / m * m; }
+// flash_api.cpp's round_up_headdim / round_up_headdimv.
+int round_up_headdim(int d) { return d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : d <= 192 ? 192 : 256; }
+int round_up_headdimv(int d) {
+  return d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : d <= 192 ? 192 : d <= 256 ? 256 : 512;
+}
+
+// The decode instantiations (hdim64_512): q/k head dim <= 64 with a V head dim
+// in (256, 512] (flash_api.cpp dispatches dv > 256 to 64 x 512).
+std::string decode_dims_reason(int L, int R) {
+  if (R > 64 || R % 8 != 0)
+    return "q_pe/k_pe head dim (R) " + std::to_string(R) + ": the MLA instantiations take head dim <= 64, a multiple of 8";
+  if (L <= 256 || L > 512 || L % 8 != 0)
+    return "q_v/V head dim (L) " + std::to_string(L) + ": the build has hdim64_512 only (V head dim in (256, 512], a multiple of 8)";
+  return {};
+}
+// The prefill instantiations (hdim192_128): q/k head dim in (128, 192], V in (96, 128].
+std::string prefill_dims_reason(int dqk, int dv) {
+  if (dqk <= 128 || dqk > 192 || dqk % 8 != 0 || dv <= 96 || dv > 128 || dv % 8 != 0)
+    return "MHA prefill on FA3: the build has hdim192_128 only (q/k head dim in (128, 192], V in (96, 128]); the case has " +
+           std::to_string(dqk) + " / " + std::to_string(dv);
+  return {};
+}
+
+// --- flash_api.cpp's host heuristics, on a filled Flash_fwd_params -----------
+
+std::tuple<int, int, bool, bool> tile_sm90(const Flash_fwd_params& p, bool paged_non_tma) {
+  return tile_size_fwd_sm90(p.d_rounded, p.dv_rounded, p.is_causal, p.is_local, 2, false, paged_non_tma, p.softcap > 0.f);
+}
+
+bool get_pagedkv_tma(const Flash_fwd_params& p) {
+  if (!p.page_table || p.leftpad_k || p.knew_ptr) return false;
+  const auto [kBlockM, kBlockN, rs, overlap] = tile_sm90(p, false);
+  // flash_api.cpp: "when seqlen_q <= kBlockM, we're not compute bound, and somehow using TMA is slower".
+  return p.page_size % kBlockN == 0 && p.seqlen_q * (p.h / p.h_k) > kBlockM;
+}
+
+bool get_pack_gqa(const Flash_fwd_params& p) {
+  if ((p.page_table && !p.pagedkv_tma) || p.num_splits > 1) return true;
+  if (p.h == p.h_k) return false;
+  const int kBlockM = std::get<0>(tile_sm90(p, p.page_table && !p.pagedkv_tma));
+  return should_pack_gqa(p.cu_seqlens_q || p.seqused_q, p.seqlen_q, p.h / p.h_k, kBlockM);
+}
+
+int get_num_splits(const Flash_fwd_params& p) {
+  const auto [kBlockM, kBlockN, rs, overlap] = tile_sm90(p, p.page_table && !p.pagedkv_tma);
+  const int seqlen_q_packgqa = p.seqlen_q * (p.h / p.h_k);
+  const int num_n_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  const int num_m_blocks = (seqlen_q_packgqa + kBlockM - 1) / kBlockM;
+  const int size_one_kv_head = p.seqlen_k * (p.d + p.dv) * 2;
+  const int total_mblocks = (p.num_splits_dynamic_ptr ? 1 : p.b) * p.h_k * num_m_blocks;
+  return num_splits_heuristic(total_mblocks, p.num_sm, num_n_blocks, num_m_blocks, size_one_kv_head,
+                              p.is_causal || p.is_local, 128);
+}
+
+// The causal rule of mha_fwd and get_scheduler_metadata (no window, no chunk):
+// with one query row, causal is plain attention, except for head dims in
+// (64, 128] with a page table (FA3 keeps kBlockN 128 for them). Call it with
+// page_table set or not as the call will have it.
+void set_mask(Flash_fwd_params& p, bool causal) {
+  if (p.seqlen_q == 1 && (p.d <= 64 || p.d > 128 || !p.page_table)) causal = false;
+  p.is_causal = causal;
+  p.is_local = false;
+  p.window_size_left = p.seqlen_k - 1;
+  p.window_size_right = causal ? 0 : p.seqlen_q - 1;
+  p.attention_chunk = 0;
+}
+
+// The layout of the scheduler metadata (flash_api.cpp): {num_splits_dynamic,
+// num_m_blocks, varlen_batch_idx, num_nheads_in_l2} of round_up(b, 4) ints each
+// (the last two only with sorted batches / head swizzle), then the semaphore.
+struct MetadataLayout {
+  int b_rounded = 0, vectors = 0;
+  int size() const { return 1 + b_rounded * vectors; }  // sm90 always needs the semaphore
+  int semaphore_offset() const { return b_rounded * vectors; }
+};
+
+MetadataLayout metadata_layout(const Flash_fwd_params& p) {
+  MetadataLayout m;
+  m.b_rounded = round_up(p.b, 4);
+  m.vectors = 2 + (p.varlen_sort_batches ? 1 : 0) + (p.head_swizzle ? 1 : 0);
+  return m;
+}
+
+void point_into_metadata(Flash_fwd_params& p, int* meta) {
+  const MetadataLayout m = metadata_layout(p);
+  p.num_splits_dynamic_ptr = meta;
+  p.num_m_blocks_ptr = meta + m.b_rounded;
+  p.varlen_batch_idx_ptr = p.varlen_sort_batches ? meta + m.b_rounded * 2 : nullptr;
+  p.num_nheads_in_l2_ptr = p.head_swizzle ? meta + m.b_rounded * (p.varlen_sort_batches ? 3 : 2) : nullptr;
+  p.tile_count_semaphore = meta + m.semaphore_offset();
+  p.tile_count_semaphore_offset = m.semaphore_offset();
+}
+
+// --- the instantiations this build has ---------------------------------------
+
+// flash_api.cpp's run_mha_fwd for head dims 64 / 512 (PackGQA is forced with
+// split or non-TMA paged KV, as there).
+template <class T>
+void run_decode_fwd(Flash_fwd_params& p, cudaStream_t s) {
+  const bool split = p.num_splits > 1, paged_non_tma = p.page_table && !p.pagedkv_tma;
+  if (split && paged_non_tma) return run_mha_fwd_<90, T, 64, 512, true, true, false, true>(p, s);
+  if (split) return run_mha_fwd_<90, T, 64, 512, true, false, false, true>(p, s);
+  if (paged_non_tma) return run_mha_fwd_<90, T, 64, 512, false, true, false, true>(p, s);
+  if (p.pack_gqa) return run_mha_fwd_<90, T, 64, 512, false, false, false, true>(p, s);
+  return run_mha_fwd_<90, T, 64, 512, false, false, false, false>(p, s);
+}
+
+#if MLAGATE_FLASH_ATTN_PREFILL
+// Head dims 192 / 128, no page table, one q head per kv head (PackGQA only with split).
+template <class T>
+void run_prefill_fwd(Flash_fwd_params& p, cudaStream_t s) {
+  if (p.num_splits > 1) return run_mha_fwd_<90, T, 192, 128, true, false, false, true>(p, s);
+  if (p.pack_gqa) throw std::logic_error("flash_attn prefill: PackGQA without split is not built");
+  return run_mha_fwd_<90, T, 192, 128, false, false, false, false>(p, s);
+}
+#endif
+
+// mha_fwd after a split forward: the combine writes the output in the model
+// dtype and resets the semaphore.
+void run_combine(Flash_fwd_params p, bool bf16, cudaStream_t s) {
+  p.is_bf16 = bf16;
+  if (p.dv <= 64) {
+    if (bf16) return run_mha_fwd_combine_<cutlass::bfloat16_t, float, 64>(p, s, true);
+    return run_mha_fwd_combine_<cutlass::half_t, float, 64>(p, s, true);
+  }
+  if (bf16) return run_mha_fwd_combine_<cutlass::bfloat16_t, float, 128>(p, s, true);
+  return run_mha_fwd_combine_<cutlass::half_t, float, 128>(p, s, true);
+}
+
+// FA3's varlen lse [N, T] -> mlagate's [T, N].
+__global__ void lse_heads_to_tokens(const float* __restrict__ src, float* __restrict__ dst, int N, int T) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<std::int64_t>(N) * T) return;
+  const std::int64_t t = i / N, h = i % N;
+  dst[i] = src[h * T + t];
+}
+
+void transpose_lse(const float* src, float* dst, int N, int T, cudaStream_t s) {
+  const std::int64_t n = static_cast<std::int64_t>(N) * T;
+  if (n == 0) return;
+  lse_heads_to_tokens<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(src, dst, N, T);
+  MLAGATE_CUDA_CHECK_LAUNCH();
+}
+
+// The split partials (mha_fwd's out_accum [S, N, T, dv] and softmax_lse_accum
+// [S, N, T], varlen q), poisoned: a partial the kernel never writes shows.
+struct SplitPartials {
+  DeviceBuffer o, lse;
+  void allocate(Flash_fwd_params& p, int T, cudaStream_t s) {
+    const std::int64_t N = p.h, dv = p.dv, S = p.num_splits;
+    o = DeviceBuffer(static_cast<std::size_t>(S * N * T * dv) * sizeof(float));
+    lse = DeviceBuffer(static_cast<std::size_t>(S * N * T) * sizeof(float));
+    o.fill(0xFF, s);
+    lse.fill(0xFF, s);
+    p.is_fp32 = false;
+    p.oaccum_ptr = o.data();
+    p.softmax_lseaccum_ptr = lse.data();
+    p.oaccum_split_stride = N * T * dv;
+    p.oaccum_row_stride = dv;
+    p.oaccum_head_stride = T * dv;
+    p.lseaccum_split_stride = N * T;
+    p.lseaccum_head_stride = T;
+  }
+};
+
+// How the decode's scheduler metadata is kept between calls.
+enum class Metadata : std::uint8_t {
+  kPerCall,         // a buffer per call (vLLM without full CUDA graphs)
+  kPersistent,      // one buffer for the backend's life, the tail zeroed (vLLM's full-CUDA-graph mode)
+  kStaleTail,       // tests: the persistent buffer, tail left as the last call left it
+  // tests: two forwards on one metadata, as two layers of a step share it, with
+  // the semaphore not reset between them; the first writes scratch outputs.
+  kStaleSemaphore,
+};
+
+// The persistent metadata buffer of the cudagraph variants: 1 + round_up(1024, 4) * 4 ints.
+// One backend's calls share it, which holds while a call is prepared and
+// launched before the next is prepared (the runner and the bench do so).
+struct PersistentMetadata {
+  DeviceBuffer buf;
+  int ints() const { return 1 + round_up(kMaxGraphBatch, 4) * 4; }
+  int* get() {
+    if (!buf.data()) {
+      buf = DeviceBuffer(static_cast<std::size_t>(ints()) * sizeof(int));
+      MLAGATE_CUDA_CHECK(cudaMemset(buf.data(), 0, buf.size()));
+    }
+    return buf.as<int>();
+  }
+};
+
+class FaDecodeCall final : public libs::PreparedDecode {
+ public:
+  FaDecodeCall(const DecodeArgs& a, const libs::DeviceOutputs& out, cudaStream_t s, int forced_splits,
+               Metadata mode, PersistentMetadata* persistent)
+      : mode_(mode), out_lse_(out.lse) {
+    const PagedCache& cache = *a.cache;
+    const int B = static_cast<int>(a.seq_lens.size());
+    T_ = static_cast<int>(a.q_lat.shape[0]);
+    const int N = static_cast<int>(a.q_lat.shape[1]);
+    const int L = static_cast<int>(a.q_lat.shape[2]), R = static_cast<int>(a.q_pe.shape[2]), D = L + R;
+    if (cache.kv_dtype != KvCacheDtype::kAuto) throw NotSupportedError("FA3 MLA reads kv cache auto only");
+    if (const std::string why = decode_dims_reason(L, R); !why.empty()) throw NotSupportedError(why);
+    if (cache.block_size % kBlockMultiple != 0) throw NotSupportedError("block size not a multiple of 16");
+    bf16_ = a.q_lat.dtype == DType::kBF16;
+    N_ = N;
+
+    cache_ = gpu::DeviceCacheStore::instance().get(cache, s);
+    q_pe_ = upload_array(static_cast<const std::uint16_t*>(a.q_pe.data), static_cast<std::size_t>(T_) * N * R, s);
+    q_v_ = upload_array(static_cast<const std::uint16_t*>(a.q_lat.data), static_cast<std::size_t>(T_) * N * L, s);
+    const std::vector<std::int32_t> table = libs::gather_table_rows(a);
+    table_ = upload_array(table.data(), table.size(), s);
+    seqused_ = upload_array(a.seq_lens.data(), a.seq_lens.size(), s);
+    cu_q_ = upload_array(a.query_start_loc.data(), a.query_start_loc.size(), s);
+    int max_q = 1, max_k = 0;
+    for (int i = 0; i < B; ++i) {
+      max_q = std::max(max_q, a.query_start_loc[i + 1] - a.query_start_loc[i]);
+      max_k = std::max(max_k, a.seq_lens[i]);
+    }
+    const int sms = cuda_device_info().multiprocessors;
+
+    // get_scheduler_metadata(batch_size=B, max_seqlen_q, max_seqlen_k=max
+    // seq_len, num_heads_q=N, num_heads_kv=1, headdim=R, headdim_v=L,
+    // page_size, cu_seqlens_q, causal=True, num_splits), as vLLM's
+    // FlashAttnMLAMetadataBuilder._schedule_decode calls it.
+    Flash_fwd_params m{};
+    m.is_bf16 = bf16_;
+    m.b = B;
+    m.seqlen_q = max_q;
+    m.seqlen_k = max_k;
+    m.h = N;
+    m.h_k = 1;
+    m.d = R;
+    m.dv = L;
+    m.d_rounded = round_up_headdim(R);
+    m.dv_rounded = round_up_headdimv(L);
+    m.cu_seqlens_q = cu_q_.as<int>();
+    m.seqused_k = seqused_.as<int>();
+    m.arch = 90;
+    m.num_sm = sms;
+    m.page_size = cache.block_size;
+    m.page_table = reinterpret_cast<int*>(1);  // only "there is one" matters for the heuristics
+    set_mask(m, true);
+    m.prepare_varlen_pdl = B <= kPrepareMaxBatches1Cta;
+    m.num_splits_dynamic_ptr = reinterpret_cast<int*>(1);
+    m.pagedkv_tma = get_pagedkv_tma(m);
+    m.num_splits = forced_splits > 0 ? forced_splits : get_num_splits(m);
+    m.pack_gqa = get_pack_gqa(m);
+    m.varlen_sort_batches = true;  // !is_local
+    m.head_swizzle = m.is_causal;
+    const MetadataLayout ml = metadata_layout(m);
+    meta_ = DeviceBuffer(static_cast<std::size_t>(ml.size()) * sizeof(int));
+    point_into_metadata(m, meta_.as<int>());
+    m.page_table = nullptr;
+    {
+      const auto [kBlockM, kBlockN, rs, overlap] = tile_sm90(m, !m.pagedkv_tma);
+      prepare_varlen_num_blocks(m, s, m.pack_gqa, kBlockM, kBlockN, false);
+      MLAGATE_CUDA_CHECK_LAUNCH();
+    }
+    int* meta = meta_.as<int>();
+    if (mode == Metadata::kPersistent || mode == Metadata::kStaleTail) {
+      if (B > kMaxGraphBatch)
+        throw NotSupportedError("batch of " + std::to_string(B) + " requests: the persistent metadata buffer holds " +
+                                std::to_string(kMaxGraphBatch));
+      int* held = persistent->get();
+      MLAGATE_CUDA_CHECK(cudaMemcpyAsync(held, meta, static_cast<std::size_t>(ml.size()) * sizeof(int),
+                                         cudaMemcpyDeviceToDevice, s));
+      if (mode == Metadata::kPersistent)
+        MLAGATE_CUDA_CHECK(cudaMemsetAsync(held + ml.size(), 0,
+                                           static_cast<std::size_t>(persistent->ints() - ml.size()) * sizeof(int), s));
+      meta = held;
+    }
+
+    // mha_fwd(q=q_pe, k=k_pe cache, v=kv_c cache, q_v=q_nope, cu_seqlens_q,
+    // max_seqlen_q, seqused_k, page_table, causal, scheduler_metadata, num_splits).
+    Flash_fwd_params& p = params_;
+    p = Flash_fwd_params{};
+    p.is_bf16 = bf16_;
+    auto* base = static_cast<std::uint16_t*>(cache_->data.data());
+    const std::int64_t page_stride = static_cast<std::int64_t>(cache.block_size) * D;
+    p.q_ptr = q_pe_.data();
+    p.k_ptr = base + L;  // the k_pe columns of each entry
+    p.v_ptr = base;      // the kv_c columns
+    p.q_row_stride = static_cast<std::int64_t>(N) * R;
+    p.q_head_stride = R;
+    p.k_row_stride = D;
+    p.k_head_stride = R;  // one kv head
+    p.k_batch_stride = page_stride;
+    p.v_row_stride = D;
+    p.v_head_stride = L;
+    p.v_batch_stride = page_stride;
+    p.v_dim_stride = 1;
+    p.o_ptr = out.o;
+    p.o_row_stride = static_cast<std::int64_t>(N) * L;
+    p.o_head_stride = L;
+    p.cu_seqlens_q = cu_q_.as<int>();
+    p.seqused_k = seqused_.as<int>();
+    lse_hb_ = DeviceBuffer(static_cast<std::size_t>(N) * T_ * sizeof(float));
+    lse_hb_.fill(0xFF, s);
+    p.softmax_lse_ptr = lse_hb_.data();
+    p.b = B;
+    p.h = N;
+    p.h_k = 1;
+    p.seqlen_q = max_q;
+    p.seqlen_k = cache.table_width * cache.block_size;  // max_num_pages_per_seq * page_size
+    p.seqlen_q_rounded = round_up(max_q, 128);
+    p.seqlen_k_rounded = round_up(p.seqlen_k, 128);
+    p.d = R;
+    p.d_rounded = round_up_headdim(R);
+    p.dv = L;
+    p.dv_rounded = round_up_headdimv(L);
+    p.scale_softmax = static_cast<float>(a.scale);
+    p.softcap = 0.f;
+    p.p_dropout = 1.f;
+    p.p_dropout_in_uint8_t = 255;
+    p.rp_dropout = 1.f;
+    p.arch = 90;
+    p.num_sm = sms;
+    p.total_q = T_;
+    p.total_k = B * cache.block_size;
+    p.b_k = B;
+    p.page_table = table_.as<int>();
+    set_mask(p, true);
+    p.page_table_batch_stride = cache.table_width;
+    p.page_size = cache.block_size;
+    p.num_pages = cache.num_blocks;
+    p.prepare_varlen_pdl = B <= kPrepareMaxBatches1Cta;
+    p.num_splits_dynamic_ptr = reinterpret_cast<int*>(1);
+    p.pagedkv_tma = get_pagedkv_tma(p);
+    p.num_splits = forced_splits > 0 ? forced_splits : get_num_splits(p);
+    p.pack_gqa = get_pack_gqa(p);
+    p.varlen_sort_batches = true;
+    p.head_swizzle = p.is_causal;
+    if (metadata_layout(p).size() != ml.size())
+      // mha_fwd: CHECK_SHAPE(scheduler_metadata, metadata_size).
+      throw std::runtime_error("FA3: scheduler_metadata must have shape (" + std::to_string(metadata_layout(p).size()) +
+                               "), it has " + std::to_string(ml.size()));
+    p.skip_scheduler_metadata_computation = true;
+    point_into_metadata(p, meta);
+    p.qv_ptr = q_v_.data();
+    p.qv_row_stride = static_cast<std::int64_t>(N) * L;
+    p.qv_head_stride = L;
+    if (p.num_splits > kMaxSplits) throw NotSupportedError("num_splits > 256 not supported");
+    if (p.num_splits > 1) partials_.allocate(p, T_, s);
+  }
+
+  void launch(cudaStream_t s) override {
+    if (mode_ == Metadata::kStaleSemaphore && params_.num_splits == 1) {
+      // A "previous layer" on the same metadata, into scratch outputs, and no reset after it.
+      Flash_fwd_params first = params_;
+      scratch_o_ = DeviceBuffer(static_cast<std::size_t>(T_) * N_ * params_.dv * 2);
+      scratch_lse_ = DeviceBuffer(static_cast<std::size_t>(T_) * N_ * sizeof(float));
+      first.o_ptr = scratch_o_.data();
+      first.softmax_lse_ptr = scratch_lse_.data();
+      forward(first, s);
+    }
+    forward(params_, s);
+    if (params_.num_splits > 1) {
+      run_combine(params_, bf16_, s);
+      MLAGATE_CUDA_CHECK_LAUNCH();
+    } else {
+      // mha_fwd: "need to zero out the semaphore in this case".
+      MLAGATE_CUDA_CHECK(cudaMemsetAsync(params_.tile_count_semaphore, 0, sizeof(int), s));
+    }
+    transpose_lse(lse_hb_.as<float>(), out_lse_, N_, T_, s);
+  }
+
+ private:
+  void forward(Flash_fwd_params& p, cudaStream_t s) {
+    if (bf16_)
+      run_decode_fwd<cutlass::bfloat16_t>(p, s);
+    else
+      run_decode_fwd<cutlass::half_t>(p, s);
+    MLAGATE_CUDA_CHECK_LAUNCH();
+  }
+
+  Metadata mode_;
+  float* out_lse_;
+  bool bf16_ = true;
+  int N_ = 0, T_ = 0;
+  std::shared_ptr<const gpu::DeviceCache> cache_;
+  DeviceBuffer q_pe_, q_v_, table_, seqused_, cu_q_, meta_, lse_hb_, scratch_o_, scratch_lse_;
+  SplitPartials partials_;
+  Flash_fwd_params params_{};
+};
+
+// A device copy of a prefill input, or the caller's device memory as is.
+struct DeviceInput {
+  DeviceBuffer owned;
+  const void* ptr = nullptr;
+  DeviceInput(const TensorView& v, cudaStream_t s) {
+    if (v.on_device) {
+      ptr = v.data;
+    } else {
+      owned = DeviceBuffer(v.nbytes());
+      owned.upload(v.data, v.nbytes(), s);
+      ptr = owned.data();
+    }
+  }
+};
+
+class FlashAttnMlaBackend final : public Backend {
+ public:
+  FlashAttnMlaBackend(std::string name, const BackendOptions& o, Metadata mode)
+      : name_(std::move(name)), splits_(o.num_splits), mode_(mode) {}
+  std::string_view name() const override { return name_; }
+  std::string_view description() const override {
+    return "FlashAttention-3 (hopper) MLA decode with q_v, as vLLM's FLASH_ATTN_MLA calls it (AOT scheduler metadata, "
+           "num_splits), and its MHA prefill; built from MLAGATE_FLASH_ATTN_SOURCE_DIR";
+  }
+  Capabilities capabilities() const override {
+    Capabilities c;
+    c.ops = {Op::kDecode};
+    if (detail::flash_attn_has_prefill()) c.ops.push_back(Op::kPrefill);
+    c.block_sizes = block_sizes();
+    c.query_len_support = QueryLenSupport::kVarlen;
+    c.reorder_threshold = kReorderThreshold;
+    c.dtypes = {DType::kBF16, DType::kF16};
+    c.kv_dtypes = {KvCacheDtype::kAuto};
+    c.device_inputs = true;
+    return c;
+  }
+  Support supports(const CaseSpec& spec, Op op) const override {
+    if (spec.kv_cache_dtype != KvCacheDtype::kAuto && (op == Op::kDecode || op == Op::kLayer))
+      // vLLM's FlashAttnMLAImpl: NotImplementedError("FlashAttnMLA V1 with FP8 KV cache not yet supported").
+      return Support::no("kv cache dtype " + std::string(kv_cache_dtype_name(spec.kv_cache_dtype)) +
+                         " not in {auto} (vLLM: \"FlashAttnMLA V1 with FP8 KV cache not yet supported\")");
+    Support s = check_capabilities(capabilities(), spec, op);
+    if (!s.ok) return s;
+    const CudaDeviceInfo& dev = cuda_device_info();
+    if (dev.available && !(dev.sm_major == 9 && dev.sm_minor == 0))
+      return Support::no("FA3 with q_v needs sm90 (\"q_v is only supported for Hopper GPUs\"); the device is sm_" +
+                         std::to_string(dev.sm_major) + std::to_string(dev.sm_minor));
+    if (splits_ > kMaxSplits) return Support::no("num_splits " + std::to_string(splits_) + " > 256 not supported");
+    if (op == Op::kDecode || op == Op::kLayer) {
+      if (const std::string why = decode_dims_reason(spec.dims.kv_lora_rank, spec.dims.rope_dim); !why.empty())
+        return Support::no(why);
+      if ((mode_ == Metadata::kPersistent || mode_ == Metadata::kStaleTail) && spec.num_requests() > kMaxGraphBatch)
+        return Support::no("batch of " + std::to_string(spec.num_requests()) +
+                           " requests: the persistent metadata buffer holds " + std::to_string(kMaxGraphBatch));
+    }
+    bool prefill = op == Op::kPrefill;
+    if (op == Op::kLayer && !spec.batch.spec_decode)
+      for (int q : spec.batch.query_lens) prefill = prefill || q > kReorderThreshold;
+    if (prefill)
+      if (const std::string why = prefill_dims_reason(spec.dims.nope_dim + spec.dims.rope_dim, spec.dims.v_head_dim);
+          !why.empty())
+        return Support::no(why);
+    return s;
+  }
+  void decode(const DecodeArgs& a) override { libs::run_decode(a, stream(), prepare_fn()); }
+  std::unique_ptr<DecodeBench> prepare_decode_bench(const DecodeArgs& a) override {
+    return libs::make_decode_bench(a, stream(), prepare_fn(), "");
+  }
+  void prefill(const PrefillArgs& a) override;
+
+ private:
+  libs::PrepareFn prepare_fn() {
+    return [this](const DecodeArgs& a, const libs::DeviceOutputs& o, cudaStream_t s) {
+      int splits = splits_;
+      const bool graph = mode_ == Metadata::kPersistent || mode_ == Metadata::kStaleTail;
+      if (graph && splits == 0 && a.q_lat.shape[0] <= kGraphMaxTokens) splits = kGraphMaxSplits;
+      return std::make_unique<FaDecodeCall>(a, o, s, splits, mode_, &persistent_);
+    };
+  }
+  cudaStream_t stream() {
+    if (!stream_) stream_ = std::make_unique<gpu::Stream>();
+    return stream_->get();
+  }
+  std::string name_;
+  int splits_ = 0;
+  Metadata mode_;
+  PersistentMetadata persistent_;
+  std::unique_ptr<gpu::Stream> stream_;
+};
+
+void FlashAttnMlaBackend::prefill(const PrefillArgs& a) {
+#if MLAGATE_FLASH_ATTN_PREFILL
+  gpu::require_device();
+  cudaStream_t s = stream();
+  const int T = static_cast<int>(a.q.shape[0]), N = static_cast<int>(a.q.shape[1]);
+  const int dqk = static_cast<int>(a.q.shape[2]), dv = static_cast<int>(a.v.shape[2]);
+  const int B = static_cast<int>(a.cu_seqlens_q.size()) - 1;
+  if (B < 1 || a.cu_seqlens_k.size() != a.cu_seqlens_q.size())
+    throw std::invalid_argument("prefill: cu_seqlens_q and cu_seqlens_k must have B + 1 entries, B >= 1");
+  if (const std::string why = prefill_dims_reason(dqk, dv); !why.empty()) throw NotSupportedError(why);
+  if (a.k.shape[0] != a.cu_seqlens_k.back() || a.q.shape[0] != a.cu_seqlens_q.back())
+    throw std::invalid_argument("prefill: q / k rows differ from cu_seqlens");
+  // mha_fwd's CHECK_SHAPE / dtype checks: k [Sk, N, dqk], v [Sk, N, dv] in q's dtype (one kv head per q head here).
+  if (a.k.shape.size() != 3 || a.v.shape.size() != 3 || a.k.shape[1] != N || a.k.shape[2] != dqk ||
+      a.v.shape[0] != a.k.shape[0] || a.v.shape[1] != N || a.k.dtype != a.q.dtype || a.v.dtype != a.q.dtype ||
+      a.o.dtype != a.q.dtype)
+    throw std::invalid_argument("prefill: k must be [Sk, N, " + std::to_string(dqk) + "] and v [Sk, N, " +
+                                std::to_string(dv) + "] in q's dtype, o too");
+  const bool bf16 = a.q.dtype == DType::kBF16;
+  gpu::GuardedDeviceOutput o(a.o, "o", s), lse(a.lse, "lse", s);
+  DeviceInput q(a.q, s), k(a.k, s), v(a.v, s);
+  DeviceBuffer cu_q = upload_array(a.cu_seqlens_q.data(), a.cu_seqlens_q.size(), s);
+  DeviceBuffer cu_k = upload_array(a.cu_seqlens_k.data(), a.cu_seqlens_k.size(), s);
+  int max_q = 0, max_k = 0;
+  for (int i = 0; i < B; ++i) {
+    max_q = std::max(max_q, a.cu_seqlens_q[i + 1] - a.cu_seqlens_q[i]);
+    max_k = std::max(max_k, a.cu_seqlens_k[i + 1] - a.cu_seqlens_k[i]);
+  }
+  DeviceBuffer lse_hb(static_cast<std::size_t>(N) * T * sizeof(float));
+  lse_hb.fill(0xFF, s);
+  if (T > 0 && a.k.shape[0] > 0) {
+    // mha_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal), as
+    // vLLM's MLACommonImpl prefill calls flash_attn_varlen_func (FA3; no scheduler metadata).
+    Flash_fwd_params p{};
+    p.is_bf16 = bf16;
+    p.q_ptr = const_cast<void*>(q.ptr);
+    p.k_ptr = const_cast<void*>(k.ptr);
+    p.v_ptr = const_cast<void*>(v.ptr);
+    p.q_row_stride = static_cast<std::int64_t>(N) * dqk;
+    p.q_head_stride = dqk;
+    p.k_row_stride = static_cast<std::int64_t>(N) * dqk;
+    p.k_head_stride = dqk;
+    p.v_row_stride = static_cast<std::int64_t>(N) * dv;
+    p.v_head_stride = dv;
+    p.v_dim_stride = 1;
+    p.o_ptr = o.data();
+    p.o_row_stride = static_cast<std::int64_t>(N) * dv;
+    p.o_head_stride = dv;
+    p.cu_seqlens_q = cu_q.as<int>();
+    p.cu_seqlens_k = cu_k.as<int>();
+    p.softmax_lse_ptr = lse_hb.data();
+    p.b = B;
+    p.h = N;
+    p.h_k = N;
+    p.seqlen_q = max_q;
+    p.seqlen_k = max_k;
+    p.seqlen_q_rounded = round_up(max_q, 128);
+    p.seqlen_k_rounded = round_up(max_k, 128);
+    p.d = dqk;
+    p.d_rounded = round_up_headdim(dqk);
+    p.dv = dv;
+    p.dv_rounded = dv == dqk ? p.d_rounded : round_up_headdimv(dv);
+    p.scale_softmax = static_cast<float>(a.scale);
+    p.p_dropout = 1.f;
+    p.p_dropout_in_uint8_t = 255;
+    p.rp_dropout = 1.f;
+    // mha_fwd's window rule: a left window reaching the first key is none.
+    set_mask(p, a.causal);
+    p.arch = 90;
+    p.num_sm = cuda_device_info().multiprocessors;
+    p.total_q = T;
+    p.total_k = static_cast<int>(a.k.shape[0]);
+    p.b_k = B;
+    p.page_size = 1;
+    p.prepare_varlen_pdl = B <= kPrepareMaxBatches1Cta;
+    p.num_splits_dynamic_ptr = reinterpret_cast<int*>(1);
+    p.pagedkv_tma = false;
+    p.num_splits = get_num_splits(p);  // vLLM's prefill passes no num_splits: FA3's heuristic, whatever --splits says
+    p.pack_gqa = get_pack_gqa(p);
+    p.varlen_sort_batches = true;
+    p.head_swizzle = p.is_causal;
+    DeviceBuffer meta(static_cast<std::size_t>(metadata_layout(p).size()) * sizeof(int));
+    point_into_metadata(p, meta.as<int>());  // computed by the forward itself (no AOT metadata here)
+    SplitPartials partials;
+    if (p.num_splits > kMaxSplits) throw NotSupportedError("num_splits > 256 not supported");
+    if (p.num_splits > 1) partials.allocate(p, T, s);
+    if (bf16)
+      run_prefill_fwd<cutlass::bfloat16_t>(p, s);
+    else
+      run_prefill_fwd<cutlass::half_t>(p, s);
+    MLAGATE_CUDA_CHECK_LAUNCH();
+    if (p.num_splits > 1) {
+      run_combine(p, bf16, s);
+      MLAGATE_CUDA_CHECK_LAUNCH();
+    }
+    transpose_lse(lse_hb.as<float>(), lse.as<float>(), N, T, s);
+  } else if (T > 0) {
+    // mha_fwd with no keys: "out.zero_(); softmax_lse.fill_(inf)".
+    MLAGATE_CUDA_CHECK(cudaMemsetAsync(o.data(), 0, o.bytes(), s));
+    std::vector<float> inf(static_cast<std::size_t>(N) * T, INFINITY);
+    MLAGATE_CUDA_CHECK(cudaMemcpyAsync(lse.data(), inf.data(), inf.size() * sizeof(float), cudaMemcpyHostToDevice, s));
+  }
+  MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));
+  gpu::check_guards_or_throw({&o, &lse}, s);
+  o.download_to(a.o, s);
+  lse.download_to(a.lse, s);
+#else
+  (void)a;
+  throw NotSupportedError(
+      "FA3 prefill: this build has no hdim192_128 instantiations (configure with -DMLAGATE_FLASH_ATTN_PREFILL=ON)");
+#endif
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_flash_attn_mla(const BackendOptions& o) {
+  return std::make_unique<FlashAttnMlaBackend>("flash_attn.mla", o, Metadata::kPerCall);
+}
+std::unique_ptr<Backend> make_flash_attn_mla_cudagraph(const BackendOptions& o) {
+  return std::make_unique<FlashAttnMlaBackend>("flash_attn.mla.cudagraph", o, Metadata::kPersistent);
+}
+
+namespace detail {
+std::unique_ptr<Backend> make_flash_attn_mla_stale_tail() {
+  return std::make_unique<FlashAttnMlaBackend>("flash_attn.mla+stale_tail", BackendOptions{}, Metadata::kStaleTail);
+}
+std::unique_ptr<Backend> make_flash_attn_mla_stale_semaphore() {
+  // One split, as vLLM's batch-invariant mode asks (max_num_splits = 1): split
+  // calls end in the combine, which resets the semaphore itself.
+  return std::make_unique<FlashAttnMlaBackend>("flash_attn.mla+stale_semaphore", BackendOptions{1},
+                                               Metadata::kStaleSemaphore);
+}
+bool flash_attn_has_prefill() { return MLAGATE_FLASH_ATTN_PREFILL != 0; }
+}  // namespace detail
+
+}  // namespace mlagate
