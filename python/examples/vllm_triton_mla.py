@@ -11,15 +11,23 @@ small modules below. Nothing of vLLM is part of mlagate.
 The backend is TRITON_MLA's decode as vLLM calls it: q = [q_lat | q_pe], the paged cache as k_buffer
 [blocks, block_size, 1, L+R] and its first L columns as v_buffer, a float32 split buffer
 [B, N, splits, L+1], the block table, seq_lens and the block size as page size; single-token decodes
-(vLLM's QueryLenSupport.SINGLE_ONLY), kv cache dtype auto only (vLLM raises "FP8 Triton MLA not yet
-supported"). The layer op routes prefill requests to a torch attention with the bottom-right causal
-rule (vLLM's prefill is FlashAttention; here it is only the other half of the layer).
+(vLLM's QueryLenSupport.SINGLE_ONLY). What the loaded kernel file takes decides the rest, as it did in
+vLLM at that file's commit:
+- a kernel with `k_scale` (newer vLLM: the kernel dequantizes fp8 caches itself, USE_FP8) declares kv
+  cache dtypes auto, fp8 and fp8_e4m3, and is called as TritonMLAImpl calls it: the cache viewed as
+  float8_e4m3fn, k_scale a one-element float32 tensor (the layer's _k_scale, used for K and V alike),
+  num_kv_splits 4;
+- an older kernel (with `is_mla`) declares auto only (vLLM raised "FP8 Triton MLA not yet supported")
+  and gets is_mla=True and the split count of that vLLM (next power of two of max_seq_len * B / 256).
+The layer op routes prefill requests to a torch attention with the bottom-right causal rule (vLLM's
+prefill is FlashAttention; here it is only the other half of the layer).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import os
 import sys
 import types
@@ -72,8 +80,15 @@ def _ensure_kernel() -> None:
         decode_attention_fwd, _ = load_kernel(os.environ["MLAGATE_VLLM"])
 
 
+def kernel_takes(name: str) -> bool:
+    """Whether the loaded decode_attention_fwd has that parameter (k_scale: fp8 in the kernel)."""
+    _ensure_kernel()
+    return name in inspect.signature(decode_attention_fwd).parameters
+
+
 def _num_kv_splits(batch: int, max_seq_len: int) -> int:
-    """TRITON_MLA's choice: the next power of two of max_seq_len * B / 256, at most 2x the SMs."""
+    """Older TRITON_MLA's choice: the next power of two of max_seq_len * B / 256, at most 2x the SMs
+    (newer vLLM passes 4)."""
     n = max(1, max_seq_len * batch // 256)
     p = 1 << (n - 1).bit_length()
     return min(p, 2 * torch.cuda.get_device_properties(0).multi_processor_count)
@@ -87,12 +102,25 @@ def triton_decode(a):
     if a.q_lat.shape[0] != B:
         raise mlagate.NotSupported("TRITON_MLA decodes one token per request")
     q = torch.cat([a.q_lat, a.q_pe], dim=-1)                    # [B, N, L + R]
-    k_buffer = a.kv_cache.unsqueeze(2)                          # [blocks, block_size, 1, L + R]
+    kwargs = {}
+    cache = a.kv_cache
+    if a.kv_cache_dtype in ("fp8", "fp8_e4m3"):
+        if not kernel_takes("k_scale"):
+            raise mlagate.NotSupported("this triton_decode_attention.py takes no k_scale: FP8 Triton MLA not supported")
+        cache = cache.view(torch.float8_e4m3fn)                 # bytes [blocks, block_size, L + R] -> e4m3
+        kwargs["k_scale"] = torch.tensor([a.k_scale], dtype=torch.float32, device=q.device)
+    elif a.kv_cache_dtype != "auto":
+        raise mlagate.NotSupported(f"kv cache dtype {a.kv_cache_dtype}")
+    if kernel_takes("is_mla"):
+        kwargs["is_mla"] = True
+        splits = _num_kv_splits(B, int(a.seq_lens.max()))
+    else:
+        splits = 4                                              # TritonMLAImpl: 1 if batch invariant else 4
+    k_buffer = cache.unsqueeze(2)                               # [blocks, block_size, 1, L + R]
     v_buffer = k_buffer[..., :L]
-    splits = _num_kv_splits(B, int(a.seq_lens.max()))
     attn_logits = torch.empty(B, N, splits, L + 1, dtype=torch.float32, device=q.device)
     decode_attention_fwd(q, k_buffer, v_buffer, a.o_lat, a.lse, a.block_table, a.seq_lens, attn_logits,
-                         splits, a.scale, a.block_size, is_mla=True)
+                         splits, a.scale, a.block_size, **kwargs)
 
 
 def torch_prefill(a):
@@ -121,10 +149,13 @@ def supports(spec: dict, op: str):
     return None
 
 
-BACKEND = mlagate.Backend(decode=triton_decode, prefill=torch_prefill, framework="torch", device="cuda",
-                          block_sizes=(16, 32, 64), dtypes=("bf16", "fp16"), kv_dtypes=("auto",),
-                          query_len_support="single", supports=supports,
-                          description="vLLM TRITON_MLA decode (triton_decode_attention.py) + torch prefill")
+def make_backend(fp8: bool):
+    """TRITON_MLA as the loaded kernel declares it (fp8 caches where it takes k_scale)."""
+    return mlagate.Backend(decode=triton_decode, prefill=torch_prefill, framework="torch", device="cuda",
+                           block_sizes=(16, 32, 64), dtypes=("bf16", "fp16"),
+                           kv_dtypes=("auto", "fp8", "fp8_e4m3") if fp8 else ("auto",),
+                           query_len_support="single", supports=supports,
+                           description="vLLM TRITON_MLA decode (triton_decode_attention.py) + torch prefill")
 
 
 def main() -> int:
@@ -134,8 +165,9 @@ def main() -> int:
     global decode_attention_fwd
     decode_attention_fwd, path = load_kernel(args.vllm)
     os.environ["MLAGATE_VLLM"] = os.path.abspath(args.vllm)  # the workers load the same file
-    print(f"TRITON_MLA decode from {path}", flush=True)
-    return mlagate.run({"vllm.triton_mla": BACKEND}, argv=rest).exit_code
+    fp8 = kernel_takes("k_scale")
+    print(f"TRITON_MLA decode from {path} (fp8 caches: {'yes, k_scale' if fp8 else 'no'})", flush=True)
+    return mlagate.run({"vllm.triton_mla": make_backend(fp8)}, argv=rest).exit_code
 
 
 if __name__ == "__main__":
