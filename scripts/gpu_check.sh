@@ -74,7 +74,8 @@ if want configure; then
   [ -n "${MLAGATE_GPU_FLASHMLA:-}" ] && lib_args+=("-DMLAGATE_FLASHMLA_SOURCE_DIR=$MLAGATE_GPU_FLASHMLA")
   [ -n "${MLAGATE_GPU_FLASHINFER:-}" ] && lib_args+=("-DMLAGATE_FLASHINFER_INCLUDE_DIR=$MLAGATE_GPU_FLASHINFER")
   [ -n "${MLAGATE_GPU_FLASH_ATTN:-}" ] && lib_args+=("-DMLAGATE_FLASH_ATTN_SOURCE_DIR=$MLAGATE_GPU_FLASH_ATTN")
-  [ -n "${MLAGATE_GPU_FLASH_ATTN_KERNELS:-}" ] && lib_args+=("-DMLAGATE_FLASH_ATTN_KERNELS_LIB=$MLAGATE_GPU_FLASH_ATTN_KERNELS")
+  # Always given with the checkout, so that unsetting it compiles the kernels again.
+  [ -n "${MLAGATE_GPU_FLASH_ATTN:-}" ] && lib_args+=("-DMLAGATE_FLASH_ATTN_KERNELS_LIB=${MLAGATE_GPU_FLASH_ATTN_KERNELS:-}")
   bench_args=()
   [ -f "$root/third_party_local/benchmark/CMakeLists.txt" ] &&
     bench_args=("-DMLAGATE_BENCHMARK_SOURCE_DIR=$root/third_party_local/benchmark")
@@ -186,7 +187,7 @@ for p in "${pids[@]}"; do wait "$p"; done
 if want test; then
   { grep -E "Test +#|tests passed|tests failed|Total Test time|ctest exit" "$out/ctest.log"
     # What the tests print (ctest -V prefixes each line with the test's number).
-    grep -E "^[0-9]+: (cuda golden|cache_write:|determinism:|planted|device [0-9]|cuda\.(ref|splitkv): |cuda\.sparse |flashmla\.sparse |flash_attn|stale |kernel ms|raw scales|smoke|edges|vllm)" \
+    grep -E "^[0-9]+: (cuda golden|cache_write:|determinism:|planted|device [0-9]|cuda\.(ref|splitkv): |cuda\.sparse |flashmla\.sparse |flash_attn|stale |tma tail|kernel ms|raw scales|smoke|edges|vllm)" \
       "$out/ctest.log" | sed -E 's/^[0-9]+: //' | sort -u | head -60
     grep -E "^[0-9]+: .*(Failure|FAILED|Expected|Which is|exception)" "$out/ctest.log" | head -40
   } | tee -a "$summary"

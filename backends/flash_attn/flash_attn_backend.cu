@@ -247,10 +247,12 @@ enum class Metadata : std::uint8_t {
 struct PersistentMetadata {
   DeviceBuffer buf;
   int ints() const { return 1 + round_up(kMaxGraphBatch, 4) * 4; }
-  int* get() {
+  // Zeroed on first use on the calls' stream (a non-blocking stream: a
+  // default-stream memset would not be ordered before the call's copies).
+  int* get(cudaStream_t s) {
     if (!buf.data()) {
       buf = DeviceBuffer(static_cast<std::size_t>(ints()) * sizeof(int));
-      MLAGATE_CUDA_CHECK(cudaMemset(buf.data(), 0, buf.size()));
+      MLAGATE_CUDA_CHECK(cudaMemsetAsync(buf.data(), 0, buf.size(), s));
     }
     return buf.as<int>();
   }
@@ -329,7 +331,7 @@ class FaDecodeCall final : public libs::PreparedDecode {
       if (B > kMaxGraphBatch)
         throw NotSupportedError("batch of " + std::to_string(B) + " requests: the persistent metadata buffer holds " +
                                 std::to_string(kMaxGraphBatch));
-      int* held = persistent->get();
+      int* held = persistent->get(s);
       MLAGATE_CUDA_CHECK(cudaMemcpyAsync(held, meta, static_cast<std::size_t>(ml.size()) * sizeof(int),
                                          cudaMemcpyDeviceToDevice, s));
       if (mode == Metadata::kPersistent)
@@ -506,10 +508,12 @@ class FlashAttnMlaBackend final : public Backend {
         return Support::no("batch of " + std::to_string(spec.num_requests()) +
                            " requests: the persistent metadata buffer holds " + std::to_string(kMaxGraphBatch));
     }
+    // Without the prefill instantiations, check_capabilities (the prefill op)
+    // and the layer op's routing (prefill requests) give the reason.
     bool prefill = op == Op::kPrefill;
     if (op == Op::kLayer && !spec.batch.spec_decode)
       for (int q : spec.batch.query_lens) prefill = prefill || q > kReorderThreshold;
-    if (prefill)
+    if (prefill && detail::flash_attn_has_prefill())
       if (const std::string why = prefill_dims_reason(spec.dims.nope_dim + spec.dims.rope_dim, spec.dims.v_head_dim);
           !why.empty())
         return Support::no(why);
@@ -517,7 +521,7 @@ class FlashAttnMlaBackend final : public Backend {
   }
   void decode(const DecodeArgs& a) override { libs::run_decode(a, stream(), prepare_fn()); }
   std::unique_ptr<DecodeBench> prepare_decode_bench(const DecodeArgs& a) override {
-    return libs::make_decode_bench(a, stream(), prepare_fn(), "");
+    return libs::make_decode_bench(a, stream(), prepare_fn(), "includes the lse transpose [N, T] -> [T, N] (one small kernel)");
   }
   void prefill(const PrefillArgs& a) override;
 

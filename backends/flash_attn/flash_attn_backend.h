@@ -14,7 +14,8 @@ namespace mlagate {
 // q = q_pe, k = the cache's k_pe columns, v = its kv_c columns, q_v = the
 // absorbed q_nope, causal, seqused_k, the block table, scheduler metadata
 // computed ahead of time (get_scheduler_metadata) and num_splits (0: FA3's
-// heuristic; --splits N forces N). The prefill path of the layer op is FA3's
+// heuristic; --splits N passes N, the bound the scheduler's per-request split
+// counts stay within). The prefill path of the layer op is FA3's
 // varlen MHA with qk 192 / v 128 where the build has those instantiations.
 // Capabilities as vLLM declares them: fp16/bf16, kv cache auto only, block
 // sizes multiples of 16, VARLEN queries with reorder threshold 512; sm90 only.

@@ -1,5 +1,5 @@
-// What the real-library adapters (backends/flashmla, backends/flashinfer)
-// share: the argument checks made before anything is launched (a library's
+// What the real-library adapters (backends/flashmla, backends/flashinfer,
+// backends/flash_attn) share: the argument checks made before anything is launched (a library's
 // host code may call exit() and its kernels may trap on a bad block id, either
 // of which would take every later record down with it), and the two flows
 // around a prepared library call: decode() with poisoned, guarded outputs,

@@ -3,8 +3,9 @@
 // -DMLAGATE_FLASHINFER_INCLUDE_DIR, -DMLAGATE_FLASH_ATTN_SOURCE_DIR), so never in CI. supports() must give the
 // libraries' stated limits with their reasons (no GPU needed); on a GPU every
 // smoke and edges case each adapter supports must pass the decode op against
-// the fp64 reference, and the bench handle must launch. Without a GPU the device
-// tests skip.
+// the fp64 reference (flash_attn.mla* under the conditions of its own tests:
+// its paged-KV TMA path reads NaN from a page's unused tail), and the bench
+// handle must launch. Without a GPU the device tests skip.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -309,14 +310,15 @@ TEST(KernelLibs, FlashAttnStatesItsLimits) {
 }
 
 // The smoke and edges suites' decode and layer records pass the default gate
-// with FA3's heuristic split count and with 1, 3 and 64 splits forced (the
-// split path, its combine and the semaphore it resets): at block size 16,
-// where FA3 reads the paged cache without TMA, with the unused cache regions
-// poisoned; and at block size 64 (the TMA path for more than 64 query rows per
-// kv head) with them zeroed (FlashAttnTmaPathLeaksTailNaN says why).
+// with FA3's heuristic split count and with num_splits 1, 3 and 64 (the bound
+// of the per-request counts: the split path, its combine and the semaphore it
+// resets): at block size 16, where FA3 reads the paged cache without TMA, with
+// NaN poison; and at block size 64 (the TMA path for more than 64 query rows
+// per kv head) with the sentinel (the largest finite value) in the unused
+// cache regions and the outputs (FlashAttnTmaPathLeaksTailNaN says why not NaN).
 TEST(KernelLibs, FlashAttnForcedSplitsPass) {
   MLAGATE_REQUIRE_GPU();
-  for (const auto& [bs, poison] : {std::pair{16, Poison::kNaN}, std::pair{64, Poison::kZero}}) {
+  for (const auto& [bs, poison] : {std::pair{16, Poison::kNaN}, std::pair{64, Poison::kSentinel}}) {
     RunConfig cfg;
     for (const char* suite : {"smoke", "edges"})
       for (CaseSpec c : load_suite(suite).cases) {
@@ -342,19 +344,30 @@ TEST(KernelLibs, FlashAttnForcedSplitsPass) {
   }
 }
 
-// FA3's paged-KV TMA path (a page size that is a multiple of kBlockN 64, and
-// more than 64 query rows per kv head) loads whole pages, the unused tail of a
-// request's last page too, and multiplies the masked probabilities (exactly 0)
-// by those rows: NaN there comes out as NaN (0 * NaN), finite values vanish.
-// On edges at block size 64: NaN poison gives NONFINITE records and nothing
-// else fails; the sentinel (the largest finite value) and zero pass. The
-// non-TMA path (block size 16) passes with NaN poison (FlashAttnForcedSplitsPass).
+// Whether FA3 takes its paged-KV TMA path for the case (page size a multiple
+// of kBlockN 64, more than kBlockM 64 query rows per kv head: get_pagedkv_tma)
+// and some request's last page is not full.
+bool tma_with_partial_page(const CaseSpec& c) {
+  const int max_q = *std::max_element(c.batch.query_lens.begin(), c.batch.query_lens.end());
+  bool partial = false;
+  for (int s : c.batch.seq_lens) partial = partial || s % 64 != 0;
+  return c.block_size % 64 == 0 && max_q * c.num_heads() > 64 && partial;
+}
+
+// FA3's paged-KV TMA path loads whole pages, the unused tail of a request's
+// last page too, and multiplies the masked probabilities (exactly 0) by those
+// rows: NaN there comes out as NaN (0 * NaN), finite values vanish. On edges at
+// block size 64: with NaN poison exactly the cases that take the TMA path with
+// a last page not full are NONFINITE and nothing else fails; with the sentinel
+// (the largest finite value) and zero all pass. The non-TMA path (block size
+// 16) passes with NaN poison (FlashAttnForcedSplitsPass).
 TEST(KernelLibs, FlashAttnTmaPathLeaksTailNaN) {
   MLAGATE_REQUIRE_GPU();
   RunConfig cfg;
+  std::map<std::string, CaseSpec> by_id;
   for (CaseSpec c : load_suite("edges").cases) {
     c.block_size = 64;
-    cfg.cases.push_back(c);
+    if (by_id.emplace(c.id(), c).second) cfg.cases.push_back(c);  // the suite's bs 16 and 64 cases become one
   }
   cfg.ops = {Op::kDecode};
   cfg.policy = make_policy("baseline", 1e-2, 1e-2);
@@ -367,6 +380,7 @@ TEST(KernelLibs, FlashAttnTmaPathLeaksTailNaN) {
       if (r.status == Status::kNotSupported) continue;
       if (poison == Poison::kNaN && r.status == Status::kNonfinite) {
         ++nonfinite;
+        EXPECT_TRUE(tma_with_partial_page(by_id.at(r.case_id))) << "NONFINITE off the TMA path: " << r.case_id;
         std::printf("tma tail: NONFINITE %s: %s\n", r.case_id.c_str(), r.message.c_str());
         continue;
       }
@@ -381,8 +395,8 @@ TEST(KernelLibs, FlashAttnTmaPathLeaksTailNaN) {
   }
 }
 
-// The layer op's prefill path on FA3 (hdim192_128), where the build has it:
-// the vllm suite's prefill-bearing records pass.
+// The prefill op on FA3 (hdim192_128), where the build has it: the smoke
+// suite's records with DeepSeek dims pass (GLM's 192 / 256 is not built).
 TEST(KernelLibs, FlashAttnPrefillPasses) {
   MLAGATE_REQUIRE_GPU();
   if (!detail::flash_attn_has_prefill()) GTEST_SKIP() << "built without MLAGATE_FLASH_ATTN_PREFILL";
@@ -434,7 +448,9 @@ TEST(KernelLibs, FlashAttnLayerPrefillPasses) {
 // metadata without resetting the tile-count semaphore (two layers of one step)
 // skips the tiles fetched through it: the gate must catch it (poisoned outputs
 // stay NaN). The persistent buffer without its tail zeroed must pass: the
-// kernels read only the head this batch's metadata fills.
+// kernels read only the head this batch's metadata fills (the suite's order
+// puts smaller batches after larger ones, e.g. single_decode after
+// large_decode's 32 requests, so the tail holds an earlier batch's metadata).
 TEST(KernelLibs, FlashAttnCallerStateIsCaught) {
   MLAGATE_REQUIRE_GPU();
   RunConfig cfg;
