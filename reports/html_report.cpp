@@ -6,6 +6,7 @@
 // JavaScript; only the maps need it.
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <ostream>
 #include <span>
@@ -484,6 +485,39 @@ void write_worst(std::ostream& os, const Metrics& m) {
   os << "</tbody></table>\n";
 }
 
+// --steps: the error of every decode step as an inline SVG curve (o_lat's max
+// abs error, log scale), failing steps marked red, and the first one named.
+void write_step_curve(std::ostream& os, const Record& r) {
+  if (r.steps.empty()) return;
+  constexpr double kW = 640, kH = 140, kPad = 24;
+  double lo = INFINITY, hi = 0;
+  for (const StepResult& s : r.steps)
+    if (std::isfinite(s.max_abs_o) && s.max_abs_o > 0) lo = std::min(lo, s.max_abs_o), hi = std::max(hi, s.max_abs_o);
+  if (!(hi > 0)) lo = hi = 1;
+  const double l0 = std::log10(lo), l1 = std::max(std::log10(hi), l0 + 1e-9);
+  const std::size_t n = r.steps.size();
+  auto x = [&](std::size_t k) { return kPad + (n > 1 ? (kW - 2 * kPad) * static_cast<double>(k) / (n - 1) : 0); };
+  auto y = [&](double v) {
+    if (!std::isfinite(v)) return kPad / 2;  // a non-finite mismatch: the top edge
+    if (v <= 0) return kH - kPad;
+    return kH - kPad - (kH - 2 * kPad) * (std::log10(v) - l0) / (l1 - l0);
+  };
+  const StepResult* first_bad = nullptr;
+  for (const StepResult& s : r.steps)
+    if (s.status != Status::kPassed && !first_bad) first_bad = &s;
+  os << "<p>decode loop: " << n << " steps, o_lat max abs error per step (log scale, " << num(lo) << " to "
+     << num(hi) << ")";
+  if (first_bad) os << "; first failing step " << first_bad->step << " (" << status_name(first_bad->status) << ")";
+  os << "</p>\n<svg class=\"steps\" width=\"" << kW << "\" height=\"" << kH << "\" role=\"img\"><polyline fill=\"none\" "
+        "stroke=\"#36c\" points=\"";
+  for (std::size_t k = 0; k < n; ++k) os << (k ? " " : "") << num(x(k)) << "," << num(y(r.steps[k].max_abs_o));
+  os << "\"/>";
+  for (std::size_t k = 0; k < n; ++k)
+    if (r.steps[k].status != Status::kPassed)
+      os << "<circle cx=\"" << num(x(k)) << "\" cy=\"" << num(y(r.steps[k].max_abs_o)) << "\" r=\"3\" fill=\"#c33\"/>";
+  os << "</svg>\n";
+}
+
 // Index i's section; `maps` collects the embedded data of the maps it shows.
 void write_section(std::ostream& os, const Record& r, std::size_t i, bool open, bool embed_maps, Json& maps) {
   const Metrics* hm = headline_metrics(r);
@@ -494,7 +528,9 @@ void write_section(std::ostream& os, const Record& r, std::size_t i, bool open, 
   os << "</summary>\n";
   if (!r.message.empty()) os << "<p class=\"msg\">" << esc(r.message, kMaxDetailsText) << "</p>\n";
   if (!r.details.empty()) os << "<pre>" << esc(r.details, kMaxDetailsText) << "</pre>\n";
-  os << "<p>policy " << esc(r.policy);
+  os << "<p>";
+  if (!r.mode.empty()) os << "mode " << esc(r.mode) << " &middot; ";
+  os << "policy " << esc(r.policy);
   if (r.block_size > 0) os << " &middot; block size " << r.block_size;
   if (!r.paths.empty()) {
     std::string paths;
@@ -508,6 +544,7 @@ void write_section(std::ostream& os, const Record& r, std::size_t i, bool open, 
     os << "</p>\n";
   }
   if (!r.metrics.empty()) write_metrics_table(os, r);
+  write_step_curve(os, r);
 
   Json outs = Json::array();
   std::string body;

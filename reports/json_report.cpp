@@ -122,6 +122,18 @@ Json record(const Record& r) {
 Json record_with_details(const Record& r) {
   Json j = record(r);
   if (!r.details.empty()) j["details"] = r.details;
+  // Serving modes (harness/run/SERVING.md) only.
+  if (!r.mode.empty()) j["mode"] = r.mode;
+  if (!r.steps.empty()) {
+    Json steps = Json::array();
+    for (const StepResult& s : r.steps)
+      steps.push_back({{"step", s.step},
+                       {"requests", s.requests},
+                       {"status", status_name(s.status)},
+                       {"o_max_abs", number(s.max_abs_o)},
+                       {"lse_max_abs", number(s.max_abs_lse)}});
+    j["steps"] = std::move(steps);
+  }
   return j;
 }
 
@@ -380,6 +392,24 @@ class Reader {
     r.timings.total_ms = num(t, "total", wt);
     r.repro = str(j, "repro", w);
     if (j.contains("details")) r.details = str(j, "details", w);
+    if (j.contains("mode")) r.mode = str(j, "mode", w);
+    if (j.contains("steps")) {
+      const Json& steps = at(j, "steps", w);
+      if (!steps.is_array()) bad(w + ".steps", "expected an array");
+      for (std::size_t i = 0; i < steps.size(); ++i) {
+        const std::string ws = w + ".steps[" + std::to_string(i) + "]";
+        StepResult s;
+        s.step = static_cast<int>(integer(steps[i], "step", ws));
+        s.requests = static_cast<int>(integer(steps[i], "requests", ws));
+        const std::string name = str(steps[i], "status", ws);
+        const std::optional<Status> st = status_from_name(name);
+        if (!st) bad(ws + ".status", "unknown status '" + name + "'");
+        s.status = *st;
+        s.max_abs_o = num(steps[i], "o_max_abs", ws);
+        s.max_abs_lse = num(steps[i], "lse_max_abs", ws);
+        r.steps.push_back(s);
+      }
+    }
     return r;
   }
 

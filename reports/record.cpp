@@ -17,6 +17,7 @@ std::string_view status_name(Status s) {
     case Status::kSkipped: return "SKIPPED";
     case Status::kInvalidCase: return "INVALID_CASE";
     case Status::kNondeterministic: return "NONDETERMINISTIC";
+    case Status::kBatchVariant: return "BATCH_VARIANT";
   }
   return "?";
 }
@@ -24,6 +25,10 @@ std::string_view status_name(Status s) {
 bool status_is_failure(Status s) {
   return s == Status::kIncorrect || s == Status::kNonfinite || s == Status::kCrashed || s == Status::kTimeout ||
          s == Status::kInvalidCase || s == Status::kNondeterministic;
+}
+
+bool status_fails_run(Status s, bool require_batch_invariance) {
+  return status_is_failure(s) || (require_batch_invariance && s == Status::kBatchVariant);
 }
 
 std::string Location::str() const {

@@ -25,19 +25,25 @@ enum class Status : std::uint8_t {
   kSkipped,       // e.g. no GPU
   kInvalidCase,
   kNondeterministic,  // --repeat: the same case gave different bits (count and first position in the message)
+  // --check batch-invariance: correct, but a request's rows changed with its
+  // batchmates (which request, which batch, how many ULPs in the message). Not a
+  // failure unless the run requires it (--require batch-invariance: exit 1).
+  kBatchVariant,
 };
 // Every Status in enum order, so that counts can be indexed by the enum value;
 // the static_assert catches a status appended to the enum and not here.
 inline constexpr std::array kAllStatuses = {
     Status::kPassed,  Status::kIncorrect,    Status::kNonfinite, Status::kCrashed,
     Status::kTimeout, Status::kNotSupported, Status::kSkipped,   Status::kInvalidCase,
-    Status::kNondeterministic,
+    Status::kNondeterministic, Status::kBatchVariant,
 };
-static_assert(static_cast<std::size_t>(Status::kNondeterministic) + 1 == kAllStatuses.size());
+static_assert(static_cast<std::size_t>(Status::kBatchVariant) + 1 == kAllStatuses.size());
 std::string_view status_name(Status s);  // "PASSED", "INCORRECT", ...
 // The status a name gives (status_name's inverse); nullopt for an unknown name.
 std::optional<Status> status_from_name(std::string_view name);
 bool status_is_failure(Status s);        // INCORRECT, NONFINITE, CRASHED, TIMEOUT, INVALID_CASE, NONDETERMINISTIC
+// status_is_failure, or BATCH_VARIANT where the run requires batch invariance.
+bool status_fails_run(Status s, bool require_batch_invariance);
 
 inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
@@ -122,6 +128,15 @@ struct Timings {
   double total_ms = 0;  // the whole job: from taking it (entering its case) to its record
 };
 
+// --steps: one step of a decode loop (harness/run/SERVING.md): its rows
+// against the reference, for the error-vs-step curve.
+struct StepResult {
+  int step = 0;
+  int requests = 0;  // requests decoded in this step
+  Status status = Status::kPassed;
+  double max_abs_o = kNaN, max_abs_lse = kNaN;  // over this step's rows (NaN: a non-finite mismatch)
+};
+
 struct Record {
   std::string case_id;
   std::string backend;
@@ -137,6 +152,10 @@ struct Record {
   std::vector<Metrics> metrics;
   Timings timings;
   std::string repro;        // one-line command that reruns exactly this record
+  // The serving-engine mode that made the record (harness/run/SERVING.md), empty
+  // for a plain call: "batch-invariance", "dcp=2,interleave=1", "steps=64".
+  std::string mode;
+  std::vector<StepResult> steps;  // --steps: every step in order
 };
 
 // The shortest text that reads back as the same double (std::to_string would

@@ -97,7 +97,7 @@ std::string record_to_json_line(const Record& r) {
                   {"query_lens", m.query_lens},
                   {"worst_elements", worst_elements(m.worst_elements)}});
   const Timings& t = r.timings;
-  const Json j = {{"id", r.case_id},
+  Json j = {{"id", r.case_id},
                   {"backend", r.backend},
                   {"op", r.op},
                   {"status", status_name(r.status)},
@@ -110,6 +110,14 @@ std::string record_to_json_line(const Record& r) {
                   {"timings", Json::array({num(t.generate_ms), num(t.reference_ms), num(t.cache_ms), num(t.run_ms),
                                            num(t.compare_ms), num(t.baseline_ms), num(t.glue_ms), num(t.total_ms)})},
                   {"repro", r.repro}};
+  // Serving modes only (records of plain calls keep their old keys).
+  if (!r.mode.empty()) j["mode"] = r.mode;
+  if (!r.steps.empty()) {
+    Json steps = Json::array();
+    for (const StepResult& s : r.steps)
+      steps.push_back(Json::array({s.step, s.requests, status_name(s.status), num(s.max_abs_o), num(s.max_abs_lse)}));
+    j["steps"] = std::move(steps);
+  }
   // Backend messages may hold arbitrary bytes: replaced, never a throw.
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
@@ -172,6 +180,11 @@ Record record_from_json_line(const std::string& line) {
       r.timings.total_ms = get_num(t.at(7));
     }
     r.repro = j.at("repro").get<std::string>();
+    r.mode = j.value("mode", std::string());
+    if (j.contains("steps"))
+      for (const Json& sj : j.at("steps"))
+        r.steps.push_back({sj.at(0).get<int>(), sj.at(1).get<int>(), status_of(sj.at(2).get<std::string>()),
+                           get_num(sj.at(3)), get_num(sj.at(4))});
     return r;
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(std::string("malformed record line: ") + e.what());

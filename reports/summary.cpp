@@ -21,6 +21,7 @@ std::string_view short_status_name(Status s) {
     case Status::kNotSupported: return "NOT_SUPP";
     case Status::kInvalidCase: return "INVALID";
     case Status::kNondeterministic: return "NONDET";
+    case Status::kBatchVariant: return "BATCHVAR";
     default: return status_name(s);
   }
 }
@@ -57,7 +58,7 @@ std::vector<BackendSummary> summarize_by_backend(std::span<const Record> records
 
 std::string_view overall_verdict(const StatusCounts& counts) {
   if (counts.failures > 0) return "FAIL";
-  if (counts[Status::kPassed] > 0) return "PASS";
+  if (counts[Status::kPassed] + counts[Status::kBatchVariant] > 0) return "PASS";
   return "NOTHING RAN";
 }
 

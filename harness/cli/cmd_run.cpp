@@ -32,6 +32,7 @@
 #include "harness/reliability/journal.h"
 #include "harness/reliability/memory_estimate.h"
 #include "harness/reliability/repeat.h"
+#include "harness/run/serving.h"
 #include "harness/reliability/sanitize.h"
 #include "harness/run/golden_run.h"
 #include "harness/run/layer.h"
@@ -239,11 +240,22 @@ class RunCommand {
     if (from_file_) cfg_.cases = golden_->file_cases(sel_.filter);
     else if (!ra_.case_ids.empty()) cfg_.cases = sel_.resolve_ids(ra_.case_ids);  // the order-dependent repro's order
     else cfg_.cases = sel_.resolve();
+    serving_ = serving_mode(ra_);
+    // A decode loop's case: each request decodes its tokens one step at a
+    // time (a golden file's cases were stored already rewritten).
+    if (serving_.steps > 0 && !from_file_)
+      for (CaseSpec& c : cfg_.cases) c = decode_loop_spec(c, serving_.steps);
     if (shard_)
       std::erase_if(cfg_.cases, [this](const CaseSpec& c) { return shard_of(c.id(), shard_->count) != shard_->index; });
     apply_order(cfg_.cases, ra_.order);
     if (ra_.repeat < 1) throw InputError("--repeat must be >= 1");
     cfg_.ops = resolve_ops(ra_.ops, cfg_.cases);
+    if (serving_.active()) {
+      // The modes judge the kernel-level decode op ("auto" means it here).
+      if (ra_.ops == std::vector<std::string>{"auto"}) cfg_.ops = {Op::kDecode};
+      if (cfg_.ops != std::vector<Op>{Op::kDecode})
+        throw InputError(serving_.name() + " runs the kernel-level decode op: pass --op decode (or leave --op out)");
+    }
     // A case beyond this machine's memory is refused before anything is allocated.
     const bool prefill_op = std::find(cfg_.ops.begin(), cfg_.ops.end(), Op::kPrefill) != cfg_.ops.end();
     if (const std::uint64_t avail = available_memory_bytes(); avail > 0 && !from_file_)
@@ -267,7 +279,23 @@ class RunCommand {
     if (golden_) golden_->attach(cfg_);
     if (ra_.repeat > 1)
       cfg_.run_job = [this, n = ra_.repeat](CaseContext& ctx, Backend& b, Op op) { return run_repeated(ctx, b, op, cfg_, n); };
+    if (serving_.active())
+      cfg_.run_job = [this](CaseContext& ctx, Backend& b, Op op) { return run_serving(ctx, b, op, cfg_, serving_); };
   }
+
+  static ServingMode serving_mode(const RunArgs& ra) {
+    ServingMode m;
+    m.batch_invariance = std::find(ra.checks.begin(), ra.checks.end(), "batch-invariance") != ra.checks.end();
+    m.dcp = ra.dcp;
+    m.dcp_interleave = ra.dcp_interleave;
+    m.steps = ra.steps;
+    m.validate();
+    if (ra.require_batch_invariance() && !m.batch_invariance)
+      throw InputError("--require batch-invariance needs --check batch-invariance");
+    if (m.active() && ra.repeat > 1) throw InputError(m.name() + " and --repeat are separate checks: give one of them");
+    return m;
+  }
+  ServingMode serving_;
 
   // Repro commands: the selection (or the file), the case, the backend and
   // op, then the flags that change what a record computes.
@@ -596,12 +624,18 @@ class RunCommand {
       return kExitInterruptedBase + stop_signal_;
     }
     if (counts.failures > 0) return kExitFailed;
+    if (ra_.require_batch_invariance() && counts[Status::kBatchVariant] > 0) {
+      if (!ra_.quiet)
+        std::printf("%lld BATCH_VARIANT records fail the run (--require batch-invariance)\n",
+                    static_cast<long long>(counts[Status::kBatchVariant]));
+      return kExitFailed;
+    }
     if (shard_ && counts.total == 0) {
       // More shards than cases: this one has none, which is not a failure of the gate.
       if (!ra_.quiet) std::printf("shard %s: no case of the selection falls in it\n", shard_->str().c_str());
       return kExitPassed;
     }
-    if (counts[Status::kPassed] == 0 && !ra_.allow_nothing_ran) {
+    if (counts[Status::kPassed] + counts[Status::kBatchVariant] == 0 && !ra_.allow_nothing_ran) {
       std::fprintf(stderr,
                    "mlagate: nothing ran: %lld records, none executed (skipped or not supported); exit %d "
                    "(--allow-nothing-ran accepts this)\n",
@@ -650,8 +684,9 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
   if ((ra.worker && !ra.save_results.empty()) || ra.repeat == 0) {
     RunArgs r = ra;
     if (r.worker) r.save_results.clear();  // the results file is the parent's to write; the worker only runs
-    // No --repeat: the suite's (a golden file's cases run once).
-    if (r.repeat == 0) r.repeat = ra.replay.empty() ? sel.suite_repeat() : 1;
+    // No --repeat: the suite's (a golden file's cases run once; a serving mode's once).
+    const bool serving = !ra.checks.empty() || ra.dcp != 0 || ra.steps != 0;
+    if (r.repeat == 0) r.repeat = ra.replay.empty() && !serving ? sel.suite_repeat() : 1;
     return RunCommand(sel, r, command_line, args).main();
   }
   return RunCommand(sel, ra, command_line, args).main();

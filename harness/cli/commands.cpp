@@ -261,7 +261,7 @@ int cmd_merge(const MergeArgs& ma, const std::string& command_line) {
     return kExitFailed;
   }
   if (counts.failures > 0) return kExitFailed;
-  if (counts[Status::kPassed] == 0 && !ma.allow_nothing_ran) {
+  if (counts[Status::kPassed] + counts[Status::kBatchVariant] == 0 && !ma.allow_nothing_ran) {
     std::fprintf(stderr, "mlagate merge: nothing ran in any input; exit %d (--allow-nothing-ran accepts this)\n",
                  kExitNothingRan);
     return kExitNothingRan;

@@ -305,6 +305,22 @@ void RunArgs::add_options(CLI::App* app, bool for_replay) {
   app->add_flag("--reuse-buffers", reuse_buffers,
                 "kernel outputs come from a pool of earlier cases' buffers (a caching allocator) instead of fresh "
                 "allocations; with --poison none they hold stale data");
+  // Serving-engine modes (harness/run/SERVING.md).
+  app->add_option("--check", checks,
+                  "batch-invariance: every request also runs alone, shuffled and beside extra requests; its rows must "
+                  "be bitwise equal (BATCH_VARIANT otherwise; a failure only with --require). Decode op")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"batch-invariance"}));
+  app->add_option("--require", requires_, "batch-invariance: BATCH_VARIANT records fail the run (exit 1)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"batch-invariance"}));
+  app->add_option("--dcp", dcp,
+                  "decode context parallelism over N virtual ranks: each request's keys sharded as vLLM shards them, "
+                  "the backend called per shard, the partials merged through their LSEs and compared. Decode op");
+  app->add_option("--dcp-interleave", dcp_interleave, "--dcp: consecutive tokens per rank in turn")->capture_default_str();
+  app->add_option("--steps", steps,
+                  "decode loops: each case becomes N decode steps, each writing its token with the backend's "
+                  "cache_write, requests joining and finishing; every step checked. Decode op");
   app->add_option("--save-failures", save_failures,
                   "write each failing record's case to DIR as a golden file (inputs, caches, references) that "
                   "`mlagate replay` runs");
@@ -321,7 +337,16 @@ std::vector<std::string> RunArgs::computation_argv() const {
   if (reference != defaults.reference) a.insert(a.end(), {"--reference", reference});
   if (repeat > 1) a.insert(a.end(), {"--repeat", std::to_string(repeat)});
   if (reuse_buffers) a.push_back("--reuse-buffers");
+  for (const std::string& c : checks) a.insert(a.end(), {"--check", c});
+  for (const std::string& r : requires_) a.insert(a.end(), {"--require", r});
+  if (dcp != 0) a.insert(a.end(), {"--dcp", std::to_string(dcp)});
+  if (dcp_interleave != 1) a.insert(a.end(), {"--dcp-interleave", std::to_string(dcp_interleave)});
+  if (steps != 0) a.insert(a.end(), {"--steps", std::to_string(steps)});
   return a;
+}
+
+bool RunArgs::require_batch_invariance() const {
+  return std::find(requires_.begin(), requires_.end(), "batch-invariance") != requires_.end();
 }
 
 }  // namespace mlagate

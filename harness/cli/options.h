@@ -118,6 +118,12 @@ struct RunArgs {
   std::string save_failures;  // a directory: each failing record's case as a golden file that replay runs
   int order_checks = 10;       // --order-checks: failures rerun alone to tell order dependence, per backend
   bool reuse_buffers = false;  // kernel outputs from a pool of earlier cases' buffers instead of fresh ones
+  // Serving-engine modes (harness/run/SERVING.md): one at a time, on the decode op.
+  std::vector<std::string> checks;    // --check batch-invariance
+  std::vector<std::string> requires_;  // --require batch-invariance: BATCH_VARIANT fails the run
+  int dcp = 0, dcp_interleave = 1;    // --dcp N, --dcp-interleave K
+  int steps = 0;                      // --steps N
+  bool require_batch_invariance() const;
 
   // Every flag `run` and `replay` share (replay adds its file, run its
   // selection, --golden and --case). `replay`: the help texts say what replay

@@ -41,3 +41,19 @@ const std::vector<PlantedBug>& planted_fp8_bugs();
 const std::vector<PlantedBug>& planted_gate_bugs();
 
 }  // namespace mlagate
+
+namespace mlagate {
+
+// Bugs of the calls a serving engine makes (harness/run/SERVING.md), each
+// invisible to plain runs and caught by exactly one mode (`mode`):
+// bug.batch_size_splits (--check batch-invariance: BATCH_VARIANT),
+// bug.lse_log2 (--dcp: INCORRECT; plain runs under --policy vllm, which does
+// not gate lse, pass it), bug.fp8_scale_lost_after_step (--steps: INCORRECT on
+// fp8 caches with k_scale != 1).
+struct PlantedServingBug {
+  PlantedBug bug;
+  std::string mode;  // the flags that catch it, e.g. "--dcp 2"
+};
+const std::vector<PlantedServingBug>& planted_serving_bugs();
+
+}  // namespace mlagate

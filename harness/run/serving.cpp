@@ -1,0 +1,693 @@
+// Batch invariance, DCP and decode loops (serving.h, SERVING.md). Every mode
+// first runs the plain decode record (run_one) and keeps its outputs; the
+// mode's calls then go through the same DecodeArgs a plain call gets, over
+// sub-batches of the case's requests (block-table rows chosen per request, so
+// no cache is rebuilt), shard caches or a cache the backend writes step by step.
+#include "harness/run/serving.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+
+#include "cases/encoding.h"
+#include "cases/errors.h"
+#include "harness/run/case_context.h"
+#include "harness/run/guarded.h"
+#include "reference/glue.h"
+#include "reports/profile.h"
+
+namespace mlagate {
+
+namespace {
+using run_detail::Clock;
+using run_detail::ms_since;
+
+// ---------------------------------------------------------------- one call
+
+// A decode call over some of the case's query tokens: each call-request owns
+// consecutive rows (the case's tokens `tokens[qsl[j] .. qsl[j+1])`), sees
+// seq_lens[j] keys and reads block-table row rows[j].
+struct Call {
+  std::vector<std::int32_t> tokens, seq_lens, qsl{0}, rows;
+  void add(int first_token, int ntok, int seq_len, int table_row) {
+    for (int u = 0; u < ntok; ++u) tokens.push_back(first_token + u);
+    seq_lens.push_back(seq_len);
+    qsl.push_back(qsl.back() + ntok);
+    rows.push_back(table_row);
+  }
+  std::int64_t num_tokens() const { return static_cast<std::int64_t>(tokens.size()); }
+  bool empty() const { return tokens.empty(); }
+};
+
+Tensor gather_tokens(const Tensor& t, std::span<const std::int32_t> tokens) {
+  Shape shape = t.shape();
+  const std::size_t row = t.nbytes() / static_cast<std::size_t>(shape.at(0));
+  shape[0] = static_cast<std::int64_t>(tokens.size());
+  Tensor out = Tensor::for_overwrite(t.dtype(), shape);
+  for (std::size_t k = 0; k < tokens.size(); ++k)
+    std::memcpy(out.bytes() + k * row, t.bytes() + static_cast<std::size_t>(tokens[k]) * row, row);
+  return out;
+}
+
+struct CallResult {
+  GuardedBuffer o, l;
+  double run_ms = 0;
+  std::string guard;  // the first out-of-bounds write, empty when none
+};
+
+CallResult call_decode(Backend& b, const Case& c, const PagedCache& cache, const Tensor& q_lat, const Tensor& q_pe,
+                       const Call& call, const ExecOptions& opt) {
+  const std::int64_t n = call.num_tokens(), N = c.spec.num_heads(), L = c.spec.dims.kv_lora_rank;
+  CallResult res{GuardedBuffer(c.spec.dtype, {n, N, L}, opt.poison, opt.reuse_buffers),
+                 GuardedBuffer(DType::kF32, {n, N}, opt.poison, opt.reuse_buffers), 0, {}};
+  const Tensor ql = gather_tokens(q_lat, call.tokens), qp = gather_tokens(q_pe, call.tokens);
+  DecodeArgs a;
+  a.q_lat = ql.view();
+  a.q_pe = qp.view();
+  a.cache = &cache;
+  a.seq_lens = call.seq_lens;
+  a.query_start_loc = call.qsl;
+  a.block_table_rows = call.rows;
+  a.scale = c.spec.softmax_scale();
+  a.k_scale = c.spec.k_scale;
+  a.o_lat = res.o.view();
+  a.lse = res.l.view();
+  const auto t0 = Clock::now();
+  b.decode(a);
+  res.run_ms = backend_call_done(t0);
+  res.guard = res.o.check_guards("o_lat");
+  if (res.guard.empty()) res.guard = res.l.check_guards("lse");
+  return res;
+}
+
+// The status and message of the exception being handled, as run_one maps them.
+Status current_exception_status(std::string& message) {
+  try {
+    throw;
+  } catch (const NotSupportedError& e) {
+    message = e.what();
+    return Status::kNotSupported;
+  } catch (const DeviceUnavailableError& e) {
+    message = e.what();
+    return Status::kSkipped;
+  } catch (const OutOfBoundsWriteError& e) {
+    message = e.what();
+    return Status::kIncorrect;
+  } catch (const WrongOutputError& e) {
+    message = e.what();
+    return Status::kIncorrect;
+  } catch (const BackendTimeoutError& e) {
+    message = e.what();
+    return Status::kTimeout;
+  } catch (const std::exception& e) {
+    message = std::string("backend threw: ") + e.what();
+    return Status::kCrashed;
+  }
+}
+
+// ---------------------------------------------------------------- judging rows
+
+struct RowCheck {
+  Status status = Status::kPassed;
+  std::string message;
+  Metrics o, lse;
+};
+
+// The reference rows of the call's tokens ([n, N, L] and [n, N]).
+void gather_reference(const CaseContext& ctx, const Call& call, std::vector<double>& o, std::vector<double>& lse) {
+  const std::int64_t N = ctx.c.spec.num_heads(), L = ctx.c.spec.dims.kv_lora_rank;
+  o.resize(static_cast<std::size_t>(call.num_tokens() * N * L));
+  lse.resize(static_cast<std::size_t>(call.num_tokens() * N));
+  for (std::int64_t k = 0; k < call.num_tokens(); ++k) {
+    const std::int64_t t = call.tokens[static_cast<std::size_t>(k)];
+    std::copy_n(ctx.mqa_o_lat.begin() + t * N * L, N * L, o.begin() + k * N * L);
+    std::copy_n(ctx.mqa_lse.begin() + t * N, N, lse.begin() + k * N);
+  }
+}
+
+BaselineErrors baseline_of(CaseContext& ctx, const RunConfig& cfg) {
+  if (cfg.baseline.always || cfg.policy.kind == Policy::Kind::kBaseline) return ctx.decode_op_baseline();
+  return {};
+}
+
+// o_lat and lse of `qsl`'s tokens against reference rows, in the runner's
+// order: non-finite values, then the tolerance.
+RowCheck check_rows(const CaseContext& ctx, const RunConfig& cfg, const BaselineErrors& base, const TensorView& o,
+                    const TensorView& l, std::span<const std::int32_t> qsl, const std::vector<double>& ref_o,
+                    const std::vector<double>& ref_lse) {
+  const Dims& d = ctx.c.spec.dims;
+  const std::int64_t N = ctx.c.spec.num_heads();
+  RowCheck rc;
+  const auto one = [&](const char* name, const TensorView& got, const std::vector<double>& ref, bool is_lse,
+                       std::int64_t dim, Metrics& m) {
+    OutputCheck chk;
+    chk.name = name;
+    chk.got = got;
+    chk.expected_shape = got.shape;
+    chk.expected_dtype = got.dtype;
+    chk.reference = &ref;
+    chk.layout = Layout{qsl, N, dim};
+    chk.is_lse = is_lse;
+    chk.err_baseline = is_lse ? base.lse : base.out;
+    chk.dqk = d.kv_lora_rank + d.rope_dim;
+    return compare_output(chk, cfg.policy, m);
+  };
+  const Status so = one("o_lat", o, ref_o, false, d.kv_lora_rank, rc.o);
+  const Status sl = one("lse", l, ref_lse, true, 1, rc.lse);
+  for (const auto& [s, m] : {std::pair{so, &rc.o}, std::pair{sl, &rc.lse}})
+    if (s == Status::kNonfinite && rc.status != Status::kNonfinite) rc.status = s, rc.message = m->message;
+  if (rc.status == Status::kPassed)
+    for (const auto& [s, m] : {std::pair{so, &rc.o}, std::pair{sl, &rc.lse}})
+      if (s == Status::kIncorrect && rc.status == Status::kPassed) rc.status = s, rc.message = m->message;
+  return rc;
+}
+
+// ---------------------------------------------------------------- the plain call
+
+struct Captured {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<std::byte> bytes;
+};
+
+// run_one with its outputs kept (results files still get them).
+Record plain_run(CaseContext& ctx, Backend& b, Op op, const RunConfig& base, std::vector<Captured>& out) {
+  RunConfig cfg = base;
+  cfg.on_outputs = [&](const Case& c, const Record& r, std::span<const ProducedOutput> outs) {
+    if (base.on_outputs) base.on_outputs(c, r, outs);
+    for (const ProducedOutput& po : outs) {
+      const TensorView v = po.buf.view();
+      out.push_back({po.name, v.dtype, {}});
+      out.back().bytes.assign(static_cast<const std::byte*>(v.data), static_cast<const std::byte*>(v.data) + v.nbytes());
+    }
+  };
+  return run_one(ctx, b, op, cfg);
+}
+
+const Captured* find_output(const std::vector<Captured>& outs, const char* name) {
+  for (const Captured& c : outs)
+    if (c.name == name) return &c;
+  return nullptr;
+}
+
+// Sign-magnitude bits as a line of integers: the ULP distance of two finite
+// values of the same dtype is the difference (+0 and -0 are 0 apart).
+std::int64_t ordered(std::uint32_t bits, int width) {
+  const std::uint32_t sign = 1u << (width - 1);
+  const std::int64_t mag = bits & (sign - 1);
+  return (bits & sign) ? -mag : mag;
+}
+
+struct RowDiff {
+  std::int64_t elements = 0, differ = 0;
+  double max_ulp = 0;  // inf when a NaN differs from a number
+};
+
+void diff_rows(const std::byte* a, const std::byte* b, std::int64_t n, DType dtype, RowDiff& d) {
+  const std::size_t esz = dtype_size(dtype);
+  d.elements += n;
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::uint32_t x = 0, y = 0;
+    std::memcpy(&x, a + i * esz, esz);
+    std::memcpy(&y, b + i * esz, esz);
+    if (x == y) continue;
+    ++d.differ;
+    const TensorView va{dtype, {1}, const_cast<std::byte*>(a + i * esz)};
+    const TensorView vb{dtype, {1}, const_cast<std::byte*>(b + i * esz)};
+    const double fa = va.get(0), fb = vb.get(0);
+    const int width = static_cast<int>(esz * 8);
+    const double ulps = std::isnan(fa) || std::isnan(fb) ? INFINITY
+                                                         : static_cast<double>(std::llabs(ordered(x, width) - ordered(y, width)));
+    d.max_ulp = std::max(d.max_ulp, ulps);
+  }
+}
+
+std::string ulp_text(double u) { return std::isinf(u) ? std::string("NaN against a number") : exact_number(u) + " ULP"; }
+
+// ---------------------------------------------------------------- batch invariance
+
+Record run_batch_invariance(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg) {
+  std::vector<Captured> plain;
+  Record r = plain_run(ctx, b, op, cfg, plain);
+  const Captured* po = find_output(plain, "o_lat");
+  const Captured* pl = find_output(plain, "lse");
+  if (!po || !pl) return r;  // nothing ran (not supported, skipped, crashed)
+  const auto t0 = Clock::now();
+  const double run_before = r.timings.run_ms;
+  const Case& c = ctx.c;
+  const int B = c.num_requests;
+  const std::int64_t N = c.spec.num_heads(), L = c.spec.dims.kv_lora_rank;
+  const PagedCache& cache = ctx.cache(r.block_size, true, cfg.exec, r.timings.cache_ms);
+
+  struct Config {
+    std::string name;
+    std::vector<int> requests;
+  };
+  std::vector<Config> configs;
+  // Alone: every request up to 16, else 16 spread from the first to the last.
+  const int alone = std::min(B, 16);
+  for (int k = 0; k < alone; ++k) {
+    const int i = alone == B ? k : static_cast<int>(static_cast<std::int64_t>(k) * (B - 1) / (alone - 1));
+    if (!configs.empty() && configs.back().requests.front() == i) continue;
+    configs.push_back({"alone", {i}});
+  }
+  if (B > 1) {
+    // Shuffled: Fisher-Yates from the case's seed (mt19937_64 is the same on every platform).
+    std::vector<int> perm(static_cast<std::size_t>(B));
+    for (int i = 0; i < B; ++i) perm[i] = i;
+    std::mt19937_64 rng(c.spec.seed ^ 0x6d6c6167617465ull);
+    for (int j = B - 1; j > 0; --j) std::swap(perm[j], perm[rng() % static_cast<std::uint64_t>(j + 1)]);
+    configs.push_back({"shuffled", perm});
+  }
+  // Beside extra requests: the batch, then max(B, 16) more (the batch again in
+  // reverse, repeated): split heuristics and tile schedules see another batch size.
+  Config extra{"beside " + std::to_string(std::max(B, 16)) + " extra requests", {}};
+  for (int i = 0; i < B; ++i) extra.requests.push_back(i);
+  for (int k = 0; k < std::max(B, 16); ++k) extra.requests.push_back(B - 1 - k % B);
+  configs.push_back(extra);
+
+  const BaselineErrors base = baseline_of(ctx, cfg);
+  std::vector<double> ref_o, ref_lse;
+  int variant_requests = 0;
+  std::vector<bool> varies(static_cast<std::size_t>(B), false);
+  std::string first, details;
+  int detail_lines = 0;
+  Status fail = Status::kPassed;
+  std::string fail_msg;
+  try {
+    for (const Config& cf : configs) {
+      if (fail != Status::kPassed) break;
+      Call call;
+      for (int i : cf.requests) call.add(c.query_start_loc[i], c.query_lens[i], c.seq_lens[i], i);
+      CallResult res = call_decode(b, c, cache, *ctx.q_lat, *ctx.q_pe, call, cfg.exec);
+      r.timings.run_ms += res.run_ms;
+      const std::string label = cf.name == "alone" ? "alone (request " + std::to_string(cf.requests.front()) + ")" : cf.name;
+      if (!res.guard.empty()) {
+        fail = Status::kIncorrect, fail_msg = label + ": " + res.guard;
+        break;
+      }
+      const std::byte* go = static_cast<const std::byte*>(res.o.view().data);
+      const std::byte* gl = static_cast<const std::byte*>(res.l.view().data);
+      const std::size_t osz = dtype_size(c.spec.dtype);
+      bool checked = false;
+      for (std::size_t j = 0; j < cf.requests.size() && fail == Status::kPassed; ++j) {
+        const int i = cf.requests[j];
+        const std::int64_t q = c.query_lens[i], at = call.qsl[j], t = c.query_start_loc[i];
+        RowDiff dout, dlse;
+        diff_rows(po->bytes.data() + t * N * L * osz, go + at * N * L * osz, q * N * L, c.spec.dtype, dout);
+        diff_rows(pl->bytes.data() + t * N * 4, gl + at * N * 4, q * N, DType::kF32, dlse);
+        if (dout.differ == 0 && dlse.differ == 0) continue;  // the plain call's rows: already judged
+        if (!checked) {
+          // Rows that differ are judged too: a call that is wrong, not merely
+          // different, fails as a plain call would.
+          checked = true;
+          gather_reference(ctx, call, ref_o, ref_lse);
+          const RowCheck rc = check_rows(ctx, cfg, base, res.o.view(), res.l.view(), call.qsl, ref_o, ref_lse);
+          if (rc.status != Status::kPassed) {
+            fail = rc.status, fail_msg = label + ": " + rc.message;
+            break;
+          }
+        }
+        if (!varies[i]) varies[i] = true, ++variant_requests;
+        std::ostringstream m;
+        m << "request " << i << " (seq_len " << c.seq_lens[i] << ", query_len " << q << ") " << label
+          << " vs in its batch: o_lat " << dout.differ << " of " << dout.elements << " elements differ"
+          << (dout.differ ? " (max " + ulp_text(dout.max_ulp) + ")" : "") << ", lse " << dlse.differ << " of "
+          << dlse.elements << (dlse.differ ? " (max " + ulp_text(dlse.max_ulp) + ")" : "");
+        if (first.empty()) first = m.str();
+        if (++detail_lines <= 40) details += m.str() + "\n";
+      }
+    }
+  } catch (...) {
+    std::string why;
+    fail = current_exception_status(why);
+    fail_msg = "batch-invariance call: " + why;
+  }
+  r.timings.total_ms += ms_since(t0);
+  r.timings.glue_ms += ms_since(t0) - (r.timings.run_ms - run_before);
+  if (r.status != Status::kPassed) return r;  // the plain call's verdict stands
+  if (fail != Status::kPassed) {
+    r.status = fail;
+    r.message = fail_msg;
+    return r;
+  }
+  if (variant_requests == 0) {
+    r.message = "batch invariant: every request's rows bitwise equal alone, shuffled and beside extra requests (" +
+                std::to_string(configs.size()) + " calls)";
+    return r;
+  }
+  r.status = Status::kBatchVariant;
+  r.message = std::to_string(variant_requests) + " of " + std::to_string(B) + " requests vary with their batchmates; " +
+              first;
+  if (detail_lines > 40) details += "... " + std::to_string(detail_lines - 40) + " more\n";
+  r.details = details;
+  return r;
+}
+
+// ---------------------------------------------------------------- DCP
+
+Record run_dcp(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, int ranks, int interleave) {
+  std::vector<Captured> plain;
+  Record r = plain_run(ctx, b, op, cfg, plain);
+  const Captured* pl = find_output(plain, "lse");
+  if (!pl) return r;
+  const Case& c = ctx.c;
+  const std::int64_t T = c.num_tokens, N = c.spec.num_heads(), L = c.spec.dims.kv_lora_rank;
+  const TensorView whole_lse{DType::kF32, {T, N}, const_cast<std::byte*>(pl->bytes.data())};
+  const std::string hint = lse_base_hint(whole_lse, ctx.mqa_lse);
+  const std::string label =
+      "dcp " + std::to_string(ranks) + " (interleave " + std::to_string(interleave) + ")";
+  if (r.status != Status::kPassed) {
+    r.message = "the whole call, before sharding: " + r.message + (hint.empty() ? "" : "; " + hint);
+    return r;
+  }
+  const auto t0 = Clock::now();
+  const double run_before = r.timings.run_ms;
+  const PagedCache& full = ctx.cache(r.block_size, true, cfg.exec, r.timings.cache_ms);
+  // Each query token as a request of its own: token u of a request with
+  // context c sees keys 0 .. c + u, and a rank sees its share of those (the
+  // causal rule holds per token whatever the sharding).
+  std::vector<int> visible(static_cast<std::size_t>(T)), owner(static_cast<std::size_t>(T));
+  for (int i = 0; i < c.num_requests; ++i)
+    for (int u = 0; u < c.query_lens[i]; ++u) {
+      const int t = c.query_start_loc[i] + u;
+      visible[t] = c.seq_lens[i] - c.query_lens[i] + u + 1;
+      owner[t] = i;
+    }
+  std::vector<float> acc_o(static_cast<std::size_t>(T * N * L), 0.f);
+  std::vector<float> acc_lse(static_cast<std::size_t>(T * N), -std::numeric_limits<float>::infinity());
+  Status fail = Status::kPassed;
+  std::string fail_msg;
+  int calls = 0;
+  try {
+    PagedCache shard = full;  // the same block table; each rank's keys rewritten in place
+    std::vector<std::byte> entry(static_cast<std::size_t>(full.entry_bytes)), poison(entry.size());
+    poison_entry(full.format(), cfg.exec.poison, poison.data());
+    for (int rank = 0; rank < ranks && fail == Status::kPassed; ++rank) {
+      for (int i = 0; i < c.num_requests; ++i) {
+        const int s = c.seq_lens[i];
+        const int local = dcp_local_count(s, rank, ranks, interleave);
+        for (int p = 0; p < s; ++p)
+          if (dcp_rank_of(p, ranks, interleave) == rank) {
+            full.load_entry(full.slot_of(i, p), entry.data());
+            shard.store_entry(shard.slot_of(i, dcp_local_pos(p, ranks, interleave)), entry.data());
+          }
+        // Past the rank's keys: poison, as a page's unused tail is.
+        for (int p = local; p < s; ++p) shard.store_entry(shard.slot_of(i, p), poison.data());
+      }
+      Call call;
+      for (int t = 0; t < T; ++t)
+        if (const int n = dcp_local_count(visible[t], rank, ranks, interleave); n > 0) call.add(t, 1, n, owner[t]);
+      if (call.empty()) continue;  // no key on this rank: its partials weigh 0
+      CallResult res = call_decode(b, c, shard, *ctx.q_lat, *ctx.q_pe, call, cfg.exec);
+      ++calls;
+      r.timings.run_ms += res.run_ms;
+      if (!res.guard.empty()) {
+        fail = Status::kIncorrect, fail_msg = "rank " + std::to_string(rank) + ": " + res.guard;
+        break;
+      }
+      // The rank's partials at their tokens' rows (absent rows: lse -inf, weight 0), merged.
+      Tensor part_o(DType::kF32, {T, N, L}), part_l(DType::kF32, {T, N});
+      std::fill_n(part_l.data<float>(), T * N, -std::numeric_limits<float>::infinity());
+      const TensorView ov = res.o.view(), lv = res.l.view();
+      for (std::int64_t k = 0; k < call.num_tokens(); ++k) {
+        const std::int64_t t = call.tokens[static_cast<std::size_t>(k)];
+        for (std::int64_t x = 0; x < N * L; ++x) part_o.data<float>()[t * N * L + x] = static_cast<float>(ov.get(k * N * L + x));
+        for (std::int64_t h = 0; h < N; ++h) part_l.data<float>()[t * N + h] = static_cast<float>(lv.get(k * N + h));
+      }
+      merge_states(acc_o, acc_lse, part_o.view(), part_l.view(), T, N, L);
+    }
+  } catch (...) {
+    std::string why;
+    fail = current_exception_status(why);
+    fail_msg = "shard call: " + why;
+  }
+  if (fail != Status::kPassed) {
+    r.status = fail;
+    r.message = label + ", " + fail_msg;
+    r.timings.total_ms += ms_since(t0);
+    return r;
+  }
+  // The merged output in the model dtype, as vLLM's merge writes it; lse fp32.
+  GuardedBuffer o(c.spec.dtype, {T, N, L}, Poison::kZero), l(DType::kF32, {T, N}, Poison::kZero);
+  f32_run_to_16bit(acc_o.data(), T * N * L, c.spec.dtype == DType::kBF16, static_cast<std::uint16_t*>(o.view().data));
+  std::copy(acc_lse.begin(), acc_lse.end(), static_cast<float*>(l.view().data));
+  const auto tc = Clock::now();
+  const RowCheck rc = check_rows(ctx, cfg, baseline_of(ctx, cfg), o.view(), l.view(), c.query_start_loc,
+                                 ctx.mqa_o_lat, ctx.mqa_lse);
+  r.timings.compare_ms += ms_since(tc);
+  // The merged outputs replace the whole call's (an fp8 case's quant_error stays).
+  std::erase_if(r.metrics, [](const Metrics& m) { return m.output != "quant_error"; });
+  r.metrics.insert(r.metrics.begin(), {rc.o, rc.lse});
+  r.status = rc.status;
+  r.message = rc.status == Status::kPassed
+                  ? label + ": " + std::to_string(calls) + " shard calls merged through their LSEs match the reference"
+                  : label + ", merged: " + rc.message + (hint.empty() ? "" : "; " + hint);
+  // The LSE base, checked whatever the policy gates: a merge of log2 LSEs
+  // weighs the shards wrong even where the output tolerance hides it.
+  if (r.status == Status::kPassed && !hint.empty()) {
+    r.status = Status::kIncorrect;
+    r.message = label + ": the merge needs natural-log LSEs, and " + hint;
+  }
+  r.timings.total_ms += ms_since(t0);
+  r.timings.glue_ms += ms_since(t0) - (r.timings.run_ms - run_before) - ms_since(tc);
+  return r;
+}
+
+// ---------------------------------------------------------------- decode loops
+
+Record run_steps(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, int steps) {
+  const auto t0 = Clock::now();
+  const Case& c = ctx.c;
+  Record r;
+  r.case_id = c.spec.id();
+  r.backend = std::string(b.name());
+  r.op = std::string(op_name(op));
+  r.policy = cfg.policy.describe();
+  if (cfg.repro) r.repro = cfg.repro(c.spec, r.backend, op);
+  const auto finish = [&]() -> Record& {
+    Timings& t = r.timings;
+    t.total_ms = ms_since(t0) + ctx.take_shared(t);
+    t.glue_ms = std::max(0.0, t.total_ms - (t.generate_ms + t.reference_ms + t.baseline_ms + t.cache_ms + t.run_ms +
+                                            t.compare_ms));
+    run_profile().add_job(t);
+    return r;
+  };
+  // Every step is a batch of one-token decodes: that is what the backend must take.
+  CaseSpec step_spec = c.spec;
+  for (std::size_t i = 0; i < step_spec.batch.query_lens.size(); ++i) step_spec.batch.query_lens[i] = 1;
+  step_spec.batch.spec_decode = false;
+  Capabilities caps;
+  try {
+    const Support s = b.supports(step_spec, Op::kDecode);
+    caps = b.capabilities();
+    if (!s.ok) {
+      r.status = Status::kNotSupported;
+      r.message = s.reason;
+      return finish();
+    }
+  } catch (const std::exception& e) {
+    r.status = Status::kCrashed;
+    r.message = std::string("supports() threw: ") + e.what();
+    return finish();
+  }
+  r.block_size = resolve_block_size(caps, c.spec);
+  if (const std::string why = ctx.missing_cache(r.block_size); !why.empty()) {
+    r.status = Status::kSkipped;
+    r.message = why;
+    return finish();
+  }
+  for (int i = 0; i < c.num_requests; ++i)
+    if (c.query_lens[i] > steps)
+      throw std::logic_error("decode loop: request " + std::to_string(i) + " has more tokens than steps");
+  const std::int64_t T = c.num_tokens, N = c.spec.num_heads(), L = c.spec.dims.kv_lora_rank;
+  PagedCache cache = ctx.cache(r.block_size, false, cfg.exec, r.timings.cache_ms);  // context only: the loop writes the rest
+  ctx.prepare_decode();
+  const BaselineErrors base = baseline_of(ctx, cfg);
+  // Every step's rows land here, in the case's token order, for the record's metrics.
+  Tensor all_o(c.spec.dtype, {T, N, L}), all_l(DType::kF32, {T, N});
+  poison_fill(all_o.view(), Poison::kNaN);
+  poison_fill(all_l.view(), Poison::kNaN);
+  const std::size_t osz = dtype_size(c.spec.dtype);
+  const std::int64_t* slot_map = cache.slot_mapping.data<std::int64_t>();
+  std::vector<double> ref_o, ref_lse;
+  int first_bad = -1;  // index into r.steps
+  std::string first_msg;
+  Status fail = Status::kPassed;
+  std::string fail_msg;
+  try {
+    for (int k = 0; k < steps; ++k) {
+      Call call;
+      std::vector<std::int32_t> kv_rows;
+      std::vector<std::int64_t> slots;
+      for (int i = 0; i < c.num_requests; ++i) {
+        const int join = loop_join(i, c.query_lens[i], steps);
+        if (k < join || k >= join + c.query_lens[i]) continue;
+        const int u = k - join, context = c.seq_lens[i] - c.query_lens[i];
+        const int t = c.query_start_loc[i] + u;
+        if (c.seq_lens[i] == 0) {  // CUDA-graph padding stays padding: no key, nothing written
+          call.add(t, 1, 0, i);
+          continue;
+        }
+        call.add(t, 1, context + u + 1, i);
+        kv_rows.push_back(c.kv_start_loc[i] + context + u);
+        slots.push_back(slot_map[t]);
+      }
+      if (call.empty()) continue;
+      // The step's new tokens through the backend's own writer (fp8 scales included).
+      if (!slots.empty()) {
+        const Tensor kv = gather_tokens(c.kv_c, kv_rows), pe = gather_tokens(c.k_pe, kv_rows);
+        const auto tw = Clock::now();
+        b.cache_write(cache, kv.view(), pe.view(), slots);
+        r.timings.run_ms += backend_call_done(tw);
+      }
+      CallResult res = call_decode(b, c, cache, *ctx.q_lat, *ctx.q_pe, call, cfg.exec);
+      r.timings.run_ms += res.run_ms;
+      const auto tc = Clock::now();
+      StepResult sr;
+      sr.step = k;
+      sr.requests = static_cast<int>(call.seq_lens.size());
+      if (!res.guard.empty()) {
+        sr.status = Status::kIncorrect;
+        if (first_bad < 0) first_msg = res.guard;
+      } else {
+        gather_reference(ctx, call, ref_o, ref_lse);
+        const RowCheck rc = check_rows(ctx, cfg, base, res.o.view(), res.l.view(), call.qsl, ref_o, ref_lse);
+        sr.status = rc.status;
+        sr.max_abs_o = rc.o.nonfinite_mismatches > 0 ? INFINITY : rc.o.max_abs;
+        sr.max_abs_lse = rc.lse.nonfinite_mismatches > 0 ? INFINITY : rc.lse.max_abs;
+        if (sr.status != Status::kPassed && first_bad < 0) first_msg = rc.message;
+      }
+      r.steps.push_back(sr);
+      if (sr.status != Status::kPassed && first_bad < 0) first_bad = static_cast<int>(r.steps.size()) - 1;
+      for (std::int64_t j = 0; j < call.num_tokens(); ++j) {
+        const std::int64_t t = call.tokens[static_cast<std::size_t>(j)];
+        std::memcpy(all_o.bytes() + t * N * L * osz, static_cast<const std::byte*>(res.o.view().data) + j * N * L * osz,
+                    N * L * osz);
+        std::memcpy(all_l.bytes() + t * N * 4, static_cast<const std::byte*>(res.l.view().data) + j * N * 4, N * 4);
+      }
+      r.timings.compare_ms += ms_since(tc);
+    }
+  } catch (...) {
+    fail = current_exception_status(fail_msg);
+    fail_msg = "step " + std::to_string(r.steps.size()) + " of " + std::to_string(steps) + ": " + fail_msg;
+  }
+  if (fail != Status::kPassed) {
+    r.status = fail;
+    r.message = fail_msg;
+    return finish();
+  }
+  const auto tc = Clock::now();
+  const RowCheck rc = check_rows(ctx, cfg, base, all_o.view(), all_l.view(), c.query_start_loc, ctx.mqa_o_lat,
+                                 ctx.mqa_lse);
+  r.timings.compare_ms += ms_since(tc);
+  r.metrics = {rc.o, rc.lse};
+  r.paths.assign(static_cast<std::size_t>(c.num_requests), "decode");
+  if (first_bad >= 0) {
+    const int first_step = r.steps[static_cast<std::size_t>(first_bad)].step;
+    int failing = 0;
+    for (const StepResult& s : r.steps) failing += s.status != Status::kPassed ? 1 : 0;
+    r.status = r.steps[static_cast<std::size_t>(first_bad)].status;
+    r.message = "step " + std::to_string(first_step) + " of " + std::to_string(steps) + " is the first to fail (" +
+                std::to_string(failing) + " steps fail): " + first_msg;
+  } else {
+    r.status = rc.status;  // passed step by step: the whole agrees
+    r.message = rc.status == Status::kPassed ? std::to_string(steps) + " decode steps, each checked" : rc.message;
+  }
+  return finish();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- public
+
+std::string ServingMode::name() const {
+  if (batch_invariance) return "batch-invariance";
+  if (dcp > 0) return "dcp=" + std::to_string(dcp) + ",interleave=" + std::to_string(dcp_interleave);
+  if (steps > 0) return "steps=" + std::to_string(steps);
+  return {};
+}
+
+void ServingMode::validate() const {
+  if ((batch_invariance ? 1 : 0) + (dcp > 0 ? 1 : 0) + (steps > 0 ? 1 : 0) > 1)
+    throw InputError("--check batch-invariance, --dcp and --steps are separate modes: give one of them");
+  if (dcp < 0 || dcp == 1 || dcp > 64) throw InputError("--dcp " + std::to_string(dcp) + ": ranks must be in 2..64");
+  if (dcp_interleave < 1) throw InputError("--dcp-interleave must be >= 1");
+  if (dcp == 0 && dcp_interleave != 1) throw InputError("--dcp-interleave needs --dcp N");
+  if (steps < 0 || steps > 4096) throw InputError("--steps " + std::to_string(steps) + ": must be in 1..4096");
+}
+
+Record run_serving(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, const ServingMode& mode) {
+  if (op != Op::kDecode) throw std::logic_error("serving modes run the decode op");
+  Record r = mode.batch_invariance ? run_batch_invariance(ctx, b, op, cfg)
+             : mode.dcp > 0        ? run_dcp(ctx, b, op, cfg, mode.dcp, mode.dcp_interleave)
+             : mode.steps > 0      ? run_steps(ctx, b, op, cfg, mode.steps)
+                                   : run_one(ctx, b, op, cfg);
+  r.mode = mode.name();
+  return r;
+}
+
+std::pair<int, int> loop_join_and_count(int request, int steps) {
+  const int quarter = steps / 4;
+  switch (request % 3) {
+    case 1: return {quarter, steps - quarter};  // joins late, runs to the end
+    case 2: return {0, steps - quarter};        // finishes early
+    default: return {0, steps};
+  }
+}
+
+int loop_join(int request, int tokens, int steps) {
+  if (tokens > steps)
+    throw InvalidCase("request " + std::to_string(request) + " has " + std::to_string(tokens) +
+                      " new tokens, more than --steps " + std::to_string(steps));
+  return request % 3 == 1 ? steps - tokens : 0;
+}
+
+CaseSpec decode_loop_spec(const CaseSpec& spec, int steps) {
+  CaseSpec s = spec;
+  BatchSpec& b = s.batch;
+  for (std::size_t i = 0; i < b.seq_lens.size(); ++i) {
+    const int context = b.seq_lens[i] - b.query_lens[i];
+    const int n = loop_join_and_count(static_cast<int>(i), steps).second;
+    b.query_lens[i] = n;
+    if (b.seq_lens[i] > 0) b.seq_lens[i] = context + n;  // a padding request (seq_len 0) stays one
+  }
+  b.spec_decode = false;
+  return s;
+}
+
+int dcp_rank_of(int pos, int ranks, int interleave) { return (pos / interleave) % ranks; }
+int dcp_local_pos(int pos, int ranks, int interleave) {
+  return (pos / (ranks * interleave)) * interleave + pos % interleave;
+}
+int dcp_local_count(int visible, int rank, int ranks, int interleave) {
+  const int cycle = ranks * interleave;
+  return (visible / cycle) * interleave + std::clamp(visible % cycle - rank * interleave, 0, interleave);
+}
+
+std::string lse_base_hint(const TensorView& got, const std::vector<double>& reference) {
+  // The mean abs deviation of got and of got * ln 2 from the reference, over rows where both are finite.
+  double dev_e = 0, dev_2 = 0;
+  std::int64_t n = 0;
+  const std::int64_t total = std::min<std::int64_t>(got.numel(), static_cast<std::int64_t>(reference.size()));
+  for (std::int64_t i = 0; i < total; ++i) {
+    const double g = got.get(i), y = reference[static_cast<std::size_t>(i)];
+    if (!std::isfinite(g) || !std::isfinite(y) || std::abs(y) < 0.5) continue;  // near 0 both bases agree
+    dev_e += std::abs(g - y);
+    dev_2 += std::abs(g * std::log(2.0) - y);
+    ++n;
+  }
+  if (n == 0 || !(dev_2 * 10 < dev_e)) return {};
+  std::ostringstream m;
+  m.precision(3);
+  m << "the lse is base 2 (log2): lse x ln 2 matches the natural-log reference (mean abs dev " << dev_2 / n
+    << " against " << dev_e / n << " as given)";
+  return m.str();
+}
+
+}  // namespace mlagate

@@ -1,0 +1,283 @@
+// The serving-engine modes (harness/run/SERVING.md): each planted bug of the
+// calls across a serving engine passes every plain run and is caught by exactly
+// the mode built for it; the correct CPU backends pass every mode; the DCP
+// sharding and the decode-loop schedule are what they claim; the records'
+// mode and steps survive the JSON report and the journal.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "../backends/planted.h"
+#include "../cli_call.h"
+#include "backends/cpu/cpu_backends.h"
+#include "cases/errors.h"
+#include "cases/suite.h"
+#include "harness/run/runner.h"
+#include "harness/run/serving.h"
+#include "reports/record_json.h"
+#include "reports/report.h"
+
+namespace mlagate {
+namespace {
+
+// The smoke suite, and fp8 cases with k_scale 3 (fp8 and fp8_e4m3 read it).
+std::vector<CaseSpec> serving_cases() {
+  std::vector<CaseSpec> cases = load_suite("smoke").cases;
+  for (const CaseSpec& c : load_suite("fp8").cases)
+    if ((c.kv_cache_dtype == KvCacheDtype::kFp8 || c.kv_cache_dtype == KvCacheDtype::kFp8E4m3) && c.k_scale == 3.f &&
+        c.tp == 16)
+      cases.push_back(c);
+  return cases;
+}
+
+struct ModeRun {
+  std::map<Status, int> counts;
+  std::vector<Record> records;
+  int failures() const {
+    int n = 0;
+    for (const auto& [s, k] : counts) n += status_fails_run(s, true) ? k : 0;
+    return n;
+  }
+  std::string first_failure() const {
+    for (const Record& r : records)
+      if (status_fails_run(r.status, true)) return r.case_id + " [" + r.op + "]: " + std::string(status_name(r.status)) + ": " + r.message;
+    return {};
+  }
+};
+
+ModeRun run_with(std::unique_ptr<Backend> backend, const ServingMode& mode, std::vector<Op> ops, const Policy& policy,
+             std::vector<CaseSpec> cases = serving_cases()) {
+  if (mode.steps > 0)
+    for (CaseSpec& c : cases) c = decode_loop_spec(c, mode.steps);
+  std::vector<std::unique_ptr<Backend>> bs;
+  bs.push_back(std::move(backend));
+  RunConfig cfg;
+  cfg.cases = std::move(cases);
+  cfg.ops = std::move(ops);
+  cfg.policy = policy;
+  if (mode.active())
+    cfg.run_job = [&cfg, mode](CaseContext& ctx, Backend& b, Op op) { return run_serving(ctx, b, op, cfg, mode); };
+  ModeRun r;
+  r.records = run_cases(cfg, bs);
+  for (const Record& rec : r.records) ++r.counts[rec.status];
+  return r;
+}
+
+ServingMode bi() {
+  ServingMode m;
+  m.batch_invariance = true;
+  return m;
+}
+ServingMode dcp(int n, int k = 1) {
+  ServingMode m;
+  m.dcp = n;
+  m.dcp_interleave = k;
+  return m;
+}
+ServingMode steps(int n) {
+  ServingMode m;
+  m.steps = n;
+  return m;
+}
+
+Policy baseline() { return make_policy("baseline", 0, 0); }
+Policy vllm() { return make_policy("vllm", 0, 0); }
+
+TEST(Serving, DcpShardingIsABijectionPerRank) {
+  for (int ranks : {2, 3, 4, 8})
+    for (int k : {1, 2, 16, 64})
+      for (int visible : {0, 1, 5, 63, 64, 65, 200, 1025}) {
+        int total = 0;
+        for (int r = 0; r < ranks; ++r) {
+          std::set<int> local;
+          for (int p = 0; p < visible; ++p)
+            if (dcp_rank_of(p, ranks, k) == r) local.insert(dcp_local_pos(p, ranks, k));
+          const int n = dcp_local_count(visible, r, ranks, k);
+          ASSERT_EQ(static_cast<int>(local.size()), n) << ranks << " ranks, interleave " << k << ", visible " << visible;
+          if (n > 0) {
+            EXPECT_EQ(*local.begin(), 0);
+            EXPECT_EQ(*local.rbegin(), n - 1);  // dense: 0 .. n-1
+          }
+          total += n;
+        }
+        EXPECT_EQ(total, visible);
+      }
+}
+
+TEST(Serving, DecodeLoopScheduleJoinsAndFinishes) {
+  const CaseSpec spec = load_suite("smoke").cases.front();
+  for (int n : {1, 3, 8, 64}) {
+    CaseSpec s = spec;
+    s.batch.seq_lens = {100, 50, 7, 0, 9};
+    s.batch.query_lens = {1, 2, 1, 1, 3};
+    const CaseSpec loop = decode_loop_spec(s, n);
+    ASSERT_NO_THROW(loop.validate());
+    for (int i = 0; i < 5; ++i) {
+      const int q = loop.batch.query_lens[i];
+      const auto [join, count] = loop_join_and_count(i, n);
+      EXPECT_EQ(q, count);
+      EXPECT_EQ(loop_join(i, q, n), join);
+      EXPECT_LE(join + count, n);
+      // The context is kept; a padding request stays padding.
+      if (s.batch.seq_lens[i] == 0) EXPECT_EQ(loop.batch.seq_lens[i], 0);
+      else EXPECT_EQ(loop.batch.seq_lens[i] - q, s.batch.seq_lens[i] - s.batch.query_lens[i]);
+    }
+    if (n >= 4) {
+      EXPECT_EQ(loop_join_and_count(1, n).first, n / 4);       // joins late
+      EXPECT_EQ(loop_join_and_count(2, n).second, n - n / 4);  // finishes early
+    }
+  }
+  EXPECT_THROW(loop_join(0, 9, 8), InvalidCase);
+}
+
+TEST(Serving, LseBaseHintNamesLog2) {
+  std::vector<double> ref = {1.5, 3.0, -2.0, 7.25, INFINITY};
+  std::vector<float> natural = {1.5f, 3.0f, -2.0f, 7.25f, INFINITY}, log2(natural);
+  for (float& x : log2) x = static_cast<float>(x / std::log(2.0));
+  EXPECT_EQ(lse_base_hint(TensorView{DType::kF32, {5}, natural.data()}, ref), "");
+  EXPECT_NE(lse_base_hint(TensorView{DType::kF32, {5}, log2.data()}, ref).find("base 2"), std::string::npos);
+}
+
+// The correct CPU backends pass every mode (no BATCH_VARIANT either: their
+// bits do not depend on the batch).
+TEST(Serving, CorrectBackendsPassEveryMode) {
+  for (auto make : {make_cpu_paged, make_cpu_splitkv})
+    for (const ServingMode& m : {bi(), dcp(2), dcp(4, 16), dcp(8, 3), steps(8)}) {
+      const ModeRun r = run_with(make(), m, {Op::kDecode}, baseline());
+      EXPECT_EQ(r.failures(), 0) << make()->name() << " " << m.name() << ": " << r.first_failure();
+      EXPECT_EQ(r.counts.count(Status::kBatchVariant), 0u) << make()->name();
+      EXPECT_GT(r.counts.at(Status::kPassed), 10) << make()->name() << " " << m.name();
+      for (const Record& rec : r.records) EXPECT_EQ(rec.mode, m.name());
+    }
+}
+
+// Each planted serving bug: every plain run passes (decode, layer and
+// cache_write ops; the lse bug under the vllm policy, which does not gate lse,
+// as vLLM's own tests do not), its own mode catches it, the other modes do not.
+TEST(Serving, EachPlantedBugIsCaughtByExactlyItsMode) {
+  const std::vector<std::pair<std::string, ServingMode>> modes = {
+      {"--check batch-invariance", bi()}, {"--dcp 2", dcp(2)}, {"--steps 8", steps(8)}};
+  ASSERT_EQ(planted_serving_bugs().size(), 3u);
+  for (const PlantedServingBug& sb : planted_serving_bugs()) {
+    const PlantedBug& bug = sb.bug;
+    const Policy policy = bug.name == "bug.lse_log2" ? vllm() : baseline();
+    const ModeRun plain = run_with(bug.make(), ServingMode{}, {Op::kDecode, Op::kLayer, Op::kCacheWrite}, policy);
+    EXPECT_EQ(plain.failures(), 0) << bug.name << " fails a plain run: " << plain.first_failure();
+    EXPECT_EQ(plain.counts.count(Status::kBatchVariant), 0u);
+    for (const auto& [flags, mode] : modes) {
+      const ModeRun r = run_with(bug.make(), mode, {Op::kDecode}, policy);
+      if (flags != sb.mode) {
+        EXPECT_EQ(r.failures(), 0) << bug.name << " caught by " << flags << ", not its mode: " << r.first_failure();
+        continue;
+      }
+      int caught = 0;
+      for (const Record& rec : r.records) {
+        if (rec.status == Status::kPassed || rec.status == Status::kNotSupported) {
+          // Where the bug is exposed (its fp8 cases), it must not pass.
+          if (bug.exposed_by && rec.status == Status::kPassed) {
+            for (const CaseSpec& c : serving_cases())
+              if (c.id() == rec.case_id && bug.exposed_by(c)) ADD_FAILURE() << bug.name << " passed " << rec.case_id;
+          }
+          continue;
+        }
+        EXPECT_EQ(rec.status, bug.expected) << bug.name << " " << rec.case_id << ": " << rec.message;
+        ++caught;
+        if (bug.name == "bug.batch_size_splits") {
+          EXPECT_NE(rec.message.find("vary with their batchmates"), std::string::npos) << rec.message;
+          EXPECT_NE(rec.message.find("ULP"), std::string::npos) << rec.message;
+        }
+        if (bug.name == "bug.lse_log2") {
+          EXPECT_NE(rec.message.find("base 2"), std::string::npos) << rec.message;
+        }
+        if (bug.name == "bug.fp8_scale_lost_after_step") {
+          EXPECT_NE(rec.message.find("step 1 of 8 is the first to fail"), std::string::npos) << rec.message;
+          ASSERT_EQ(rec.steps.size(), 8u);
+          EXPECT_EQ(rec.steps[0].status, Status::kPassed);
+          EXPECT_NE(rec.steps[1].status, Status::kPassed);
+        }
+      }
+      EXPECT_GT(caught, 0) << bug.name << " not caught by " << flags;
+    }
+  }
+}
+
+// Under the default (baseline) policy the log2 lse fails a plain run too, and
+// the message says which base it is in.
+TEST(Serving, PlainRunNamesALog2Lse) {
+  for (const PlantedServingBug& sb : planted_serving_bugs()) {
+    if (sb.bug.name != "bug.lse_log2") continue;
+    const ModeRun r = run_with(sb.bug.make(), ServingMode{}, {Op::kDecode}, baseline());
+    ASSERT_GT(r.counts.count(Status::kIncorrect), 0u);
+    for (const Record& rec : r.records) {
+      if (rec.status == Status::kIncorrect) {
+        EXPECT_NE(rec.message.find("base 2"), std::string::npos) << rec.message;
+      }
+    }
+  }
+}
+
+// The decode loop's per-step results and the mode reach the JSON report, its
+// reader (mlagate merge) and the journal's record lines unchanged.
+TEST(Serving, ModeAndStepsRoundTripThroughReportsAndJournal) {
+  std::vector<CaseSpec> cases = {load_suite("smoke").cases.front()};
+  const ModeRun r = run_with(make_cpu_paged(), steps(4), {Op::kDecode}, baseline(), cases);
+  ASSERT_EQ(r.records.size(), 1u);
+  const Record& rec = r.records[0];
+  ASSERT_EQ(rec.status, Status::kPassed) << rec.message;
+  ASSERT_EQ(rec.steps.size(), 4u);
+  EXPECT_EQ(rec.mode, "steps=4");
+  const Record back = record_from_json_line(record_to_json_line(rec));
+  EXPECT_EQ(back.mode, rec.mode);
+  ASSERT_EQ(back.steps.size(), 4u);
+  for (std::size_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(back.steps[k].step, rec.steps[k].step);
+    EXPECT_EQ(back.steps[k].requests, rec.steps[k].requests);
+    EXPECT_EQ(back.steps[k].max_abs_o, rec.steps[k].max_abs_o);
+  }
+  const std::filesystem::path dir = test::scratch_dir("serving_json");
+  const std::string path = (dir / "r.json").string();
+  {
+    std::ofstream os(path);
+    write_json(os, RunInfo{}, r.records);
+  }
+  const JsonReport jr = read_json_report(path);
+  ASSERT_EQ(jr.records.size(), 1u);
+  EXPECT_EQ(jr.records[0].mode, "steps=4");
+  ASSERT_EQ(jr.records[0].steps.size(), 4u);
+  EXPECT_EQ(jr.records[0].steps[3].max_abs_lse, rec.steps[3].max_abs_lse);
+  std::ostringstream html;
+  write_html(html, RunInfo{}, r.records);
+  EXPECT_NE(html.str().find("decode loop: 4 steps"), std::string::npos);
+  EXPECT_NE(html.str().find("mode steps=4"), std::string::npos);
+}
+
+// The CLI: the modes judge the decode op; bad combinations are exit 2 before
+// anything runs; a mode's repro command carries its flags.
+TEST(Serving, CliRefusesBadModesAndCarriesTheFlags) {
+  EXPECT_EQ(test::cli({"run", "--suite", "smoke", "--backend", "cpu.paged", "--dcp", "2", "--op", "layer", "-q"}), 2);
+  EXPECT_EQ(test::cli({"run", "--suite", "smoke", "--backend", "cpu.paged", "--dcp", "1", "-q"}), 2);
+  EXPECT_EQ(test::cli({"run", "--suite", "smoke", "--backend", "cpu.paged", "--dcp", "2", "--steps", "4", "-q"}), 2);
+  EXPECT_EQ(test::cli({"run", "--suite", "smoke", "--backend", "cpu.paged", "--dcp-interleave", "4", "-q"}), 2);
+  EXPECT_EQ(test::cli({"run", "--suite", "smoke", "--backend", "cpu.paged", "--require", "batch-invariance", "-q"}), 2);
+  EXPECT_EQ(test::cli({"run", "--suite", "smoke", "--backend", "cpu.paged", "--check", "batch-invariance",
+                       "--repeat", "2", "-q"}), 2);
+  const std::filesystem::path dir = test::scratch_dir("serving_cli");
+  const std::string json = (dir / "r.json").string();
+  ASSERT_EQ(test::cli({"run", "--suite", "gate", "--filter", "single_decode", "--backend", "cpu.splitkv", "--dcp", "4",
+                       "--dcp-interleave", "8", "--no-progress", "-q", "--json", json}),
+            0);
+  const JsonReport jr = read_json_report(json);
+  ASSERT_FALSE(jr.records.empty());
+  for (const Record& r : jr.records) {
+    EXPECT_EQ(r.op, "decode");
+    EXPECT_EQ(r.mode, "dcp=4,interleave=8");
+    EXPECT_NE(r.repro.find("--dcp 4 --dcp-interleave 8"), std::string::npos) << r.repro;
+  }
+}
+
+}  // namespace
+}  // namespace mlagate
