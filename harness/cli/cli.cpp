@@ -111,6 +111,12 @@ int cli_main(int argc, char** argv) {
   shrink->add_option("--splits", sa.splits, "forced splits of split-KV backends (0: from the work)")->capture_default_str();
   shrink->add_option("--out", sa.out, "folder for shrunk.yaml, the golden bundle and the runs' scratch")
       ->capture_default_str();
+  shrink->add_option("--check", sa.checks, "batch-invariance: the failing record's mode")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"batch-invariance"}));
+  shrink->add_option("--dcp", sa.dcp, "the failing record's DCP ranks (shrunk toward 2)");
+  shrink->add_option("--dcp-interleave", sa.dcp_interleave, "the failing record's DCP interleave (shrunk toward 1)");
+  shrink->add_option("--steps", sa.steps, "the failing record's decode-loop steps (shrunk toward 1)");
   shrink->add_option("--max-runs", sa.max_runs, "runs at most before the final one (the first run counts)")->capture_default_str();
 
   std::string command_line;

@@ -53,6 +53,9 @@ struct ShrinkArgs {
   PoisonArgs poison;
   int max_runs = 200, splits = 0;
   OutOfTree extra;
+  // A serving mode's record (harness/run/SERVING.md): shrunk with the case.
+  std::vector<std::string> checks;
+  int dcp = 0, dcp_interleave = 1, steps = 0;
 };
 int cmd_shrink(const Selection& sel, const ShrinkArgs& sa);
 

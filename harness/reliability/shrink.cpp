@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -144,6 +146,22 @@ bool valid(const CaseSpec& c) {
   }
 }
 
+// The value of `--name V` in flags (0 when absent), and flags with it set to v.
+int flag_value(const std::vector<std::string>& flags, const std::string& name) {
+  for (std::size_t i = 0; i + 1 < flags.size(); ++i)
+    if (flags[i] == name) return std::atoi(flags[i + 1].c_str());
+  return 0;
+}
+std::vector<std::string> with_flag(std::vector<std::string> flags, const std::string& name, int v) {
+  for (std::size_t i = 0; i + 1 < flags.size(); ++i)
+    if (flags[i] == name) {
+      flags[i + 1] = std::to_string(v);
+      return flags;
+    }
+  flags.insert(flags.end(), {name, std::to_string(v)});
+  return flags;
+}
+
 // One-step reductions of (spec, flags), biggest first.
 std::vector<Candidate> candidates(const CaseSpec& s, const std::vector<std::string>& flags, bool splits_given) {
   std::vector<Candidate> out;
@@ -190,7 +208,15 @@ std::vector<Candidate> candidates(const CaseSpec& s, const std::vector<std::stri
     add("block size " + (s.block_size ? std::to_string(s.block_size) : std::string("auto")) + " -> " + std::to_string(bs),
         c, flags);
   }
-  if (!splits_given && flags.empty()) add("one split (--splits 1)", s, {"--splits", "1"});
+  if (!splits_given && flag_value(flags, "--splits") == 0) add("one split (--splits 1)", s, with_flag(flags, "--splits", 1));
+  // A serving mode's numbers: fewer steps, fewer ranks, a smaller interleave.
+  if (const int n = flag_value(flags, "--steps"); n > 1)
+    add("steps " + std::to_string(n) + " -> " + std::to_string(n / 2), s, with_flag(flags, "--steps", n / 2));
+  if (const int n = flag_value(flags, "--dcp"); n > 2)
+    add("ranks " + std::to_string(n) + " -> " + std::to_string(std::max(2, n / 2)), s,
+        with_flag(flags, "--dcp", std::max(2, n / 2)));
+  if (const int k = flag_value(flags, "--dcp-interleave"); k > 1)
+    add("interleave " + std::to_string(k) + " -> " + std::to_string(k / 2), s, with_flag(flags, "--dcp-interleave", k / 2));
   return out;
 }
 
@@ -251,7 +277,7 @@ int shrink_main(const ShrinkOptions& in) {
   for (const auto& a : opt.run_args) splits_given = splits_given || a == "--splits";
   Shrinker sh(opt);
   CaseSpec cur = opt.target;
-  std::vector<std::string> flags;
+  std::vector<std::string> flags = opt.mode_flags;
   const Outcome want = sh.run(cur, flags);
   if (!want.ran) throw InputError("shrink: the case gave no record for " + opt.backend + " " + std::string(op_name(opt.op)) +
                                   " (see " + (fs::path(opt.out_dir) / "runs" / "candidate.out").string() + ")");

@@ -2,7 +2,8 @@
 // fails the same way (the same status; an order-dependent failure stays
 // order-dependent after the same predecessors). Candidates shrink one thing at
 // a time: drop a request, halve a context or a query, double TP (fewer heads),
-// a smaller block size, one split (--splits 1). Each candidate runs in a
+// a smaller block size, one split (--splits 1), and a serving mode's numbers
+// (half the --steps, half the --dcp ranks, half the --dcp-interleave). Each candidate runs in a
 // separate `mlagate run` process (the binary itself: crashes and hangs are
 // records, plugins and exec backends come along as flags), from a suite file
 // the shrink writes, so the final case is a file a user can rerun as is.
@@ -23,6 +24,9 @@ struct ShrinkOptions {
   Op op = Op::kLayer;
   // Flags every candidate run gets (plugins, exec backends, policy, poison, ...).
   std::vector<std::string> run_args;
+  // A serving mode's flags (--steps N, --dcp N, --dcp-interleave K, --check
+  // batch-invariance): the candidates start from them and shrink the numbers.
+  std::vector<std::string> mode_flags;
   std::string out_dir = "shrunk";  // shrunk.yaml, the runs' scratch, the golden bundle
   int max_runs = 200;              // candidate runs at most
 };

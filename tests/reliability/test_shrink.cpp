@@ -79,5 +79,35 @@ TEST(Shrink, CrashesAndOrderDependentFailures) {
   EXPECT_NE(slurp(d / "stderr.txt").find("is PASSED: nothing to shrink"), std::string::npos) << slurp(d / "stderr.txt");
 }
 
+// A serving mode's record shrinks with its numbers: a log2 lse (rel.lse_log2)
+// caught by DCP over 8 ranks with interleave 4 shrinks to 2 ranks, interleave
+// 1 and one request; caught by a decode loop (the baseline policy gates lse),
+// to one step. The repro commands carry the mode's flags.
+TEST(Shrink, ServingModesShrinkTheirNumbers) {
+  const fs::path d = temp_dir("shrink_serving");
+  const std::string c = "smoke/small_decode/tp16/bf16/kv=auto/bs=auto/seed=0";
+  ASSERT_EQ(run_mlagate({"shrink", "--plugin", kPlugin, "--suite", "smoke", "--case", c, "--backend", "rel.lse_log2",
+                         "--policy", "vllm", "--dcp", "8", "--dcp-interleave", "4", "--out", (d / "dcp").string()},
+                        d),
+            0)
+      << slurp(d / "stderr.txt");
+  std::string out = slurp(d / "stdout.txt");
+  EXPECT_NE(out.find("shrinking rel.lse_log2 decode: INCORRECT"), std::string::npos) << out;
+  EXPECT_NE(out.find("base 2"), std::string::npos) << out;
+  EXPECT_NE(out.find("ranks 4 -> 2"), std::string::npos) << out;
+  EXPECT_NE(out.find("interleave 2 -> 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("to:   1 requests"), std::string::npos) << out;
+  EXPECT_NE(out.find("--dcp 2 --dcp-interleave 1"), std::string::npos) << out;
+  ASSERT_EQ(run_mlagate({"shrink", "--plugin", kPlugin, "--suite", "smoke", "--case", c, "--backend", "rel.lse_log2",
+                         "--steps", "8", "--out", (d / "steps").string()},
+                        d),
+            0)
+      << slurp(d / "stderr.txt");
+  out = slurp(d / "stdout.txt");
+  EXPECT_NE(out.find("shrinking rel.lse_log2 decode: INCORRECT"), std::string::npos) << out;
+  EXPECT_NE(out.find("steps 2 -> 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("--steps 1"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace mlagate
