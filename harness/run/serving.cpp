@@ -18,6 +18,7 @@
 #include "cases/errors.h"
 #include "harness/run/case_context.h"
 #include "harness/run/guarded.h"
+#include "reference/compare.h"
 #include "reference/glue.h"
 #include "reports/profile.h"
 
@@ -195,39 +196,36 @@ const Captured* find_output(const std::vector<Captured>& outs, const char* name)
   return nullptr;
 }
 
-// Sign-magnitude bits as a line of integers: the ULP distance of two finite
-// values of the same dtype is the difference (+0 and -0 are 0 apart).
-std::int64_t ordered(std::uint32_t bits, int width) {
-  const std::uint32_t sign = 1u << (width - 1);
-  const std::int64_t mag = bits & (sign - 1);
-  return (bits & sign) ? -mag : mag;
-}
-
 struct RowDiff {
   std::int64_t elements = 0, differ = 0;
-  double max_ulp = 0;  // inf when a NaN differs from a number
+  double max_diff = 0;  // inf when a NaN differs from a number
+  double max_mag = 0;   // the largest |value| of the rows in the batch call
+  // ULPs at the rows' own scale: a bit of difference in values near 0 (where
+  // sums cancel) is not counted as thousands of ULPs of a tiny number.
+  double ulps(DType d) const { return std::isinf(max_diff) ? INFINITY : max_diff / ulp_of(std::max(max_mag, 1e-30), d); }
 };
 
 void diff_rows(const std::byte* a, const std::byte* b, std::int64_t n, DType dtype, RowDiff& d) {
   const std::size_t esz = dtype_size(dtype);
   d.elements += n;
+  const TensorView va{dtype, {n}, const_cast<std::byte*>(a)}, vb{dtype, {n}, const_cast<std::byte*>(b)};
   for (std::int64_t i = 0; i < n; ++i) {
-    std::uint32_t x = 0, y = 0;
-    std::memcpy(&x, a + i * esz, esz);
-    std::memcpy(&y, b + i * esz, esz);
-    if (x == y) continue;
+    const double fa = va.get(i);
+    if (std::isfinite(fa)) d.max_mag = std::max(d.max_mag, std::abs(fa));
+    if (std::memcmp(a + i * esz, b + i * esz, esz) == 0) continue;
     ++d.differ;
-    const TensorView va{dtype, {1}, const_cast<std::byte*>(a + i * esz)};
-    const TensorView vb{dtype, {1}, const_cast<std::byte*>(b + i * esz)};
-    const double fa = va.get(0), fb = vb.get(0);
-    const int width = static_cast<int>(esz * 8);
-    const double ulps = std::isnan(fa) || std::isnan(fb) ? INFINITY
-                                                         : static_cast<double>(std::llabs(ordered(x, width) - ordered(y, width)));
-    d.max_ulp = std::max(d.max_ulp, ulps);
+    const double fb = vb.get(i);
+    d.max_diff = std::max(d.max_diff, std::isnan(fa) != std::isnan(fb) ? INFINITY : std::abs(fa - fb));
   }
 }
 
-std::string ulp_text(double u) { return std::isinf(u) ? std::string("NaN against a number") : exact_number(u) + " ULP"; }
+std::string diff_text(const RowDiff& d, DType dtype) {
+  if (std::isinf(d.max_diff)) return "NaN against a number";
+  std::ostringstream m;
+  m.precision(3);
+  m << "max diff " << d.max_diff << " = " << d.ulps(dtype) << " ULP at the rows' scale " << d.max_mag;
+  return m.str();
+}
 
 // ---------------------------------------------------------------- batch invariance
 
@@ -317,8 +315,8 @@ Record run_batch_invariance(CaseContext& ctx, Backend& b, Op op, const RunConfig
         std::ostringstream m;
         m << "request " << i << " (seq_len " << c.seq_lens[i] << ", query_len " << q << ") " << label
           << " vs in its batch: o_lat " << dout.differ << " of " << dout.elements << " elements differ"
-          << (dout.differ ? " (max " + ulp_text(dout.max_ulp) + ")" : "") << ", lse " << dlse.differ << " of "
-          << dlse.elements << (dlse.differ ? " (max " + ulp_text(dlse.max_ulp) + ")" : "");
+          << (dout.differ ? " (" + diff_text(dout, c.spec.dtype) + ")" : "") << ", lse " << dlse.differ << " of "
+          << dlse.elements << (dlse.differ ? " (" + diff_text(dlse, DType::kF32) + ")" : "");
         if (first.empty()) first = m.str();
         if (++detail_lines <= 40) details += m.str() + "\n";
       }
