@@ -4,6 +4,8 @@
 #include "backends/backend.h"
 
 #include <algorithm>
+#include <cstring>
+#include <limits>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -297,5 +299,120 @@ void sparse_window_slots(const SparseDecodeArgs& a, std::vector<std::int32_t>& s
 }
 
 std::unique_ptr<DecodeBench> Backend::prepare_decode_bench(const DecodeArgs&) { return nullptr; }
+
+}  // namespace mlagate
+
+namespace mlagate {
+
+std::unique_ptr<DecodeGraph> Backend::capture_decode(const DecodeArgs&) { return nullptr; }
+
+namespace {
+
+// emulate_decode_graph's handle. The persistent cache has the captured number
+// of blocks and a block table of one row per captured request, the captured
+// width: a replay copies the case's blocks and rows into it (narrower rows
+// padded with block 0) and keeps the addresses.
+class HostDecodeGraph final : public DecodeGraph {
+ public:
+  HostDecodeGraph(Backend& b, const DecodeArgs& a)
+      : b_(b),
+        q_lat_(a.q_lat.dtype, a.q_lat.shape),
+        q_pe_(a.q_pe.dtype, a.q_pe.shape),
+        o_lat_(a.o_lat.dtype, a.o_lat.shape),
+        lse_(a.lse.dtype, a.lse.shape),
+        seq_lens_(a.seq_lens.size()),
+        query_start_(a.query_start_loc.size()),
+        rows_(a.block_table_rows.size()),
+        scale_(a.scale),
+        k_scale_(a.k_scale) {
+    check_decode_args(a);
+    const PagedCache& c = *a.cache;
+    // The cache's format and layout without its data and table (filled per replay).
+    cache_.kv_dtype = c.kv_dtype;
+    cache_.elem_dtype = c.elem_dtype;
+    cache_.scale_rule = c.scale_rule;
+    cache_.k_scale = c.k_scale;
+    cache_.kv_lora_rank = c.kv_lora_rank;
+    cache_.rope_dim = c.rope_dim;
+    cache_.block_size = c.block_size;
+    cache_.num_blocks = c.num_blocks;
+    cache_.used_blocks = c.used_blocks;
+    cache_.entry_bytes = c.entry_bytes;
+    cache_.block_bytes = c.block_bytes;
+    cache_.table_width = c.table_width;
+    cache_.data = Tensor(c.data.dtype(), c.data.shape());
+    cache_.block_table = Tensor(DType::kI32, {static_cast<std::int64_t>(a.seq_lens.size()), c.table_width});
+    cache_.options = c.options;
+    // Outputs as a caching allocator hands them out (torch.empty): never
+    // cleared, here NaN, so a row no replay writes shows up.
+    poison_floats(o_lat_);
+    poison_floats(lse_);
+    run(a);  // the capture runs the work once, as stream capture's warm-up does
+  }
+
+  void replay(const DecodeArgs& a) override {
+    run(a);
+    std::memcpy(a.o_lat.data, o_lat_.bytes(), o_lat_.nbytes());
+    std::memcpy(a.lse.data, lse_.bytes(), lse_.nbytes());
+  }
+  std::string note() const override { return "host emulation of a captured graph (persistent buffers)"; }
+
+ private:
+  static void poison_floats(Tensor& t) {
+    const TensorView v = t.view();
+    for (std::int64_t i = 0; i < v.numel(); ++i) v.set(i, std::numeric_limits<double>::quiet_NaN());
+  }
+  void run(const DecodeArgs& a) {
+    const PagedCache& c = *a.cache;
+    if (a.q_lat.shape != q_lat_.shape() || a.q_pe.shape != q_pe_.shape() || a.q_lat.dtype != q_lat_.dtype() ||
+        a.o_lat.shape != o_lat_.shape() || a.seq_lens.size() != seq_lens_.size() ||
+        a.query_start_loc.size() != query_start_.size() || a.block_table_rows.size() != rows_.size())
+      throw std::invalid_argument("decode graph: replayed with other shapes than captured");
+    if (a.scale != scale_ || a.k_scale != k_scale_ || c.kv_dtype != cache_.kv_dtype || c.scale_rule != cache_.scale_rule ||
+        c.k_scale != cache_.k_scale || c.block_size != cache_.block_size || c.entry_bytes != cache_.entry_bytes ||
+        c.block_bytes != cache_.block_bytes)
+      throw std::invalid_argument("decode graph: replayed with another scale or cache format than captured");
+    if (c.num_blocks > cache_.num_blocks || c.table_width > cache_.table_width ||
+        c.block_table.dim(0) > cache_.block_table.dim(0))
+      throw std::invalid_argument("decode graph: the cache is larger than the captured one");
+    // In place: the same addresses every replay.
+    std::memcpy(q_lat_.bytes(), a.q_lat.data, q_lat_.nbytes());
+    std::memcpy(q_pe_.bytes(), a.q_pe.data, q_pe_.nbytes());
+    std::copy(a.seq_lens.begin(), a.seq_lens.end(), seq_lens_.begin());
+    std::copy(a.query_start_loc.begin(), a.query_start_loc.end(), query_start_.begin());
+    std::copy(a.block_table_rows.begin(), a.block_table_rows.end(), rows_.begin());
+    std::memcpy(cache_.data.bytes(), c.data.bytes(), c.data.nbytes());
+    std::int32_t* table = cache_.block_table.data<std::int32_t>();
+    std::fill_n(table, cache_.block_table.numel(), 0);
+    const std::int32_t* src = c.block_table.data<std::int32_t>();
+    for (std::int64_t r = 0; r < c.block_table.dim(0); ++r)
+      std::copy_n(src + r * c.table_width, c.table_width, table + r * cache_.table_width);
+    DecodeArgs p;
+    p.q_lat = q_lat_.view();
+    p.q_pe = q_pe_.view();
+    p.cache = &cache_;
+    p.seq_lens = seq_lens_;
+    p.query_start_loc = query_start_;
+    p.block_table_rows = rows_;
+    p.scale = scale_;
+    p.k_scale = k_scale_;
+    p.o_lat = o_lat_.view();
+    p.lse = lse_.view();
+    b_.decode(p);
+  }
+
+  Backend& b_;
+  Tensor q_lat_, q_pe_, o_lat_, lse_;
+  std::vector<std::int32_t> seq_lens_, query_start_, rows_;
+  PagedCache cache_;
+  double scale_;
+  float k_scale_;
+};
+
+}  // namespace
+
+std::unique_ptr<DecodeGraph> emulate_decode_graph(Backend& b, const DecodeArgs& args) {
+  return std::make_unique<HostDecodeGraph>(b, args);
+}
 
 }  // namespace mlagate

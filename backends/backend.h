@@ -124,6 +124,7 @@ struct SparsePrefillArgs {
 };
 
 class DecodeBench;  // below: a prepared decode for `mlagate bench`
+class DecodeGraph;  // below: a captured decode for `--cuda-graph`
 
 // One instance runs one call at a time (the runner is sequential); backends
 // may keep workspaces between calls.
@@ -157,7 +158,36 @@ class Backend {
   // benchmarkable. The handle may keep pointers into args' host data until it
   // is destroyed; outputs land in device buffers the handle owns.
   virtual std::unique_ptr<DecodeBench> prepare_decode_bench(const DecodeArgs& args);
+
+  // (optional) CUDA-graph mode (`--cuda-graph`, harness/run/SERVING.md): capture
+  // one decode of `args` (a batch padded to a capture size) with persistent
+  // inputs, outputs and metadata, as a serving engine captures it once per
+  // batch size, and return the handle that replays it. nullptr (the default):
+  // the backend cannot be captured (its records are NOT_SUPPORTED). Throws
+  // NotSupportedError for a call it cannot capture. The handle may keep a
+  // reference to this backend; it is destroyed before the backend.
+  virtual std::unique_ptr<DecodeGraph> capture_decode(const DecodeArgs& args);
 };
+
+// A captured decode. replay() gets arguments of the captured shapes (the same
+// numbers of requests and tokens, heads, dims, dtypes, kv dtype, block size,
+// scale and k_scale; a cache of at most the captured number of blocks and
+// table width): it refreshes the persistent inputs and metadata in place (the
+// captured addresses), replays the captured work and copies the persistent
+// outputs into args.o_lat and args.lse. Outputs are not reset between replays:
+// what a replay does not write keeps what the last one left.
+class DecodeGraph {
+ public:
+  virtual ~DecodeGraph() = default;
+  virtual void replay(const DecodeArgs& args) = 0;
+  virtual std::string note() const { return {}; }  // "CUDA graph", "host emulation", ...
+};
+
+// The host emulation of a captured decode, for backends that run on the host:
+// persistent host buffers for every input, the cache and the outputs, refreshed
+// in place on each replay, and the backend's decode() called on them (the same
+// addresses every replay). What a graph changes for a kernel is exactly that.
+std::unique_ptr<DecodeGraph> emulate_decode_graph(Backend& b, const DecodeArgs& args);
 
 class DecodeBench {
  public:

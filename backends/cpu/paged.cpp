@@ -172,6 +172,8 @@ class PagedBackend final : public Backend {
     detail::write_cache(cache, kv_c, k_pe, slots, faults_);
   }
   void prefill(const PrefillArgs& args) override { dense_prefill(args, faults_); }
+  // --cuda-graph: the host emulation (persistent buffers refreshed in place).
+  std::unique_ptr<DecodeGraph> capture_decode(const DecodeArgs& args) override { return emulate_decode_graph(*this, args); }
 
  private:
   KernelFaults faults_;

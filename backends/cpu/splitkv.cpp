@@ -66,6 +66,8 @@ class SplitKvBackend final : public Backend {
     return caps;
   }
   void decode(const DecodeArgs& args) override;
+  // --cuda-graph: the host emulation (persistent buffers refreshed in place).
+  std::unique_ptr<DecodeGraph> capture_decode(const DecodeArgs& args) override { return emulate_decode_graph(*this, args); }
 
  private:
   int splits_for(int kv_len) const {

@@ -220,6 +220,136 @@ std::unique_ptr<DecodeBench> CudaBackend::prepare_decode_bench(const DecodeArgs&
   return std::make_unique<Handle>(std::move(in), std::move(plan));
 }
 
+std::unique_ptr<DecodeGraph> CudaBackend::capture_decode(const DecodeArgs& a) {
+  class Graph final : public DecodeGraph {
+   public:
+    Graph(CudaBackend& b, const DecodeArgs& a) : s_(b.stream()) {
+      require_device();
+      check_decode_args(a);
+      const PagedCache& c = *a.cache;
+      const int T = static_cast<int>(a.q_lat.shape[0]), N = static_cast<int>(a.q_lat.shape[1]);
+      const int L = static_cast<int>(a.q_lat.shape[2]), R = static_cast<int>(a.q_pe.shape[2]);
+      B_ = a.seq_lens.size();
+      q_shape_ = a.q_lat.shape;
+      qsl_.assign(a.query_start_loc.begin(), a.query_start_loc.end());
+      scale_ = a.scale;
+      k_scale_ = a.k_scale;
+      kv_dtype_ = c.kv_dtype;
+      scale_rule_ = c.scale_rule;
+      block_size_ = c.block_size;
+      entry_bytes_ = c.entry_bytes;
+      block_bytes_ = c.block_bytes;
+      blocks_ = c.num_blocks;
+      width_ = c.table_width;
+      cache_ = DeviceBuffer(c.data.nbytes());
+      table_ = DeviceBuffer(B_ * static_cast<std::size_t>(width_) * sizeof(std::int32_t));
+      q_lat_ = DeviceBuffer(a.q_lat.nbytes());
+      q_pe_ = DeviceBuffer(a.q_pe.nbytes());
+      meta_ = DeviceBuffer((3 * B_ + 1) * sizeof(std::int32_t));
+      const std::vector<RowGroup> groups = decode_row_groups(a.query_start_loc, N);
+      groups_ = upload_array(groups.data(), groups.size(), s_);
+      // The outputs hold the harness's poison from here on; replays do not reset them.
+      o_ = std::make_unique<GuardedDeviceOutput>(a.o_lat, "o_lat", s_);
+      lse_ = std::make_unique<GuardedDeviceOutput>(a.lse, "lse", s_);
+      refresh(a);
+      PagedDecodeProblem& pb = call_.pb;
+      pb.q_lat = q_lat_.as<std::uint16_t>();
+      pb.q_pe = q_pe_.as<std::uint16_t>();
+      pb.cache = cache_.as<unsigned char>();
+      pb.block_table = table_.as<std::int32_t>();
+      pb.seq_lens = meta_.as<std::int32_t>();
+      pb.query_start = pb.seq_lens + B_;
+      pb.table_rows = pb.query_start + B_ + 1;
+      pb.table_width = width_;
+      pb.block_size = block_size_;
+      pb.kv = kv_format_of(c, a.k_scale);
+      pb.heads = N;
+      pb.L = L;
+      pb.R = R;
+      pb.dk = L + R;
+      pb.dv = L;
+      pb.scale = a.scale;
+      pb.bf16 = a.q_lat.dtype == DType::kBF16;
+      call_.groups = groups_.as<RowGroup>();
+      call_.num_groups = static_cast<int>(groups.size());
+      call_.rows = static_cast<long long>(T) * N;
+      // Planned for the longest sequence the captured table holds: a replay
+      // may bring longer ones than the capture's batch had.
+      call_.max_seq_len = width_ * block_size_;
+      call_.o_lat = o_.get();
+      call_.lse = lse_.get();
+      call_.stream = s_;
+      plan_ = b.plan_decode(call_);
+      // A warm-up run (kernel attributes set, modules loaded), then the capture.
+      plan_->enqueue(s_);
+      MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s_));
+      MLAGATE_CUDA_CHECK(cudaStreamBeginCapture(s_, cudaStreamCaptureModeRelaxed));
+      plan_->enqueue(s_);
+      const cudaError_t end = cudaStreamEndCapture(s_, &graph_);
+      MLAGATE_CUDA_CHECK(end);
+      MLAGATE_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+    }
+    ~Graph() override {
+      if (exec_) cudaGraphExecDestroy(exec_);
+      if (graph_) cudaGraphDestroy(graph_);
+    }
+    void replay(const DecodeArgs& a) override {
+      refresh(a);
+      MLAGATE_CUDA_CHECK(cudaGraphLaunch(exec_, s_));
+      MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s_));
+      check_guards_or_throw({o_.get(), lse_.get()}, s_);
+      o_->download_to(a.o_lat, s_);
+      lse_->download_to(a.lse, s_);
+    }
+    std::string note() const override { return "CUDA graph"; }
+
+   private:
+    // The replay's inputs into the captured addresses.
+    void refresh(const DecodeArgs& a) {
+      check_decode_args(a);
+      const PagedCache& c = *a.cache;
+      if (a.q_lat.shape != q_shape_ || a.seq_lens.size() != B_ || a.block_table_rows.size() != B_ ||
+          !std::equal(qsl_.begin(), qsl_.end(), a.query_start_loc.begin(), a.query_start_loc.end()))
+        throw std::invalid_argument("decode graph: replayed with other shapes than captured");
+      if (a.scale != scale_ || a.k_scale != k_scale_ || c.kv_dtype != kv_dtype_ || c.scale_rule != scale_rule_ ||
+          c.block_size != block_size_ || c.entry_bytes != entry_bytes_ || c.block_bytes != block_bytes_)
+        throw std::invalid_argument("decode graph: replayed with another scale or cache format than captured");
+      if (c.num_blocks > blocks_ || c.table_width > width_ || static_cast<std::size_t>(c.block_table.dim(0)) > B_)
+        throw std::invalid_argument("decode graph: the cache is larger than the captured one");
+      q_lat_.upload(a.q_lat.data, a.q_lat.nbytes(), s_);
+      q_pe_.upload(a.q_pe.data, a.q_pe.nbytes(), s_);
+      std::vector<std::int32_t> meta(a.seq_lens.begin(), a.seq_lens.end());
+      meta.insert(meta.end(), a.query_start_loc.begin(), a.query_start_loc.end());
+      meta.insert(meta.end(), a.block_table_rows.begin(), a.block_table_rows.end());
+      meta_.upload(meta.data(), meta.size() * sizeof(std::int32_t), s_);
+      cache_.upload(c.data.bytes(), c.data.nbytes(), s_);
+      std::vector<std::int32_t> table(B_ * static_cast<std::size_t>(width_), 0);  // narrower rows padded with block 0
+      const std::int32_t* src = c.block_table.data<std::int32_t>();
+      for (std::int64_t r = 0; r < c.block_table.dim(0); ++r)
+        std::copy_n(src + r * c.table_width, c.table_width, table.begin() + r * width_);
+      table_.upload(table.data(), table.size() * sizeof(std::int32_t), s_);
+    }
+
+    cudaStream_t s_;
+    std::size_t B_ = 0;
+    Shape q_shape_;
+    std::vector<std::int32_t> qsl_;
+    double scale_ = 0;
+    float k_scale_ = 1;
+    KvCacheDtype kv_dtype_{};
+    ScaleRule scale_rule_{};
+    int block_size_ = 0, entry_bytes_ = 0, blocks_ = 0, width_ = 0;
+    std::int64_t block_bytes_ = 0;
+    DeviceBuffer cache_, table_, q_lat_, q_pe_, meta_, groups_;
+    std::unique_ptr<GuardedDeviceOutput> o_, lse_;
+    DecodeCall call_;
+    std::unique_ptr<PlannedDecode> plan_;
+    cudaGraph_t graph_ = nullptr;
+    cudaGraphExec_t exec_ = nullptr;
+  };
+  return std::make_unique<Graph>(*this, a);
+}
+
 void CudaBackend::cache_write(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,
                               std::span<const std::int64_t> slots) {
   require_device();

@@ -29,6 +29,12 @@ class CudaBackend : public Backend {
   // `mlagate bench`: the uploads and the plan (split count, workspaces) here,
   // launch() enqueues only the decode's kernels.
   std::unique_ptr<DecodeBench> prepare_decode_bench(const DecodeArgs& a) final;
+  // --cuda-graph: a real CUDA graph of the planned decode's kernels over
+  // persistent device buffers (q, metadata, the cache with the captured
+  // capacity, guarded outputs), refreshed in place by copies before each
+  // cudaGraphLaunch. The plan (split count, workspaces) is made once, for the
+  // longest sequence the captured table can hold.
+  std::unique_ptr<DecodeGraph> capture_decode(const DecodeArgs& a) override;
   void cache_write(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,
                    std::span<const std::int64_t> slots) override;
   // Kernel time of the last op (CUDA events around the launches).

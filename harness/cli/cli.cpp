@@ -111,6 +111,8 @@ int cli_main(int argc, char** argv) {
   shrink->add_option("--splits", sa.splits, "forced splits of split-KV backends (0: from the work)")->capture_default_str();
   shrink->add_option("--out", sa.out, "folder for shrunk.yaml, the golden bundle and the runs' scratch")
       ->capture_default_str();
+  shrink->add_flag("--cuda-graph", sa.cuda_graph, "the failing record's mode: CUDA-graph replay (the capture size follows the requests)");
+  shrink->add_option("--capture-sizes", sa.capture_sizes, "--cuda-graph: the capture sizes")->delimiter(',');
   shrink->add_option("--check", sa.checks, "batch-invariance: the failing record's mode")
       ->delimiter(',')
       ->check(CLI::IsMember({"batch-invariance"}));

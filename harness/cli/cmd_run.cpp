@@ -285,6 +285,8 @@ class RunCommand {
 
   static ServingMode serving_mode(const RunArgs& ra) {
     ServingMode m;
+    m.cuda_graph = ra.cuda_graph;
+    if (!ra.capture_sizes.empty()) m.capture_sizes = ra.capture_sizes;
     m.batch_invariance = std::find(ra.checks.begin(), ra.checks.end(), "batch-invariance") != ra.checks.end();
     m.dcp = ra.dcp;
     m.dcp_interleave = ra.dcp_interleave;
@@ -293,9 +295,9 @@ class RunCommand {
     if (ra.require_batch_invariance() && !m.batch_invariance)
       throw InputError("--require batch-invariance needs --check batch-invariance");
     if (m.active() && ra.repeat > 1) throw InputError(m.name() + " and --repeat are separate checks: give one of them");
+    if (m.cuda_graph) m.graphs = make_graph_store();
     return m;
   }
-  ServingMode serving_;
 
   // Repro commands: the selection (or the file), the case, the backend and
   // op, then the flags that change what a record computes.
@@ -663,6 +665,8 @@ class RunCommand {
   bool from_file_ = false;
   std::vector<BackendEntry> extra_entries_;
   std::vector<std::unique_ptr<Backend>> backends_;
+  // After the backends: its captured graphs go before them.
+  ServingMode serving_;
   std::string run_prefix_, extra_args_, computation_args_;
   bool tty_ = false;
   std::size_t failed_so_far_ = 0;
@@ -685,7 +689,7 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
     RunArgs r = ra;
     if (r.worker) r.save_results.clear();  // the results file is the parent's to write; the worker only runs
     // No --repeat: the suite's (a golden file's cases run once; a serving mode's once).
-    const bool serving = !ra.checks.empty() || ra.dcp != 0 || ra.steps != 0;
+    const bool serving = ra.cuda_graph || !ra.checks.empty() || ra.dcp != 0 || ra.steps != 0;
     if (r.repeat == 0) r.repeat = ra.replay.empty() && !serving ? sel.suite_repeat() : 1;
     return RunCommand(sel, r, command_line, args).main();
   }

@@ -105,7 +105,7 @@ int cmd_shrink(const Selection& sel, const ShrinkArgs& sa) {
   o.target = cases.back();
   o.before.assign(cases.begin(), cases.end() - 1);
   o.backend = sa.backend;
-  const bool serving = !sa.checks.empty() || sa.dcp != 0 || sa.steps != 0;
+  const bool serving = sa.cuda_graph || !sa.checks.empty() || sa.dcp != 0 || sa.steps != 0;
   o.op = sa.op == "auto" ? (serving ? Op::kDecode : o.target.sparse.active() ? Op::kSparseDecode : Op::kLayer)
                          : parse_op(sa.op);
   o.out_dir = sa.out;
@@ -124,6 +124,8 @@ int cmd_shrink(const Selection& sel, const ShrinkArgs& sa) {
   o.run_args = sa.extra.argv();
   // The mode's flags are shrunk too (fewer steps, fewer ranks): they start the candidates' flags.
   RunArgs mode;
+  mode.cuda_graph = sa.cuda_graph;
+  mode.capture_sizes = sa.capture_sizes;
   mode.checks = sa.checks;
   mode.dcp = sa.dcp;
   mode.dcp_interleave = sa.dcp_interleave;

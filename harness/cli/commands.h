@@ -54,6 +54,8 @@ struct ShrinkArgs {
   int max_runs = 200, splits = 0;
   OutOfTree extra;
   // A serving mode's record (harness/run/SERVING.md): shrunk with the case.
+  bool cuda_graph = false;
+  std::vector<int> capture_sizes;
   std::vector<std::string> checks;
   int dcp = 0, dcp_interleave = 1, steps = 0;
 };

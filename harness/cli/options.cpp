@@ -306,6 +306,13 @@ void RunArgs::add_options(CLI::App* app, bool for_replay) {
                 "kernel outputs come from a pool of earlier cases' buffers (a caching allocator) instead of fresh "
                 "allocations; with --poison none they hold stale data");
   // Serving-engine modes (harness/run/SERVING.md).
+  app->add_flag("--cuda-graph", cuda_graph,
+                "CUDA-graph replay: the decode captured once per capture size with persistent buffers and replayed "
+                "for every case padded to it (padding seq_len 0 and 1); real rows judged, padding rows must stay "
+                "finite. Decode op; backends without capture are NOT_SUPPORTED");
+  app->add_option("--capture-sizes", capture_sizes,
+                  "--cuda-graph: capture sizes in requests, increasing (default vLLM's: 1,2,4,8,16,...,512)")
+      ->delimiter(',');
   app->add_option("--check", checks,
                   "batch-invariance: every request also runs alone, shuffled and beside extra requests; its rows must "
                   "be bitwise equal (BATCH_VARIANT otherwise; a failure only with --require). Decode op")
@@ -337,6 +344,12 @@ std::vector<std::string> RunArgs::computation_argv() const {
   if (reference != defaults.reference) a.insert(a.end(), {"--reference", reference});
   if (repeat > 1) a.insert(a.end(), {"--repeat", std::to_string(repeat)});
   if (reuse_buffers) a.push_back("--reuse-buffers");
+  if (cuda_graph) a.push_back("--cuda-graph");
+  if (!capture_sizes.empty()) {
+    std::string sizes;
+    for (int v : capture_sizes) sizes += (sizes.empty() ? "" : ",") + std::to_string(v);
+    a.insert(a.end(), {"--capture-sizes", sizes});
+  }
   for (const std::string& c : checks) a.insert(a.end(), {"--check", c});
   for (const std::string& r : requires_) a.insert(a.end(), {"--require", r});
   if (dcp != 0) a.insert(a.end(), {"--dcp", std::to_string(dcp)});

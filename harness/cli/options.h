@@ -119,6 +119,8 @@ struct RunArgs {
   int order_checks = 10;       // --order-checks: failures rerun alone to tell order dependence, per backend
   bool reuse_buffers = false;  // kernel outputs from a pool of earlier cases' buffers instead of fresh ones
   // Serving-engine modes (harness/run/SERVING.md): one at a time, on the decode op.
+  bool cuda_graph = false;            // --cuda-graph
+  std::vector<int> capture_sizes;     // --capture-sizes (empty: vLLM's)
   std::vector<std::string> checks;    // --check batch-invariance
   std::vector<std::string> requires_;  // --require batch-invariance: BATCH_VARIANT fails the run
   int dcp = 0, dcp_interleave = 1;    // --dcp N, --dcp-interleave K

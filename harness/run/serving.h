@@ -1,5 +1,6 @@
 // The calls a serving engine makes (SERVING.md): a case judged across several
-// backend calls instead of one. Batch invariance (every request alone, in its
+// backend calls instead of one. CUDA-graph replay (a decode captured once per
+// capture size and replayed for padded batches), batch invariance (every request alone, in its
 // batch, shuffled and beside extra requests: bitwise equal rows), decode
 // context parallelism (each request's keys sharded over virtual ranks as vLLM
 // shards them, the partial results merged through their LSEs) and decode loops
@@ -9,6 +10,7 @@
 // fails.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,13 +19,24 @@
 
 namespace mlagate {
 
+// Captured graphs by backend and capture key, kept across the cases of a
+// process as a serving engine keeps them across steps (serving.cpp).
+struct GraphStore;
+std::shared_ptr<GraphStore> make_graph_store();
+
+// vLLM's decode capture sizes (requests): 1, 2, 4, then 8 to 512 by 8.
+std::vector<int> default_capture_sizes();
+
 struct ServingMode {
+  bool cuda_graph = false;        // --cuda-graph
+  std::vector<int> capture_sizes = default_capture_sizes();  // --capture-sizes
+  std::shared_ptr<GraphStore> graphs;  // made on first use when null
   bool batch_invariance = false;  // --check batch-invariance
   int dcp = 0;                    // --dcp N: ranks (>= 2); 0: off
   int dcp_interleave = 1;         // --dcp-interleave K: tokens per rank in turn
   int steps = 0;                  // --steps N: decode steps (>= 1); 0: off
-  bool active() const { return batch_invariance || dcp > 0 || steps > 0; }
-  // "batch-invariance", "dcp=2,interleave=1", "steps=64"; "" when off.
+  bool active() const { return cuda_graph || batch_invariance || dcp > 0 || steps > 0; }
+  // "cuda-graph", "batch-invariance", "dcp=2,interleave=1", "steps=64"; "" when off.
   std::string name() const;
   // Throws InputError for values out of range or two modes at once.
   void validate() const;

@@ -49,7 +49,9 @@ namespace mlagate {
 // bug.batch_size_splits (--check batch-invariance: BATCH_VARIANT),
 // bug.lse_log2 (--dcp: INCORRECT; plain runs under --policy vllm, which does
 // not gate lse, pass it), bug.fp8_scale_lost_after_step (--steps: INCORRECT on
-// fp8 caches with k_scale != 1).
+// fp8 caches with k_scale != 1), bug.graph_stale_padding (--cuda-graph:
+// NONFINITE) and bug.graph_metadata_fixed_at_capture (--cuda-graph: INCORRECT
+// from the second batch of a capture size on).
 struct PlantedServingBug {
   PlantedBug bug;
   std::string mode;  // the flags that catch it, e.g. "--dcp 2"

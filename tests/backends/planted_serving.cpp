@@ -25,6 +25,8 @@ class Wrapper : public Backend {
                    std::span<const std::int64_t> slots) override {
     inner_->cache_write(cache, kv_c, k_pe, slots);
   }
+  // Captured as the correct CPU backends are (host emulation).
+  std::unique_ptr<DecodeGraph> capture_decode(const DecodeArgs& a) override { return emulate_decode_graph(*this, a); }
 
  protected:
   std::string name_, description_;
@@ -86,6 +88,63 @@ class Fp8ScaleLostAfterStep final : public Wrapper {
   std::vector<std::byte> last_entry_;
 };
 
+// A kernel that returns early for requests with no key and never writes
+// their o_lat rows (the lse it writes: -inf).
+class SkipsEmptyRows final : public Wrapper {
+ public:
+  using Wrapper::Wrapper;
+  void decode(const DecodeArgs& a) override {
+    const std::int64_t row = a.o_lat.shape.at(1) * a.o_lat.shape.at(2) * 2;  // bytes per token
+    std::vector<std::byte> keep(a.o_lat.nbytes());
+    std::memcpy(keep.data(), a.o_lat.data, keep.size());
+    inner_->decode(a);
+    for (std::size_t b = 0; b < a.seq_lens.size(); ++b)
+      if (a.seq_lens[b] == 0)
+        for (std::int32_t t = a.query_start_loc[b]; t < a.query_start_loc[b + 1]; ++t)
+          std::memcpy(static_cast<std::byte*>(a.o_lat.data) + t * row, keep.data() + t * row, static_cast<std::size_t>(row));
+  }
+};
+
+// vLLM #37442's class: the eager path allocates its output zeroed
+// (torch.zeros) around a kernel that skips empty rows, so every plain call is
+// right; the captured graph writes into a persistent output allocated once
+// (torch.empty) that nothing clears, and padding rows (seq_len 0) keep
+// whatever was there (here the allocation's NaN).
+class GraphStalePadding final : public Wrapper {
+ public:
+  GraphStalePadding(std::string name, std::string description, std::unique_ptr<Backend> inner)
+      : Wrapper(std::move(name), std::move(description), std::make_unique<SkipsEmptyRows>("kernel", "", std::move(inner))) {}
+  void decode(const DecodeArgs& a) override {
+    std::memset(a.o_lat.data, 0, a.o_lat.nbytes());
+    inner_->decode(a);
+  }
+  std::unique_ptr<DecodeGraph> capture_decode(const DecodeArgs& a) override { return emulate_decode_graph(*inner_, a); }
+};
+
+// vLLM #35175's class: metadata built at capture and not refreshed in place
+// (a replay reads the captured batch's seq_lens): right for the batch it was
+// captured with, wrong for every later batch of that size.
+class GraphMetadataFixedAtCapture final : public Wrapper {
+ public:
+  using Wrapper::Wrapper;
+  std::unique_ptr<DecodeGraph> capture_decode(const DecodeArgs& a) override {
+    class Stale final : public DecodeGraph {
+     public:
+      Stale(std::unique_ptr<DecodeGraph> g, std::span<const std::int32_t> seq) : g_(std::move(g)), seq_(seq.begin(), seq.end()) {}
+      void replay(const DecodeArgs& a) override {
+        DecodeArgs b = a;
+        b.seq_lens = seq_;
+        g_->replay(b);
+      }
+
+     private:
+      std::unique_ptr<DecodeGraph> g_;
+      std::vector<std::int32_t> seq_;
+    };
+    return std::make_unique<Stale>(emulate_decode_graph(*inner_, a), a.seq_lens);
+  }
+};
+
 template <class B>
 PlantedServingBug serving_bug(std::string name, std::string description, Status expected, std::string mode,
                               std::function<std::unique_ptr<Backend>()> inner,
@@ -119,6 +178,16 @@ const std::vector<PlantedServingBug>& planted_serving_bugs() {
           return (c.kv_cache_dtype == KvCacheDtype::kFp8 || c.kv_cache_dtype == KvCacheDtype::kFp8E4m3) &&
                  c.k_scale != 1.f;
         }));
+    v.push_back(serving_bug<GraphStalePadding>(
+        "bug.graph_stale_padding",
+        "empty rows (seq_len 0) left unwritten by the kernel: zeroed by the eager path's allocation, NaN in the "
+        "captured graph's persistent output (vLLM #37442's class)",
+        Status::kNonfinite, "--cuda-graph", make_cpu_paged));
+    v.push_back(serving_bug<GraphMetadataFixedAtCapture>(
+        "bug.graph_metadata_fixed_at_capture",
+        "the graph replays the seq_lens of the batch it was captured with (vLLM #35175's class): right at the "
+        "capture, wrong for the next batch of that size",
+        Status::kIncorrect, "--cuda-graph", make_cpu_paged));
     return v;
   }();
   return bugs;

@@ -18,6 +18,7 @@
 #include "cases/suite.h"
 #include "harness/cli/cli.h"
 #include "harness/run/runner.h"
+#include "harness/run/serving.h"
 #include "tests/require_gpu.h"
 
 namespace mlagate {
@@ -142,6 +143,42 @@ TEST(CudaSplitKv, OneAndManySplitsPass) {
   std::vector<std::unique_ptr<Backend>> bs;
   for (int splits : {1, 7, 1000}) bs.push_back(make_cuda_splitkv(BackendOptions{splits}));
   expect_all_pass(cases, bs, {Op::kLayer, Op::kDecode}, "smoke+edges splits=1,7,1000");
+}
+
+// --cuda-graph on the CUDA backends: a real CUDA graph per capture size,
+// replayed for every later case of that size (its inputs, metadata and cache
+// copied into the captured addresses), padding rows of seq_len 0 and 1: every
+// uniform decode case passes, with coarse capture sizes (every batch padded)
+// and with vLLM's; graphs are reused across cases.
+TEST(CudaGraph, CapturedDecodeReplaysEveryCase) {
+  MLAGATE_REQUIRE_GPU();
+  std::vector<CaseSpec> cases = load_suite("smoke").cases;
+  for (const CaseSpec& c : load_suite("edges").cases) cases.push_back(c);
+  for (const std::vector<int>& sizes : {std::vector<int>{8, 64, 512}, default_capture_sizes()}) {
+    std::vector<std::unique_ptr<Backend>> bs;
+    bs.push_back(make_cuda_ref());
+    bs.push_back(make_cuda_splitkv(BackendOptions{}));
+    RunConfig cfg;
+    cfg.cases = cases;
+    cfg.ops = {Op::kDecode};
+    ServingMode mode;
+    mode.cuda_graph = true;
+    mode.capture_sizes = sizes;
+    mode.graphs = make_graph_store();
+    cfg.run_job = [&cfg, mode](CaseContext& ctx, Backend& b, Op op) { return run_serving(ctx, b, op, cfg, mode); };
+    int passed = 0, replayed = 0;
+    for (const Record& r : run_cases(cfg, bs)) {
+      EXPECT_TRUE(r.status == Status::kPassed || r.status == Status::kNotSupported)
+          << r.backend << " " << r.case_id << ": " << r.message;
+      passed += r.status == Status::kPassed;
+      replayed += r.message.find("replayed, captured at") != std::string::npos;
+      if (r.status == Status::kPassed) EXPECT_EQ(r.message.rfind("CUDA graph", 0), 0u) << r.message;
+    }
+    std::printf("cuda graphs (capture sizes %zu): %d records passed, %d replayed a graph captured earlier\n",
+                sizes.size(), passed, replayed);
+    EXPECT_GT(passed, 30);
+    EXPECT_GT(replayed, 10);
+  }
 }
 
 // A kernel that writes one element past the end of its output: the device
