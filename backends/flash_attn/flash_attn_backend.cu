@@ -281,6 +281,7 @@ class FaDecodeCall final : public libs::PreparedDecode {
     table_ = upload_array(table.data(), table.size(), s);
     seqused_ = upload_array(a.seq_lens.data(), a.seq_lens.size(), s);
     cu_q_ = upload_array(a.query_start_loc.data(), a.query_start_loc.size(), s);
+    query_start_.assign(a.query_start_loc.begin(), a.query_start_loc.end());
     int max_q = 1, max_k = 0;
     for (int i = 0; i < B; ++i) {
       max_q = std::max(max_q, a.query_start_loc[i + 1] - a.query_start_loc[i]);
@@ -326,6 +327,12 @@ class FaDecodeCall final : public libs::PreparedDecode {
       prepare_varlen_num_blocks(m, s, m.pack_gqa, kBlockM, kBlockN, false);
       MLAGATE_CUDA_CHECK_LAUNCH();
     }
+    sched_ = m;
+    meta_ints_ = ml.size();
+    persistent_ = persistent;
+    B_ = B;
+    L_ = L;
+    R_ = R;
     int* meta = meta_.as<int>();
     if (mode == Metadata::kPersistent || mode == Metadata::kStaleTail) {
       if (B > kMaxGraphBatch)
@@ -413,6 +420,64 @@ class FaDecodeCall final : public libs::PreparedDecode {
     if (p.num_splits > 1) partials_.allocate(p, T_, s);
   }
 
+  // --cuda-graph: the first refresh moves the cache into a buffer of this
+  // call's own (the captured address); each refresh copies q_pe, q_v, the
+  // block table (rows padded to the captured width), seqused_k and the cache
+  // there and recomputes the scheduler metadata for the new batch into the
+  // buffer the kernel reads (the persistent one, tail zeroed, for the
+  // cudagraph variant), with the captured split count, as vLLM's metadata
+  // builder does before a replay.
+  bool refresh(const DecodeArgs& a, cudaStream_t s) override {
+    if (mode_ == Metadata::kStaleSemaphore || mode_ == Metadata::kStaleTail) return false;  // test variants
+    const PagedCache& cache = *a.cache;
+    if (static_cast<int>(a.seq_lens.size()) != B_ || a.q_lat.shape[0] != T_ || a.q_lat.shape[1] != N_ ||
+        a.q_lat.shape[2] != L_ || a.q_pe.shape[2] != R_ || (a.q_lat.dtype == DType::kBF16) != bf16_ ||
+        cache.kv_dtype != KvCacheDtype::kAuto || cache.block_size != params_.page_size)
+      throw std::invalid_argument("flash_attn graph: a batch of other shapes than captured");
+    for (int i = 0; i <= B_; ++i)
+      if (a.query_start_loc[i] != query_start_[i]) throw std::invalid_argument("flash_attn graph: other query lengths");
+    const int D = L_ + R_;
+    if (!own_cache_.data()) {
+      own_cache_ = DeviceBuffer(cache.data.nbytes());
+      width_ = cache.table_width;
+      auto* base = static_cast<std::uint16_t*>(own_cache_.data());
+      params_.k_ptr = base + L_;
+      params_.v_ptr = base;
+      cache_.reset();
+    }
+    if (static_cast<std::size_t>(cache.data.nbytes()) > own_cache_.size() || cache.table_width > width_)
+      throw std::invalid_argument("flash_attn graph: the cache is larger than the captured one");
+    (void)D;
+    q_pe_.upload(a.q_pe.data, a.q_pe.nbytes(), s);
+    q_v_.upload(a.q_lat.data, a.q_lat.nbytes(), s);
+    const std::vector<std::int32_t> rows = libs::gather_table_rows(a);
+    std::vector<std::int32_t> table(static_cast<std::size_t>(B_) * width_, 0);
+    for (int b = 0; b < B_; ++b)
+      std::copy_n(rows.begin() + static_cast<std::ptrdiff_t>(b) * cache.table_width, cache.table_width,
+                  table.begin() + static_cast<std::ptrdiff_t>(b) * width_);
+    table_.upload(table.data(), table.size() * sizeof(std::int32_t), s);
+    seqused_.upload(a.seq_lens.data(), a.seq_lens.size() * sizeof(std::int32_t), s);
+    own_cache_.upload(cache.data.bytes(), cache.data.nbytes(), s);
+    Flash_fwd_params m = sched_;
+    m.seqlen_k = 0;
+    for (int i = 0; i < B_; ++i) m.seqlen_k = std::max(m.seqlen_k, a.seq_lens[i]);
+    m.num_splits = params_.num_splits;  // the captured kernel's
+    point_into_metadata(m, meta_.as<int>());
+    {
+      const auto [kBlockM, kBlockN, rs, overlap] = tile_sm90(m, !m.pagedkv_tma);
+      prepare_varlen_num_blocks(m, s, m.pack_gqa, kBlockM, kBlockN, false);
+      MLAGATE_CUDA_CHECK_LAUNCH();
+    }
+    if (mode_ == Metadata::kPersistent) {
+      int* held = persistent_->get(s);
+      MLAGATE_CUDA_CHECK(cudaMemcpyAsync(held, meta_.as<int>(), static_cast<std::size_t>(meta_ints_) * sizeof(int),
+                                         cudaMemcpyDeviceToDevice, s));
+      MLAGATE_CUDA_CHECK(cudaMemsetAsync(held + meta_ints_, 0,
+                                         static_cast<std::size_t>(persistent_->ints() - meta_ints_) * sizeof(int), s));
+    }
+    return true;
+  }
+
   void launch(cudaStream_t s) override {
     if (mode_ == Metadata::kStaleSemaphore && params_.num_splits == 1) {
       // A "previous layer" on the same metadata, into scratch outputs, and no reset after it.
@@ -451,6 +516,13 @@ class FaDecodeCall final : public libs::PreparedDecode {
   DeviceBuffer q_pe_, q_v_, table_, seqused_, cu_q_, meta_, lse_hb_, scratch_o_, scratch_lse_;
   SplitPartials partials_;
   Flash_fwd_params params_{};
+  // --cuda-graph (refresh): the scheduler's parameters, the captured cache address and shapes.
+  Flash_fwd_params sched_{};
+  int meta_ints_ = 0;
+  PersistentMetadata* persistent_ = nullptr;
+  DeviceBuffer own_cache_;
+  int width_ = 0, B_ = 0, L_ = 0, R_ = 0;
+  std::vector<std::int32_t> query_start_;
 };
 
 // A device copy of a prefill input, or the caller's device memory as is.
@@ -522,6 +594,10 @@ class FlashAttnMlaBackend final : public Backend {
   void decode(const DecodeArgs& a) override { libs::run_decode(a, stream(), prepare_fn()); }
   std::unique_ptr<DecodeBench> prepare_decode_bench(const DecodeArgs& a) override {
     return libs::make_decode_bench(a, stream(), prepare_fn(), "includes the lse transpose [N, T] -> [T, N] (one small kernel)");
+  }
+  std::unique_ptr<DecodeGraph> capture_decode(const DecodeArgs& a) override {
+    return libs::make_decode_graph(a, stream(), prepare_fn(),
+                                   "FA3 in a CUDA graph (scheduler metadata refreshed in place, captured split count)");
   }
   void prefill(const PrefillArgs& a) override;
 

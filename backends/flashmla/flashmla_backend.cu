@@ -105,6 +105,12 @@ class FlashMlaCall final : public libs::PreparedDecode {
     sp.num_sm_parts = parts;
     sp.stream = s;
     smxx::decode::run_get_decoding_sched_meta_kernel(sp);
+    sched_params_ = sp;
+    B_ = B;
+    T_ = T;
+    N_ = N;
+    L_ = L;
+    R_ = R;
 
     DenseAttnDecodeParams& p = params_;
     p = DenseAttnDecodeParams{};
@@ -171,6 +177,52 @@ class FlashMlaCall final : public libs::PreparedDecode {
     c.attn_sink = nullptr;
   }
 
+  // --cuda-graph: the first refresh moves the cache into a buffer of this
+  // call's own (the captured address; capacity: this cache's blocks); each
+  // refresh copies q, the block table (rows padded to the captured width),
+  // seq_lens and the cache there and recomputes the scheduler metadata into
+  // the same buffers, as vLLM's FlashMLA metadata builder does before a replay.
+  bool refresh(const DecodeArgs& a, cudaStream_t s) override {
+    const PagedCache& cache = *a.cache;
+    if (static_cast<int>(a.seq_lens.size()) != B_ || a.q_lat.shape[0] != T_ || a.q_lat.shape[1] != N_ ||
+        a.q_lat.shape[2] != L_ || a.q_pe.shape[2] != R_ || (a.q_lat.dtype == DType::kBF16) != bf16_ ||
+        cache.kv_dtype != KvCacheDtype::kAuto || cache.block_size != kPageBlockSize)
+      throw std::invalid_argument("flashmla graph: a batch of other shapes than captured");
+    if (!own_cache_.data()) {
+      own_cache_ = DeviceBuffer(cache.data.nbytes());
+      capacity_blocks_ = cache.num_blocks;
+      width_ = cache.table_width;
+      params_.k_ptr = own_cache_.data();
+      params_.num_blocks = capacity_blocks_;
+      params_.block_table_batch_stride = width_;
+      cache_.reset();  // the shared device copy is not read any more
+    }
+    if (cache.num_blocks > capacity_blocks_ || cache.table_width > width_)
+      throw std::invalid_argument("flashmla graph: the cache is larger than the captured one");
+    const int D = L_ + R_;
+    std::vector<std::uint16_t> q(static_cast<std::size_t>(T_) * N_ * D);
+    const auto* ql = static_cast<const std::uint16_t*>(a.q_lat.data);
+    const auto* qp = static_cast<const std::uint16_t*>(a.q_pe.data);
+    for (std::int64_t row = 0; row < static_cast<std::int64_t>(T_) * N_; ++row) {
+      std::copy(ql + row * L_, ql + (row + 1) * L_, q.begin() + row * D);
+      std::copy(qp + row * R_, qp + (row + 1) * R_, q.begin() + row * D + L_);
+    }
+    q_.upload(q.data(), q.size() * sizeof(std::uint16_t), s);
+    const std::vector<std::int32_t> rows = libs::gather_table_rows(a);
+    std::vector<std::int32_t> table(static_cast<std::size_t>(B_) * width_, 0);
+    for (int b = 0; b < B_; ++b)
+      std::copy_n(rows.begin() + static_cast<std::ptrdiff_t>(b) * cache.table_width, cache.table_width,
+                  table.begin() + static_cast<std::ptrdiff_t>(b) * width_);
+    if (table_.size() != table.size() * sizeof(std::int32_t)) table_ = DeviceBuffer(table.size() * sizeof(std::int32_t));
+    table_.upload(table.data(), table.size() * sizeof(std::int32_t), s);
+    params_.block_table = table_.as<int>();
+    seqlens_.upload(a.seq_lens.data(), a.seq_lens.size() * sizeof(std::int32_t), s);
+    own_cache_.upload(cache.data.bytes(), cache.data.nbytes(), s);
+    sched_params_.stream = s;
+    smxx::decode::run_get_decoding_sched_meta_kernel(sched_params_);
+    return true;
+  }
+
   void launch(cudaStream_t s) override {
     params_.stream = s;
     combine_.stream = s;
@@ -188,6 +240,10 @@ class FlashMlaCall final : public libs::PreparedDecode {
   bool bf16_ = true;
   std::shared_ptr<const gpu::DeviceCache> cache_;
   DeviceBuffer q_, table_, seqlens_, sched_, splits_, lse_acc_, o_acc_;
+  DeviceBuffer own_cache_;  // --cuda-graph: the captured cache address
+  int capacity_blocks_ = 0, width_ = 0;
+  int B_ = 0, T_ = 0, N_ = 0, L_ = 0, R_ = 0;
+  GetDecodeSchedMetaParams sched_params_{};
   DenseAttnDecodeParams params_{};
   CombineParams combine_{};
 };
@@ -232,6 +288,9 @@ class FlashMlaBackend final : public Backend {
   void decode(const DecodeArgs& a) override { libs::run_decode(a, stream(), prepare); }
   std::unique_ptr<DecodeBench> prepare_decode_bench(const DecodeArgs& a) override {
     return libs::make_decode_bench(a, stream(), prepare, "");
+  }
+  std::unique_ptr<DecodeGraph> capture_decode(const DecodeArgs& a) override {
+    return libs::make_decode_graph(a, stream(), prepare, "FlashMLA in a CUDA graph (scheduler metadata refreshed in place)");
   }
 
  private:

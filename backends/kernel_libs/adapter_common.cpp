@@ -27,7 +27,51 @@ class Bench final : public DecodeBench {
   std::string note_;
 };
 
+class Graph final : public DecodeGraph {
+ public:
+  Graph(const DecodeArgs& a, cudaStream_t s, const PrepareFn& prepare, std::string note)
+      : s_(s), o_(a.o_lat, "o_lat", s), lse_(a.lse, "lse", s), note_(std::move(note)) {
+    p_ = prepare(a, {o_.data(), lse_.as<float>()}, s);
+    if (!p_->refresh(a, s)) throw NotSupportedError("the adapter cannot refresh its inputs in place for a CUDA graph");
+    p_->launch(s);  // warm-up: kernel attributes set, modules loaded
+    MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));
+    MLAGATE_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    p_->launch(s);
+    MLAGATE_CUDA_CHECK(cudaStreamEndCapture(s, &graph_));
+    MLAGATE_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  ~Graph() override {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+  }
+  void replay(const DecodeArgs& a) override {
+    validate_decode_args(a);
+    if (!p_->refresh(a, s_)) throw std::logic_error("decode graph: refresh failed after the capture");
+    MLAGATE_CUDA_CHECK(cudaGraphLaunch(exec_, s_));
+    MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s_));
+    gpu::check_guards_or_throw({&o_, &lse_}, s_);
+    o_.download_to(a.o_lat, s_);
+    lse_.download_to(a.lse, s_);
+  }
+  std::string note() const override { return note_; }
+
+ private:
+  cudaStream_t s_;
+  gpu::GuardedDeviceOutput o_, lse_;  // before p_: the prepared call points into them
+  std::unique_ptr<PreparedDecode> p_;
+  std::string note_;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 }  // namespace
+
+std::unique_ptr<DecodeGraph> make_decode_graph(const DecodeArgs& a, cudaStream_t s, const PrepareFn& prepare,
+                                               std::string note) {
+  gpu::require_device();
+  validate_decode_args(a);
+  return std::make_unique<Graph>(a, s, prepare, std::move(note));
+}
 
 void validate_decode_args(const DecodeArgs& a) {
   check_decode_args(a);

@@ -29,6 +29,13 @@ class PreparedDecode {
  public:
   virtual ~PreparedDecode() = default;
   virtual void launch(cudaStream_t s) = 0;
+  // (optional, --cuda-graph) Takes another batch of the prepared shapes in
+  // place: its inputs copied into the buffers launch() reads (the cache into
+  // one of the capacity first refreshed with) and the library's metadata
+  // recomputed there, outside the graph, as vLLM's metadata builders do.
+  // Throws std::invalid_argument for a batch of other shapes; false: the
+  // adapter cannot refresh in place (it is not captured).
+  virtual bool refresh(const DecodeArgs&, cudaStream_t) { return false; }
 };
 
 // Where the prepared call writes: o [T, N, L] model dtype, lse [T, N] fp32.
@@ -47,6 +54,13 @@ double run_decode(const DecodeArgs& a, cudaStream_t s, const PrepareFn& prepare)
 // prepare_decode_bench(): the same preparation, outputs in device buffers the
 // returned handle owns; note() is the handle's note.
 std::unique_ptr<DecodeBench> make_decode_bench(const DecodeArgs& a, cudaStream_t s, const PrepareFn& prepare,
+                                               std::string note);
+
+// capture_decode(): the prepared call refreshed in place (PreparedDecode::
+// refresh), a warm-up launch, then launch() captured in a CUDA graph; replays
+// refresh and cudaGraphLaunch into persistent guarded outputs. Throws
+// NotSupportedError when the prepared call cannot refresh in place.
+std::unique_ptr<DecodeGraph> make_decode_graph(const DecodeArgs& a, cudaStream_t s, const PrepareFn& prepare,
                                                std::string note);
 
 // The rows of the cache's block table the requests use, in request order, as
