@@ -168,6 +168,15 @@ std::vector<Candidate> candidates(const CaseSpec& s, const std::vector<std::stri
   auto add = [&](std::string what, CaseSpec c, std::vector<std::string> f) {
     if (valid(c)) out.push_back({std::move(what), std::move(c), std::move(f)});
   };
+  // A serving mode's numbers first (fewer steps, fewer ranks, a smaller
+  // interleave): each makes every later candidate run cheaper.
+  if (const int n = flag_value(flags, "--steps"); n > 1)
+    add("steps " + std::to_string(n) + " -> " + std::to_string(n / 2), s, with_flag(flags, "--steps", n / 2));
+  if (const int n = flag_value(flags, "--dcp"); n > 2)
+    add("ranks " + std::to_string(n) + " -> " + std::to_string(std::max(2, n / 2)), s,
+        with_flag(flags, "--dcp", std::max(2, n / 2)));
+  if (const int k = flag_value(flags, "--dcp-interleave"); k > 1)
+    add("interleave " + std::to_string(k) + " -> " + std::to_string(k / 2), s, with_flag(flags, "--dcp-interleave", k / 2));
   const int b = s.num_requests();
   for (int i = 0; i < b && b > 1; ++i) {
     CaseSpec c = s;
@@ -209,14 +218,6 @@ std::vector<Candidate> candidates(const CaseSpec& s, const std::vector<std::stri
         c, flags);
   }
   if (!splits_given && flag_value(flags, "--splits") == 0) add("one split (--splits 1)", s, with_flag(flags, "--splits", 1));
-  // A serving mode's numbers: fewer steps, fewer ranks, a smaller interleave.
-  if (const int n = flag_value(flags, "--steps"); n > 1)
-    add("steps " + std::to_string(n) + " -> " + std::to_string(n / 2), s, with_flag(flags, "--steps", n / 2));
-  if (const int n = flag_value(flags, "--dcp"); n > 2)
-    add("ranks " + std::to_string(n) + " -> " + std::to_string(std::max(2, n / 2)), s,
-        with_flag(flags, "--dcp", std::max(2, n / 2)));
-  if (const int k = flag_value(flags, "--dcp-interleave"); k > 1)
-    add("interleave " + std::to_string(k) + " -> " + std::to_string(k / 2), s, with_flag(flags, "--dcp-interleave", k / 2));
   return out;
 }
 

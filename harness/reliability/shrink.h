@@ -1,9 +1,9 @@
 // `mlagate shrink`: from one failing record, the smallest case that still
 // fails the same way (the same status; an order-dependent failure stays
 // order-dependent after the same predecessors). Candidates shrink one thing at
-// a time: drop a request, halve a context or a query, double TP (fewer heads),
-// a smaller block size, one split (--splits 1), and a serving mode's numbers
-// (half the --steps, half the --dcp ranks, half the --dcp-interleave). Each candidate runs in a
+// a time: a serving mode's numbers first (half the --steps, half the --dcp
+// ranks, half the --dcp-interleave), then drop a request, halve a context or a
+// query, double TP (fewer heads), a smaller block size, one split (--splits 1). Each candidate runs in a
 // separate `mlagate run` process (the binary itself: crashes and hangs are
 // records, plugins and exec backends come along as flags), from a suite file
 // the shrink writes, so the final case is a file a user can rerun as is.

@@ -166,6 +166,12 @@ RowCheck check_rows(const CaseContext& ctx, const RunConfig& cfg, const Baseline
   if (rc.status == Status::kPassed)
     for (const auto& [s, m] : {std::pair{so, &rc.o}, std::pair{sl, &rc.lse}})
       if (s == Status::kIncorrect && rc.status == Status::kPassed) rc.status = s, rc.message = m->message;
+  // An lse that fails because it is log2 says so, as in a plain run.
+  if (sl == Status::kIncorrect)
+    if (const std::string hint = lse_base_hint(l, ref_lse); !hint.empty()) {
+      rc.lse.message += "; " + hint;
+      if (rc.message == rc.lse.message.substr(0, rc.message.size())) rc.message = rc.lse.message;
+    }
   return rc;
 }
 

@@ -98,6 +98,18 @@ TEST(Shrink, ServingModesShrinkTheirNumbers) {
   EXPECT_NE(out.find("interleave 2 -> 1"), std::string::npos) << out;
   EXPECT_NE(out.find("to:   1 requests"), std::string::npos) << out;
   EXPECT_NE(out.find("--dcp 2 --dcp-interleave 1"), std::string::npos) << out;
+  // The golden bundle replays the same failure in the same mode.
+  std::vector<fs::path> bundles;
+  for (const auto& e : fs::directory_iterator(d / "dcp" / "bundle")) bundles.push_back(e.path());
+  ASSERT_EQ(bundles.size(), 1u);
+  EXPECT_EQ(run_mlagate(with_plugin({"replay", bundles[0].string(), "--backend", "rel.lse_log2", "--op", "decode",
+                                     "--policy", "vllm", "--dcp", "2", "--json", (d / "replay.json").string()}),
+                        d),
+            1);
+  const auto recs = records_of(d / "replay.json");
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_EQ(recs.begin()->second.at("status"), "INCORRECT");
+  EXPECT_EQ(recs.begin()->second.at("mode"), "dcp=2,interleave=1");
   ASSERT_EQ(run_mlagate({"shrink", "--plugin", kPlugin, "--suite", "smoke", "--case", c, "--backend", "rel.lse_log2",
                          "--steps", "8", "--out", (d / "steps").string()},
                         d),
@@ -106,6 +118,8 @@ TEST(Shrink, ServingModesShrinkTheirNumbers) {
   out = slurp(d / "stdout.txt");
   EXPECT_NE(out.find("shrinking rel.lse_log2 decode: INCORRECT"), std::string::npos) << out;
   EXPECT_NE(out.find("steps 2 -> 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("step 0 of 1 is the first to fail"), std::string::npos) << out;
+  EXPECT_NE(out.find("base 2"), std::string::npos) << out;
   EXPECT_NE(out.find("--steps 1"), std::string::npos) << out;
 }
 
