@@ -159,6 +159,72 @@ class FlashInferCall final : public libs::PreparedDecode {
     p.kpe_scale = p.ckv_scale;
     p.ckv_scale_arr = nullptr;
     p.return_lse_base_on_e = true;  // the library's default is log2
+    B_ = B;
+    N_ = N;
+    T_ = a.q_lat.shape[0];
+    float_bytes_ = float_bytes;
+  }
+
+  // --cuda-graph: the first refresh moves the cache and the block table into
+  // buffers of this call's own (the captured addresses; the table one row per
+  // request at the captured width); each refresh copies the queries, the cache
+  // and the rows there and plans the new batch into the same workspaces with
+  // MLAPlan, as vLLM re-plans its FlashInfer MLA wrapper before a replay. The
+  // captured kernels keep the capture's grid and offsets: a plan that differs
+  // in them is refused (NotSupportedError).
+  bool refresh(const DecodeArgs& a, cudaStream_t s) override {
+    const PagedCache& cache = *a.cache;
+    if (static_cast<int>(a.seq_lens.size()) != B_ || a.q_lat.shape[0] != T_ || a.q_lat.shape[1] != N_)
+      throw std::invalid_argument("flashinfer graph: a batch of other shapes than captured");
+    if (!own_cache_.data()) {
+      own_cache_ = DeviceBuffer(cache.data.nbytes());
+      width_ = cache.table_width;
+      own_table_ = DeviceBuffer(static_cast<std::size_t>(B_) * width_ * sizeof(std::int32_t));
+      DTypeKV* entries = own_cache_.as<DTypeKV>();
+      params_.ckv = entries;
+      params_.kpe = entries + kHeadDimCkv;
+      params_.kv_indices = own_table_.as<std::int32_t>();
+      cache_.reset();
+    }
+    if (cache.data.nbytes() > own_cache_.size() || cache.table_width > width_)
+      throw std::invalid_argument("flashinfer graph: the cache is larger than the captured one");
+    q_nope_.upload(a.q_lat.data, a.q_lat.nbytes(), s);
+    q_pe_.upload(a.q_pe.data, a.q_pe.nbytes(), s);
+    own_cache_.upload(cache.data.bytes(), cache.data.nbytes(), s);
+    const std::vector<std::int32_t> rows = libs::gather_table_rows(a);
+    std::vector<std::int32_t> table(static_cast<std::size_t>(B_) * width_, 0);
+    for (int b = 0; b < B_; ++b)
+      std::copy_n(rows.begin() + static_cast<std::ptrdiff_t>(b) * cache.table_width, cache.table_width,
+                  table.begin() + static_cast<std::ptrdiff_t>(b) * width_);
+    own_table_.upload(table.data(), table.size() * sizeof(std::int32_t), s);
+    // The plan over the own table: request b's pages start at row b.
+    std::vector<std::int32_t> qo_indptr(a.query_start_loc.begin(), a.query_start_loc.end());
+    std::vector<std::int32_t> kv_indptr(B_ + 1), kv_len(a.seq_lens.begin(), a.seq_lens.end());
+    for (int i = 0; i <= B_; ++i) kv_indptr[i] = i * width_;
+    PinnedBuffer pinned(kIntWorkspaceBytes);
+    std::fill_n(static_cast<unsigned char*>(pinned.data()), pinned.size(), 0);
+    flashinfer::MLAPlanInfo plan{};
+    try {
+      const cudaError_t e = flashinfer::MLAPlan<std::int32_t>(
+          float_ws_.data(), float_bytes_, int_ws_.data(), pinned.data(), kIntWorkspaceBytes, plan, qo_indptr.data(),
+          kv_indptr.data(), kv_len.data(), static_cast<std::uint32_t>(B_), static_cast<std::uint32_t>(N_), kHeadDimCkv,
+          /*causal=*/true, s);
+      if (e != cudaSuccess) throw std::runtime_error(std::string("MLAPlan: ") + cudaGetErrorString(e));
+    } catch (const flashinfer::Error& e) {
+      throw std::runtime_error(std::string("MLAPlan: ") + e.what());
+    }
+    MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));  // the plan's upload reads the pinned buffer
+    const int works = at_offset<std::int32_t>(pinned.data(), plan.work_indptr_offset)[plan.num_blks_y];
+    if (works > kMaxWorks)
+      throw NotSupportedError("the plan has " + std::to_string(works) + " work items; MLAPlan holds " +
+                              std::to_string(kMaxWorks));
+    if (plan.num_blks_x != plan_.num_blks_x || plan.num_blks_y != plan_.num_blks_y ||
+        plan.work_indptr_offset != plan_.work_indptr_offset || plan.q_indptr_offset != plan_.q_indptr_offset ||
+        plan.partial_o_offset != plan_.partial_o_offset || plan.partial_lse_offset != plan_.partial_lse_offset ||
+        plan.kv_len_offset != plan_.kv_len_offset || plan.merge_partial_stride_offset != plan_.merge_partial_stride_offset)
+      throw NotSupportedError("flashinfer graph: MLAPlan laid this batch out differently from the captured one "
+                              "(another grid or other workspace offsets): the graph cannot replay it");
+    return true;
   }
 
   void launch(cudaStream_t s) override {
@@ -184,6 +250,11 @@ class FlashInferCall final : public libs::PreparedDecode {
   DeviceBuffer q_nope_, q_pe_, float_ws_, int_ws_;
   flashinfer::MLAPlanInfo plan_{};
   Params params_{};
+  // --cuda-graph (refresh): the captured cache and table, the batch's shapes.
+  DeviceBuffer own_cache_, own_table_;
+  int width_ = 0, B_ = 0, N_ = 0;
+  std::int64_t T_ = 0;
+  std::size_t float_bytes_ = 0;
 };
 
 template <Kernel K>
@@ -228,6 +299,9 @@ class FlashInferMlaBackend final : public Backend {
     return s;
   }
   void decode(const DecodeArgs& a) override { libs::run_decode(a, stream(), prepare); }
+  std::unique_ptr<DecodeGraph> capture_decode(const DecodeArgs& a) override {
+    return libs::make_decode_graph(a, stream(), prepare, "FlashInfer in a CUDA graph (re-planned in place)");
+  }
   std::unique_ptr<DecodeBench> prepare_decode_bench(const DecodeArgs& a) override {
     return libs::make_decode_bench(a, stream(), prepare, "");
   }
