@@ -251,10 +251,20 @@ class RunCommand {
     if (ra_.repeat < 1) throw InputError("--repeat must be >= 1");
     cfg_.ops = resolve_ops(ra_.ops, cfg_.cases);
     if (serving_.active()) {
-      // The modes judge the kernel-level decode op ("auto" means it here).
-      if (ra_.ops == std::vector<std::string>{"auto"}) cfg_.ops = {Op::kDecode};
-      if (cfg_.ops != std::vector<Op>{Op::kDecode})
-        throw InputError(serving_.name() + " runs the kernel-level decode op: pass --op decode (or leave --op out)");
+      // The modes judge the kernel-level decode op ("auto" means it here);
+      // batch invariance also the sparse decode op (auto: for sparse cases).
+      if (ra_.ops == std::vector<std::string>{"auto"}) {
+        bool dense = false, sparse = false;
+        for (const CaseSpec& c : cfg_.cases) (c.sparse.active() ? sparse : dense) = true;
+        cfg_.ops.clear();
+        if (dense || !serving_.batch_invariance) cfg_.ops.push_back(Op::kDecode);
+        if (sparse && serving_.batch_invariance) cfg_.ops.push_back(Op::kSparseDecode);
+      }
+      for (Op op : cfg_.ops)
+        if (op != Op::kDecode && !(op == Op::kSparseDecode && serving_.batch_invariance))
+          throw InputError(serving_.name() + " runs the kernel-level decode op" +
+                           (serving_.batch_invariance ? std::string(" or sparse_decode") : std::string()) +
+                           ": pass --op decode (or leave --op out)");
     }
     // A case beyond this machine's memory is refused before anything is allocated.
     const bool prefill_op = std::find(cfg_.ops.begin(), cfg_.ops.end(), Op::kPrefill) != cfg_.ops.end();

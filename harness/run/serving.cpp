@@ -11,12 +11,14 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <stdexcept>
 
 #include "cases/encoding.h"
 #include "cases/errors.h"
+#include "cases/sparse.h"
 #include "harness/run/case_context.h"
 #include "harness/run/guarded.h"
 #include "reference/compare.h"
@@ -120,15 +122,20 @@ struct RowCheck {
   Metrics o, lse;
 };
 
-// The reference rows of the call's tokens ([n, N, L] and [n, N]).
-void gather_reference(const CaseContext& ctx, const Call& call, std::vector<double>& o, std::vector<double>& lse) {
-  const std::int64_t N = ctx.c.spec.num_heads(), L = ctx.c.spec.dims.kv_lora_rank;
+// The reference rows of the call's tokens ([n, N, dv] and [n, N]) out of
+// whole-case references (default: the decode op's).
+void gather_reference(const CaseContext& ctx, const Call& call, std::vector<double>& o, std::vector<double>& lse,
+                      const std::vector<double>* all_o = nullptr, const std::vector<double>* all_lse = nullptr,
+                      std::int64_t dv = 0) {
+  const std::int64_t N = ctx.c.spec.num_heads(), L = dv > 0 ? dv : ctx.c.spec.dims.kv_lora_rank;
+  const std::vector<double>& ro = all_o ? *all_o : ctx.mqa_o_lat;
+  const std::vector<double>& rl = all_lse ? *all_lse : ctx.mqa_lse;
   o.resize(static_cast<std::size_t>(call.num_tokens() * N * L));
   lse.resize(static_cast<std::size_t>(call.num_tokens() * N));
   for (std::int64_t k = 0; k < call.num_tokens(); ++k) {
     const std::int64_t t = call.tokens[static_cast<std::size_t>(k)];
-    std::copy_n(ctx.mqa_o_lat.begin() + t * N * L, N * L, o.begin() + k * N * L);
-    std::copy_n(ctx.mqa_lse.begin() + t * N, N, lse.begin() + k * N);
+    std::copy_n(ro.begin() + t * N * L, N * L, o.begin() + k * N * L);
+    std::copy_n(rl.begin() + t * N, N, lse.begin() + k * N);
   }
 }
 
@@ -141,7 +148,7 @@ BaselineErrors baseline_of(CaseContext& ctx, const RunConfig& cfg) {
 // order: non-finite values, then the tolerance.
 RowCheck check_rows(const CaseContext& ctx, const RunConfig& cfg, const BaselineErrors& base, const TensorView& o,
                     const TensorView& l, std::span<const std::int32_t> qsl, const std::vector<double>& ref_o,
-                    const std::vector<double>& ref_lse) {
+                    const std::vector<double>& ref_lse, const char* o_name = "o_lat", std::int64_t dv = 0) {
   const Dims& d = ctx.c.spec.dims;
   const std::int64_t N = ctx.c.spec.num_heads();
   RowCheck rc;
@@ -159,7 +166,7 @@ RowCheck check_rows(const CaseContext& ctx, const RunConfig& cfg, const Baseline
     chk.dqk = d.kv_lora_rank + d.rope_dim;
     return compare_output(chk, cfg.policy, m);
   };
-  const Status so = one("o_lat", o, ref_o, false, d.kv_lora_rank, rc.o);
+  const Status so = one(o_name, o, ref_o, false, dv > 0 ? dv : d.kv_lora_rank, rc.o);
   const Status sl = one("lse", l, ref_lse, true, 1, rc.lse);
   for (const auto& [s, m] : {std::pair{so, &rc.o}, std::pair{sl, &rc.lse}})
     if (s == Status::kNonfinite && rc.status != Status::kNonfinite) rc.status = s, rc.message = m->message;
@@ -234,20 +241,108 @@ std::string diff_text(const RowDiff& d, DType dtype) {
   return m.str();
 }
 
+// ---------------------------------------------------------------- sparse calls
+
+// The sparse decode op's whole-case arguments (run_sparse_decode_op's), from
+// which a call over some tokens gathers its rows.
+struct SparseFull {
+  const PagedCache* cache = nullptr;
+  const PagedCache* extra = nullptr;
+  Tensor main_slots, extra_slots;  // [T, K], [T, K2] global slots (empty: none)
+  std::vector<std::int32_t> main_len, extra_len;  // [T] or empty
+  int window = 0;
+  std::span<const float> sink;
+};
+
+SparseFull sparse_full(CaseContext& ctx, const RunConfig& cfg, int bs, double& cache_ms) {
+  const Case& c = ctx.c;
+  SparseFull f;
+  f.cache = &ctx.cache(bs, true, cfg.exec, cache_ms);
+  f.extra = ctx.extra_cache(bs, cfg.exec, cache_ms);
+  const SparseInputs& sp = *c.sparse;
+  if (c.spec.sparse.window > 0) {
+    f.window = c.spec.sparse.window;
+  } else {
+    f.main_slots = global_slots(c, sp.main, *f.cache);
+    f.main_len = sp.main.length;
+  }
+  if (f.extra) {
+    f.extra_slots = global_slots(c, sp.extra, *f.extra);
+    f.extra_len = sp.extra.length;
+  }
+  f.sink = sp.sink;
+  return f;
+}
+
+CallResult call_sparse_decode(Backend& b, const Case& c, const SparseFull& f, const Tensor& q, const Call& call,
+                              const ExecOptions& opt) {
+  const std::int64_t n = call.num_tokens(), N = c.spec.num_heads(), Dv = c.spec.sparse_dv();
+  CallResult res{GuardedBuffer(c.spec.dtype, {n, N, Dv}, opt.poison, opt.reuse_buffers),
+                 GuardedBuffer(DType::kF32, {n, N}, opt.poison, opt.reuse_buffers), 0, {}};
+  const Tensor qs = gather_tokens(q, call.tokens);
+  Tensor main_rows, extra_rows;
+  std::vector<std::int32_t> main_len, extra_len;
+  const auto lens = [&](const std::vector<std::int32_t>& all, std::vector<std::int32_t>& out) {
+    if (all.empty()) return;
+    for (std::int32_t t : call.tokens) out.push_back(all[static_cast<std::size_t>(t)]);
+  };
+  SparseDecodeArgs a;
+  a.q = qs.view();
+  a.cache = f.cache;
+  if (!f.main_slots.empty()) {
+    main_rows = gather_tokens(f.main_slots, call.tokens);
+    a.indices = main_rows.view();
+    lens(f.main_len, main_len);
+    a.topk_length = main_len;
+  }
+  a.window = f.window;
+  a.seq_lens = call.seq_lens;
+  a.query_start_loc = call.qsl;
+  a.block_table_rows = call.rows;
+  if (f.extra) {
+    extra_rows = gather_tokens(f.extra_slots, call.tokens);
+    a.extra_cache = f.extra;
+    a.extra_indices = extra_rows.view();
+    lens(f.extra_len, extra_len);
+    a.extra_topk_length = extra_len;
+  }
+  a.sink = f.sink;
+  a.scale = c.spec.softmax_scale();
+  a.o = res.o.view();
+  a.lse = res.l.view();
+  const auto t0 = Clock::now();
+  b.sparse_decode(a);
+  res.run_ms = backend_call_done(t0);
+  res.guard = res.o.check_guards("o");
+  if (res.guard.empty()) res.guard = res.l.check_guards("lse");
+  return res;
+}
+
 // ---------------------------------------------------------------- batch invariance
 
 Record run_batch_invariance(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg) {
+  const bool sparse = op == Op::kSparseDecode;
+  const char* o_name = sparse ? "o" : "o_lat";
   std::vector<Captured> plain;
   Record r = plain_run(ctx, b, op, cfg, plain);
-  const Captured* po = find_output(plain, "o_lat");
+  const Captured* po = find_output(plain, o_name);
   const Captured* pl = find_output(plain, "lse");
   if (!po || !pl) return r;  // nothing ran (not supported, skipped, crashed)
   const auto t0 = Clock::now();
   const double run_before = r.timings.run_ms;
   const Case& c = ctx.c;
   const int B = c.num_requests;
-  const std::int64_t N = c.spec.num_heads(), L = c.spec.dims.kv_lora_rank;
-  const PagedCache& cache = ctx.cache(r.block_size, true, cfg.exec, r.timings.cache_ms);
+  const std::int64_t N = c.spec.num_heads(), L = sparse ? c.spec.sparse_dv() : c.spec.dims.kv_lora_rank;
+  // The op's call over some of the case's tokens, its references and err_baseline.
+  std::optional<SparseFull> sf;
+  if (sparse) sf = sparse_full(ctx, cfg, r.block_size, r.timings.cache_ms);
+  const PagedCache& cache = sparse ? *sf->cache : ctx.cache(r.block_size, true, cfg.exec, r.timings.cache_ms);
+  const auto call_op = [&](const Call& call) {
+    return sparse ? call_sparse_decode(b, c, *sf, *ctx.sparse_q, call, cfg.exec)
+                  : call_decode(b, c, cache, *ctx.q_lat, *ctx.q_pe, call, cfg.exec);
+  };
+  const std::vector<double>& all_ref_o = sparse ? ctx.sparse_ref.o : ctx.mqa_o_lat;
+  const std::vector<double>& all_ref_lse = sparse ? ctx.sparse_ref.lse : ctx.mqa_lse;
 
   struct Config {
     std::string name;
@@ -276,7 +371,10 @@ Record run_batch_invariance(CaseContext& ctx, Backend& b, Op op, const RunConfig
   for (int k = 0; k < std::max(B, 16); ++k) extra.requests.push_back(B - 1 - k % B);
   configs.push_back(extra);
 
-  const BaselineErrors base = baseline_of(ctx, cfg);
+  const BaselineErrors base = sparse ? ((cfg.baseline.always || cfg.policy.kind == Policy::Kind::kBaseline)
+                                            ? ctx.sparse_baseline()
+                                            : BaselineErrors{})
+                                     : baseline_of(ctx, cfg);
   std::vector<double> ref_o, ref_lse;
   int variant_requests = 0;
   std::vector<bool> varies(static_cast<std::size_t>(B), false);
@@ -289,7 +387,7 @@ Record run_batch_invariance(CaseContext& ctx, Backend& b, Op op, const RunConfig
       if (fail != Status::kPassed) break;
       Call call;
       for (int i : cf.requests) call.add(c.query_start_loc[i], c.query_lens[i], c.seq_lens[i], i);
-      CallResult res = call_decode(b, c, cache, *ctx.q_lat, *ctx.q_pe, call, cfg.exec);
+      CallResult res = call_op(call);
       r.timings.run_ms += res.run_ms;
       const std::string label = cf.name == "alone" ? "alone (request " + std::to_string(cf.requests.front()) + ")" : cf.name;
       if (!res.guard.empty()) {
@@ -311,8 +409,9 @@ Record run_batch_invariance(CaseContext& ctx, Backend& b, Op op, const RunConfig
           // Rows that differ are judged too: a call that is wrong, not merely
           // different, fails as a plain call would.
           checked = true;
-          gather_reference(ctx, call, ref_o, ref_lse);
-          const RowCheck rc = check_rows(ctx, cfg, base, res.o.view(), res.l.view(), call.qsl, ref_o, ref_lse);
+          gather_reference(ctx, call, ref_o, ref_lse, &all_ref_o, &all_ref_lse, L);
+          const RowCheck rc =
+              check_rows(ctx, cfg, base, res.o.view(), res.l.view(), call.qsl, ref_o, ref_lse, o_name, L);
           if (rc.status != Status::kPassed) {
             fail = rc.status, fail_msg = label + ": " + rc.message;
             break;
@@ -321,7 +420,7 @@ Record run_batch_invariance(CaseContext& ctx, Backend& b, Op op, const RunConfig
         if (!varies[i]) varies[i] = true, ++variant_requests;
         std::ostringstream m;
         m << "request " << i << " (seq_len " << c.seq_lens[i] << ", query_len " << q << ") " << label
-          << " vs in its batch: o_lat " << dout.differ << " of " << dout.elements << " elements differ"
+          << " vs in its batch: " << o_name << " " << dout.differ << " of " << dout.elements << " elements differ"
           << (dout.differ ? " (" + diff_text(dout, c.spec.dtype) + ")" : "") << ", lse " << dlse.differ << " of "
           << dlse.elements << (dlse.differ ? " (" + diff_text(dlse, DType::kF32) + ")" : "");
         if (first.empty()) first = m.str();
@@ -835,7 +934,8 @@ void ServingMode::validate() const {
 }
 
 Record run_serving(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, const ServingMode& mode) {
-  if (op != Op::kDecode) throw std::logic_error("serving modes run the decode op");
+  if (op != Op::kDecode && !(op == Op::kSparseDecode && mode.batch_invariance))
+    throw std::logic_error("serving modes run the decode op (batch invariance also the sparse decode op)");
   Record r = mode.cuda_graph         ? run_graph(ctx, b, op, cfg, mode)
              : mode.batch_invariance ? run_batch_invariance(ctx, b, op, cfg)
              : mode.dcp > 0        ? run_dcp(ctx, b, op, cfg, mode.dcp, mode.dcp_interleave)

@@ -57,5 +57,8 @@ struct PlantedServingBug {
   std::string mode;  // the flags that catch it, e.g. "--dcp 2"
 };
 const std::vector<PlantedServingBug>& planted_serving_bugs();
+// bug.sparse_batch_size_splits: the sparse decode op's batch-size heuristic
+// (BATCH_VARIANT under --check batch-invariance on the sparse and v4 suites).
+PlantedServingBug planted_sparse_batch_bug();
 
 }  // namespace mlagate

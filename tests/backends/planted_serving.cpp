@@ -145,6 +145,22 @@ class GraphMetadataFixedAtCapture final : public Wrapper {
   }
 };
 
+// The sparse decode op's batch-size heuristic: from 4 requests on, the keys
+// of each row in splits of 256 merged through their LSEs (cpu.sparse.splitkv),
+// below that one pass (cpu.sparse). Both right; the bits change with the batch.
+class SparseBatchSizeSplits final : public Wrapper {
+ public:
+  SparseBatchSizeSplits(std::string name, std::string description, std::unique_ptr<Backend> inner)
+      : Wrapper(std::move(name), std::move(description), std::move(inner)), split_(make_cpu_sparse_splitkv()) {}
+  void sparse_decode(const SparseDecodeArgs& a) override {
+    (a.seq_lens.size() >= 4 ? split_ : inner_)->sparse_decode(a);
+  }
+  void sparse_prefill(const SparsePrefillArgs& a) override { inner_->sparse_prefill(a); }
+
+ private:
+  std::unique_ptr<Backend> split_;
+};
+
 template <class B>
 PlantedServingBug serving_bug(std::string name, std::string description, Status expected, std::string mode,
                               std::function<std::unique_ptr<Backend>()> inner,
@@ -191,6 +207,14 @@ const std::vector<PlantedServingBug>& planted_serving_bugs() {
     return v;
   }();
   return bugs;
+}
+
+PlantedServingBug planted_sparse_batch_bug() {
+  return serving_bug<SparseBatchSizeSplits>(
+      "bug.sparse_batch_size_splits",
+      "sparse decode in splits of 256 keys from 4 requests on, one pass below (a batch-size heuristic): right "
+      "answers whose bits change with the batchmates",
+      Status::kBatchVariant, "--check batch-invariance", make_cpu_sparse);
 }
 
 }  // namespace mlagate

@@ -229,6 +229,33 @@ TEST(Serving, EachPlantedBugIsCaughtByExactlyItsMode) {
   }
 }
 
+// Batch invariance on the sparse decode op: the correct sparse backends are
+// invariant on the sparse and v4 suites; a batch-size heuristic passes every
+// plain run of both sparse ops and is BATCH_VARIANT.
+TEST(Serving, SparseDecodeBatchInvariance) {
+  std::vector<CaseSpec> cases = load_suite("sparse").cases;
+  for (const CaseSpec& c : load_suite("v4").cases) cases.push_back(c);
+  for (auto make : {make_cpu_sparse, make_cpu_sparse_splitkv}) {
+    const ModeRun r = run_with(make(), bi(), {Op::kSparseDecode}, baseline(), cases);
+    EXPECT_EQ(r.failures(), 0) << r.first_failure();
+    EXPECT_EQ(r.counts.count(Status::kBatchVariant), 0u);
+    EXPECT_GT(r.counts.at(Status::kPassed), 20);
+  }
+  const PlantedServingBug sb = planted_sparse_batch_bug();
+  const ModeRun plain = run_with(sb.bug.make(), ServingMode{}, {Op::kSparseDecode, Op::kSparsePrefill}, baseline(), cases);
+  EXPECT_EQ(plain.failures(), 0) << plain.first_failure();
+  const ModeRun r = run_with(sb.bug.make(), bi(), {Op::kSparseDecode}, baseline(), cases);
+  for (const Record& rec : r.records) EXPECT_FALSE(status_is_failure(rec.status)) << rec.case_id << ": " << rec.message;
+  ASSERT_GT(r.counts.count(Status::kBatchVariant), 0u);
+  for (const Record& rec : r.records)
+    if (rec.status == Status::kBatchVariant) {
+      EXPECT_EQ(rec.op, "sparse_decode");
+      EXPECT_NE(rec.message.find("vs in its batch: o "), std::string::npos) << rec.message;
+    }
+  std::printf("bug.sparse_batch_size_splits: %d of %zu records BATCH_VARIANT\n", r.counts.at(Status::kBatchVariant),
+              r.records.size());
+}
+
 // Under the default (baseline) policy the log2 lse fails a plain run too, and
 // the message says which base it is in.
 TEST(Serving, PlainRunNamesALog2Lse) {
