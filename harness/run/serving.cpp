@@ -717,8 +717,26 @@ struct GraphStore {
     int blocks = 0, width = 0;  // the cache capacity it was captured with
     std::string captured_at;    // the case id
     int replays = 0;
+    std::uint64_t used = 0;     // when it was last used (the store's clock)
   };
   std::map<std::pair<const Backend*, std::string>, Entry> entries;
+  std::uint64_t clock = 0;
+  // A graph holds device buffers as large as its case's cache: a backend keeps
+  // at most this many (the least recently used goes first).
+  static constexpr std::size_t kMaxPerBackend = 16;
+  void evict_for(const Backend* b, const std::pair<const Backend*, std::string>& keep) {
+    std::size_t n = 0;
+    for (const auto& [k, e] : entries) n += k.first == b ? 1 : 0;
+    while (n > kMaxPerBackend) {
+      auto oldest = entries.end();
+      for (auto it = entries.begin(); it != entries.end(); ++it)
+        if (it->first.first == b && it->first != keep && (oldest == entries.end() || it->second.used < oldest->second.used))
+          oldest = it;
+      if (oldest == entries.end()) return;
+      entries.erase(oldest);
+      --n;
+    }
+  }
 };
 
 std::shared_ptr<GraphStore> make_graph_store() { return std::make_shared<GraphStore>(); }
@@ -816,6 +834,8 @@ Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, cons
   GraphStore& store = *mode.graphs;
   const auto entry_key = std::make_pair(static_cast<const Backend*>(&b), key.str());
   GraphStore::Entry& e = store.entries[entry_key];
+  e.used = ++store.clock;
+  store.evict_for(&b, entry_key);
   std::string how;
   Status fail = Status::kPassed;
   std::string fail_msg;
@@ -825,6 +845,7 @@ Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, cons
     if (!e.graph || cache.num_blocks > e.blocks || cache.table_width > e.width) {
       const bool again = e.graph != nullptr;
       e = GraphStore::Entry{};
+      e.used = store.clock;
       GuardedBuffer o(c.spec.dtype, {Tp, N, L}, cfg.exec.poison), l(DType::kF32, {Tp, N}, cfg.exec.poison);
       const auto tc = Clock::now();
       e.graph = b.capture_decode(args_for(0, o, l));
