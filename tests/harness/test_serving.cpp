@@ -136,8 +136,11 @@ TEST(Serving, DecodeLoopScheduleJoinsAndFinishes) {
       EXPECT_EQ(loop_join(i, q, n), join);
       EXPECT_LE(join + count, n);
       // The context is kept; a padding request stays padding.
-      if (s.batch.seq_lens[i] == 0) EXPECT_EQ(loop.batch.seq_lens[i], 0);
-      else EXPECT_EQ(loop.batch.seq_lens[i] - q, s.batch.seq_lens[i] - s.batch.query_lens[i]);
+      if (s.batch.seq_lens[i] == 0) {
+        EXPECT_EQ(loop.batch.seq_lens[i], 0);
+      } else {
+        EXPECT_EQ(loop.batch.seq_lens[i] - q, s.batch.seq_lens[i] - s.batch.query_lens[i]);
+      }
     }
     if (n >= 4) {
       EXPECT_EQ(loop_join_and_count(1, n).first, n / 4);       // joins late
@@ -193,7 +196,9 @@ TEST(Serving, EachPlantedBugIsCaughtByExactlyItsMode) {
           // Where the bug is exposed (its fp8 cases), it must not pass.
           if (bug.exposed_by && rec.status == Status::kPassed) {
             for (const CaseSpec& c : serving_cases())
-              if (c.id() == rec.case_id && bug.exposed_by(c)) ADD_FAILURE() << bug.name << " passed " << rec.case_id;
+              if (c.id() == rec.case_id && bug.exposed_by(c)) {
+                ADD_FAILURE() << bug.name << " passed " << rec.case_id;
+              }
           }
           continue;
         }
@@ -224,7 +229,9 @@ TEST(Serving, EachPlantedBugIsCaughtByExactlyItsMode) {
         }
       }
       EXPECT_GT(caught, 0) << bug.name << " not caught by " << flags;
-      if (bug.name == "bug.graph_stale_padding") EXPECT_GT(stale_nan, 0) << "no padding NaN reported";
+      if (bug.name == "bug.graph_stale_padding") {
+        EXPECT_GT(stale_nan, 0) << "no padding NaN reported";
+      }
     }
   }
 }
