@@ -129,6 +129,39 @@ struct CudaBackend::DecodeInputs {
   DecodeCall call;
 };
 
+namespace {
+
+// A decode's problem over device buffers: q_lat, q_pe, the cache's bytes and
+// block table (rows of `table_width`), and the metadata [seq_lens | query_start
+// | table rows] of a's B requests.
+PagedDecodeProblem decode_problem(const DecodeArgs& a, const KvFormat& kv, const DeviceBuffer& q_lat,
+                                  const DeviceBuffer& q_pe, const DeviceBuffer& cache, const DeviceBuffer& table,
+                                  const DeviceBuffer& meta, int table_width) {
+  const std::size_t B = a.seq_lens.size();
+  const int L = static_cast<int>(a.q_lat.shape[2]), R = static_cast<int>(a.q_pe.shape[2]);
+  PagedDecodeProblem pb{};
+  pb.q_lat = q_lat.as<std::uint16_t>();
+  pb.q_pe = q_pe.as<std::uint16_t>();
+  pb.cache = cache.as<unsigned char>();
+  pb.block_table = table.as<std::int32_t>();
+  pb.seq_lens = meta.as<std::int32_t>();
+  pb.query_start = pb.seq_lens + B;
+  pb.table_rows = pb.query_start + B + 1;
+  pb.table_width = table_width;
+  pb.block_size = a.cache->block_size;
+  pb.kv = kv;
+  pb.heads = static_cast<int>(a.q_lat.shape[1]);
+  pb.L = L;
+  pb.R = R;
+  pb.dk = L + R;
+  pb.dv = L;
+  pb.scale = a.scale;
+  pb.bf16 = a.q_lat.dtype == DType::kBF16;
+  return pb;
+}
+
+}  // namespace
+
 std::unique_ptr<CudaBackend::DecodeInputs> CudaBackend::upload_decode(const DecodeArgs& a) {
   require_device();
   // On the host before any launch: a bad block id must throw here, not fault
@@ -137,7 +170,6 @@ std::unique_ptr<CudaBackend::DecodeInputs> CudaBackend::upload_decode(const Deco
   const PagedCache& cache = *a.cache;
   const KvFormat kv = kv_format_of(cache, a.k_scale);
   const int T = static_cast<int>(a.q_lat.shape[0]), N = static_cast<int>(a.q_lat.shape[1]);
-  const int L = static_cast<int>(a.q_lat.shape[2]), R = static_cast<int>(a.q_pe.shape[2]);
   const cudaStream_t s = stream();
 
   auto in = std::make_unique<DecodeInputs>();
@@ -156,24 +188,8 @@ std::unique_ptr<CudaBackend::DecodeInputs> CudaBackend::upload_decode(const Deco
   in->lse = std::make_unique<GuardedDeviceOutput>(a.lse, "lse", s);
 
   DecodeCall& call = in->call;
-  PagedDecodeProblem& pb = call.pb;
-  pb.q_lat = in->q_lat.as<std::uint16_t>();
-  pb.q_pe = in->q_pe.as<std::uint16_t>();
-  pb.cache = in->cache->data.as<unsigned char>();
-  pb.block_table = in->cache->block_table.as<std::int32_t>();
-  pb.seq_lens = in->meta.as<std::int32_t>();
-  pb.query_start = pb.seq_lens + B;
-  pb.table_rows = pb.query_start + B + 1;
-  pb.table_width = cache.table_width;
-  pb.block_size = cache.block_size;
-  pb.kv = kv;
-  pb.heads = N;
-  pb.L = L;
-  pb.R = R;
-  pb.dk = L + R;
-  pb.dv = L;
-  pb.scale = a.scale;
-  pb.bf16 = a.q_lat.dtype == DType::kBF16;
+  call.pb = decode_problem(a, kv, in->q_lat, in->q_pe, in->cache->data, in->cache->block_table, in->meta,
+                           cache.table_width);
   call.groups = in->groups.as<RowGroup>();
   call.num_groups = static_cast<int>(groups.size());
   call.rows = static_cast<long long>(T) * N;
@@ -228,7 +244,6 @@ std::unique_ptr<DecodeGraph> CudaBackend::capture_decode(const DecodeArgs& a) {
       check_decode_args(a);
       const PagedCache& c = *a.cache;
       const int T = static_cast<int>(a.q_lat.shape[0]), N = static_cast<int>(a.q_lat.shape[1]);
-      const int L = static_cast<int>(a.q_lat.shape[2]), R = static_cast<int>(a.q_pe.shape[2]);
       B_ = a.seq_lens.size();
       q_shape_ = a.q_lat.shape;
       qsl_.assign(a.query_start_loc.begin(), a.query_start_loc.end());
@@ -252,24 +267,7 @@ std::unique_ptr<DecodeGraph> CudaBackend::capture_decode(const DecodeArgs& a) {
       o_ = std::make_unique<GuardedDeviceOutput>(a.o_lat, "o_lat", s_);
       lse_ = std::make_unique<GuardedDeviceOutput>(a.lse, "lse", s_);
       refresh(a);
-      PagedDecodeProblem& pb = call_.pb;
-      pb.q_lat = q_lat_.as<std::uint16_t>();
-      pb.q_pe = q_pe_.as<std::uint16_t>();
-      pb.cache = cache_.as<unsigned char>();
-      pb.block_table = table_.as<std::int32_t>();
-      pb.seq_lens = meta_.as<std::int32_t>();
-      pb.query_start = pb.seq_lens + B_;
-      pb.table_rows = pb.query_start + B_ + 1;
-      pb.table_width = width_;
-      pb.block_size = block_size_;
-      pb.kv = kv_format_of(c, a.k_scale);
-      pb.heads = N;
-      pb.L = L;
-      pb.R = R;
-      pb.dk = L + R;
-      pb.dv = L;
-      pb.scale = a.scale;
-      pb.bf16 = a.q_lat.dtype == DType::kBF16;
+      call_.pb = decode_problem(a, kv_format_of(c, a.k_scale), q_lat_, q_pe_, cache_, table_, meta_, width_);
       call_.groups = groups_.as<RowGroup>();
       call_.num_groups = static_cast<int>(groups.size());
       call_.rows = static_cast<long long>(T) * N;

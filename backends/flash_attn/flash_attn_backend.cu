@@ -436,7 +436,6 @@ class FaDecodeCall final : public libs::PreparedDecode {
       throw std::invalid_argument("flash_attn graph: a batch of other shapes than captured");
     for (int i = 0; i <= B_; ++i)
       if (a.query_start_loc[i] != query_start_[i]) throw std::invalid_argument("flash_attn graph: other query lengths");
-    const int D = L_ + R_;
     if (!own_cache_.data()) {
       own_cache_ = DeviceBuffer(cache.data.nbytes());
       width_ = cache.table_width;
@@ -447,14 +446,9 @@ class FaDecodeCall final : public libs::PreparedDecode {
     }
     if (static_cast<std::size_t>(cache.data.nbytes()) > own_cache_.size() || cache.table_width > width_)
       throw std::invalid_argument("flash_attn graph: the cache is larger than the captured one");
-    (void)D;
     q_pe_.upload(a.q_pe.data, a.q_pe.nbytes(), s);
     q_v_.upload(a.q_lat.data, a.q_lat.nbytes(), s);
-    const std::vector<std::int32_t> rows = libs::gather_table_rows(a);
-    std::vector<std::int32_t> table(static_cast<std::size_t>(B_) * width_, 0);
-    for (int b = 0; b < B_; ++b)
-      std::copy_n(rows.begin() + static_cast<std::ptrdiff_t>(b) * cache.table_width, cache.table_width,
-                  table.begin() + static_cast<std::ptrdiff_t>(b) * width_);
+    const std::vector<std::int32_t> table = libs::gather_table_rows(a, width_);
     table_.upload(table.data(), table.size() * sizeof(std::int32_t), s);
     seqused_.upload(a.seq_lens.data(), a.seq_lens.size() * sizeof(std::int32_t), s);
     own_cache_.upload(cache.data.bytes(), cache.data.nbytes(), s);

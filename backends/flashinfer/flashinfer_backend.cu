@@ -191,11 +191,7 @@ class FlashInferCall final : public libs::PreparedDecode {
     q_nope_.upload(a.q_lat.data, a.q_lat.nbytes(), s);
     q_pe_.upload(a.q_pe.data, a.q_pe.nbytes(), s);
     own_cache_.upload(cache.data.bytes(), cache.data.nbytes(), s);
-    const std::vector<std::int32_t> rows = libs::gather_table_rows(a);
-    std::vector<std::int32_t> table(static_cast<std::size_t>(B_) * width_, 0);
-    for (int b = 0; b < B_; ++b)
-      std::copy_n(rows.begin() + static_cast<std::ptrdiff_t>(b) * cache.table_width, cache.table_width,
-                  table.begin() + static_cast<std::ptrdiff_t>(b) * width_);
+    const std::vector<std::int32_t> table = libs::gather_table_rows(a, width_);
     own_table_.upload(table.data(), table.size() * sizeof(std::int32_t), s);
     // The plan over the own table: request b's pages start at row b.
     std::vector<std::int32_t> qo_indptr(a.query_start_loc.begin(), a.query_start_loc.end());

@@ -208,12 +208,7 @@ class FlashMlaCall final : public libs::PreparedDecode {
       std::copy(qp + row * R_, qp + (row + 1) * R_, q.begin() + row * D + L_);
     }
     q_.upload(q.data(), q.size() * sizeof(std::uint16_t), s);
-    const std::vector<std::int32_t> rows = libs::gather_table_rows(a);
-    std::vector<std::int32_t> table(static_cast<std::size_t>(B_) * width_, 0);
-    for (int b = 0; b < B_; ++b)
-      std::copy_n(rows.begin() + static_cast<std::ptrdiff_t>(b) * cache.table_width, cache.table_width,
-                  table.begin() + static_cast<std::ptrdiff_t>(b) * width_);
-    if (table_.size() != table.size() * sizeof(std::int32_t)) table_ = DeviceBuffer(table.size() * sizeof(std::int32_t));
+    const std::vector<std::int32_t> table = libs::gather_table_rows(a, width_);
     table_.upload(table.data(), table.size() * sizeof(std::int32_t), s);
     params_.block_table = table_.as<int>();
     seqlens_.upload(a.seq_lens.data(), a.seq_lens.size() * sizeof(std::int32_t), s);

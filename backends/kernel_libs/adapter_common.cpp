@@ -2,6 +2,7 @@
 // decode with guarded outputs, and the bench handle.
 #include "backends/kernel_libs/adapter_common.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -86,6 +87,17 @@ std::vector<std::int32_t> gather_table_rows(const DecodeArgs& a) {
   std::vector<std::int32_t> out;
   out.reserve(a.block_table_rows.size() * static_cast<std::size_t>(width));
   for (const std::int32_t row : a.block_table_rows) out.insert(out.end(), table + row * width, table + (row + 1) * width);
+  return out;
+}
+
+std::vector<std::int32_t> gather_table_rows(const DecodeArgs& a, int width) {
+  const PagedCache& cache = *a.cache;
+  const std::int64_t w = cache.block_table.dim(1);
+  if (width < w) throw std::invalid_argument("decode: a table narrower than the cache's");
+  const std::int32_t* table = cache.block_table.data<std::int32_t>();
+  std::vector<std::int32_t> out(a.block_table_rows.size() * static_cast<std::size_t>(width), 0);
+  for (std::size_t b = 0; b < a.block_table_rows.size(); ++b)
+    std::copy_n(table + a.block_table_rows[b] * w, w, out.begin() + static_cast<std::ptrdiff_t>(b) * width);
   return out;
 }
 

@@ -67,5 +67,8 @@ std::unique_ptr<DecodeGraph> make_decode_graph(const DecodeArgs& a, cudaStream_t
 // a contiguous [B, width] int32 table (a library that takes a plain
 // [B, max_blocks] table cannot be given mlagate's row indirection).
 std::vector<std::int32_t> gather_table_rows(const DecodeArgs& a);
+// The same rows, each padded with block 0 to `width` (>= the cache's table
+// width): a captured graph's table keeps the width it was captured with.
+std::vector<std::int32_t> gather_table_rows(const DecodeArgs& a, int width);
 
 }  // namespace mlagate::libs
