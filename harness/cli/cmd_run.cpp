@@ -616,7 +616,11 @@ class RunCommand {
     reap_retired_workers();
     run_profile().worker_exit_ms += ms_since(exit0);
 
-    const StatusCounts counts = count_statuses(records_);
+    StatusCounts counts = count_statuses(records_);
+    // --require batch-invariance: BATCH_VARIANT records count as failed here
+    // (the verdict line and the exit code; the reports keep them apart).
+    const std::int64_t required_variant = ra_.require_batch_invariance() ? counts[Status::kBatchVariant] : 0;
+    counts.failures += required_variant;
     if (!ra_.quiet) {
       std::printf("\n%s", summary_table(records_).c_str());
       std::printf("%s: %lld records, %lld failed, policy %s, %.1f s\n",
@@ -635,13 +639,10 @@ class RunCommand {
       std::fflush(stdout);
       return kExitInterruptedBase + stop_signal_;
     }
+    if (required_variant > 0 && !ra_.quiet)
+      std::printf("%lld BATCH_VARIANT records fail the run (--require batch-invariance)\n",
+                  static_cast<long long>(required_variant));
     if (counts.failures > 0) return kExitFailed;
-    if (ra_.require_batch_invariance() && counts[Status::kBatchVariant] > 0) {
-      if (!ra_.quiet)
-        std::printf("%lld BATCH_VARIANT records fail the run (--require batch-invariance)\n",
-                    static_cast<long long>(counts[Status::kBatchVariant]));
-      return kExitFailed;
-    }
     if (shard_ && counts.total == 0) {
       // More shards than cases: this one has none, which is not a failure of the gate.
       if (!ra_.quiet) std::printf("shard %s: no case of the selection falls in it\n", shard_->str().c_str());

@@ -9,6 +9,8 @@
 //   rel.nondet         every other call changes the last bit of one output element
 //   rel.skip_padding   leaves o_lat rows of seq_len-0 (padding) requests unwritten
 //   rel.lse_log2       returns lse in base 2 (the output is right): caught by --dcp
+//   rel.batch_bits     flips the last bit of o_lat[0] in batches of 2 or more requests
+//                      (right answers whose bits depend on the batch): BATCH_VARIANT
 //   rel.stale          keeps o_lat in a workspace reused across calls and never
 //                      computes the padding rows there: they hold the previous
 //                      case's values (zero on first use)
@@ -30,7 +32,7 @@
 
 namespace {
 
-enum class Fault { kSegv, kAbort, kThrow, kHang, kNondet, kSkipPadding, kStale, kLseLog2 };
+enum class Fault { kSegv, kAbort, kThrow, kHang, kNondet, kSkipPadding, kStale, kLseLog2, kBatchBits };
 
 struct Planted {
   const char* name;
@@ -47,6 +49,7 @@ constexpr Planted kPlanted[] = {
     {"rel.skip_padding", "cpu.paged that leaves o_lat of seq_len-0 requests unwritten", Fault::kSkipPadding},
     {"rel.stale", "cpu.paged computing o_lat in a reused workspace, padding rows never written there", Fault::kStale},
     {"rel.lse_log2", "cpu.paged returning its lse in base 2", Fault::kLseLog2},
+    {"rel.batch_bits", "cpu.paged whose o_lat[0] last bit depends on the batch size", Fault::kBatchBits},
 };
 constexpr int kCount = sizeof(kPlanted) / sizeof(kPlanted[0]);
 
@@ -131,6 +134,7 @@ std::int32_t run(void* self, const mlagate_problem* p, const mlagate_args* a, ch
     auto* l = static_cast<float*>(d.lse.data);
     for (std::int64_t i = 0; i < d.lse.shape[0] * d.lse.shape[1]; ++i) l[i] = static_cast<float>(l[i] / 0.69314718055994531);
   }
+  if (planted.fault == Fault::kBatchBits && rc == MLAGATE_STATUS_OK && numel > 0 && d.seq_lens.shape[0] >= 2) o[0] ^= 1u;
   if (planted.fault == Fault::kNondet && rc == MLAGATE_STATUS_OK && numel > 0) {
     static unsigned calls = 0;
     if (++calls % 2 == 0) o[numel / 2] ^= 1u;

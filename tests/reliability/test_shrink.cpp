@@ -123,5 +123,30 @@ TEST(Shrink, ServingModesShrinkTheirNumbers) {
   EXPECT_NE(out.find("--steps 1"), std::string::npos) << out;
 }
 
+// BATCH_VARIANT is not a failure of the run unless it is required: the same
+// run of a batch-dependent backend (rel.batch_bits) exits 0, then 1 with
+// --require batch-invariance; the record is BATCH_VARIANT either way.
+TEST(Shrink, RequireBatchInvarianceFailsTheRun) {
+  const fs::path d = temp_dir("require_bi");
+  const std::vector<std::string> run = {"run", "--suite", "smoke", "--filter", "small_decode", "--backend",
+                                        "rel.batch_bits", "--check", "batch-invariance"};
+  auto args = with_plugin(run);
+  args.insert(args.end(), {"--json", (d / "a.json").string()});
+  EXPECT_EQ(run_mlagate(args, d), 0) << slurp(d / "stderr.txt");
+  auto recs = records_of(d / "a.json");
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_EQ(recs.begin()->second.at("status"), "BATCH_VARIANT");
+  EXPECT_EQ(recs.begin()->second.at("mode"), "batch-invariance");
+  args = with_plugin(run);
+  args.insert(args.end(), {"--require", "batch-invariance", "--json", (d / "b.json").string()});
+  EXPECT_EQ(run_mlagate(args, d), 1) << slurp(d / "stderr.txt");
+  EXPECT_NE(slurp(d / "stdout.txt").find("BATCH_VARIANT records fail the run (--require batch-invariance)"),
+            std::string::npos)
+      << slurp(d / "stdout.txt");
+  recs = records_of(d / "b.json");
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_EQ(recs.begin()->second.at("status"), "BATCH_VARIANT");
+}
+
 }  // namespace
 }  // namespace mlagate
