@@ -67,6 +67,16 @@ struct CaseContext {
     taken.total_ms = enter_ms;
     return entered;
   }
+  // A job's record closes: the shared work it triggered (or that earlier
+  // records left unreported) taken into `t`, its whole time (`wall_ms` plus the
+  // case's generation in enter(), outside it), the glue as the rest, and the
+  // run's profile told.
+  void close_timings(Timings& t, double wall_ms) {
+    t.total_ms = wall_ms + take_shared(t);
+    t.glue_ms = std::max(0.0, t.total_ms - (t.generate_ms + t.reference_ms + t.baseline_ms + t.cache_ms + t.run_ms +
+                                            t.compare_ms));
+    run_profile().add_job(t);  // in a worker this process's profile is not shown: the parent adds the record
+  }
   // Kernel-level decode: absorbed queries and the reference on exactly them.
   std::optional<Tensor> q_lat, q_pe;
   std::vector<double> mqa_o_lat, mqa_lse;

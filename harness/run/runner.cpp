@@ -75,14 +75,7 @@ Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg
 Record run_one(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg) {
   const auto t0 = Clock::now();
   Record r = run_one_untimed(ctx, b, op, cfg);
-  const double wall = ms_since(t0);
-  Timings& t = r.timings;
-  const double entered = ctx.take_shared(t);
-  t.total_ms = wall + entered;
-  // The case's generation happened in enter(), outside `wall`; everything else
-  // named happened inside it.
-  t.glue_ms = std::max(0.0, t.total_ms - (t.generate_ms + t.reference_ms + t.baseline_ms + t.cache_ms + t.run_ms + t.compare_ms));
-  run_profile().add_job(t);  // in a worker this process's profile is not shown: the parent adds the record
+  ctx.close_timings(r.timings, ms_since(t0));
   return r;
 }
 

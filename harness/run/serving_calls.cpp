@@ -1,0 +1,164 @@
+// What the serving modes share (serving_calls.h): decode calls over some of a
+// case's tokens, their rows judged, the plain call with its outputs kept.
+#include "harness/run/serving_calls.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "cases/errors.h"
+#include "reference/compare.h"
+#include "reports/profile.h"
+
+namespace mlagate::serving_detail {
+
+// ---------------------------------------------------------------- one call
+
+
+Tensor gather_tokens(const Tensor& t, std::span<const std::int32_t> tokens) {
+  Shape shape = t.shape();
+  const std::size_t row = t.nbytes() / static_cast<std::size_t>(shape.at(0));
+  shape[0] = static_cast<std::int64_t>(tokens.size());
+  Tensor out = Tensor::for_overwrite(t.dtype(), shape);
+  for (std::size_t k = 0; k < tokens.size(); ++k)
+    std::memcpy(out.bytes() + k * row, t.bytes() + static_cast<std::size_t>(tokens[k]) * row, row);
+  return out;
+}
+
+
+CallResult call_decode(Backend& b, const Case& c, const PagedCache& cache, const Tensor& q_lat, const Tensor& q_pe,
+                       const Call& call, const ExecOptions& opt) {
+  const std::int64_t n = call.num_tokens(), N = c.spec.num_heads(), L = c.spec.dims.kv_lora_rank;
+  CallResult res{GuardedBuffer(c.spec.dtype, {n, N, L}, opt.poison, opt.reuse_buffers),
+                 GuardedBuffer(DType::kF32, {n, N}, opt.poison, opt.reuse_buffers), 0, {}};
+  const Tensor ql = gather_tokens(q_lat, call.tokens), qp = gather_tokens(q_pe, call.tokens);
+  DecodeArgs a;
+  a.q_lat = ql.view();
+  a.q_pe = qp.view();
+  a.cache = &cache;
+  a.seq_lens = call.seq_lens;
+  a.query_start_loc = call.qsl;
+  a.block_table_rows = call.rows;
+  a.scale = c.spec.softmax_scale();
+  a.k_scale = c.spec.k_scale;
+  a.o_lat = res.o.view();
+  a.lse = res.l.view();
+  const auto t0 = Clock::now();
+  b.decode(a);
+  res.run_ms = backend_call_done(t0);
+  res.guard = res.o.check_guards("o_lat");
+  if (res.guard.empty()) res.guard = res.l.check_guards("lse");
+  return res;
+}
+
+// The status and message of the exception being handled, as run_one maps them.
+Status current_exception_status(std::string& message) {
+  try {
+    throw;
+  } catch (const NotSupportedError& e) {
+    message = e.what();
+    return Status::kNotSupported;
+  } catch (const DeviceUnavailableError& e) {
+    message = e.what();
+    return Status::kSkipped;
+  } catch (const OutOfBoundsWriteError& e) {
+    message = e.what();
+    return Status::kIncorrect;
+  } catch (const WrongOutputError& e) {
+    message = e.what();
+    return Status::kIncorrect;
+  } catch (const BackendTimeoutError& e) {
+    message = e.what();
+    return Status::kTimeout;
+  } catch (const std::exception& e) {
+    message = std::string("backend threw: ") + e.what();
+    return Status::kCrashed;
+  }
+}
+
+// ---------------------------------------------------------------- judging rows
+
+
+// The reference rows of the call's tokens ([n, N, dv] and [n, N]) out of
+// whole-case references (default: the decode op's).
+void gather_reference(const CaseContext& ctx, const Call& call, std::vector<double>& o, std::vector<double>& lse,
+                      const std::vector<double>* all_o, const std::vector<double>* all_lse, std::int64_t dv) {
+  const std::int64_t N = ctx.c.spec.num_heads(), L = dv > 0 ? dv : ctx.c.spec.dims.kv_lora_rank;
+  const std::vector<double>& ro = all_o ? *all_o : ctx.mqa_o_lat;
+  const std::vector<double>& rl = all_lse ? *all_lse : ctx.mqa_lse;
+  o.resize(static_cast<std::size_t>(call.num_tokens() * N * L));
+  lse.resize(static_cast<std::size_t>(call.num_tokens() * N));
+  for (std::int64_t k = 0; k < call.num_tokens(); ++k) {
+    const std::int64_t t = call.tokens[static_cast<std::size_t>(k)];
+    std::copy_n(ro.begin() + t * N * L, N * L, o.begin() + k * N * L);
+    std::copy_n(rl.begin() + t * N, N, lse.begin() + k * N);
+  }
+}
+
+BaselineErrors baseline_of(CaseContext& ctx, const RunConfig& cfg) {
+  if (cfg.baseline.always || cfg.policy.kind == Policy::Kind::kBaseline) return ctx.decode_op_baseline();
+  return {};
+}
+
+// o_lat and lse of `qsl`'s tokens against reference rows, in the runner's
+// order: non-finite values, then the tolerance.
+RowCheck check_rows(const CaseContext& ctx, const RunConfig& cfg, const BaselineErrors& base, const TensorView& o,
+                    const TensorView& l, std::span<const std::int32_t> qsl, const std::vector<double>& ref_o,
+                    const std::vector<double>& ref_lse, const char* o_name, std::int64_t dv) {
+  const Dims& d = ctx.c.spec.dims;
+  const std::int64_t N = ctx.c.spec.num_heads();
+  RowCheck rc;
+  const auto one = [&](const char* name, const TensorView& got, const std::vector<double>& ref, bool is_lse,
+                       std::int64_t dim, Metrics& m) {
+    OutputCheck chk;
+    chk.name = name;
+    chk.got = got;
+    chk.expected_shape = got.shape;
+    chk.expected_dtype = got.dtype;
+    chk.reference = &ref;
+    chk.layout = Layout{qsl, N, dim};
+    chk.is_lse = is_lse;
+    chk.err_baseline = is_lse ? base.lse : base.out;
+    chk.dqk = d.kv_lora_rank + d.rope_dim;
+    return compare_output(chk, cfg.policy, m);
+  };
+  const Status so = one(o_name, o, ref_o, false, dv > 0 ? dv : d.kv_lora_rank, rc.o);
+  const Status sl = one("lse", l, ref_lse, true, 1, rc.lse);
+  for (const auto& [s, m] : {std::pair{so, &rc.o}, std::pair{sl, &rc.lse}})
+    if (s == Status::kNonfinite && rc.status != Status::kNonfinite) rc.status = s, rc.message = m->message;
+  if (rc.status == Status::kPassed)
+    for (const auto& [s, m] : {std::pair{so, &rc.o}, std::pair{sl, &rc.lse}})
+      if (s == Status::kIncorrect && rc.status == Status::kPassed) rc.status = s, rc.message = m->message;
+  // An lse that fails because it is log2 says so, as in a plain run.
+  if (sl == Status::kIncorrect)
+    if (const std::string hint = lse_base_hint(l, ref_lse); !hint.empty()) {
+      rc.lse.message += "; " + hint;
+      if (rc.message == rc.lse.message.substr(0, rc.message.size())) rc.message = rc.lse.message;
+    }
+  return rc;
+}
+
+// ---------------------------------------------------------------- the plain call
+
+
+// run_one with its outputs kept (results files still get them).
+Record plain_run(CaseContext& ctx, Backend& b, Op op, const RunConfig& base, std::vector<Captured>& out) {
+  RunConfig cfg = base;
+  cfg.on_outputs = [&](const Case& c, const Record& r, std::span<const ProducedOutput> outs) {
+    if (base.on_outputs) base.on_outputs(c, r, outs);
+    for (const ProducedOutput& po : outs) {
+      const TensorView v = po.buf.view();
+      out.push_back({po.name, v.dtype, {}});
+      out.back().bytes.assign(static_cast<const std::byte*>(v.data), static_cast<const std::byte*>(v.data) + v.nbytes());
+    }
+  };
+  return run_one(ctx, b, op, cfg);
+}
+
+const Captured* find_output(const std::vector<Captured>& outs, const char* name) {
+  for (const Captured& c : outs)
+    if (c.name == name) return &c;
+  return nullptr;
+}
+
+}  // namespace mlagate::serving_detail

@@ -1,0 +1,84 @@
+// What the serving modes share (serving.cpp, serving_graph.cpp; internal to
+// harness/run): a decode call over some of a case's query tokens, its rows
+// judged against the case's references, and the plain call whose outputs a
+// mode keeps.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "harness/run/case_context.h"
+#include "harness/run/guarded.h"
+#include "harness/run/serving.h"
+
+namespace mlagate::serving_detail {
+
+using run_detail::Clock;
+using run_detail::ms_since;
+
+// A decode call over some of the case's query tokens: each call-request owns
+// consecutive rows (the case's tokens `tokens[qsl[j] .. qsl[j+1])`), sees
+// seq_lens[j] keys and reads block-table row rows[j].
+struct Call {
+  std::vector<std::int32_t> tokens, seq_lens, qsl{0}, rows;
+  void add(int first_token, int ntok, int seq_len, int table_row) {
+    for (int u = 0; u < ntok; ++u) tokens.push_back(first_token + u);
+    seq_lens.push_back(seq_len);
+    qsl.push_back(qsl.back() + ntok);
+    rows.push_back(table_row);
+  }
+  std::int64_t num_tokens() const { return static_cast<std::int64_t>(tokens.size()); }
+  bool empty() const { return tokens.empty(); }
+};
+
+Tensor gather_tokens(const Tensor& t, std::span<const std::int32_t> tokens);
+
+struct CallResult {
+  GuardedBuffer o, l;
+  double run_ms = 0;
+  std::string guard;  // the first out-of-bounds write, empty when none
+};
+
+CallResult call_decode(Backend& b, const Case& c, const PagedCache& cache, const Tensor& q_lat, const Tensor& q_pe,
+                       const Call& call, const ExecOptions& opt);
+
+// The status and message of the exception being handled, as run_one maps them.
+Status current_exception_status(std::string& message);
+
+struct RowCheck {
+  Status status = Status::kPassed;
+  std::string message;
+  Metrics o, lse;
+};
+
+// The reference rows of the call's tokens ([n, N, dv] and [n, N]) out of
+// whole-case references (default: the decode op's).
+void gather_reference(const CaseContext& ctx, const Call& call, std::vector<double>& o, std::vector<double>& lse,
+                      const std::vector<double>* all_o = nullptr, const std::vector<double>* all_lse = nullptr,
+                      std::int64_t dv = 0);
+
+// The decode op's err_baseline where the policy needs it.
+BaselineErrors baseline_of(CaseContext& ctx, const RunConfig& cfg);
+
+// o_lat (or `o_name`, of width dv) and lse of `qsl`'s tokens against reference
+// rows, in the runner's order: non-finite values, then the tolerance.
+RowCheck check_rows(const CaseContext& ctx, const RunConfig& cfg, const BaselineErrors& base, const TensorView& o,
+                    const TensorView& l, std::span<const std::int32_t> qsl, const std::vector<double>& ref_o,
+                    const std::vector<double>& ref_lse, const char* o_name = "o_lat", std::int64_t dv = 0);
+
+struct Captured {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<std::byte> bytes;
+};
+
+// run_one with its outputs kept (results files still get them).
+Record plain_run(CaseContext& ctx, Backend& b, Op op, const RunConfig& base, std::vector<Captured>& out);
+const Captured* find_output(const std::vector<Captured>& outs, const char* name);
+
+// --cuda-graph's record (serving_graph.cpp).
+Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, const ServingMode& mode);
+
+}  // namespace mlagate::serving_detail

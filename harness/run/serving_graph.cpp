@@ -1,0 +1,244 @@
+// --cuda-graph (serving.h, SERVING.md): a decode captured once per capture
+// size and backend, kept across a run's cases, and replayed for each case
+// padded up to the captured batch, its real rows judged and its padding rows
+// checked for NaN.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+#include "cases/errors.h"
+#include "harness/run/serving_calls.h"
+#include "reports/profile.h"
+
+namespace mlagate {
+
+using serving_detail::Clock;
+using serving_detail::ms_since;
+struct GraphStore {
+  struct Entry {
+    std::unique_ptr<DecodeGraph> graph;
+    int blocks = 0, width = 0;  // the cache capacity it was captured with
+    std::string captured_at;    // the case id
+    int replays = 0;
+    std::uint64_t used = 0;     // when it was last used (the store's clock)
+  };
+  std::map<std::pair<const Backend*, std::string>, Entry> entries;
+  std::uint64_t clock = 0;
+  // A graph holds device buffers as large as its case's cache: a backend keeps
+  // at most this many (the least recently used goes first).
+  static constexpr std::size_t kMaxPerBackend = 16;
+  void evict_for(const Backend* b, const std::pair<const Backend*, std::string>& keep) {
+    std::size_t n = 0;
+    for (const auto& [k, e] : entries) n += k.first == b ? 1 : 0;
+    while (n > kMaxPerBackend) {
+      auto oldest = entries.end();
+      for (auto it = entries.begin(); it != entries.end(); ++it)
+        if (it->first.first == b && it->first != keep && (oldest == entries.end() || it->second.used < oldest->second.used))
+          oldest = it;
+      if (oldest == entries.end()) return;
+      entries.erase(oldest);
+      --n;
+    }
+  }
+};
+
+std::shared_ptr<GraphStore> make_graph_store() { return std::make_shared<GraphStore>(); }
+
+std::vector<int> default_capture_sizes() {
+  std::vector<int> v = {1, 2, 4};
+  for (int s = 8; s <= 512; s += 8) v.push_back(s);
+  return v;
+}
+
+namespace serving_detail {
+namespace {
+
+// Non-finite elements among rows [first, last) of a [rows, width] output.
+std::int64_t nonfinite_rows(const TensorView& v, std::int64_t first, std::int64_t last, std::int64_t width,
+                            bool allow_inf) {
+  std::int64_t n = 0;
+  for (std::int64_t i = first * width; i < last * width; ++i) {
+    const double x = v.get(i);
+    if (std::isnan(x) || (!allow_inf && std::isinf(x))) ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, const ServingMode& mode) {
+  std::vector<Captured> plain;
+  Record r = plain_run(ctx, b, op, cfg, plain);
+  if (!find_output(plain, "o_lat")) return r;
+  if (r.status != Status::kPassed) {
+    r.message = "the eager call, before the graph: " + r.message;
+    return r;
+  }
+  const auto t0 = Clock::now();
+  const double run_before = r.timings.run_ms;
+  const Case& c = ctx.c;
+  const int B = c.num_requests;
+  const int q = B > 0 ? c.query_lens[0] : 0;
+  for (int i = 0; i < B; ++i)
+    if (c.query_lens[i] != q || q < 1) {
+      r.status = Status::kNotSupported;
+      r.message = "graph mode replays uniform decode batches (vLLM's FULL_DECODE_ONLY graphs): request " +
+                  std::to_string(i) + " has " + std::to_string(c.query_lens[i]) + " query tokens, request 0 " +
+                  std::to_string(q);
+      return r;
+    }
+  int S = 0;
+  for (int size : mode.capture_sizes)
+    if (size >= B) {
+      S = size;
+      break;
+    }
+  if (S == 0) {
+    r.status = Status::kNotSupported;
+    r.message = "a batch of " + std::to_string(B) + " requests is larger than the largest capture size " +
+                std::to_string(mode.capture_sizes.empty() ? 0 : mode.capture_sizes.back()) + " (it runs eagerly)";
+    return r;
+  }
+  const PagedCache& cache = ctx.cache(r.block_size, true, cfg.exec, r.timings.cache_ms);
+  const std::int64_t T = c.num_tokens, Tp = static_cast<std::int64_t>(S) * q, N = c.spec.num_heads(),
+                     L = c.spec.dims.kv_lora_rank;
+  // Padding rows of seq_len 1 read the first key of a request that has one.
+  int reader = -1;
+  for (int i = 0; i < B && reader < 0; ++i)
+    if (c.seq_lens[i] > 0) reader = i;
+  std::vector<int> pad_lens = {0};
+  if (reader >= 0 && S > B) pad_lens.push_back(1);
+
+  // The padded batch: the case's requests, then S - B padding requests (zero
+  // queries, seq_len pad, the reader's block-table row).
+  Tensor ql(c.spec.dtype, {Tp, N, L}), qp(c.spec.dtype, {Tp, N, c.spec.dims.rope_dim});
+  std::memcpy(ql.bytes(), ctx.q_lat->bytes(), ctx.q_lat->nbytes());
+  std::memcpy(qp.bytes(), ctx.q_pe->bytes(), ctx.q_pe->nbytes());
+  std::vector<std::int32_t> seq(static_cast<std::size_t>(S)), qsl(static_cast<std::size_t>(S) + 1), rows(static_cast<std::size_t>(S));
+  for (int i = 0; i <= S; ++i) qsl[i] = i * q;
+  for (int i = 0; i < S; ++i) rows[i] = i < B ? i : std::max(reader, 0);
+  const auto args_for = [&](int pad, GuardedBuffer& o, GuardedBuffer& l) {
+    for (int i = 0; i < S; ++i) seq[i] = i < B ? c.seq_lens[i] : pad;
+    DecodeArgs a;
+    a.q_lat = ql.view();
+    a.q_pe = qp.view();
+    a.cache = &cache;
+    a.seq_lens = seq;
+    a.query_start_loc = qsl;
+    a.block_table_rows = rows;
+    a.scale = c.spec.softmax_scale();
+    a.k_scale = c.spec.k_scale;
+    a.o_lat = o.view();
+    a.lse = l.view();
+    return a;
+  };
+  std::ostringstream key;
+  key << S << "/" << q << "/" << N << "/" << dims_label(c.spec.dims) << "/" << dtype_name(c.spec.dtype) << "/"
+      << kv_cache_format_name(c.spec.kv_format()) << "/" << cache.block_size << "/" << exact_number(c.spec.softmax_scale())
+      << "/" << exact_number(c.spec.k_scale);
+  if (!mode.graphs) throw std::logic_error("graph mode without a graph store");
+  GraphStore& store = *mode.graphs;
+  const auto entry_key = std::make_pair(static_cast<const Backend*>(&b), key.str());
+  GraphStore::Entry& e = store.entries[entry_key];
+  e.used = ++store.clock;
+  store.evict_for(&b, entry_key);
+  std::string how;
+  Status fail = Status::kPassed;
+  std::string fail_msg;
+  RowCheck first_check;
+  std::int64_t pad_nan_o = 0, pad_nan_lse = 0, pad_elems = 0;
+  try {
+    if (!e.graph || cache.num_blocks > e.blocks || cache.table_width > e.width) {
+      const bool again = e.graph != nullptr;
+      e = GraphStore::Entry{};
+      e.used = store.clock;
+      GuardedBuffer o(c.spec.dtype, {Tp, N, L}, cfg.exec.poison), l(DType::kF32, {Tp, N}, cfg.exec.poison);
+      const auto tc = Clock::now();
+      e.graph = b.capture_decode(args_for(0, o, l));
+      r.timings.run_ms += backend_call_done(tc);
+      if (!e.graph) {
+        store.entries.erase(entry_key);
+        r.status = Status::kNotSupported;
+        r.message = "the backend cannot be captured in a CUDA graph (it has no capture_decode)";
+        r.timings.total_ms += ms_since(t0);
+        return r;
+      }
+      e.blocks = cache.num_blocks;
+      e.width = cache.table_width;
+      e.captured_at = c.spec.id();
+      how = again ? "captured again at this case (its cache is larger than the graph's)" : "captured at this case";
+    } else {
+      how = "replayed, captured at " + e.captured_at + " (" + std::to_string(e.replays) + " replays before)";
+    }
+    for (int pad : pad_lens) {
+      GuardedBuffer o(c.spec.dtype, {Tp, N, L}, cfg.exec.poison), l(DType::kF32, {Tp, N}, cfg.exec.poison);
+      const DecodeArgs a = args_for(pad, o, l);
+      const auto tc = Clock::now();
+      e.graph->replay(a);
+      r.timings.run_ms += backend_call_done(tc);
+      ++e.replays;
+      const std::string label = "graph replay with padding seq_len " + std::to_string(pad);
+      std::string guard = o.check_guards("o_lat");
+      if (guard.empty()) guard = l.check_guards("lse");
+      if (!guard.empty()) {
+        fail = Status::kIncorrect, fail_msg = label + ": " + guard;
+        break;
+      }
+      // The real rows against the reference.
+      const TensorView real_o{c.spec.dtype, {T, N, L}, o.view().data}, real_l{DType::kF32, {T, N}, l.view().data};
+      const RowCheck rc = check_rows(ctx, cfg, baseline_of(ctx, cfg), real_o, real_l, c.query_start_loc, ctx.mqa_o_lat,
+                                     ctx.mqa_lse);
+      if (pad == 0) first_check = rc;
+      if (rc.status != Status::kPassed) {
+        fail = rc.status, fail_msg = label + ": " + rc.message;
+        break;
+      }
+      // Padding rows: never judged against a reference, but NaN there is stale
+      // output that reaches real rows through whatever reads the whole output.
+      pad_elems += (Tp - T) * N * L;
+      pad_nan_o += nonfinite_rows(o.view(), T, Tp, N * L, false);
+      pad_nan_lse += nonfinite_rows(l.view(), T, Tp, N, true);
+    }
+  } catch (...) {
+    store.entries.erase(entry_key);  // a graph that threw is not replayed again
+    std::string why;
+    fail = current_exception_status(why);
+    fail_msg = "graph capture or replay: " + why;
+  }
+  r.timings.total_ms += ms_since(t0);
+  r.timings.glue_ms += std::max(0.0, ms_since(t0) - (r.timings.run_ms - run_before));
+  const std::string where = "capture size " + std::to_string(S) + ": " + std::to_string(B) + " requests + " +
+                            std::to_string(S - B) + " padding; " + how;
+  if (fail != Status::kPassed) {
+    r.status = fail;
+    r.message = fail_msg + " (" + where + ")";
+    return r;
+  }
+  std::erase_if(r.metrics, [](const Metrics& m) { return m.output != "quant_error"; });
+  Metrics pm;
+  pm.output = "padding";
+  pm.numel = pad_elems;
+  pm.nonfinite_mismatches = pad_nan_o + pad_nan_lse;
+  pm.passed = pm.nonfinite_mismatches == 0;
+  pm.message = std::to_string(pad_nan_o) + " o_lat and " + std::to_string(pad_nan_lse) +
+               " lse elements of the padding rows are NaN" + (pad_nan_o ? "" : " or infinite") + " after the replays";
+  r.metrics.insert(r.metrics.begin(), {first_check.o, first_check.lse, pm});
+  if (!pm.passed) {
+    r.status = Status::kNonfinite;
+    r.message = "padding rows hold NaN after the graph replay: " + pm.message +
+                " (stale output the replay left in the persistent buffer; it reaches real rows through anything "
+                "that reads the whole output, e.g. an fp8 amax: vLLM #37442) (" + where + ")";
+    return r;
+  }
+  r.message = e.graph->note() + " (" + where + "): real rows match with padding seq_len " +
+              (pad_lens.size() > 1 ? std::string("0 and 1") : std::string("0")) + "; padding rows finite";
+  return r;
+}
+
+}  // namespace serving_detail
+
+}  // namespace mlagate
