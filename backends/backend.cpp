@@ -314,8 +314,9 @@ namespace {
 // padded with block 0) and keeps the addresses.
 class HostDecodeGraph final : public DecodeGraph {
  public:
-  HostDecodeGraph(Backend& b, const DecodeArgs& a)
-      : b_(b),
+  HostDecodeGraph(const DecodeArgs& a, DecodeGraphStep step, std::string note)
+      : step_(std::move(step)),
+        note_(std::move(note)),
         q_lat_(a.q_lat.dtype, a.q_lat.shape),
         q_pe_(a.q_pe.dtype, a.q_pe.shape),
         o_lat_(a.o_lat.dtype, a.o_lat.shape),
@@ -347,22 +348,22 @@ class HostDecodeGraph final : public DecodeGraph {
     // cleared, here NaN, so a row no replay writes shows up.
     poison_floats(o_lat_);
     poison_floats(lse_);
-    run(a);  // the capture runs the work once, as stream capture's warm-up does
+    run(a, true);  // the capture runs the work once, as stream capture's warm-up does
   }
 
   void replay(const DecodeArgs& a) override {
-    run(a);
+    run(a, false);
     std::memcpy(a.o_lat.data, o_lat_.bytes(), o_lat_.nbytes());
     std::memcpy(a.lse.data, lse_.bytes(), lse_.nbytes());
   }
-  std::string note() const override { return "host emulation of a captured graph (persistent buffers)"; }
+  std::string note() const override { return note_; }
 
  private:
   static void poison_floats(Tensor& t) {
     const TensorView v = t.view();
     for (std::int64_t i = 0; i < v.numel(); ++i) v.set(i, std::numeric_limits<double>::quiet_NaN());
   }
-  void run(const DecodeArgs& a) {
+  void run(const DecodeArgs& a, bool capture) {
     const PagedCache& c = *a.cache;
     if (a.q_lat.shape != q_lat_.shape() || a.q_pe.shape != q_pe_.shape() || a.q_lat.dtype != q_lat_.dtype() ||
         a.o_lat.shape != o_lat_.shape() || a.seq_lens.size() != seq_lens_.size() ||
@@ -398,10 +399,11 @@ class HostDecodeGraph final : public DecodeGraph {
     p.k_scale = k_scale_;
     p.o_lat = o_lat_.view();
     p.lse = lse_.view();
-    b_.decode(p);
+    step_(p, capture);
   }
 
-  Backend& b_;
+  DecodeGraphStep step_;
+  std::string note_;
   Tensor q_lat_, q_pe_, o_lat_, lse_;
   std::vector<std::int32_t> seq_lens_, query_start_, rows_;
   PagedCache cache_;
@@ -412,7 +414,12 @@ class HostDecodeGraph final : public DecodeGraph {
 }  // namespace
 
 std::unique_ptr<DecodeGraph> emulate_decode_graph(Backend& b, const DecodeArgs& args) {
-  return std::make_unique<HostDecodeGraph>(b, args);
+  return persistent_decode_graph(args, [&b](const DecodeArgs& p, bool) { b.decode(p); },
+                                 "host emulation of a captured graph (persistent buffers)");
+}
+
+std::unique_ptr<DecodeGraph> persistent_decode_graph(const DecodeArgs& args, DecodeGraphStep step, std::string note) {
+  return std::make_unique<HostDecodeGraph>(args, std::move(step), std::move(note));
 }
 
 }  // namespace mlagate

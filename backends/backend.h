@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -188,6 +189,16 @@ class DecodeGraph {
 // in place on each replay, and the backend's decode() called on them (the same
 // addresses every replay). What a graph changes for a kernel is exactly that.
 std::unique_ptr<DecodeGraph> emulate_decode_graph(Backend& b, const DecodeArgs& args);
+
+// The same persistent host arguments around any capture: `step(p, capture)`
+// gets arguments of the captured shapes at the same addresses every time (the
+// cache padded to the captured blocks, table rows to the captured width),
+// first once with capture = true (the capture: its outputs are not reported),
+// then once per replay; its outputs are copied out after each replay. Backends
+// whose graphs live elsewhere (a plugin's CUDA graph, a Python torch graph)
+// capture and replay in `step`.
+using DecodeGraphStep = std::function<void(const DecodeArgs& persistent, bool capture)>;
+std::unique_ptr<DecodeGraph> persistent_decode_graph(const DecodeArgs& args, DecodeGraphStep step, std::string note);
 
 class DecodeBench {
  public:

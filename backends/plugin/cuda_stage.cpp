@@ -3,7 +3,10 @@
 // synchronizes, checks the guards and downloads. Built only with CUDA.
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "backends/cuda/device.h"
@@ -15,7 +18,7 @@ namespace {
 
 class CudaStage final : public DeviceStage {
  public:
-  explicit CudaStage(int device_id) {
+  CudaStage(int device_id, bool persistent) : persistent_(persistent) {
     gpu::require_device();
     int count = 0;
     MLAGATE_CUDA_CHECK(cudaGetDeviceCount(&count));
@@ -25,12 +28,32 @@ class CudaStage final : public DeviceStage {
     MLAGATE_CUDA_CHECK(cudaSetDevice(device_id));
     stream_ = std::make_unique<gpu::Stream>();
   }
+  ~CudaStage() override {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+  }
   void* input(const void* host, std::size_t bytes) override {
+    if (next_input_ < inputs_.size()) {  // a persistent stage's next call: the same buffer, refreshed in place
+      gpu::DeviceBuffer& d = inputs_[next_input_++];
+      if (d.size() != bytes)
+        throw std::invalid_argument("plugin graph: input " + std::to_string(next_input_ - 1) + " of " +
+                                    std::to_string(bytes) + " bytes where " + std::to_string(d.size()) +
+                                    " were captured");
+      if (bytes) d.upload(host, bytes, stream_->get());
+      return d.data();
+    }
     inputs_.push_back(gpu::upload_array(static_cast<const unsigned char*>(host), bytes, stream_->get()));
+    ++next_input_;
     return inputs_.back().data();
   }
   void* output(const TensorView& host, const std::string& name) override {
+    if (next_output_ < outputs_.size()) {  // kept as the last call left it
+      Output& o = outputs_[next_output_++];
+      o.host = host;
+      return o.device->data();
+    }
     outputs_.push_back({host, std::make_unique<gpu::GuardedDeviceOutput>(host, name, stream_->get())});
+    ++next_output_;
     return outputs_.back().device->data();
   }
   void* stream() override { return stream_->get(); }
@@ -43,19 +66,58 @@ class CudaStage final : public DeviceStage {
     }
     for (const Output& o : outputs_) o.device->download_to(o.host, stream_->get());
   }
+  void rewind() override {
+    if (!persistent_) DeviceStage::rewind();
+    next_input_ = next_output_ = 0;
+  }
+  void capture(const std::function<void()>& launch) override {
+    if (!persistent_) DeviceStage::capture(launch);
+    stream_->sync();
+    const cudaStream_t s = stream_->get();
+    MLAGATE_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    cudaGraph_t g = nullptr;
+    try {
+      launch();
+    } catch (...) {
+      cudaStreamEndCapture(s, &g);  // the stream leaves capture mode whatever happened
+      if (g) cudaGraphDestroy(g);
+      cudaGetLastError();
+      throw;
+    }
+    const cudaError_t end = cudaStreamEndCapture(s, &g);
+    if (end != cudaSuccess || g == nullptr) {
+      if (g) cudaGraphDestroy(g);
+      cudaGetLastError();
+      throw std::runtime_error(std::string("the plugin's run() cannot be captured in a CUDA graph (") +
+                               cudaGetErrorString(end) +
+                               "): a capturable run() launches on args->stream only and never synchronizes");
+    }
+    graph_ = g;
+    MLAGATE_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  void replay() override {
+    if (!exec_) DeviceStage::replay();
+    MLAGATE_CUDA_CHECK(cudaGraphLaunch(exec_, stream_->get()));
+  }
 
  private:
   struct Output {
     TensorView host;
     std::unique_ptr<gpu::GuardedDeviceOutput> device;
   };
+  bool persistent_;
   std::unique_ptr<gpu::Stream> stream_;
   std::vector<gpu::DeviceBuffer> inputs_;
   std::vector<Output> outputs_;
+  std::size_t next_input_ = 0, next_output_ = 0;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
 };
 
 }  // namespace
 
-std::unique_ptr<DeviceStage> make_cuda_stage(int device_id) { return std::make_unique<CudaStage>(device_id); }
+std::unique_ptr<DeviceStage> make_cuda_stage(int device_id, bool persistent) {
+  return std::make_unique<CudaStage>(device_id, persistent);
+}
 
 }  // namespace mlagate::plugin

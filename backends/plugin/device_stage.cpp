@@ -2,6 +2,8 @@
 // and the choice of stage by device.
 #include "backends/plugin/device_stage.h"
 
+#include <stdexcept>
+
 #include "backends/plugin/abi.h"
 #include "cases/errors.h"
 #include "mlagate/config.h"
@@ -9,7 +11,7 @@
 namespace mlagate::plugin {
 
 #if MLAGATE_HAS_CUDA
-std::unique_ptr<DeviceStage> make_cuda_stage(int device_id);  // cuda_stage.cpp
+std::unique_ptr<DeviceStage> make_cuda_stage(int device_id, bool persistent);  // cuda_stage.cpp
 #endif
 
 namespace {
@@ -24,11 +26,17 @@ class HostStage final : public DeviceStage {
 
 }  // namespace
 
-std::unique_ptr<DeviceStage> make_device_stage(const DLDevice& device) {
+void DeviceStage::rewind() { throw std::logic_error("rewind() of a stage that is not persistent"); }
+void DeviceStage::capture(const std::function<void()>&) {
+  throw std::logic_error("capture() of a stage that is not a persistent CUDA stage");
+}
+void DeviceStage::replay() { throw std::logic_error("replay() of a stage that captured nothing"); }
+
+std::unique_ptr<DeviceStage> make_device_stage(const DLDevice& device, bool persistent) {
   if (device.device_type == kDLCPU) return std::make_unique<HostStage>();
   if (device.device_type == kDLCUDA) {
 #if MLAGATE_HAS_CUDA
-    return make_cuda_stage(device.device_id);
+    return make_cuda_stage(device.device_id, persistent);
 #else
     throw DeviceUnavailableError("this mlagate was built without CUDA; the backend needs " + dl_device_str(device));
 #endif

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -26,10 +27,22 @@ class DeviceStage {
   // After the plugin returned: synchronizes, checks device guard bands (throws
   // OutOfBoundsWriteError) and copies outputs back.
   virtual void finish() = 0;
+
+  // Graph mode, persistent CUDA stages only (the defaults throw logic_error).
+  // rewind(): the next call goes over the same buffers in the same order:
+  // inputs uploaded into them in place (the same sizes), outputs left as the
+  // last call left them (poisoned once, at their first use).
+  virtual void rewind();
+  // Records `launch` (the plugin's run()) into a CUDA graph by stream capture
+  // on stream(); throws when the work cannot be captured.
+  virtual void capture(const std::function<void()>& launch);
+  // Launches the captured graph on stream() (finish() waits for it).
+  virtual void replay();
 };
 
 // Throws DeviceUnavailableError (a SKIPPED record) when the device cannot be
-// used: no GPU, or mlagate built without CUDA.
-std::unique_ptr<DeviceStage> make_device_stage(const DLDevice& device);
+// used: no GPU, or mlagate built without CUDA. `persistent`: a stage for graph
+// mode (CUDA devices; host stages hand over the harness's buffers as they are).
+std::unique_ptr<DeviceStage> make_device_stage(const DLDevice& device, bool persistent = false);
 
 }  // namespace mlagate::plugin

@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -32,6 +33,9 @@ constexpr std::size_t kMessageBytes = 4096;
 constexpr int kMaxBackends = 256;
 constexpr int kMaxBlockSizes = 64;
 constexpr std::size_t kMaxNameBytes = 64;
+// The ABI 1.0 tables end where 1.1 appended its fields.
+constexpr std::size_t kPluginV10Size = offsetof(mlagate_plugin, abi_minor);
+constexpr std::size_t kBackendV10Size = offsetof(mlagate_backend, graph_ops);
 
 // One loaded library. Loads of the same file share one (dlopen returns the same
 // handle and the same static tables). RTLD_NODELETE keeps the code mapped after
@@ -41,9 +45,8 @@ class Library {
  public:
   Library(void* handle, std::string path) : handle_(handle), path_(std::move(path)) {}
   ~Library() {
-    if (table_) {
-      for (int i = 0; i < table_->num_backends; ++i) {
-        const mlagate_backend& b = table_->backends[i];
+    if (!backends_.empty()) {
+      for (const mlagate_backend& b : backends_) {
         if (!b.destroy) continue;
         try {
           b.destroy(b.self);
@@ -60,13 +63,16 @@ class Library {
 
   void* handle() const { return handle_; }
   const std::string& path() const { return path_; }
-  const mlagate_plugin* table() const { return table_; }
-  void set_table(const mlagate_plugin* t) { table_ = t; }
+  // The library's backend tables, each copied into this header's
+  // mlagate_backend (fields of a newer minor than the plugin's zero); empty
+  // until validated.
+  const std::vector<mlagate_backend>& backends() const { return backends_; }
+  void set_backends(std::vector<mlagate_backend> b) { backends_ = std::move(b); }
 
  private:
   void* handle_;
   std::string path_;
-  const mlagate_plugin* table_ = nullptr;  // set once validated: destroy() is only called on checked tables
+  std::vector<mlagate_backend> backends_;  // set once validated: destroy() is only called on checked tables
 };
 
 // Printable, one line, at most max bytes (a plugin's message buffer or name).
@@ -131,25 +137,29 @@ class PluginBackend final : public Backend {
 
   void decode(const DecodeArgs& a) override {
     if (!has(Op::kDecode)) Backend::decode(a);
-    const Problem p = plugin::decode_problem(a, spec_ptr());
-    const std::vector<std::int32_t> table = plugin::call_block_table(a);
-    const PagedCache& cache = *a.cache;
-    const std::int64_t b = static_cast<std::int64_t>(a.seq_lens.size());
     auto stage = plugin::make_device_stage(b_.device);
-    DlTensors t(b_.device);
-    mlagate_args args = empty_args(*stage);
-    mlagate_decode_args& d = args.decode;
-    d.q_lat = t.make(stage->input(a.q_lat.data, a.q_lat.nbytes()), a.q_lat.dtype, a.q_lat.shape);
-    d.q_pe = t.make(stage->input(a.q_pe.data, a.q_pe.nbytes()), a.q_pe.dtype, a.q_pe.shape);
-    d.kv_cache = t.make(stage->input(cache.data.bytes(), cache.data.nbytes()), DType::kU8, cache.data.shape());
-    d.block_table = t.make(stage->input(table.data(), table.size() * 4), DType::kI32, {b, cache.block_table.dim(1)});
-    d.seq_lens = t.make(stage->input(a.seq_lens.data(), a.seq_lens.size_bytes()), DType::kI32, {b});
-    d.query_start_loc =
-        t.make(stage->input(a.query_start_loc.data(), a.query_start_loc.size_bytes()), DType::kI32, {b + 1});
-    d.o_lat = t.make(stage->output(a.o_lat, "o_lat"), a.o_lat.dtype, a.o_lat.shape);
-    d.lse = t.make(stage->output(a.lse, "lse"), a.lse.dtype, a.lse.shape);
-    run(p, args, {{"o_lat", &d.o_lat}, {"lse", &d.lse}});
-    stage->finish();
+    decode_on(*stage, a, Launch::kEager);
+  }
+
+  // Graph mode (plugin.h, graph_ops): the harness's persistent arguments
+  // (persistent_decode_graph) staged into persistent device buffers; a CUDA
+  // plugin's run() captured once and replayed, prepare() before each replay;
+  // a host plugin's prepare() and run() called on the same buffers.
+  std::unique_ptr<DecodeGraph> capture_decode(const DecodeArgs& a) override {
+    if ((b_.graph_ops & MLAGATE_OP_DECODE) == 0)
+      throw NotSupportedError(name_ + " declares no graph ops (mlagate_backend.graph_ops, plugin ABI 1.1): its decode "
+                                      "cannot be captured");
+    if (b_.device.device_type == kDLCPU)
+      return persistent_decode_graph(a, [this](const DecodeArgs& p, bool) { decode(p); },
+                                     "host plugin: prepare() and run() on persistent buffers");
+    std::shared_ptr<plugin::DeviceStage> stage = plugin::make_device_stage(b_.device, true);
+    return persistent_decode_graph(
+        a,
+        [this, stage](const DecodeArgs& p, bool capture) {
+          if (!capture) stage->rewind();
+          decode_on(*stage, p, capture ? Launch::kCapture : Launch::kReplay);
+        },
+        "CUDA graph of the plugin's run(), prepare() before each replay");
   }
 
   void prefill(const PrefillArgs& a) override {
@@ -190,6 +200,43 @@ class PluginBackend final : public Backend {
 
  private:
   bool has(Op op) const { return std::find(caps_.ops.begin(), caps_.ops.end(), op) != caps_.ops.end(); }
+
+  // How a decode call reaches the plugin: eagerly (prepare, run), as a graph's
+  // capture (prepare, run as the warm-up, run again under stream capture) or
+  // as a replay (prepare, the captured graph).
+  enum class Launch { kEager, kCapture, kReplay };
+
+  void decode_on(plugin::DeviceStage& stage, const DecodeArgs& a, Launch how) {
+    const Problem p = plugin::decode_problem(a, spec_ptr());
+    const std::vector<std::int32_t> table = plugin::call_block_table(a);
+    const PagedCache& cache = *a.cache;
+    const std::int64_t b = static_cast<std::int64_t>(a.seq_lens.size());
+    DlTensors t(b_.device);
+    mlagate_args args = empty_args(stage);
+    mlagate_decode_args& d = args.decode;
+    d.q_lat = t.make(stage.input(a.q_lat.data, a.q_lat.nbytes()), a.q_lat.dtype, a.q_lat.shape);
+    d.q_pe = t.make(stage.input(a.q_pe.data, a.q_pe.nbytes()), a.q_pe.dtype, a.q_pe.shape);
+    d.kv_cache = t.make(stage.input(cache.data.bytes(), cache.data.nbytes()), DType::kU8, cache.data.shape());
+    d.block_table = t.make(stage.input(table.data(), table.size() * 4), DType::kI32, {b, cache.block_table.dim(1)});
+    d.seq_lens = t.make(stage.input(a.seq_lens.data(), a.seq_lens.size_bytes()), DType::kI32, {b});
+    d.query_start_loc =
+        t.make(stage.input(a.query_start_loc.data(), a.query_start_loc.size_bytes()), DType::kI32, {b + 1});
+    d.o_lat = t.make(stage.output(a.o_lat, "o_lat"), a.o_lat.dtype, a.o_lat.shape);
+    d.lse = t.make(stage.output(a.lse, "lse"), a.lse.dtype, a.lse.shape);
+    const std::initializer_list<OutputDescriptor> outputs = {{"o_lat", &d.o_lat}, {"lse", &d.lse}};
+    prepare(p, args);
+    if (how == Launch::kReplay) {
+      stage.replay();
+    } else {
+      run(p, args, outputs);
+      if (how == Launch::kCapture) {
+        stage.finish();  // the warm-up's faults are its own, before the capture
+        stage.capture([&] { run(p, args, outputs); });
+        return;
+      }
+    }
+    stage.finish();
+  }
   const CaseSpec* spec_ptr() const { return last_spec_ ? &*last_spec_ : nullptr; }
 
   static mlagate_args empty_args(plugin::DeviceStage& stage) {
@@ -261,6 +308,16 @@ class PluginBackend final : public Backend {
     return "";
   }
 
+  // The plugin's prepare() (when it has one), reported as run() is.
+  void prepare(const Problem& p, const mlagate_args& args) {
+    if (!b_.prepare) return;
+    const mlagate_problem cp = p.to_c(b_.device);
+    MessageBuffer msg;
+    std::int32_t status = MLAGATE_STATUS_ERROR;
+    boundary("prepare()", [&] { status = b_.prepare(b_.self, &cp, &args, msg.data(), msg.size()); });
+    report(p, "prepare()", status, msg);
+  }
+
   void run(const Problem& p, const mlagate_args& args, std::initializer_list<OutputDescriptor> outputs) {
     const mlagate_problem cp = p.to_c(b_.device);
     MessageBuffer msg;
@@ -268,10 +325,6 @@ class PluginBackend final : public Backend {
     for (const OutputDescriptor& o : outputs) before.push_back(copy_of(*o.tensor));
     std::int32_t status = MLAGATE_STATUS_ERROR;
     boundary("run()", [&] { status = b_.run(b_.self, &cp, &args, msg.data(), msg.size()); });
-    if (msg.overflowed())
-      throw std::runtime_error(name_ + ": run() wrote past the end of its message buffer (" +
-                               std::to_string(msg.size()) + " bytes)");
-    const std::string m = msg.text();
     const std::string op(op_name(p.op));
     if (status == MLAGATE_STATUS_OK) {
       std::size_t i = 0;
@@ -282,6 +335,16 @@ class PluginBackend final : public Backend {
                                  "); a plugin writes into the output tensors as passed, of their shape, dtype and device");
       }
     }
+    report(p, "run()", status, msg);
+  }
+
+  // A status and message of run() or prepare() as mlagate's exceptions.
+  void report(const Problem& p, const char* what, std::int32_t status, const MessageBuffer& msg) const {
+    if (msg.overflowed())
+      throw std::runtime_error(name_ + ": " + what + " wrote past the end of its message buffer (" +
+                               std::to_string(msg.size()) + " bytes)");
+    const std::string m = msg.text();
+    const std::string op = std::string(op_name(p.op)) + (std::strcmp(what, "run()") == 0 ? "" : std::string(" ") + what);
     switch (status) {
       case MLAGATE_STATUS_OK: return;
       case MLAGATE_STATUS_NOT_SUPPORTED:
@@ -344,6 +407,8 @@ void check_backend(const std::string& path, int index, const mlagate_backend& b)
   if (b.kv_cache_dtypes == 0 || (b.kv_cache_dtypes & ~kKv) != 0)
     refuse(path, who + ": kv_cache_dtypes mask " + hex(b.kv_cache_dtypes) +
                      " must be a non-empty set of AUTO, FP8, FP8_E4M3, FP8_DS_MLA");
+  if ((b.graph_ops & ~MLAGATE_OP_DECODE) != 0 || (b.graph_ops & ~b.ops) != 0)
+    refuse(path, who + ": graph_ops mask " + hex(b.graph_ops) + " must be 0 or DECODE, and an op of ops");
   if ((b.device.device_type != kDLCPU && b.device.device_type != kDLCUDA) || b.device.device_id < 0)
     refuse(path, who + ": device " + plugin::dl_device_str(b.device) + " (kDLCPU or kDLCUDA expected)");
 }
@@ -405,18 +470,39 @@ void validate(Library& lib) {
     refuse(path, "ABI version " + std::to_string(t->abi_version) + ", this mlagate speaks version " +
                      std::to_string(MLAGATE_PLUGIN_ABI_VERSION) +
                      " (rebuild the plugin against this mlagate's include/mlagate/plugin.h)");
-  if (t->struct_size < sizeof(mlagate_plugin))
-    refuse(path, "struct_size " + std::to_string(t->struct_size) + " < sizeof(mlagate_plugin) = " +
-                     std::to_string(sizeof(mlagate_plugin)));
+  // The minor version and the stride of backends[]: a 1.0 table ends before
+  // abi_minor; fields of a minor the plugin does not know are zero.
+  if (t->struct_size < kPluginV10Size)
+    refuse(path, "struct_size " + std::to_string(t->struct_size) + " < " + std::to_string(kPluginV10Size) +
+                     " (the ABI 1.0 mlagate_plugin)");
+  std::uint32_t minor = 0;
+  std::size_t stride = kBackendV10Size;
+  if (t->struct_size >= sizeof(mlagate_plugin)) {
+    minor = t->abi_minor;
+    // 0: a table built against a 1.1 header that left the field unset.
+    stride = t->backend_struct_size != 0 ? t->backend_struct_size : sizeof(mlagate_backend);
+  }
+  if (minor > MLAGATE_PLUGIN_ABI_MINOR)
+    refuse(path, "ABI version 1." + std::to_string(minor) + ", newer than this mlagate's 1." +
+                     std::to_string(MLAGATE_PLUGIN_ABI_MINOR) + " (use a newer mlagate or build against this one's header)");
+  if (stride < kBackendV10Size || stride > (1u << 16) || stride % alignof(mlagate_backend) != 0)
+    refuse(path, "backend_struct_size " + std::to_string(stride) + " (at least " + std::to_string(kBackendV10Size) +
+                     ", a multiple of " + std::to_string(alignof(mlagate_backend)) + ")");
   if (t->num_backends < 1 || t->num_backends > kMaxBackends || t->backends == nullptr)
     refuse(path, "num_backends " + std::to_string(t->num_backends) + " (1-" + std::to_string(kMaxBackends) +
                      " backends expected, backends non-NULL)");
-  for (int i = 0; i < t->num_backends; ++i) check_backend(path, i, t->backends[i]);
+  std::vector<mlagate_backend> backends(static_cast<std::size_t>(t->num_backends));
+  for (int i = 0; i < t->num_backends; ++i) {
+    mlagate_backend& b = backends[static_cast<std::size_t>(i)];
+    std::memset(&b, 0, sizeof b);
+    std::memcpy(&b, reinterpret_cast<const unsigned char*>(t->backends) + i * stride, std::min(stride, sizeof b));
+    check_backend(path, i, b);
+  }
   for (int i = 0; i < t->num_backends; ++i)
     for (int j = 0; j < i; ++j)
-      if (std::strcmp(t->backends[i].name, t->backends[j].name) == 0)
-        refuse(path, "two backends are named '" + std::string(t->backends[i].name) + "'");
-  lib.set_table(t);
+      if (std::strcmp(backends[i].name, backends[j].name) == 0)
+        refuse(path, "two backends are named '" + std::string(backends[i].name) + "'");
+  lib.set_backends(std::move(backends));
 }
 
 }  // namespace
@@ -431,10 +517,9 @@ bool valid_backend_name(const std::string& s) {
 
 std::vector<BackendEntry> load_plugin(const std::string& path) {
   std::shared_ptr<Library> lib = open_library(path);
-  if (lib->table() == nullptr) validate(*lib);
+  if (lib->backends().empty()) validate(*lib);
   std::vector<BackendEntry> entries;
-  for (int i = 0; i < lib->table()->num_backends; ++i) {
-    const mlagate_backend& b = lib->table()->backends[i];
+  for (const mlagate_backend& b : lib->backends()) {
     entries.emplace_back(b.name, BackendEntry::Make([lib, &b](const BackendOptions&) -> std::unique_ptr<Backend> {
                            return std::make_unique<PluginBackend>(lib, b);
                          }));

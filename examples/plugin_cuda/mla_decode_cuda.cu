@@ -201,12 +201,20 @@ mlagate_backend make_backend() {
   b.device = DLDevice{kDLCUDA, 0};
   b.supports = supports;
   b.run = run;
+  // run() launches on args->stream only and reads seq_lens, the table and the
+  // query offsets from the args' buffers: it can be captured as it is (ABI 1.1).
+  b.graph_ops = MLAGATE_OP_DECODE;
   return b;
 }
 
 const mlagate_backend kBackend = make_backend();
-const mlagate_plugin kPlugin = {MLAGATE_PLUGIN_ABI_VERSION, sizeof(mlagate_plugin), "mla_decode_cuda_example", 1, &kBackend};
+const mlagate_plugin kPlugin = {MLAGATE_PLUGIN_ABI_VERSION, sizeof(mlagate_plugin), "mla_decode_cuda_example", 1, &kBackend,
+                                MLAGATE_PLUGIN_ABI_MINOR, sizeof(mlagate_backend)};
 
 }  // namespace
 
+// Tests reuse this kernel in plugins of their own (tests/reliability) and
+// define this to export their own entry instead.
+#ifndef MLA_DECODE_CUDA_EXAMPLE_NO_ENTRY
 extern "C" const mlagate_plugin* mlagate_plugin_entry(void) { return &kPlugin; }
+#endif

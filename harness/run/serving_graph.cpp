@@ -212,7 +212,7 @@ Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, cons
   r.timings.total_ms += ms_since(t0);
   r.timings.glue_ms += std::max(0.0, ms_since(t0) - (r.timings.run_ms - run_before));
   const std::string where = "capture size " + std::to_string(S) + ": " + std::to_string(B) + " requests + " +
-                            std::to_string(S - B) + " padding; " + how;
+                            std::to_string(S - B) + " padding" + (how.empty() ? "" : "; " + how);
   if (fail != Status::kPassed) {
     r.status = fail;
     r.message = fail_msg + " (" + where + ")";

@@ -28,9 +28,16 @@
  *  - Strings returned through pointers in the tables must stay valid until
  *    destroy() (static storage is simplest).
  *
- * ABI version 1. A change of any struct layout or meaning bumps
+ * ABI version 1.1. A change of any struct layout or meaning bumps
  * MLAGATE_PLUGIN_ABI_VERSION; abi_version is the first member of
- * mlagate_plugin in every version, so mlagate can always read it.
+ * mlagate_plugin in every version, so mlagate can always read it. A minor
+ * version only appends fields at the ends of mlagate_plugin and
+ * mlagate_backend: a plugin built against an older minor keeps loading (its
+ * tables end before the new fields, which read as zero: "not offered"); one
+ * built against a newer minor than the host's is refused with a message.
+ *   1.0  decode, prefill, cache_write
+ *   1.1  graph_ops and prepare() in mlagate_backend (CUDA-graph mode,
+ *        `--cuda-graph`); abi_minor and backend_struct_size in mlagate_plugin
  */
 #ifndef MLAGATE_PLUGIN_H_
 #define MLAGATE_PLUGIN_H_
@@ -39,6 +46,7 @@
 #include <stdint.h>
 
 #define MLAGATE_PLUGIN_ABI_VERSION 1u
+#define MLAGATE_PLUGIN_ABI_MINOR 1u
 #define MLAGATE_PLUGIN_ENTRY_SYMBOL "mlagate_plugin_entry"
 
 #if defined(_WIN32)
@@ -296,6 +304,36 @@ typedef struct {
   /* (optional, may be NULL) called once when mlagate is done with the library's
      backends, before it releases the library. */
   void (*destroy)(void* self);
+
+  /* ---- ABI 1.1 (a 1.0 table ends here: both read as 0 / NULL) ---- */
+
+  /* Ops whose run() may be captured in a CUDA graph and replayed, as a serving
+     engine captures its decode once per batch size (`--cuda-graph`,
+     harness/run/SERVING.md): MLAGATE_OP_DECODE or 0. What mlagate does then:
+       - it allocates the args' tensors once, of the captured shapes (a batch
+         padded to a capture size with requests of seq_len 0 or 1), and keeps
+         their addresses for every replay; outputs are poisoned once, never
+         again (what a replay does not write keeps what the last one left);
+       - kDLCUDA: calls prepare() and run() once eagerly (the warm-up), then
+         captures run() alone with cudaStreamBeginCapture on args->stream;
+         each replay copies the new batch into the same buffers, calls
+         prepare() (outside the graph) and launches the graph;
+       - kDLCPU: a host emulation, prepare() and run() on the same buffers.
+     So a capturable run() launches on args->stream only, neither synchronizes
+     nor allocates, and takes everything that changes between batches of the
+     same shapes from the args' buffers or from workspaces that prepare()
+     refreshes in place (same addresses): never from values captured with the
+     graph (vLLM #35175: metadata allocated afresh while the graph replays the
+     captured addresses). Backends without graph ops are NOT_SUPPORTED there. */
+  uint32_t graph_ops;
+  /* (optional, may be NULL) called before every run() with the same problem
+     and args, eager calls included, and before every replay in graph mode:
+     the part of a call a serving engine runs outside its graph (scheduling,
+     split counts, tile metadata from problem->seq_lens, written into the
+     plugin's own persistent buffers on args->stream). Returns and reports as
+     run() does. */
+  int32_t (*prepare)(void* self, const mlagate_problem* problem, const mlagate_args* args, char* message,
+                     size_t message_size);
 } mlagate_backend;
 
 typedef struct {
@@ -303,7 +341,10 @@ typedef struct {
   uint32_t struct_size;  /* sizeof(mlagate_plugin) */
   const char* library;   /* the library's name, for messages */
   int32_t num_backends;  /* >= 1 */
-  const mlagate_backend* backends; /* [num_backends] */
+  const mlagate_backend* backends; /* [num_backends], backend_struct_size bytes apart */
+  /* ---- ABI 1.1 (a 1.0 table's struct_size ends here: minor 0, the 1.0 stride) ---- */
+  uint32_t abi_minor;           /* MLAGATE_PLUGIN_ABI_MINOR of the header the plugin was built against */
+  uint32_t backend_struct_size; /* sizeof(mlagate_backend) of that header */
 } mlagate_plugin;
 
 /* The one exported symbol. Called once per load; the table it returns must

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -106,6 +107,8 @@ struct Plugin {
   std::vector<std::int32_t> block_sizes;
   mlagate_backend table{};
   mlagate_plugin plugin{};
+  std::vector<std::int32_t> schedule;  // prepare(): the seq_lens of the call it prepared
+  std::vector<unsigned char> abi10;    // kAbi10: the backend tables in ABI 1.0 layout
 };
 
 void decode(Backend& b, PlantedFault fault, const mlagate_problem& p, const mlagate_decode_args& a) {
@@ -170,9 +173,29 @@ void say(char* buf, std::size_t size, const std::string& s) {
   std::snprintf(buf, size, "%s", s.c_str());
 }
 
+// The part of a call a serving engine runs outside its graph: here the
+// schedule is the call's seq_lens, which decode checks against its tensor.
+std::int32_t prepare(void* self, const mlagate_problem* p, const mlagate_args*, char* msg, std::size_t msg_size) {
+  Plugin& plugin = *static_cast<Plugin*>(self);
+  if (plugin.fault == PlantedFault::kPrepareFails) {
+    say(msg, msg_size, "planted: prepare() fails");
+    return MLAGATE_STATUS_ERROR;
+  }
+  plugin.schedule.assign(p->seq_lens, p->seq_lens + p->num_requests);
+  return MLAGATE_STATUS_OK;
+}
+
 std::int32_t run(void* self, const mlagate_problem* p, const mlagate_args* a, char* msg, std::size_t msg_size) {
   Plugin& plugin = *static_cast<Plugin*>(self);
   Backend& b = *plugin.backend;
+  if (p->op == MLAGATE_OP_DECODE && plugin.fault != PlantedFault::kAbi10) {
+    const auto* seq = static_cast<const std::int32_t*>(a->decode.seq_lens.data);
+    if (plugin.schedule.size() != static_cast<std::size_t>(p->num_requests) ||
+        !std::equal(plugin.schedule.begin(), plugin.schedule.end(), seq)) {
+      say(msg, msg_size, "run() without a prepare() of its own seq_lens");
+      return MLAGATE_STATUS_ERROR;
+    }
+  }
   // No try here: the planted plugin lets its exception escape.
   if (plugin.fault == PlantedFault::kThrows && p->op == MLAGATE_OP_DECODE) decode(b, plugin.fault, *p, a->decode);
   try {
@@ -236,11 +259,28 @@ const mlagate_plugin* cpu_paged_plugin_table(const char* name, PlantedFault faul
     t.supports = nullptr;  // cpu.paged decides from its capabilities alone
     t.run = fault == PlantedFault::kNullRun ? nullptr : run;
     t.destroy = nullptr;  // the table lives as long as the (never unmapped) library
+    t.graph_ops = MLAGATE_OP_DECODE;
+    t.prepare = prepare;
     s->plugin.abi_version = fault == PlantedFault::kBadAbi ? 99 : MLAGATE_PLUGIN_ABI_VERSION;
     s->plugin.struct_size = sizeof(mlagate_plugin);
     s->plugin.library = "cpu_paged_plugin";
     s->plugin.num_backends = 1;
     s->plugin.backends = &s->table;
+    s->plugin.abi_minor = MLAGATE_PLUGIN_ABI_MINOR + (fault == PlantedFault::kNewerMinor ? 1 : 0);
+    s->plugin.backend_struct_size = sizeof(mlagate_backend);
+    if (fault == PlantedFault::kAbi10) {
+      // What a plugin built against the 1.0 header hands over: the 1.0 struct
+      // sizes, and backends[] at the 1.0 stride (a second backend shows it).
+      const std::size_t v10 = offsetof(mlagate_backend, graph_ops);
+      s->abi10.assign(2 * v10, 0);
+      mlagate_backend second = t;
+      second.name = "planted.abi10.second";
+      std::memcpy(s->abi10.data(), &t, v10);
+      std::memcpy(s->abi10.data() + v10, &second, v10);
+      s->plugin.backends = reinterpret_cast<const mlagate_backend*>(s->abi10.data());
+      s->plugin.num_backends = 2;
+      s->plugin.struct_size = offsetof(mlagate_plugin, abi_minor);
+    }
     return s;
   }();
   return &p->plugin;

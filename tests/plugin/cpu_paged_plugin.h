@@ -1,5 +1,8 @@
 // cpu.paged as a plugin table (cpu_paged_plugin.cpp), with an optional planted
-// fault; plugin_entry.cpp exports it from each test library.
+// fault; plugin_entry.cpp exports it from each test library. The table is ABI
+// 1.1: its decode is capturable (graph_ops) and has a prepare() whose schedule
+// (the call's seq_lens) run() checks, so a call or replay without its own
+// prepare() is an error.
 #pragma once
 
 #include "mlagate/plugin.h"
@@ -15,6 +18,9 @@ enum class PlantedFault {
   kRedescribeDtype,   // ... o_lat's dtype float32
   kRedescribeDevice,  // ... o_lat's device cuda:0
   kNoEntry,      // the entry symbol is missing (plugin_entry.cpp exports a misspelled one)
+  kPrepareFails, // prepare() returns MLAGATE_STATUS_ERROR
+  kAbi10,        // the tables laid out as ABI 1.0 (no graph_ops, prepare, abi_minor): two backends
+  kNewerMinor,   // abi_minor one past this header's
 };
 
 // The library's table, built on first call (one per library: the state is static).

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -18,10 +19,12 @@
 
 #include "backends/cpu/cpu_backends.h"
 #include "backends/plugin/plugin_backends.h"
+#include "mlagate/plugin.h"
 #include "cases/suite.h"
 #include "harness/cli/cli.h"
 #include "tests/cli_call.h"
 #include "harness/run/runner.h"
+#include "harness/run/serving.h"
 
 namespace mlagate {
 namespace {
@@ -114,6 +117,93 @@ TEST(PluginLoad, NameTakenTwiceIsRefused) {
   } catch (const InputError& e) {
     EXPECT_TRUE(contains(e.what(), "'cpu.paged.plugin' is taken twice")) << e.what();
   }
+}
+
+// ABI 1.1 appended fields: a table built against the 1.0 header (1.0 struct
+// sizes, backends[] at the 1.0 stride) keeps loading, with no graph ops; one
+// built against a newer minor than this mlagate is refused.
+TEST(PluginLoad, Abi10TablesKeepLoading) {
+  std::vector<BackendEntry> entries = load_plugin(lib("mlagate_planted_abi10"));
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(entries[0].name, "planted.abi10");
+  EXPECT_EQ(entries[1].name, "planted.abi10.second");  // read at the 1.0 stride
+  for (BackendEntry& e : entries) {
+    const auto records = run_one_backend(e.make({}), cases_of("smoke", "small_decode", 16), Op::kDecode);
+    ASSERT_EQ(records.size(), 1u);
+    EXPECT_EQ(records[0].status, Status::kPassed) << records[0].message;
+  }
+}
+
+TEST(PluginLoad, NewerMinorIsRefused) {
+  const std::string e = load_error(lib("mlagate_planted_newer_minor"));
+  EXPECT_TRUE(contains(e, "ABI version 1." + std::to_string(MLAGATE_PLUGIN_ABI_MINOR + 1) + ", newer than this mlagate's 1." +
+                              std::to_string(MLAGATE_PLUGIN_ABI_MINOR)))
+      << e;
+}
+
+ServingMode graph_mode() {
+  ServingMode m;
+  m.cuda_graph = true;
+  m.capture_sizes = {8, 64, 512};
+  m.graphs = make_graph_store();
+  return m;
+}
+
+std::vector<Record> run_graph_mode(std::unique_ptr<Backend> b, const std::vector<CaseSpec>& cases) {
+  std::vector<std::unique_ptr<Backend>> bs;
+  bs.push_back(std::move(b));
+  RunConfig cfg;
+  cfg.cases = cases;
+  cfg.ops = {Op::kDecode};
+  const ServingMode mode = graph_mode();
+  cfg.run_job = [&cfg, mode](CaseContext& ctx, Backend& be, Op op) { return run_serving(ctx, be, op, cfg, mode); };
+  return run_cases(cfg, bs);
+}
+
+// Graph mode through the C ABI (graph_ops, prepare): the host plugin's decode
+// on persistent buffers, prepare() before every replay (its run() refuses a
+// call whose seq_lens prepare() did not see), graphs reused across cases; the
+// records are bit-identical to the in-tree cpu.paged's in the same mode.
+TEST(PluginGraph, CapturedDecodeReplaysWithPrepareBeforeEachReplay) {
+  std::vector<CaseSpec> cases = load_suite("smoke").cases;
+  for (const CaseSpec& c : load_suite("edges").cases)
+    if (c.tp == 16) cases.push_back(c);
+  const std::vector<Record> plugin = run_graph_mode(make_one(kCpuPlugin), cases);
+  const std::vector<Record> in_tree = run_graph_mode(make_cpu_paged(), cases);
+  ASSERT_EQ(plugin.size(), in_tree.size());
+  int passed = 0, replayed = 0;
+  for (std::size_t i = 0; i < plugin.size(); ++i) {
+    const Record& r = plugin[i];
+    EXPECT_TRUE(r.status == Status::kPassed || r.status == Status::kNotSupported) << r.case_id << ": " << r.message;
+    EXPECT_EQ(r.status, in_tree[i].status) << r.case_id;
+    EXPECT_EQ(r.metrics.size(), in_tree[i].metrics.size()) << r.case_id;
+    for (std::size_t m = 0; m < std::min(r.metrics.size(), in_tree[i].metrics.size()); ++m)
+      EXPECT_TRUE(r.metrics[m].max_abs == in_tree[i].metrics[m].max_abs ||
+                  (std::isnan(r.metrics[m].max_abs) && std::isnan(in_tree[i].metrics[m].max_abs)))
+          << r.case_id << " " << r.metrics[m].output << ": " << r.metrics[m].max_abs << " vs "
+          << in_tree[i].metrics[m].max_abs;
+    passed += r.status == Status::kPassed;
+    replayed += contains(r.message, "replayed, captured at");
+    if (r.status == Status::kPassed) EXPECT_TRUE(contains(r.message, "host plugin: prepare() and run()")) << r.message;
+  }
+  EXPECT_GT(passed, 10);
+  EXPECT_GT(replayed, 3);
+}
+
+// A prepare() that fails is the call's CRASHED record, named; a 1.0 table has
+// no graph ops: NOT_SUPPORTED in graph mode with the reason.
+TEST(PluginGraph, FailingPrepareAndOldTablesAreRecorded) {
+  const std::vector<CaseSpec> cases = cases_of("smoke", "small_decode", 16);
+  const auto eager = run_one_backend(make_one(lib("mlagate_planted_prepare")), cases, Op::kDecode);
+  ASSERT_EQ(eager.size(), 1u);
+  EXPECT_EQ(eager[0].status, Status::kCrashed) << eager[0].message;
+  EXPECT_TRUE(contains(eager[0].message, "decode prepare() returned MLAGATE_STATUS_ERROR: planted: prepare() fails"))
+      << eager[0].message;
+  std::vector<BackendEntry> old = load_plugin(lib("mlagate_planted_abi10"));
+  const auto graph = run_graph_mode(old[0].make({}), cases);
+  ASSERT_EQ(graph.size(), 1u);
+  EXPECT_EQ(graph[0].status, Status::kNotSupported) << graph[0].message;
+  EXPECT_TRUE(contains(graph[0].message, "declares no graph ops")) << graph[0].message;
 }
 
 TEST(PluginCli, LoadErrorsExitTwo) {

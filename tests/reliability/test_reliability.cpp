@@ -513,6 +513,51 @@ TEST(CudaFaults, OutOfBoundsWriteHitsTheGuardBand) {
 }
 #endif
 
+#ifdef MLAGATE_TEST_CUDA_GRAPH_PLUGIN
+// Graph mode through the C ABI on the GPU: the plugin's run() captured in a
+// CUDA graph, prepare() before each replay. The correct plugin passes every
+// uniform decode case with graphs reused across cases; the planted one (a
+// fresh metadata workspace per call, vLLM #35175) passes every plain run and
+// fails under replay. Skips without a GPU.
+TEST(CudaGraphPlugin, ReplaysPassAndStaleMetadataIsCaught) {
+  const fs::path d = temp_dir("cuda_graph");
+  const std::string plugin = MLAGATE_TEST_CUDA_GRAPH_PLUGIN;
+  auto run = [&](const std::string& backend, bool graph, const std::string& out) {
+    // edges: cases of one shape in a row, so graphs are replayed across cases
+    std::vector<std::string> args = {"run", "--plugin", plugin, "--no-progress", "--suite", "edges", "--op", "decode",
+                                     "--backend", backend, "--json", (d / out).string()};
+    if (graph) args.insert(args.end(), {"--cuda-graph", "--capture-sizes", "8,64,512"});
+    run_mlagate(args, d);
+    return records_of(d / out);
+  };
+  const auto good = run("rel.cuda_graph_decode", true, "good.json");
+  ASSERT_FALSE(good.empty()) << slurp(d / "stderr.txt");
+  if (good.begin()->second.at("status") == "SKIPPED") GTEST_SKIP() << "no GPU: " << good.begin()->second.at("message");
+  int passed = 0, replayed = 0;
+  for (const auto& [key, r] : good) {
+    const std::string status = r.at("status"), msg = r.at("message");
+    EXPECT_TRUE(status == "PASSED" || status == "NOT_SUPPORTED") << key.second << ": " << msg;
+    passed += status == "PASSED";
+    replayed += msg.find("replayed, captured at") != std::string::npos;
+    if (status == "PASSED") {
+      EXPECT_NE(msg.find("CUDA graph of the plugin's run()"), std::string::npos) << msg;
+    }
+  }
+  int plain_failed = 0, graph_failed = 0;
+  for (const auto& [key, r] : run("rel.cuda_graph_stale_metadata", false, "plain.json"))
+    plain_failed += r.at("status") != "PASSED" && r.at("status") != "NOT_SUPPORTED";
+  for (const auto& [key, r] : run("rel.cuda_graph_stale_metadata", true, "stale.json"))
+    graph_failed += r.at("status") == "INCORRECT" || r.at("status") == "NONFINITE";
+  std::printf("plugin graphs: %d passed, %d replayed a graph captured earlier; stale metadata: %d plain failures, "
+              "%d graph failures\n",
+              passed, replayed, plain_failed, graph_failed);
+  EXPECT_GE(passed, 10);
+  EXPECT_GE(replayed, 3);
+  EXPECT_EQ(plain_failed, 0);
+  EXPECT_GE(graph_failed, 2);  // a replay reads the capture's seq_lens: wrong wherever they differ
+}
+#endif
+
 // Bad input: a clear message and exit 2, before anything runs.
 TEST(BadInput, ExitTwoWithAClearMessage) {
   const fs::path d = temp_dir("bad");
