@@ -289,6 +289,8 @@ void set_backends(const pyb::list& decls) {
                                  h.attr("reorder_threshold").cast<int>());
     d->dispatch = h.attr("_dispatch");
     d->supports = h.attr("_supports");
+    // --cuda-graph: only for backends declared capturable.
+    d->capture = h.attr("cuda_graph").cast<bool>() ? pyb::object(h.attr("_capture_decode")) : pyb::object(pyb::none());
     entries.push_back(py_backend_entry(std::move(d)));
   }
   set_embedded_backends(std::move(entries));

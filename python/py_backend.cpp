@@ -177,11 +177,13 @@ PyBackendDecl::~PyBackendDecl() {
   if (!Py_IsInitialized()) {  // interpreter gone: leak the references rather than touch it
     dispatch.release();
     supports.release();
+    capture.release();
     return;
   }
   pyb::gil_scoped_acquire gil;
   dispatch = pyb::object();
   supports = pyb::object();
+  capture = pyb::object();
 }
 
 namespace {
@@ -211,6 +213,30 @@ class PyBackend final : public Backend {
     call(Op::kDecode, [&] { return decode_args(a, Hold::kBorrow); },
          {{"q_lat", a.q_lat}, {"q_pe", a.q_pe}, {"kv_cache", cache_view(*a.cache)}});
   }
+  // --cuda-graph: the Python layer's graph (mlagate/__init__.py, _TorchDecodeGraph or
+  // _HostDecodeGraph) over the core's persistent arguments (persistent_decode_graph).
+  std::unique_ptr<DecodeGraph> capture_decode(const DecodeArgs& a) override {
+    if (!d_->capture || d_->capture.is_none())
+      throw NotSupportedError(d_->name + " is not declared capturable (mlagate.Backend(..., cuda_graph=True))");
+    // The Python graph dies with the handle, perhaps on a thread without the GIL.
+    std::shared_ptr<pyb::object> graph(new pyb::object(), [](pyb::object* o) {
+      if (Py_IsInitialized()) {
+        pyb::gil_scoped_acquire gil;
+        delete o;
+      } else {
+        o->release();
+        delete o;
+      }
+    });
+    return persistent_decode_graph(
+        a,
+        [this, graph](const DecodeArgs& p, bool capture) {
+          answer([&] { return graph_step(*graph, p, capture); },
+                 {{"q_lat", p.q_lat}, {"q_pe", p.q_pe}, {"kv_cache", cache_view(*p.cache)}});
+        },
+        "Python graph (torch.cuda.CUDAGraph on cuda, persistent buffers on cpu)");
+  }
+
   void prefill(const PrefillArgs& a) override {
     call(Op::kPrefill, [&] { return prefill_args(a, Hold::kBorrow); }, {{"q", a.q}, {"k", a.k}, {"v", a.v}});
   }
@@ -237,22 +263,42 @@ class PyBackend final : public Backend {
 
   template <class MakeArgs>
   void call(Op op, MakeArgs make, const std::vector<Input>& inputs) {
+    answer([&] { return d_->dispatch(std::string(op_name(op)), make()); }, inputs);
+  }
+
+  // `ask` (called under the GIL) returns the Python layer's answer: None, or (kind, message).
+  template <class Ask>
+  void answer(Ask ask, const std::vector<Input>& inputs) {
     std::vector<std::uint64_t> before;
     for (const Input& in : inputs) before.push_back(print(in.view));
-    invoke(op, make);
+    invoke(ask);
     for (std::size_t i = 0; i < inputs.size(); ++i)
       if (print(inputs[i].view) != before[i])
         throw WrongOutputError(std::string("wrote into its input '") + inputs[i].name +
                                "' (inputs are read-only: later records in this process read them)");
   }
 
-  template <class MakeArgs>
-  void invoke(Op op, MakeArgs make) {
+  // One step of a captured decode, under the GIL (invoke holds it): the capture
+  // makes the Python graph object (or answers as dispatch does), a replay calls it.
+  pyb::object graph_step(pyb::object& graph, const DecodeArgs& p, bool capture) {
+    pyb::dict raw = decode_args(p, Hold::kBorrow);
+    if (capture) {
+      pyb::object r = d_->capture(raw);
+      if (pyb::isinstance<pyb::tuple>(r)) return r;
+      graph = r;
+      return pyb::none();
+    }
+    if (!graph || graph.is_none()) return pyb::make_tuple("error", "replay of a graph whose capture failed");
+    return graph.attr("replay")(raw);
+  }
+
+  template <class Ask>
+  void invoke(Ask ask) {
     std::string kind, message;
     {
       pyb::gil_scoped_acquire gil;
       try {
-        pyb::object r = d_->dispatch(std::string(op_name(op)), make());
+        pyb::object r = ask();
         if (r.is_none()) return;
         auto t = r.cast<pyb::tuple>();
         kind = t[0].cast<std::string>();

@@ -41,6 +41,9 @@ struct PyBackendDecl {
   pyb::object dispatch;
   // supports(case: dict, op: str) -> None when supported, else the reason (str); or None.
   pyb::object supports;
+  // --cuda-graph (declared with cuda_graph=True, else None): capture(args: dict) -> a graph
+  // object whose replay(args: dict) answers as dispatch does, or (kind, message) as dispatch answers.
+  pyb::object capture;
   ~PyBackendDecl();
 };
 

@@ -58,10 +58,12 @@ def decode(a):
         visible = pos[None, :] <= (s - (t1 - t0) + np.arange(t1 - t0))[:, None]
         logits = np.where(visible[:, None, :], logits, -np.inf)
         m = logits.max(axis=-1, keepdims=True)
-        p = np.exp(logits - m)
+        seen = np.isfinite(m)  # a token that sees no key (q_len > seq_len: graph padding) keeps o = 0, lse = -inf
+        p = np.exp(logits - np.where(seen, m, 0.0))
         denom = p.sum(axis=-1, keepdims=True)
-        o[t0:t1] = np.einsum("tns,sl->tnl", p / denom, kv[:, :L])
-        lse[t0:t1] = (m + np.log(denom))[..., 0]
+        w = np.divide(p, denom, out=np.zeros_like(p), where=seen)
+        o[t0:t1] = np.einsum("tns,sl->tnl", w, kv[:, :L])
+        lse[t0:t1] = np.where(seen, m + np.log(np.where(seen, denom, 1.0)), -np.inf)[..., 0]
     return {"o_lat": o, "lse": lse}
 
 

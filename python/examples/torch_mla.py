@@ -33,8 +33,9 @@ def decode(a):
         logits = a.scale * torch.einsum("tnd,sd->tns", q[t0:t1], kv)
         last = s - (t1 - t0) + torch.arange(t1 - t0, device=q.device)
         logits = logits.masked_fill(pos[None, None, :] > last[:, None, None], float("-inf"))
-        lse = torch.logsumexp(logits, dim=-1)                       # [q, N]
-        a.o_lat[t0:t1] = torch.einsum("tns,sl->tnl", torch.exp(logits - lse[..., None]), kv[:, :L]).to(a.o_lat.dtype)
+        lse = torch.logsumexp(logits, dim=-1)                       # [q, N]; -inf where a token sees no key
+        p = torch.where(torch.isfinite(lse)[..., None], torch.exp(logits - lse[..., None]), 0.0)
+        a.o_lat[t0:t1] = torch.einsum("tns,sl->tnl", p, kv[:, :L]).to(a.o_lat.dtype)
         a.lse[t0:t1] = lse
 
 

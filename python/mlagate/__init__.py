@@ -194,6 +194,15 @@ class Backend:
     framework: "torch" (the default when torch imports, else "numpy"), "numpy" or "tensor"
     (mlagate.Tensor, DLPack). device: "cpu", or "cuda" (torch tensors on the GPU, outputs copied back).
     supports(case_spec: dict, op: str) -> None when supported, else the reason (a str).
+    prepare(args): called before every decode call with the call's Args (eager calls, and before each
+    replay under --cuda-graph): what a serving engine runs outside its graph (split counts, tile
+    metadata), written into tensors of your own, in place.
+    cuda_graph=True: the decode function may be captured (--cuda-graph, harness/run/SERVING.md). With
+    device="cuda" it is captured once per capture size in a torch.cuda.CUDAGraph over persistent
+    device tensors (args' tensors keep their addresses; each replay copies the new batch into them,
+    calls prepare, replays, and copies the outputs back); it must write args.o_lat and args.lse in
+    place and launch on torch's current stream. With device="cpu" the call runs on persistent buffers
+    (a host emulation).
     """
 
     def __init__(self, decode: Callable | None = None, prefill: Callable | None = None,
@@ -201,7 +210,8 @@ class Backend:
                  block_sizes: Iterable[int] = (16, 64), dtypes: Iterable[str] = ("bf16", "fp16"),
                  kv_dtypes: Iterable[str] = ("auto",), query_len_support: str = "varlen",
                  reorder_threshold: int = 1, supports: Callable | None = None, framework: str | None = None,
-                 device: str = "cpu", description: str = "", name: str | None = None):
+                 device: str = "cpu", description: str = "", name: str | None = None,
+                 cuda_graph: bool = False, prepare: Callable | None = None):
         self.fns = {op: fn for op, fn in (("decode", decode), ("prefill", prefill),
                                           ("sparse_decode", sparse_decode), ("sparse_prefill", sparse_prefill))
                     if fn is not None}
@@ -229,6 +239,11 @@ class Backend:
         self.query_len_support = query_len_support
         self.reorder_threshold = int(reorder_threshold)
         self.user_supports = supports
+        if prepare is not None and not callable(prepare):
+            raise TypeError("mlagate.Backend: prepare must be callable")
+        if cuda_graph and "decode" not in self.fns:
+            raise ValueError("mlagate.Backend: cuda_graph=True needs a decode function (graphs capture decode)")
+        self.cuda_graph, self.prepare = bool(cuda_graph), prepare
         self.framework, self.device = framework, device
         self.name = name or ""
         self.description = description or "Python: " + ", ".join(
@@ -244,6 +259,8 @@ class Backend:
         except Exception as e:  # noqa: BLE001 - e.g. no GPU for device='cuda'
             return ("error", "preparing the arguments: " + _describe(e))
         try:
+            if op == "decode" and self.prepare is not None:
+                self.prepare(args)
             result = fn(args)
             if self.device != "cpu":
                 _torch().cuda.synchronize()  # errors of asynchronous kernels belong to this call
@@ -275,6 +292,17 @@ class Backend:
             return ("wrong_output", str(e))
         return None
 
+    # Called by the C++ core for --cuda-graph: a _DecodeGraph, or (kind, message) as _dispatch answers.
+    def _capture_decode(self, raw: dict):
+        if self.device == "cpu":
+            return _HostDecodeGraph(self, raw)
+        try:
+            return _TorchDecodeGraph(self, raw)
+        except NotSupported as e:
+            return ("not_supported", str(e))
+        except Exception as e:  # noqa: BLE001 - the capture's error is the record's
+            return ("error", "capturing the decode in a torch.cuda.CUDAGraph: " + _describe(e))
+
     def _supports(self, spec: dict, op: str):
         if self.user_supports is None:
             return None
@@ -289,7 +317,7 @@ class Backend:
     # How a worker process finds the same functions again (None: it cannot).
     def _import_spec(self) -> dict | None:
         refs = {}
-        for key, fn in list(self.fns.items()) + [("supports", self.user_supports)]:
+        for key, fn in list(self.fns.items()) + [("supports", self.user_supports), ("prepare", self.prepare)]:
             if fn is None:
                 continue
             ref = _function_ref(fn)
@@ -299,7 +327,66 @@ class Backend:
         return {"name": self.name, "description": self.description, "fns": refs,
                 "block_sizes": self.block_sizes, "dtypes": self.dtypes, "kv_dtypes": self.kv_dtypes,
                 "query_len_support": self.query_len_support, "reorder_threshold": self.reorder_threshold,
-                "framework": self.framework, "device": self.device}
+                "framework": self.framework, "device": self.device, "cuda_graph": self.cuda_graph}
+
+
+class _HostDecodeGraph:
+    """--cuda-graph for device="cpu": the core hands over the same persistent host buffers every
+    replay; prepare and decode run on them (a host emulation of a captured graph)."""
+
+    def __init__(self, backend: "Backend", raw: dict):
+        self.backend = backend
+        self.replay(raw)  # the capture runs the work once, as stream capture's warm-up does
+
+    def replay(self, raw: dict):
+        return self.backend._dispatch("decode", raw)
+
+
+class _TorchDecodeGraph:
+    """--cuda-graph for device="cuda": the decode captured once in a torch.cuda.CUDAGraph over
+    persistent device tensors; a replay copies the batch into them in place, calls prepare outside
+    the graph, replays and copies the outputs back (outputs are never reset between replays)."""
+
+    def __init__(self, backend: "Backend", raw: dict):
+        torch = _torch()
+        self.backend, self.fn = backend, backend.fns["decode"]
+        self.args = Args("decode", raw, backend.framework, backend.device)
+        if backend.prepare is not None:
+            backend.prepare(self.args)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # the warm-up, as torch.cuda.graphs recommends
+            if self.fn(self.args) is not None:
+                raise NotSupported("under --cuda-graph the decode function writes args.o_lat and args.lse in "
+                                   "place (a returned tensor is a new allocation, not the graph's output)")
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.fn(self.args)
+        torch.cuda.synchronize()
+
+    def replay(self, raw: dict):
+        torch = _torch()
+        a = self.args
+        try:
+            for name, t in raw.items():
+                if isinstance(t, Tensor) and name not in a.outputs:
+                    a._values[name].copy_(torch.from_dlpack(t), non_blocking=False)
+            a._raw = dict(raw)
+            if self.backend.prepare is not None:
+                self.backend.prepare(a)
+            self.graph.replay()
+            torch.cuda.synchronize()
+        except NotSupported as e:
+            return ("not_supported", str(e))
+        except Exception as e:  # noqa: BLE001 - any error of the replay is its record
+            return ("error", _describe(e))
+        try:
+            a._write_back()
+        except (TypeError, ValueError, BufferError) as e:
+            return ("wrong_output", str(e))
+        return None
 
 
 def _function_ref(fn: Callable) -> list | None:

@@ -47,10 +47,12 @@ def main() -> int:
     for b in spec["backends"]:
         fns = {k: _resolve(v, loaded) for k, v in b["fns"].items()}
         supports = fns.pop("supports", None)
+        prepare = fns.pop("prepare", None)
         d = mlagate.Backend(**fns, block_sizes=b["block_sizes"], dtypes=b["dtypes"], kv_dtypes=b["kv_dtypes"],
                             query_len_support=b["query_len_support"], reorder_threshold=b["reorder_threshold"],
                             supports=supports, framework=b["framework"], device=b["device"],
-                            description=b["description"], name=b["name"])
+                            description=b["description"], name=b["name"],
+                            cuda_graph=b.get("cuda_graph", False), prepare=prepare)
         decls.append(d)
     mlagate._mlagate.set_backends(decls)
     sys.stdout.flush()

@@ -399,3 +399,37 @@ def test_an_order_dependent_python_kernel_is_told_apart():
     assert later and all(x["status"] == "INCORRECT" for x in later)
     assert all(x["message"].startswith("order-dependent (passes alone, fails right after ") for x in later), \
         [x["message"] for x in later]
+
+
+# ------------------------------------------------------------------ --cuda-graph (host emulation)
+
+_PREPARED = {}
+
+
+def graph_prepare(a):
+    _PREPARED["seq_lens"] = np.array(a.seq_lens).copy()
+
+
+def graph_decode(a):
+    # a decode whose schedule comes from prepare(): a call or replay without its own prepare fails
+    if not np.array_equal(_PREPARED.get("seq_lens"), np.array(a.seq_lens)):
+        raise RuntimeError("decode without a prepare() of its own seq_lens")
+    return numpy_mla.decode(a)
+
+
+def test_cuda_graph_mode_replays_a_capturable_backend_with_prepare_before_each_replay():
+    capturable = mlagate.Backend(decode=graph_decode, prepare=graph_prepare, cuda_graph=True, framework="numpy",
+                                 block_sizes=(16, 64))
+    plain = mlagate.Backend(decode=numpy_mla.decode, framework="numpy", block_sizes=(16, 64))
+    r = mlagate.run({"np.graph": capturable, "np.plain": plain}, suite="smoke", op="decode", quiet=True,
+                    argv=["--cuda-graph", "--capture-sizes", "8,64,512"])
+    graph = [x for x in r.records if x["backend"] == "np.graph"]
+    passed = [x for x in graph if x["status"] == "PASSED"]
+    assert passed and all(x["status"] in ("PASSED", "NOT_SUPPORTED") for x in graph), r.failures()
+    assert all("Python graph" in x["message"] for x in passed), passed[0]["message"]
+    assert any("replayed, captured at" in x["message"] for x in passed)
+    others = [x for x in r.records if x["backend"] == "np.plain" and "capture size" in x["message"]]
+    assert others and all(x["status"] == "NOT_SUPPORTED" and "not declared capturable" in x["message"]
+                          for x in others), others
+    with pytest.raises(ValueError, match="cuda_graph=True needs a decode function"):
+        mlagate.Backend(prefill=numpy_mla.decode, cuda_graph=True)
