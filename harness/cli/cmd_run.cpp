@@ -252,18 +252,19 @@ class RunCommand {
     cfg_.ops = resolve_ops(ra_.ops, cfg_.cases);
     if (serving_.active()) {
       // The modes judge the kernel-level decode op ("auto" means it here);
-      // batch invariance also the sparse decode op (auto: for sparse cases).
+      // all but graph mode also the sparse decode op (auto: for sparse cases).
+      const bool sparse_mode = serving_.takes(Op::kSparseDecode);
       if (ra_.ops == std::vector<std::string>{"auto"}) {
         bool dense = false, sparse = false;
         for (const CaseSpec& c : cfg_.cases) (c.sparse.active() ? sparse : dense) = true;
         cfg_.ops.clear();
-        if (dense || !serving_.batch_invariance) cfg_.ops.push_back(Op::kDecode);
-        if (sparse && serving_.batch_invariance) cfg_.ops.push_back(Op::kSparseDecode);
+        if (dense || !sparse_mode) cfg_.ops.push_back(Op::kDecode);
+        if (sparse && sparse_mode) cfg_.ops.push_back(Op::kSparseDecode);
       }
       for (Op op : cfg_.ops)
-        if (op != Op::kDecode && !(op == Op::kSparseDecode && serving_.batch_invariance))
+        if (!serving_.takes(op))
           throw InputError(serving_.name() + " runs the kernel-level decode op" +
-                           (serving_.batch_invariance ? std::string(" or sparse_decode") : std::string()) +
+                           (sparse_mode ? std::string(" or sparse_decode") : std::string()) +
                            ": pass --op decode (or leave --op out)");
     }
     // A case beyond this machine's memory is refused before anything is allocated.

@@ -62,83 +62,6 @@ std::string diff_text(const RowDiff& d, DType dtype) {
   return m.str();
 }
 
-// ---------------------------------------------------------------- sparse calls
-
-// The sparse decode op's whole-case arguments (run_sparse_decode_op's), from
-// which a call over some tokens gathers its rows.
-struct SparseFull {
-  const PagedCache* cache = nullptr;
-  const PagedCache* extra = nullptr;
-  Tensor main_slots, extra_slots;  // [T, K], [T, K2] global slots (empty: none)
-  std::vector<std::int32_t> main_len, extra_len;  // [T] or empty
-  int window = 0;
-  std::span<const float> sink;
-};
-
-SparseFull sparse_full(CaseContext& ctx, const RunConfig& cfg, int bs, double& cache_ms) {
-  const Case& c = ctx.c;
-  SparseFull f;
-  f.cache = &ctx.cache(bs, true, cfg.exec, cache_ms);
-  f.extra = ctx.extra_cache(bs, cfg.exec, cache_ms);
-  const SparseInputs& sp = *c.sparse;
-  if (c.spec.sparse.window > 0) {
-    f.window = c.spec.sparse.window;
-  } else {
-    f.main_slots = global_slots(c, sp.main, *f.cache);
-    f.main_len = sp.main.length;
-  }
-  if (f.extra) {
-    f.extra_slots = global_slots(c, sp.extra, *f.extra);
-    f.extra_len = sp.extra.length;
-  }
-  f.sink = sp.sink;
-  return f;
-}
-
-CallResult call_sparse_decode(Backend& b, const Case& c, const SparseFull& f, const Tensor& q, const Call& call,
-                              const ExecOptions& opt) {
-  const std::int64_t n = call.num_tokens(), N = c.spec.num_heads(), Dv = c.spec.sparse_dv();
-  CallResult res{GuardedBuffer(c.spec.dtype, {n, N, Dv}, opt.poison, opt.reuse_buffers),
-                 GuardedBuffer(DType::kF32, {n, N}, opt.poison, opt.reuse_buffers), 0, {}};
-  const Tensor qs = gather_tokens(q, call.tokens);
-  Tensor main_rows, extra_rows;
-  std::vector<std::int32_t> main_len, extra_len;
-  const auto lens = [&](const std::vector<std::int32_t>& all, std::vector<std::int32_t>& out) {
-    if (all.empty()) return;
-    for (std::int32_t t : call.tokens) out.push_back(all[static_cast<std::size_t>(t)]);
-  };
-  SparseDecodeArgs a;
-  a.q = qs.view();
-  a.cache = f.cache;
-  if (!f.main_slots.empty()) {
-    main_rows = gather_tokens(f.main_slots, call.tokens);
-    a.indices = main_rows.view();
-    lens(f.main_len, main_len);
-    a.topk_length = main_len;
-  }
-  a.window = f.window;
-  a.seq_lens = call.seq_lens;
-  a.query_start_loc = call.qsl;
-  a.block_table_rows = call.rows;
-  if (f.extra) {
-    extra_rows = gather_tokens(f.extra_slots, call.tokens);
-    a.extra_cache = f.extra;
-    a.extra_indices = extra_rows.view();
-    lens(f.extra_len, extra_len);
-    a.extra_topk_length = extra_len;
-  }
-  a.sink = f.sink;
-  a.scale = c.spec.softmax_scale();
-  a.o = res.o.view();
-  a.lse = res.l.view();
-  const auto t0 = Clock::now();
-  b.sparse_decode(a);
-  res.run_ms = backend_call_done(t0);
-  res.guard = res.o.check_guards("o");
-  if (res.guard.empty()) res.guard = res.l.check_guards("lse");
-  return res;
-}
-
 // ---------------------------------------------------------------- batch invariance
 
 Record run_batch_invariance(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg) {
@@ -232,7 +155,7 @@ Record run_batch_invariance(CaseContext& ctx, Backend& b, Op op, const RunConfig
           checked = true;
           gather_reference(ctx, call, ref_o, ref_lse, &all_ref_o, &all_ref_lse, L);
           const RowCheck rc =
-              check_rows(ctx, cfg, base, res.o.view(), res.l.view(), call.qsl, ref_o, ref_lse, o_name, L);
+              check_rows(ctx, cfg, base, res.o.view(), res.l.view(), call.qsl, ref_o, ref_lse, o_name, L, true);
           if (rc.status != Status::kPassed) {
             fail = rc.status, fail_msg = label + ": " + rc.message;
             break;
@@ -277,6 +200,7 @@ Record run_batch_invariance(CaseContext& ctx, Backend& b, Op op, const RunConfig
 // ---------------------------------------------------------------- DCP
 
 Record run_dcp(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, int ranks, int interleave) {
+  if (op == Op::kSparseDecode) return run_sparse_dcp(ctx, b, op, cfg, ranks, interleave);
   std::vector<Captured> plain;
   Record r = plain_run(ctx, b, op, cfg, plain);
   const Captured* pl = find_output(plain, "lse");
@@ -311,20 +235,8 @@ Record run_dcp(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, int ra
   int calls = 0;
   try {
     PagedCache shard = full;  // the same block table; each rank's keys rewritten in place
-    std::vector<std::byte> entry(static_cast<std::size_t>(full.entry_bytes)), poison(entry.size());
-    poison_entry(full.format(), cfg.exec.poison, poison.data());
     for (int rank = 0; rank < ranks && fail == Status::kPassed; ++rank) {
-      for (int i = 0; i < c.num_requests; ++i) {
-        const int s = c.seq_lens[i];
-        const int local = dcp_local_count(s, rank, ranks, interleave);
-        for (int p = 0; p < s; ++p)
-          if (dcp_rank_of(p, ranks, interleave) == rank) {
-            full.load_entry(full.slot_of(i, p), entry.data());
-            shard.store_entry(shard.slot_of(i, dcp_local_pos(p, ranks, interleave)), entry.data());
-          }
-        // Past the rank's keys: poison, as a page's unused tail is.
-        for (int p = local; p < s; ++p) shard.store_entry(shard.slot_of(i, p), poison.data());
-      }
+      fill_dcp_shard(c, full, shard, rank, ranks, interleave, cfg.exec.poison);
       Call call;
       for (int t = 0; t < T; ++t)
         if (const int n = dcp_local_count(visible[t], rank, ranks, interleave); n > 0) call.add(t, 1, n, owner[t]);
@@ -403,9 +315,10 @@ Record run_steps(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, int 
   CaseSpec step_spec = c.spec;
   for (std::size_t i = 0; i < step_spec.batch.query_lens.size(); ++i) step_spec.batch.query_lens[i] = 1;
   step_spec.batch.spec_decode = false;
+  const bool sparse = op == Op::kSparseDecode;
   Capabilities caps;
   try {
-    const Support s = b.supports(step_spec, Op::kDecode);
+    const Support s = b.supports(step_spec, op);
     caps = b.capabilities();
     if (!s.ok) {
       r.status = Status::kNotSupported;
@@ -426,10 +339,25 @@ Record run_steps(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, int 
   for (int i = 0; i < c.num_requests; ++i)
     if (c.query_lens[i] > steps)
       throw std::logic_error("decode loop: request " + std::to_string(i) + " has more tokens than steps");
-  const std::int64_t T = c.num_tokens, N = c.spec.num_heads(), L = c.spec.dims.kv_lora_rank;
+  const std::int64_t T = c.num_tokens, N = c.spec.num_heads(), L = sparse ? c.spec.sparse_dv() : c.spec.dims.kv_lora_rank;
   PagedCache cache = ctx.cache(r.block_size, false, cfg.exec, r.timings.cache_ms);  // context only: the loop writes the rest
-  ctx.prepare_decode();
-  const BaselineErrors base = baseline_of(ctx, cfg);
+  // The sparse op reads the loop's cache through the case's index rows (V3.2:
+  // positions up to the token's own, written by its step or before), V4's
+  // window and compressed cache (a compressor's output: not written by steps).
+  std::optional<SparseFull> sf;
+  if (sparse) {
+    ctx.prepare_sparse();
+    sf = sparse_full(ctx, cfg, r.block_size, r.timings.cache_ms, &cache);
+  } else {
+    ctx.prepare_decode();
+  }
+  const BaselineErrors base = !sparse ? baseline_of(ctx, cfg)
+                              : (cfg.baseline.always || cfg.policy.kind == Policy::Kind::kBaseline)
+                                  ? ctx.sparse_baseline()
+                                  : BaselineErrors{};
+  const std::vector<double>& all_ref_o = sparse ? ctx.sparse_ref.o : ctx.mqa_o_lat;
+  const std::vector<double>& all_ref_lse = sparse ? ctx.sparse_ref.lse : ctx.mqa_lse;
+  const char* o_name = sparse ? "o" : "o_lat";
   // Every step's rows land here, in the case's token order, for the record's metrics.
   Tensor all_o(c.spec.dtype, {T, N, L}), all_l(DType::kF32, {T, N});
   poison_fill(all_o.view(), Poison::kNaN);
@@ -439,6 +367,8 @@ Record run_steps(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, int 
   std::vector<double> ref_o, ref_lse;
   int first_bad = -1;  // index into r.steps
   std::string first_msg;
+  bool reference_writer = false, wrote = false;
+  std::string writer_note;
   Status fail = Status::kPassed;
   std::string fail_msg;
   try {
@@ -460,14 +390,31 @@ Record run_steps(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, int 
         slots.push_back(slot_map[t]);
       }
       if (call.empty()) continue;
-      // The step's new tokens through the backend's own writer (fp8 scales included).
+      // The step's new tokens through the backend's own writer (fp8 scales
+      // included). A backend whose writer does not take the cache's format
+      // (the CUDA writers and fp8_v4) has them written by the reference writer,
+      // as an engine's separate cache kernel would, and the record says so.
       if (!slots.empty()) {
         const Tensor kv = gather_tokens(c.kv_c, kv_rows), pe = gather_tokens(c.k_pe, kv_rows);
         const auto tw = Clock::now();
-        b.cache_write(cache, kv.view(), pe.view(), slots);
+        if (reference_writer) {
+          b.Backend::cache_write(cache, kv.view(), pe.view(), slots);
+        } else {
+          try {
+            b.cache_write(cache, kv.view(), pe.view(), slots);
+            wrote = true;
+          } catch (const NotSupportedError& e) {
+            if (wrote) throw;  // a writer that stops mid-loop is the record's
+            reference_writer = true;
+            writer_note = std::string("; tokens written by the reference writer (the backend's cache_write: ") +
+                          e.what() + ")";
+            b.Backend::cache_write(cache, kv.view(), pe.view(), slots);
+          }
+        }
         r.timings.run_ms += backend_call_done(tw);
       }
-      CallResult res = call_decode(b, c, cache, *ctx.q_lat, *ctx.q_pe, call, cfg.exec);
+      CallResult res = sparse ? call_sparse_decode(b, c, *sf, *ctx.sparse_q, call, cfg.exec)
+                              : call_decode(b, c, cache, *ctx.q_lat, *ctx.q_pe, call, cfg.exec);
       r.timings.run_ms += res.run_ms;
       const auto tc = Clock::now();
       StepResult sr;
@@ -477,8 +424,9 @@ Record run_steps(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, int 
         sr.status = Status::kIncorrect;
         if (first_bad < 0) first_msg = res.guard;
       } else {
-        gather_reference(ctx, call, ref_o, ref_lse);
-        const RowCheck rc = check_rows(ctx, cfg, base, res.o.view(), res.l.view(), call.qsl, ref_o, ref_lse);
+        gather_reference(ctx, call, ref_o, ref_lse, &all_ref_o, &all_ref_lse, L);
+        const RowCheck rc =
+            check_rows(ctx, cfg, base, res.o.view(), res.l.view(), call.qsl, ref_o, ref_lse, o_name, L, true);
         sr.status = rc.status;
         sr.max_abs_o = rc.o.nonfinite_mismatches > 0 ? INFINITY : rc.o.max_abs;
         sr.max_abs_lse = rc.lse.nonfinite_mismatches > 0 ? INFINITY : rc.lse.max_abs;
@@ -504,11 +452,11 @@ Record run_steps(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, int 
     return finish();
   }
   const auto tc = Clock::now();
-  const RowCheck rc = check_rows(ctx, cfg, base, all_o.view(), all_l.view(), c.query_start_loc, ctx.mqa_o_lat,
-                                 ctx.mqa_lse);
+  const RowCheck rc = check_rows(ctx, cfg, base, all_o.view(), all_l.view(), c.query_start_loc, all_ref_o,
+                                 all_ref_lse, o_name, L);
   r.timings.compare_ms += ms_since(tc);
   r.metrics = {rc.o, rc.lse};
-  r.paths.assign(static_cast<std::size_t>(c.num_requests), "decode");
+  r.paths.assign(static_cast<std::size_t>(c.num_requests), std::string(op_name(op)));
   if (first_bad >= 0) {
     const int first_step = r.steps[static_cast<std::size_t>(first_bad)].step;
     int failing = 0;
@@ -520,6 +468,7 @@ Record run_steps(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, int 
     r.status = rc.status;  // passed step by step: the whole agrees
     r.message = rc.status == Status::kPassed ? std::to_string(steps) + " decode steps, each checked" : rc.message;
   }
+  r.message += writer_note;
   return finish();
 }
 
@@ -548,9 +497,12 @@ void ServingMode::validate() const {
   if (steps < 0 || steps > 4096) throw InputError("--steps " + std::to_string(steps) + ": must be in 1..4096");
 }
 
+bool ServingMode::takes(Op op) const {
+  return op == Op::kDecode || (op == Op::kSparseDecode && !cuda_graph);
+}
+
 Record run_serving(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, const ServingMode& mode) {
-  if (op != Op::kDecode && !(op == Op::kSparseDecode && mode.batch_invariance))
-    throw std::logic_error("serving modes run the decode op (batch invariance also the sparse decode op)");
+  if (!mode.takes(op)) throw std::logic_error(mode.name() + " does not run the " + std::string(op_name(op)) + " op");
   Record r = mode.cuda_graph         ? run_graph(ctx, b, op, cfg, mode)
              : mode.batch_invariance ? run_batch_invariance(ctx, b, op, cfg)
              : mode.dcp > 0        ? run_dcp(ctx, b, op, cfg, mode.dcp, mode.dcp_interleave)

@@ -44,6 +44,32 @@ struct CallResult {
 CallResult call_decode(Backend& b, const Case& c, const PagedCache& cache, const Tensor& q_lat, const Tensor& q_pe,
                        const Call& call, const ExecOptions& opt);
 
+// The sparse decode op's whole-case arguments (run_sparse_decode_op's), from
+// which a call over some tokens gathers its rows.
+struct SparseFull {
+  const PagedCache* cache = nullptr;
+  const PagedCache* extra = nullptr;
+  Tensor main_slots, extra_slots;  // [T, K], [T, K2] global slots (empty: none)
+  std::vector<std::int32_t> main_len, extra_len;  // [T] or empty
+  int window = 0;
+  std::span<const float> sink;
+};
+
+// The case's own (the main cache: `main`, else the case's cache at bs with
+// every token written).
+SparseFull sparse_full(CaseContext& ctx, const RunConfig& cfg, int bs, double& cache_ms,
+                       const PagedCache* main = nullptr);
+
+CallResult call_sparse_decode(Backend& b, const Case& c, const SparseFull& f, const Tensor& q, const Call& call,
+                              const ExecOptions& opt);
+
+// Rank `rank`'s shard of `full` in `shard` (a copy of full: the same block
+// table): each request's keys of that rank at their local positions (vLLM's
+// sharding, serving.h), the rest of each request's positions poisoned as a
+// page's unused tail is.
+void fill_dcp_shard(const Case& c, const PagedCache& full, PagedCache& shard, int rank, int ranks, int interleave,
+                    Poison poison);
+
 // The status and message of the exception being handled, as run_one maps them.
 Status current_exception_status(std::string& message);
 
@@ -64,9 +90,11 @@ BaselineErrors baseline_of(CaseContext& ctx, const RunConfig& cfg);
 
 // o_lat (or `o_name`, of width dv) and lse of `qsl`'s tokens against reference
 // rows, in the runner's order: non-finite values, then the tolerance.
+// some_rows: the rows are part of a case (OutputCheck::zero_reference_ok).
 RowCheck check_rows(const CaseContext& ctx, const RunConfig& cfg, const BaselineErrors& base, const TensorView& o,
                     const TensorView& l, std::span<const std::int32_t> qsl, const std::vector<double>& ref_o,
-                    const std::vector<double>& ref_lse, const char* o_name = "o_lat", std::int64_t dv = 0);
+                    const std::vector<double>& ref_lse, const char* o_name = "o_lat", std::int64_t dv = 0,
+                    bool some_rows = false);
 
 struct Captured {
   std::string name;
@@ -80,5 +108,8 @@ const Captured* find_output(const std::vector<Captured>& outs, const char* name)
 
 // --cuda-graph's record (serving_graph.cpp).
 Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, const ServingMode& mode);
+
+// --dcp on the sparse decode op (serving_sparse.cpp).
+Record run_sparse_dcp(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, int ranks, int interleave);
 
 }  // namespace mlagate::serving_detail

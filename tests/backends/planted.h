@@ -60,5 +60,7 @@ const std::vector<PlantedServingBug>& planted_serving_bugs();
 // bug.sparse_batch_size_splits: the sparse decode op's batch-size heuristic
 // (BATCH_VARIANT under --check batch-invariance on the sparse and v4 suites).
 PlantedServingBug planted_sparse_batch_bug();
+// The sparse decode op's lse in base 2: plain runs under the vllm policy pass, --dcp catches it.
+PlantedServingBug planted_sparse_lse_bug();
 
 }  // namespace mlagate

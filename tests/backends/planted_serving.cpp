@@ -161,6 +161,18 @@ class SparseBatchSizeSplits final : public Wrapper {
   std::unique_ptr<Backend> split_;
 };
 
+// The sparse decode op's lse in base 2, as LseLog2 (the outputs are right).
+class SparseLseLog2 final : public Wrapper {
+ public:
+  using Wrapper::Wrapper;
+  void sparse_decode(const SparseDecodeArgs& a) override {
+    inner_->sparse_decode(a);
+    float* l = a.lse.as<float>();
+    for (std::int64_t i = 0; i < a.lse.numel(); ++i) l[i] = static_cast<float>(l[i] / std::log(2.0));
+  }
+  void sparse_prefill(const SparsePrefillArgs& a) override { inner_->sparse_prefill(a); }
+};
+
 template <class B>
 PlantedServingBug serving_bug(std::string name, std::string description, Status expected, std::string mode,
                               std::function<std::unique_ptr<Backend>()> inner,
@@ -215,6 +227,14 @@ PlantedServingBug planted_sparse_batch_bug() {
       "sparse decode in splits of 256 keys from 4 requests on, one pass below (a batch-size heuristic): right "
       "answers whose bits change with the batchmates",
       Status::kBatchVariant, "--check batch-invariance", make_cpu_sparse);
+}
+
+PlantedServingBug planted_sparse_lse_bug() {
+  return serving_bug<SparseLseLog2>(
+      "bug.sparse_lse_log2",
+      "sparse decode's lse in base 2 where the natural log is due: the output is right, the LSE merge of DCP "
+      "shards is not",
+      Status::kIncorrect, "--dcp 2", make_cpu_sparse);
 }
 
 }  // namespace mlagate

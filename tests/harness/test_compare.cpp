@@ -118,6 +118,24 @@ TEST(Compare, AllZeroOutputCannotPass) {
   EXPECT_NE(m.message.find("zero norm"), std::string::npos);
 }
 
+// Rows of a case that all lack keys (a decode step, a request alone): zeros
+// matched by zeros pass where asked; a zero output against a non-zero
+// reference still fails, and whole cases keep the rule.
+TEST(Compare, ZeroReferenceRowsPassOnlyWhereAsked) {
+  Fixture f;
+  for (int i = 0; i < 24; ++i) {
+    f.reference[i] = 0;
+    f.got.set(i, 0.0);
+  }
+  Metrics m;
+  EXPECT_EQ(compare_output(f.check, make_policy("vllm", 0, 0), m), Status::kIncorrect);
+  f.check.zero_reference_ok = true;
+  EXPECT_EQ(compare_output(f.check, make_policy("vllm", 0, 0), m), Status::kPassed) << m.message;
+  for (int i = 0; i < 24; ++i) f.reference[i] = 1e-3;
+  EXPECT_EQ(compare_output(f.check, make_policy("vllm", 0, 0), m), Status::kIncorrect);
+  EXPECT_NE(m.message.find("zero norm"), std::string::npos);
+}
+
 TEST(Compare, UlpOfBf16) {
   EXPECT_DOUBLE_EQ(ulp_of(1.0, DType::kBF16), 1.0 / 128);
   EXPECT_DOUBLE_EQ(ulp_of(3.0, DType::kBF16), 2.0 / 128);

@@ -263,6 +263,41 @@ TEST(Serving, SparseDecodeBatchInvariance) {
               r.records.size());
 }
 
+// DCP and decode loops on the sparse decode op (V3.2 top-k rows and V4 window
+// plus compressed cache, sinks, fp8_ds_mla): the correct sparse backends pass
+// every mode, with the shard calls and steps really made; a log2 lse passes
+// plain sparse runs under the vllm policy and fails the DCP merge, named.
+TEST(Serving, SparseDcpAndDecodeLoops) {
+  std::vector<CaseSpec> cases = load_suite("sparse").cases;
+  for (const CaseSpec& c : load_suite("v4").cases) cases.push_back(c);
+  for (auto make : {make_cpu_sparse, make_cpu_sparse_splitkv})
+    for (const ServingMode& m : {dcp(2), dcp(4, 16), dcp(8, 3), steps(8)}) {
+      const ModeRun r = run_with(make(), m, {Op::kSparseDecode}, baseline(), cases);
+      EXPECT_EQ(r.failures(), 0) << m.name() << ": " << r.first_failure();
+      EXPECT_GT(r.counts.at(Status::kPassed), 40) << m.name();
+      for (const Record& rec : r.records) {
+        if (rec.status != Status::kPassed) continue;
+        if (m.steps > 0) {
+          EXPECT_EQ(rec.message, "8 decode steps, each checked");
+          EXPECT_GT(rec.steps.size(), 1u);
+        } else {
+          EXPECT_NE(rec.message.find("shard calls merged through their LSEs"), std::string::npos) << rec.message;
+        }
+      }
+    }
+  const PlantedServingBug sb = planted_sparse_lse_bug();
+  const ModeRun plain = run_with(sb.bug.make(), ServingMode{}, {Op::kSparseDecode}, vllm(), cases);
+  EXPECT_EQ(plain.failures(), 0) << plain.first_failure();
+  const ModeRun r = run_with(sb.bug.make(), dcp(2), {Op::kSparseDecode}, vllm(), cases);
+  ASSERT_GT(r.counts.count(Status::kIncorrect), 0u);
+  for (const Record& rec : r.records)
+    if (rec.status == Status::kIncorrect) {
+      EXPECT_NE(rec.message.find("base 2"), std::string::npos) << rec.message;
+    }
+  std::printf("bug.sparse_lse_log2 under --dcp 2: %d of %zu records INCORRECT\n", r.counts.at(Status::kIncorrect),
+              r.records.size());
+}
+
 // Under the default (baseline) policy the log2 lse fails a plain run too, and
 // the message says which base it is in.
 TEST(Serving, PlainRunNamesALog2Lse) {
