@@ -305,6 +305,7 @@ std::unique_ptr<DecodeBench> Backend::prepare_decode_bench(const DecodeArgs&) { 
 namespace mlagate {
 
 std::unique_ptr<DecodeGraph> Backend::capture_decode(const DecodeArgs&) { return nullptr; }
+std::unique_ptr<SparseDecodeGraph> Backend::capture_sparse_decode(const SparseDecodeArgs&) { return nullptr; }
 
 namespace {
 
@@ -327,23 +328,8 @@ class HostDecodeGraph final : public DecodeGraph {
         scale_(a.scale),
         k_scale_(a.k_scale) {
     check_decode_args(a);
-    const PagedCache& c = *a.cache;
     // The cache's format and layout without its data and table (filled per replay).
-    cache_.kv_dtype = c.kv_dtype;
-    cache_.elem_dtype = c.elem_dtype;
-    cache_.scale_rule = c.scale_rule;
-    cache_.k_scale = c.k_scale;
-    cache_.kv_lora_rank = c.kv_lora_rank;
-    cache_.rope_dim = c.rope_dim;
-    cache_.block_size = c.block_size;
-    cache_.num_blocks = c.num_blocks;
-    cache_.used_blocks = c.used_blocks;
-    cache_.entry_bytes = c.entry_bytes;
-    cache_.block_bytes = c.block_bytes;
-    cache_.table_width = c.table_width;
-    cache_.data = Tensor(c.data.dtype(), c.data.shape());
-    cache_.block_table = Tensor(DType::kI32, {static_cast<std::int64_t>(a.seq_lens.size()), c.table_width});
-    cache_.options = c.options;
+    cache_ = persistent_cache_like(*a.cache, static_cast<std::int64_t>(a.seq_lens.size()));
     // Outputs as a caching allocator hands them out (torch.empty): never
     // cleared, here NaN, so a row no replay writes shows up.
     poison_floats(o_lat_);
@@ -369,25 +355,15 @@ class HostDecodeGraph final : public DecodeGraph {
         a.o_lat.shape != o_lat_.shape() || a.seq_lens.size() != seq_lens_.size() ||
         a.query_start_loc.size() != query_start_.size() || a.block_table_rows.size() != rows_.size())
       throw std::invalid_argument("decode graph: replayed with other shapes than captured");
-    if (a.scale != scale_ || a.k_scale != k_scale_ || c.kv_dtype != cache_.kv_dtype || c.scale_rule != cache_.scale_rule ||
-        c.k_scale != cache_.k_scale || c.block_size != cache_.block_size || c.entry_bytes != cache_.entry_bytes ||
-        c.block_bytes != cache_.block_bytes)
-      throw std::invalid_argument("decode graph: replayed with another scale or cache format than captured");
-    if (c.num_blocks > cache_.num_blocks || c.table_width > cache_.table_width ||
-        c.block_table.dim(0) > cache_.block_table.dim(0))
-      throw std::invalid_argument("decode graph: the cache is larger than the captured one");
+    if (a.scale != scale_ || a.k_scale != k_scale_)
+      throw std::invalid_argument("decode graph: replayed with another scale than captured");
     // In place: the same addresses every replay.
     std::memcpy(q_lat_.bytes(), a.q_lat.data, q_lat_.nbytes());
     std::memcpy(q_pe_.bytes(), a.q_pe.data, q_pe_.nbytes());
     std::copy(a.seq_lens.begin(), a.seq_lens.end(), seq_lens_.begin());
     std::copy(a.query_start_loc.begin(), a.query_start_loc.end(), query_start_.begin());
     std::copy(a.block_table_rows.begin(), a.block_table_rows.end(), rows_.begin());
-    std::memcpy(cache_.data.bytes(), c.data.bytes(), c.data.nbytes());
-    std::int32_t* table = cache_.block_table.data<std::int32_t>();
-    std::fill_n(table, cache_.block_table.numel(), 0);
-    const std::int32_t* src = c.block_table.data<std::int32_t>();
-    for (std::int64_t r = 0; r < c.block_table.dim(0); ++r)
-      std::copy_n(src + r * c.table_width, c.table_width, table + r * cache_.table_width);
+    refresh_persistent_cache(c, cache_);
     DecodeArgs p;
     p.q_lat = q_lat_.view();
     p.q_pe = q_pe_.view();
@@ -412,6 +388,41 @@ class HostDecodeGraph final : public DecodeGraph {
 };
 
 }  // namespace
+
+PagedCache persistent_cache_like(const PagedCache& c, std::int64_t rows) {
+  PagedCache p;
+  p.kv_dtype = c.kv_dtype;
+  p.elem_dtype = c.elem_dtype;
+  p.scale_rule = c.scale_rule;
+  p.k_scale = c.k_scale;
+  p.kv_lora_rank = c.kv_lora_rank;
+  p.rope_dim = c.rope_dim;
+  p.block_size = c.block_size;
+  p.num_blocks = c.num_blocks;
+  p.used_blocks = c.used_blocks;
+  p.entry_bytes = c.entry_bytes;
+  p.block_bytes = c.block_bytes;
+  p.table_width = c.table_width;
+  p.data = Tensor(c.data.dtype(), c.data.shape());
+  p.block_table = Tensor(DType::kI32, {std::max<std::int64_t>(rows, c.block_table.dim(0)), c.table_width});
+  p.options = c.options;
+  return p;
+}
+
+void refresh_persistent_cache(const PagedCache& c, PagedCache& into) {
+  if (c.kv_dtype != into.kv_dtype || c.scale_rule != into.scale_rule || c.k_scale != into.k_scale ||
+      c.block_size != into.block_size || c.entry_bytes != into.entry_bytes || c.block_bytes != into.block_bytes)
+    throw std::invalid_argument("graph: replayed with another cache format than captured");
+  if (c.num_blocks > into.num_blocks || c.table_width > into.table_width ||
+      c.block_table.dim(0) > into.block_table.dim(0) || c.data.nbytes() > into.data.nbytes())
+    throw std::invalid_argument("graph: the cache is larger than the captured one");
+  std::memcpy(into.data.bytes(), c.data.bytes(), c.data.nbytes());
+  std::int32_t* table = into.block_table.data<std::int32_t>();
+  std::fill_n(table, into.block_table.numel(), 0);
+  const std::int32_t* src = c.block_table.data<std::int32_t>();
+  for (std::int64_t r = 0; r < c.block_table.dim(0); ++r)
+    std::copy_n(src + r * c.table_width, c.table_width, table + r * into.table_width);
+}
 
 std::unique_ptr<DecodeGraph> emulate_decode_graph(Backend& b, const DecodeArgs& args) {
   return persistent_decode_graph(args, [&b](const DecodeArgs& p, bool) { b.decode(p); },

@@ -126,6 +126,7 @@ struct SparsePrefillArgs {
 
 class DecodeBench;  // below: a prepared decode for `mlagate bench`
 class DecodeGraph;  // below: a captured decode for `--cuda-graph`
+class SparseDecodeGraph;  // below: a captured sparse decode for `--cuda-graph`
 
 // One instance runs one call at a time (the runner is sequential); backends
 // may keep workspaces between calls.
@@ -168,6 +169,10 @@ class Backend {
   // NotSupportedError for a call it cannot capture. The handle may keep a
   // reference to this backend; it is destroyed before the backend.
   virtual std::unique_ptr<DecodeGraph> capture_decode(const DecodeArgs& args);
+  // (optional) the same for the sparse decode op: capture one call of `args`
+  // (index rows, window, compressed cache and sink of a padded batch) and
+  // return the handle that replays it; nullptr (the default): not capturable.
+  virtual std::unique_ptr<SparseDecodeGraph> capture_sparse_decode(const SparseDecodeArgs& args);
 };
 
 // A captured decode. replay() gets arguments of the captured shapes (the same
@@ -199,6 +204,36 @@ std::unique_ptr<DecodeGraph> emulate_decode_graph(Backend& b, const DecodeArgs& 
 // capture and replay in `step`.
 using DecodeGraphStep = std::function<void(const DecodeArgs& persistent, bool capture)>;
 std::unique_ptr<DecodeGraph> persistent_decode_graph(const DecodeArgs& args, DecodeGraphStep step, std::string note);
+
+// A captured sparse decode, as DecodeGraph: replay() gets arguments of the
+// captured shapes (tokens, heads, index widths, window, sink, scale, cache
+// formats; caches of at most the captured blocks and table width), refreshes
+// the persistent inputs in place, replays, and copies the persistent outputs
+// into args.o and args.lse (never reset between replays).
+class SparseDecodeGraph {
+ public:
+  virtual ~SparseDecodeGraph() = default;
+  virtual void replay(const SparseDecodeArgs& args) = 0;
+  virtual std::string note() const { return {}; }
+};
+
+// persistent_decode_graph's twin for the sparse op (backends/sparse_graph.cpp):
+// `step` gets persistent host arguments of the captured shapes (both caches
+// padded to the captured blocks and width), capture = true once, then once
+// per replay.
+using SparseDecodeGraphStep = std::function<void(const SparseDecodeArgs& persistent, bool capture)>;
+std::unique_ptr<SparseDecodeGraph> persistent_sparse_decode_graph(const SparseDecodeArgs& args, SparseDecodeGraphStep step,
+                                                                  std::string note);
+// The host emulation: the backend's sparse_decode on the persistent buffers.
+std::unique_ptr<SparseDecodeGraph> emulate_sparse_decode_graph(Backend& b, const SparseDecodeArgs& args);
+
+// A cache of `c`'s format and capacity (num_blocks, table width) with `rows`
+// block-table rows, its data and table zero; and `c` copied into such a cache
+// in place (blocks at the front, each table row padded with block 0). Throws
+// invalid_argument when `c` is of another format or larger. For the
+// persistent buffers of captured graphs.
+PagedCache persistent_cache_like(const PagedCache& c, std::int64_t rows);
+void refresh_persistent_cache(const PagedCache& c, PagedCache& into);
 
 class DecodeBench {
  public:

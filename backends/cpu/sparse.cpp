@@ -219,6 +219,11 @@ class CpuSparse final : public Backend {
     }
   }
 
+  // --cuda-graph on the sparse op: the host emulation (persistent buffers).
+  std::unique_ptr<SparseDecodeGraph> capture_sparse_decode(const SparseDecodeArgs& a) override {
+    return emulate_sparse_decode_graph(*this, a);
+  }
+
   void sparse_decode(const SparseDecodeArgs& a) override {
     check_sparse_decode_args(a);
     const Index T = a.q.shape[0], N = a.q.shape[1], D = a.q.shape[2], dv = a.o.shape[2];

@@ -322,7 +322,7 @@ __global__ void __launch_bounds__(kSparseThreads) sparse_attention_kernel(const 
   }
 }
 
-SparseCache sparse_cache_of(const PagedCache& c, const DeviceCache& dc) {
+SparseCache sparse_cache_of(const PagedCache& c, const unsigned char* data) {
   const EntryFormat f = c.format();
   if (f.bytes != c.entry_bytes)
     throw std::invalid_argument("cuda.sparse: cache entry of " + std::to_string(c.entry_bytes) + " bytes, its format has " +
@@ -330,7 +330,7 @@ SparseCache sparse_cache_of(const PagedCache& c, const DeviceCache& dc) {
   if (c.kv_lora_rank + c.rope_dim > kMaxD)
     throw NotSupportedError("cuda.sparse: keys wider than " + std::to_string(kMaxD));
   SparseCache s;
-  s.data = dc.data.as<unsigned char>();
+  s.data = data;
   s.bf16 = c.elem_dtype == DType::kBF16;
   s.k_scale = c.k_scale;
   s.L = c.kv_lora_rank;
@@ -389,7 +389,7 @@ class SparseBackend final : public CudaBackend {
     if (a.extra_cache) extra = DeviceCacheStore::instance().get(*a.extra_cache, s);
 
     SparseProblem pb = common(a.q, a.scale, static_cast<int>(a.o.shape[2]));
-    pb.cache = sparse_cache_of(*a.cache, *main);
+    pb.cache = sparse_cache_of(*a.cache, main->data.as<unsigned char>());
     DeviceBuffer q = upload_array(static_cast<const std::uint16_t*>(a.q.data), a.q.numel(), s);
     DeviceBuffer sink = upload_array(a.sink.data(), a.sink.size(), s);
     DeviceBuffer idx, lens, meta, eidx, elens;
@@ -417,7 +417,7 @@ class SparseBackend final : public CudaBackend {
       if (a.extra_cache->kv_dtype != KvCacheDtype::kAuto && a.extra_cache->elem_dtype != a.q.dtype)
         throw std::invalid_argument("sparse_decode: the extra cache's model dtype differs from q's");
       pb.has_extra = true;
-      pb.extra = sparse_cache_of(*a.extra_cache, *extra);
+      pb.extra = sparse_cache_of(*a.extra_cache, extra->data.as<unsigned char>());
       eidx = upload_array(a.extra_indices.as<std::int32_t>(), a.extra_indices.numel(), s);
       elens = upload_array(a.extra_topk_length.data(), a.extra_topk_length.size(), s);
       pb.extra_indices = eidx.as<std::int32_t>();
@@ -427,6 +427,17 @@ class SparseBackend final : public CudaBackend {
     pb.q = q.as<std::uint16_t>();
     pb.sink = a.sink.empty() ? nullptr : sink.as<float>();
     run(pb, a.o, a.lse, T, N, D, s);
+  }
+
+  // --cuda-graph on the sparse op: the kernel captured once over persistent
+  // device buffers (q, sink, index rows and lengths or the window's metadata,
+  // both caches and the block table, guarded outputs poisoned once); each
+  // replay uploads the new call into the same addresses and launches the graph.
+  std::unique_ptr<SparseDecodeGraph> capture_sparse_decode(const SparseDecodeArgs& a) override {
+    require_device();
+    auto g = std::make_shared<Graph>();
+    return persistent_sparse_decode_graph(
+        a, [this, g](const SparseDecodeArgs& p, bool capture) { graph_step(*g, p, capture); }, "CUDA graph");
   }
 
   void sparse_prefill(const SparsePrefillArgs& a) override {
@@ -458,6 +469,100 @@ class SparseBackend final : public CudaBackend {
   }
 
  private:
+  struct Graph {
+    DeviceBuffer q, sink, meta, idx, lens, eidx, elens, cache, table, extra;
+    std::unique_ptr<GuardedDeviceOutput> o, lse;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    ~Graph() {
+      if (exec) cudaGraphExecDestroy(exec);
+      if (graph) cudaGraphDestroy(graph);
+    }
+  };
+
+  // One step of a captured sparse decode: uploads into the graph's buffers
+  // (allocated at the capture), then the capture (warm-up, stream capture) or
+  // the replay, and the outputs back into the persistent host buffers.
+  void graph_step(Graph& g, const SparseDecodeArgs& a, bool capture) {
+    check_sparse_decode_args(a);
+    const cudaStream_t s = stream();
+    const auto put = [&](DeviceBuffer& d, const void* src, std::size_t bytes) {
+      if (capture) d = DeviceBuffer(std::max<std::size_t>(bytes, 4));
+      if (bytes > d.size()) throw std::invalid_argument("cuda.sparse graph: an input larger than captured");
+      if (bytes) d.upload(src, bytes, s);
+    };
+    put(g.q, a.q.data, a.q.nbytes());
+    put(g.sink, a.sink.data(), a.sink.size_bytes());
+    put(g.cache, a.cache->data.bytes(), a.cache->data.nbytes());
+    put(g.table, a.cache->block_table.bytes(), a.cache->block_table.nbytes());
+    std::vector<std::int32_t> m(a.seq_lens.begin(), a.seq_lens.end());
+    m.insert(m.end(), a.query_start_loc.begin(), a.query_start_loc.end());
+    m.insert(m.end(), a.block_table_rows.begin(), a.block_table_rows.end());
+    put(g.meta, m.data(), m.size() * sizeof(std::int32_t));
+    if (a.window == 0) {
+      put(g.idx, a.indices.data, a.indices.nbytes());
+      put(g.lens, a.topk_length.data(), a.topk_length.size_bytes());
+    }
+    if (a.extra_cache) {
+      put(g.extra, a.extra_cache->data.bytes(), a.extra_cache->data.nbytes());
+      put(g.eidx, a.extra_indices.data, a.extra_indices.nbytes());
+      put(g.elens, a.extra_topk_length.data(), a.extra_topk_length.size_bytes());
+    }
+    const int T = static_cast<int>(a.q.shape[0]), N = static_cast<int>(a.q.shape[1]), D = static_cast<int>(a.q.shape[2]);
+    if (capture) {
+      SparseProblem pb = common(a.q, a.scale, static_cast<int>(a.o.shape[2]));
+      pb.cache = sparse_cache_of(*a.cache, g.cache.as<unsigned char>());
+      pb.num_requests = static_cast<int>(a.seq_lens.size());
+      if (a.window > 0) {
+        pb.window = a.window;
+        pb.seq_lens = g.meta.as<std::int32_t>();
+        pb.query_start = pb.seq_lens + pb.num_requests;
+        pb.table_rows = pb.query_start + pb.num_requests + 1;
+        pb.block_table = g.table.as<std::int32_t>();
+        pb.table_width = a.cache->table_width;
+      } else {
+        pb.indices = g.idx.as<std::int32_t>();
+        pb.lengths = a.topk_length.empty() ? nullptr : g.lens.as<std::int32_t>();
+        pb.K = static_cast<int>(a.indices.shape[1]);
+      }
+      if (a.extra_cache) {
+        pb.has_extra = true;
+        pb.extra = sparse_cache_of(*a.extra_cache, g.extra.as<unsigned char>());
+        pb.extra_indices = g.eidx.as<std::int32_t>();
+        pb.extra_lengths = a.extra_topk_length.empty() ? nullptr : g.elens.as<std::int32_t>();
+        pb.K2 = static_cast<int>(a.extra_indices.shape[1]);
+      }
+      pb.q = g.q.as<std::uint16_t>();
+      pb.sink = a.sink.empty() ? nullptr : g.sink.as<float>();
+      if (pb.dv > kColsPerThread * kSparseThreads) throw NotSupportedError("cuda.sparse: value wider than " + std::to_string(kMaxD));
+      g.o = std::make_unique<GuardedDeviceOutput>(a.o, "o", s);
+      g.lse = std::make_unique<GuardedDeviceOutput>(a.lse, "lse", s);
+      pb.o = g.o->as<std::uint16_t>();
+      pb.lse = g.lse->as<float>();
+      const std::size_t smem = sparse_smem_bytes(D);
+      if (smem > static_cast<std::size_t>(max_dynamic_smem()))
+        throw NotSupportedError("cuda.sparse: " + std::to_string(smem) + " bytes of shared memory needed");
+      MLAGATE_CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(smem)));
+      const dim3 grid(static_cast<unsigned>(std::max(T, 1)), static_cast<unsigned>((N + kHeads - 1) / kHeads));
+      if (T > 0 && N > 0) {
+        sparse_attention_kernel<<<grid, kSparseThreads, smem, s>>>(pb);  // the warm-up
+        MLAGATE_CUDA_CHECK_LAUNCH();
+      }
+      MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));
+      MLAGATE_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+      if (T > 0 && N > 0) sparse_attention_kernel<<<grid, kSparseThreads, smem, s>>>(pb);
+      MLAGATE_CUDA_CHECK(cudaStreamEndCapture(s, &g.graph));
+      MLAGATE_CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
+    } else {
+      MLAGATE_CUDA_CHECK(cudaGraphLaunch(g.exec, s));
+    }
+    MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));
+    check_guards_or_throw({g.o.get(), g.lse.get()}, s);
+    g.o->download_to(a.o, s);
+    g.lse->download_to(a.lse, s);
+  }
+
   static SparseProblem common(const TensorView& q, double scale, int dv) {
     SparseProblem pb;
     pb.T = static_cast<int>(q.shape[0]);

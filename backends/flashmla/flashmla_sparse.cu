@@ -88,6 +88,258 @@ void copy_heads(const DeviceBuffer& o, const DeviceBuffer& lse, gpu::GuardedDevi
                                        static_cast<std::size_t>(T), cudaMemcpyDeviceToDevice, s));
 }
 
+// One sparse decode call of FlashMLA with its device buffers: sized at
+// construction for the call's shapes, filled by refresh() (which also runs
+// the scheduler-metadata kernel), launched by launch(). A graph keeps one and
+// refreshes it in place for every replay (`own_caches`: the caches in buffers
+// of its own, not the shared content-keyed copies, so their addresses stay).
+struct SparseCall {
+  cudaStream_t s = nullptr;
+  bool v4 = false, own_caches = false, has_extra = false;
+  std::int64_t T = 0;
+  int N = 0, D = 0, Hp = 0, K = 0, Kp = 0, K2 = 0, K2p = 0, B = 0, parts = 0;
+  DeviceBuffer d_q, d_idx, d_lens, d_eidx, d_elens, d_sink, sched, splits, lse_acc, o_acc, out, lse, main_data, extra_data;
+  std::shared_ptr<const gpu::DeviceCache> main_dev, extra_dev;  // eager: the shared copies
+  std::unique_ptr<gpu::GuardedDeviceOutput> go, glse;
+  GetDecodeSchedMetaParams sp{};
+  SparseAttnDecodeParams p{};
+  CombineParams c{};
+
+  SparseCall(cudaStream_t stream, const SparseDecodeArgs& a, bool own) : s(stream), own_caches(own) {
+    check_sparse_decode_args(a);  // every slot on the host: the library would read any index it is given
+    const PagedCache& cache = *a.cache;
+    T = a.q.shape[0];
+    N = static_cast<int>(a.q.shape[1]);
+    D = static_cast<int>(a.q.shape[2]);
+    v4 = a.window > 0;
+    has_extra = a.extra_cache != nullptr;
+    const KvCacheDtype want = v4 ? KvCacheDtype::kFp8V4 : KvCacheDtype::kFp8DsMla;
+    if (a.q.dtype != DType::kBF16) throw NotSupportedError("FlashMLA sparse decode takes bf16 queries");
+    if (cache.kv_dtype != want || (a.extra_cache && a.extra_cache->kv_dtype != want))
+      throw NotSupportedError("FlashMLA sparse decode reads kv " + std::string(kv_cache_dtype_name(want)) + " here");
+    if (!v4 && !a.topk_length.empty()) throw NotSupportedError("V3.2 sparse decode takes no topk_length");
+    if (!v4 && a.extra_cache) throw NotSupportedError("V3.2 sparse decode takes no extra cache");
+    if ((v4 ? D != 512 : D != 576) || a.o.shape[2] != kDv) throw NotSupportedError("FlashMLA: d_qk 576 (V3.2) or 512 (V4), d_v 512");
+    if (N > 128) throw NotSupportedError("FlashMLA sparse decode: at most 128 heads");
+    const int entry = v4 ? kModel1Entry : kV32Entry;
+    if (cache.entry_bytes != entry) throw std::invalid_argument("flashmla.sparse: unexpected entry size");
+    if (T == 0) return;  // nothing to launch, nothing to allocate
+    Hp = N <= 64 ? 64 : 128;
+    K = v4 ? a.window : static_cast<int>(a.indices.shape[1]);
+    Kp = std::max(round_up(K, kTopkBlock), kTopkBlock);
+    if (has_extra) {
+      K2 = static_cast<int>(a.extra_indices.shape[1]);
+      K2p = std::max(round_up(K2, kTopkBlock), kTopkBlock);
+    }
+    parts = std::max(cuda_device_info().multiprocessors / 1 / (Hp / 64), 1);  // get_meta(h_q, s_q = 1)
+    if (parts > kMaxSmParts) throw NotSupportedError("FlashMLA's combine takes at most 160 SM parts");
+    B = static_cast<int>(T);
+    // The scheduler keeps 5 b + 1 ints in shared memory.
+    if (4LL * (5LL * B + 1) > gpu::max_dynamic_smem())
+      throw NotSupportedError("FlashMLA's scheduler: " + std::to_string(B) + " tokens do not fit its shared memory");
+    const std::size_t b = static_cast<std::size_t>(std::max<std::int64_t>(T, 1));
+    d_q = DeviceBuffer(b * Hp * D * 2);
+    d_idx = DeviceBuffer(b * Kp * 4);
+    d_lens = DeviceBuffer(b * 4);
+    d_eidx = DeviceBuffer(std::max(b * K2p * 4, std::size_t{4}));
+    d_elens = DeviceBuffer(b * 4);
+    d_sink = DeviceBuffer(static_cast<std::size_t>(Hp) * 4);
+    const int total_splits = B + parts;
+    sched = DeviceBuffer(static_cast<std::size_t>(parts) * sizeof(DecodingSchedMeta));
+    splits = DeviceBuffer(static_cast<std::size_t>(B + 1) * sizeof(int));
+    lse_acc = DeviceBuffer(static_cast<std::size_t>(total_splits) * Hp * sizeof(float));
+    o_acc = DeviceBuffer(static_cast<std::size_t>(total_splits) * Hp * kDv * sizeof(float));
+    out = DeviceBuffer(b * Hp * kDv * 2);
+    lse = DeviceBuffer(b * Hp * 4);
+    // Poison (NaN) everything the kernels should write: a value they skip shows.
+    for (DeviceBuffer* x : {&lse_acc, &o_acc, &out, &lse}) x->fill(0xFF, s);
+    go = std::make_unique<gpu::GuardedDeviceOutput>(a.o, "o", s);
+    glse = std::make_unique<gpu::GuardedDeviceOutput>(a.lse, "lse", s);
+    if (own_caches) {
+      main_data = DeviceBuffer(cache.data.nbytes());
+      if (has_extra) extra_data = DeviceBuffer(a.extra_cache->data.nbytes());
+    }
+
+    sp.b = B;
+    sp.s_q = 1;
+    sp.block_size_n = kTopkBlock;
+    sp.fixed_overhead_num_blocks = kFixedOverheadBlocks;
+    sp.topk = Kp;
+    sp.extra_topk = K2p;  // 0 without an extra cache (what the api passes)
+    sp.topk_length = v4 ? d_lens.as<int>() : nullptr;
+    sp.extra_topk_length = a.extra_topk_length.empty() ? nullptr : d_elens.as<int>();
+    sp.seqlens_k_ptr = nullptr;
+    sp.tile_scheduler_metadata_ptr = sched.as<DecodingSchedMeta>();
+    sp.num_splits_ptr = splits.as<int>();
+    sp.num_sm_parts = parts;
+    sp.stream = s;
+
+    p.b = B;
+    p.s_q = 1;
+    p.h_q = Hp;
+    p.h_kv = 1;
+    p.d_qk = D;
+    p.d_v = kDv;
+    p.sm_scale = static_cast<float>(a.scale);
+    p.sm_scale_div_log2 = static_cast<float>(a.scale * kLog2e);
+    p.num_blocks = cache.num_blocks;
+    p.page_block_size = cache.block_size;
+    p.topk = Kp;
+    p.model_type = v4 ? ModelType::MODEL1 : ModelType::V32;
+    p.q = d_q.as<cutlass::bfloat16_t>();
+    p.indices = d_idx.as<int>();
+    p.topk_length = v4 ? d_lens.as<int>() : nullptr;
+    p.attn_sink = a.sink.empty() ? nullptr : d_sink.as<float>();
+    p.lse = lse.as<float>();
+    p.out = out.as<cutlass::bfloat16_t>();
+    if (has_extra) {
+      p.extra_num_blocks = a.extra_cache->num_blocks;
+      p.extra_page_block_size = a.extra_cache->block_size;
+      p.extra_topk = K2p;
+      p.extra_indices = d_eidx.as<int>();
+      p.extra_topk_length = a.extra_topk_length.empty() ? nullptr : d_elens.as<int>();
+      p.stride_extra_kv_block = static_cast<int>(a.extra_cache->block_bytes);
+      p.stride_extra_kv_row = entry;
+      p.stride_extra_indices_b = K2p;
+      p.stride_extra_indices_s_q = K2p;
+    }
+    // Strides in elements: q [b, 1, Hp, D]; kv in bytes [blocks, bs, entry] (the
+    // block stride is the padded page for MODEL1); indices [b, 1, Kp]; lse [b, 1, Hp]; o [b, 1, Hp, 512].
+    p.stride_q_b = Hp * D;
+    p.stride_q_s_q = Hp * D;
+    p.stride_q_h_q = D;
+    p.stride_kv_block = static_cast<int>(cache.block_bytes);
+    p.stride_kv_row = entry;
+    p.stride_indices_b = Kp;
+    p.stride_indices_s_q = Kp;
+    p.stride_lse_b = Hp;
+    p.stride_lse_s_q = Hp;
+    p.stride_o_b = Hp * kDv;
+    p.stride_o_s_q = Hp * kDv;
+    p.stride_o_h_q = kDv;
+    p.stream = s;
+    p.lse_accum = lse_acc.as<float>();
+    p.o_accum = o_acc.as<float>();
+    p.stride_lse_accum_split = Hp;
+    p.stride_lse_accum_s_q = Hp;
+    p.stride_o_accum_split = Hp * kDv;
+    p.stride_o_accum_s_q = Hp * kDv;
+    p.stride_o_accum_h_q = kDv;
+    p.tile_scheduler_metadata_ptr = sched.as<DecodingSchedMeta>();
+    p.num_splits_ptr = splits.as<int>();
+    p.num_sm_parts = parts;
+
+    c.b = B;
+    c.s_q = 1;
+    c.h_q = Hp;
+    c.d_v = kDv;
+    c.lse = p.lse;
+    c.out = p.out;
+    c.stride_lse_b = p.stride_lse_b;
+    c.stride_lse_s_q = p.stride_lse_s_q;
+    c.stride_o_b = p.stride_o_b;
+    c.stride_o_s_q = p.stride_o_s_q;
+    c.stride_o_h_q = p.stride_o_h_q;
+    c.lse_accum = p.lse_accum;
+    c.o_accum = p.o_accum;
+    c.stride_lse_accum_split = p.stride_lse_accum_split;
+    c.stride_lse_accum_s_q = p.stride_lse_accum_s_q;
+    c.stride_o_accum_split = p.stride_o_accum_split;
+    c.stride_o_accum_s_q = p.stride_o_accum_s_q;
+    c.stride_o_accum_h_q = p.stride_o_accum_h_q;
+    c.tile_scheduler_metadata_ptr = p.tile_scheduler_metadata_ptr;
+    c.num_splits_ptr = p.num_splits_ptr;
+    c.num_sm_parts = parts;
+    c.attn_sink = p.attn_sink;
+    c.stream = s;
+  }
+
+  // The call's inputs into the buffers (the same addresses every time), then
+  // the scheduler metadata for them.
+  void refresh(const SparseDecodeArgs& a) {
+    check_sparse_decode_args(a);
+    if (a.q.shape[0] != T || a.q.shape[1] != N || (a.window > 0) != v4 || (a.extra_cache != nullptr) != has_extra)
+      throw std::invalid_argument("flashmla.sparse: a call of other shapes than the prepared one");
+    if (T == 0) return;
+    // Main rows: V3.2's indices, or V4's window slots with their lengths.
+    std::vector<std::int32_t> main_rows, main_lens;
+    if (v4) {
+      sparse_window_slots(a, main_rows, main_lens);
+    } else {
+      if (a.indices.shape[1] != K) throw std::invalid_argument("flashmla.sparse: index rows of another width");
+      main_rows.assign(a.indices.as<std::int32_t>(), a.indices.as<std::int32_t>() + T * K);
+    }
+    if (T == 0) return;
+    const std::vector<std::int32_t> idx = pad_rows(main_rows.data(), T, K, Kp);
+    d_idx.upload(idx.data(), idx.size() * 4, s);
+    if (!main_lens.empty()) d_lens.upload(main_lens.data(), main_lens.size() * 4, s);
+    const std::vector<std::uint16_t> q = pad_heads(a.q, Hp);
+    d_q.upload(q.data(), q.size() * 2, s);
+    const std::vector<float> sink = pad_sink(a.sink, Hp);
+    d_sink.upload(sink.data(), sink.size() * 4, s);
+    if (has_extra) {
+      const std::vector<std::int32_t> eidx = pad_rows(a.extra_indices.as<std::int32_t>(), T, K2, K2p);
+      d_eidx.upload(eidx.data(), eidx.size() * 4, s);
+      if (!a.extra_topk_length.empty()) d_elens.upload(a.extra_topk_length.data(), a.extra_topk_length.size_bytes(), s);
+    }
+    if (own_caches) {
+      if (a.cache->data.nbytes() > main_data.size() || (has_extra && a.extra_cache->data.nbytes() > extra_data.size()))
+        throw std::invalid_argument("flashmla.sparse: a cache larger than the prepared one");
+      main_data.upload(a.cache->data.bytes(), a.cache->data.nbytes(), s);
+      if (has_extra) extra_data.upload(a.extra_cache->data.bytes(), a.extra_cache->data.nbytes(), s);
+      p.kv = main_data.as<cutlass::bfloat16_t>();
+      if (has_extra) p.extra_kv = extra_data.as<cutlass::bfloat16_t>();
+    } else {
+      main_dev = gpu::DeviceCacheStore::instance().get(*a.cache, s);
+      p.kv = const_cast<cutlass::bfloat16_t*>(main_dev->data.as<cutlass::bfloat16_t>());
+      if (has_extra) {
+        extra_dev = gpu::DeviceCacheStore::instance().get(*a.extra_cache, s);
+        p.extra_kv = const_cast<cutlass::bfloat16_t*>(extra_dev->data.as<cutlass::bfloat16_t>());
+      }
+    }
+    smxx::decode::run_get_decoding_sched_meta_kernel(sp);
+    MLAGATE_CUDA_CHECK_LAUNCH();
+  }
+
+  // The decode and combine kernels (what a graph captures), then the first N
+  // heads into the guarded outputs.
+  void launch_kernels() {
+    if (T == 0) return;
+    if (v4) {
+      if (Hp == 64) sm90::decode::sparse_fp8::run_flash_splitkv_mla_fp8_sparse_kernel<ModelType::MODEL1, 64>(p);
+      else sm90::decode::sparse_fp8::run_flash_splitkv_mla_fp8_sparse_kernel<ModelType::MODEL1, 128>(p);
+    } else {
+      if (Hp == 64) sm90::decode::sparse_fp8::run_flash_splitkv_mla_fp8_sparse_kernel<ModelType::V32, 64>(p);
+      else sm90::decode::sparse_fp8::run_flash_splitkv_mla_fp8_sparse_kernel<ModelType::V32, 128>(p);
+    }
+    smxx::decode::run_flash_mla_combine_kernel<cutlass::bfloat16_t>(c);
+    copy_heads(out, lse, *go, *glse, T, N, Hp, s);
+  }
+  void launch() {
+    launch_kernels();
+    MLAGATE_CUDA_CHECK_LAUNCH();
+  }
+
+  // Waits, checks the guard bands and brings the outputs back.
+  void finish(const SparseDecodeArgs& a) {
+    if (T == 0) return;
+    MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));
+    gpu::check_guards_or_throw({go.get(), glse.get()}, s);
+    go->download_to(a.o, s);
+    glse->download_to(a.lse, s);
+  }
+};
+
+struct Graph {
+  std::unique_ptr<SparseCall> call;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ~Graph() {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+  }
+};
+
 // A CudaBackend for its stream and kernel timing (detail::cuda_last_kernel_ms);
 // it has no dense decode.
 class FlashMlaSparse final : public gpu::CudaBackend {
@@ -149,192 +401,45 @@ class FlashMlaSparse final : public gpu::CudaBackend {
 
   void sparse_decode(const SparseDecodeArgs& a) override {
     gpu::require_device();
-    check_sparse_decode_args(a);  // every slot on the host: the library would read any index it is given
-    const PagedCache& cache = *a.cache;
-    const std::int64_t T = a.q.shape[0];
-    const int N = static_cast<int>(a.q.shape[1]), D = static_cast<int>(a.q.shape[2]);
-    const bool v4 = a.window > 0;
-    const KvCacheDtype want = v4 ? KvCacheDtype::kFp8V4 : KvCacheDtype::kFp8DsMla;
-    if (a.q.dtype != DType::kBF16) throw NotSupportedError("FlashMLA sparse decode takes bf16 queries");
-    if (cache.kv_dtype != want || (a.extra_cache && a.extra_cache->kv_dtype != want))
-      throw NotSupportedError("FlashMLA sparse decode reads kv " + std::string(kv_cache_dtype_name(want)) + " here");
-    if (!v4 && cache.scale_rule != ScaleRule::kPow2 && !raw_scales_)
-      throw NotSupportedError("the V3.2 kernel rounds tile scales to bf16: pow2 scales only");
-    if (!v4 && !a.topk_length.empty()) throw NotSupportedError("V3.2 sparse decode takes no topk_length");
-    if (!v4 && a.extra_cache) throw NotSupportedError("V3.2 sparse decode takes no extra cache");
-    if ((v4 ? D != 512 : D != 576) || a.o.shape[2] != kDv) throw NotSupportedError("FlashMLA: d_qk 576 (V3.2) or 512 (V4), d_v 512");
-    if (N > 128) throw NotSupportedError("FlashMLA sparse decode: at most 128 heads");
-    const int entry = v4 ? kModel1Entry : kV32Entry;
-    if (cache.entry_bytes != entry) throw std::invalid_argument("flashmla.sparse: unexpected entry size");
-    if (T == 0) return;
-    const int Hp = N <= 64 ? 64 : 128;
-    const cudaStream_t s = stream();
-
-    // Main rows: V3.2's indices, or V4's window slots with their lengths.
-    std::vector<std::int32_t> main_rows, main_lens;
-    int K = 0;
-    if (v4) {
-      sparse_window_slots(a, main_rows, main_lens);
-      K = a.window;
-    } else {
-      K = static_cast<int>(a.indices.shape[1]);
-      main_rows.assign(a.indices.as<std::int32_t>(), a.indices.as<std::int32_t>() + T * K);
-    }
-    const int Kp = std::max(round_up(K, kTopkBlock), kTopkBlock);
-    const std::vector<std::int32_t> idx = pad_rows(main_rows.data(), T, K, Kp);
-    int K2p = 0;
-    std::vector<std::int32_t> eidx;
-    if (a.extra_cache) {
-      const int K2 = static_cast<int>(a.extra_indices.shape[1]);
-      K2p = std::max(round_up(K2, kTopkBlock), kTopkBlock);
-      eidx = pad_rows(a.extra_indices.as<std::int32_t>(), T, K2, K2p);
-    }
-
-    auto main_dev = gpu::DeviceCacheStore::instance().get(cache, s);
-    std::shared_ptr<const gpu::DeviceCache> extra_dev;
-    if (a.extra_cache) extra_dev = gpu::DeviceCacheStore::instance().get(*a.extra_cache, s);
-    const std::vector<std::uint16_t> q = pad_heads(a.q, Hp);
-    DeviceBuffer d_q = upload_array(q.data(), q.size(), s);
-    DeviceBuffer d_idx = upload_array(idx.data(), idx.size(), s);
-    DeviceBuffer d_lens = upload_array(main_lens.data(), main_lens.size(), s);
-    DeviceBuffer d_eidx = upload_array(eidx.data(), eidx.size(), s);
-    DeviceBuffer d_elens = upload_array(a.extra_topk_length.data(), a.extra_topk_length.size(), s);
-    const std::vector<float> sink = pad_sink(a.sink, Hp);
-    DeviceBuffer d_sink = upload_array(sink.data(), sink.size(), s);
-
-    const int parts = std::max(cuda_device_info().multiprocessors / 1 / (Hp / 64), 1);  // get_meta(h_q, s_q = 1)
-    if (parts > kMaxSmParts) throw NotSupportedError("FlashMLA's combine takes at most 160 SM parts");
-    const int B = static_cast<int>(T);
-    const int total_splits = B + parts;
-    DeviceBuffer sched(static_cast<std::size_t>(parts) * sizeof(DecodingSchedMeta));
-    DeviceBuffer splits(static_cast<std::size_t>(B + 1) * sizeof(int));
-    DeviceBuffer lse_acc(static_cast<std::size_t>(total_splits) * Hp * sizeof(float));
-    DeviceBuffer o_acc(static_cast<std::size_t>(total_splits) * Hp * kDv * sizeof(float));
-    DeviceBuffer out(static_cast<std::size_t>(B) * Hp * kDv * 2), lse(static_cast<std::size_t>(B) * Hp * 4);
-    // Poison (NaN) everything the kernels should write: a value they skip shows.
-    for (DeviceBuffer* b : {&lse_acc, &o_acc, &out, &lse}) b->fill(0xFF, s);
-    gpu::GuardedDeviceOutput go(a.o, "o", s), glse(a.lse, "lse", s);
-
-    GetDecodeSchedMetaParams sp{};
-    sp.b = B;
-    sp.s_q = 1;
-    sp.block_size_n = kTopkBlock;
-    sp.fixed_overhead_num_blocks = kFixedOverheadBlocks;
-    sp.topk = Kp;
-    sp.extra_topk = K2p;  // 0 without an extra cache (what the api passes)
-    sp.topk_length = v4 ? d_lens.as<int>() : nullptr;
-    sp.extra_topk_length = a.extra_topk_length.empty() ? nullptr : d_elens.as<int>();
-    sp.seqlens_k_ptr = nullptr;
-    sp.tile_scheduler_metadata_ptr = sched.as<DecodingSchedMeta>();
-    sp.num_splits_ptr = splits.as<int>();
-    sp.num_sm_parts = parts;
-    sp.stream = s;
-
-    SparseAttnDecodeParams p{};
-    p.b = B;
-    p.s_q = 1;
-    p.h_q = Hp;
-    p.h_kv = 1;
-    p.d_qk = D;
-    p.d_v = kDv;
-    p.sm_scale = static_cast<float>(a.scale);
-    p.sm_scale_div_log2 = static_cast<float>(a.scale * kLog2e);
-    p.num_blocks = cache.num_blocks;
-    p.page_block_size = cache.block_size;
-    p.topk = Kp;
-    p.model_type = v4 ? ModelType::MODEL1 : ModelType::V32;
-    p.q = d_q.as<cutlass::bfloat16_t>();
-    p.kv = const_cast<cutlass::bfloat16_t*>(main_dev->data.as<cutlass::bfloat16_t>());
-    p.indices = d_idx.as<int>();
-    p.topk_length = v4 ? d_lens.as<int>() : nullptr;
-    p.attn_sink = a.sink.empty() ? nullptr : d_sink.as<float>();
-    p.lse = lse.as<float>();
-    p.out = out.as<cutlass::bfloat16_t>();
-    if (a.extra_cache) {
-      p.extra_num_blocks = a.extra_cache->num_blocks;
-      p.extra_page_block_size = a.extra_cache->block_size;
-      p.extra_topk = K2p;
-      p.extra_kv = const_cast<cutlass::bfloat16_t*>(extra_dev->data.as<cutlass::bfloat16_t>());
-      p.extra_indices = d_eidx.as<int>();
-      p.extra_topk_length = a.extra_topk_length.empty() ? nullptr : d_elens.as<int>();
-      p.stride_extra_kv_block = static_cast<int>(a.extra_cache->block_bytes);
-      p.stride_extra_kv_row = entry;
-      p.stride_extra_indices_b = K2p;
-      p.stride_extra_indices_s_q = K2p;
-    }
-    // Strides in elements: q [b, 1, Hp, D]; kv in bytes [blocks, bs, entry] (the
-    // block stride is the padded page for MODEL1); indices [b, 1, Kp]; lse [b, 1, Hp]; o [b, 1, Hp, 512].
-    p.stride_q_b = Hp * D;
-    p.stride_q_s_q = Hp * D;
-    p.stride_q_h_q = D;
-    p.stride_kv_block = static_cast<int>(cache.block_bytes);
-    p.stride_kv_row = entry;
-    p.stride_indices_b = Kp;
-    p.stride_indices_s_q = Kp;
-    p.stride_lse_b = Hp;
-    p.stride_lse_s_q = Hp;
-    p.stride_o_b = Hp * kDv;
-    p.stride_o_s_q = Hp * kDv;
-    p.stride_o_h_q = kDv;
-    p.stream = s;
-    p.lse_accum = lse_acc.as<float>();
-    p.o_accum = o_acc.as<float>();
-    p.stride_lse_accum_split = Hp;
-    p.stride_lse_accum_s_q = Hp;
-    p.stride_o_accum_split = Hp * kDv;
-    p.stride_o_accum_s_q = Hp * kDv;
-    p.stride_o_accum_h_q = kDv;
-    p.tile_scheduler_metadata_ptr = sched.as<DecodingSchedMeta>();
-    p.num_splits_ptr = splits.as<int>();
-    p.num_sm_parts = parts;
-
-    CombineParams c{};
-    c.b = B;
-    c.s_q = 1;
-    c.h_q = Hp;
-    c.d_v = kDv;
-    c.lse = p.lse;
-    c.out = p.out;
-    c.stride_lse_b = p.stride_lse_b;
-    c.stride_lse_s_q = p.stride_lse_s_q;
-    c.stride_o_b = p.stride_o_b;
-    c.stride_o_s_q = p.stride_o_s_q;
-    c.stride_o_h_q = p.stride_o_h_q;
-    c.lse_accum = p.lse_accum;
-    c.o_accum = p.o_accum;
-    c.stride_lse_accum_split = p.stride_lse_accum_split;
-    c.stride_lse_accum_s_q = p.stride_lse_accum_s_q;
-    c.stride_o_accum_split = p.stride_o_accum_split;
-    c.stride_o_accum_s_q = p.stride_o_accum_s_q;
-    c.stride_o_accum_h_q = p.stride_o_accum_h_q;
-    c.tile_scheduler_metadata_ptr = p.tile_scheduler_metadata_ptr;
-    c.num_splits_ptr = p.num_splits_ptr;
-    c.num_sm_parts = parts;
-    c.attn_sink = p.attn_sink;
-    c.stream = s;
-
-    // The scheduler keeps 5 b + 1 ints in shared memory.
-    if (4LL * (5LL * B + 1) > gpu::max_dynamic_smem())
-      throw NotSupportedError("FlashMLA's scheduler: " + std::to_string(B) + " tokens do not fit its shared memory");
+    check_scale_rule(a);
+    SparseCall call(stream(), a, false);
+    call.refresh(a);
     gpu::Event start, stop;
-    start.record(s);
-    smxx::decode::run_get_decoding_sched_meta_kernel(sp);
-    if (v4) {
-      if (Hp == 64) sm90::decode::sparse_fp8::run_flash_splitkv_mla_fp8_sparse_kernel<ModelType::MODEL1, 64>(p);
-      else sm90::decode::sparse_fp8::run_flash_splitkv_mla_fp8_sparse_kernel<ModelType::MODEL1, 128>(p);
-    } else {
-      if (Hp == 64) sm90::decode::sparse_fp8::run_flash_splitkv_mla_fp8_sparse_kernel<ModelType::V32, 64>(p);
-      else sm90::decode::sparse_fp8::run_flash_splitkv_mla_fp8_sparse_kernel<ModelType::V32, 128>(p);
-    }
-    smxx::decode::run_flash_mla_combine_kernel<cutlass::bfloat16_t>(c);
-    MLAGATE_CUDA_CHECK_LAUNCH();
-    stop.record(s);
-    copy_heads(out, lse, go, glse, T, N, Hp, s);
-    MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));
+    start.record(call.s);
+    call.launch();
+    stop.record(call.s);
+    call.finish(a);
     last_kernel_ms_ = stop.elapsed_since(start);
-    gpu::check_guards_or_throw({&go, &glse}, s);
-    go.download_to(a.o, s);
-    glse.download_to(a.lse, s);
+  }
+
+  // --cuda-graph on the sparse op: the decode and combine kernels captured
+  // once over the call's persistent buffers (the caches included, not the
+  // shared content-keyed copies); each replay uploads the new call into them
+  // and reruns the scheduler-metadata kernel outside the graph, in place, as
+  // vLLM's metadata builder does, then launches the graph.
+  std::unique_ptr<SparseDecodeGraph> capture_sparse_decode(const SparseDecodeArgs& a) override {
+    gpu::require_device();
+    check_scale_rule(a);
+    auto g = std::make_shared<Graph>();
+    return persistent_sparse_decode_graph(
+        a,
+        [this, g](const SparseDecodeArgs& p, bool capture) {
+          if (capture) {
+            g->call = std::make_unique<SparseCall>(stream(), p, true);
+            g->call->refresh(p);
+            g->call->launch();  // the warm-up
+            MLAGATE_CUDA_CHECK(cudaStreamSynchronize(g->call->s));
+            MLAGATE_CUDA_CHECK(cudaStreamBeginCapture(g->call->s, cudaStreamCaptureModeRelaxed));
+            g->call->launch_kernels();
+            MLAGATE_CUDA_CHECK(cudaStreamEndCapture(g->call->s, &g->graph));
+            MLAGATE_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
+          } else {
+            g->call->refresh(p);
+            MLAGATE_CUDA_CHECK(cudaGraphLaunch(g->exec, g->call->s));
+          }
+          g->call->finish(p);
+        },
+        "CUDA graph");
   }
 
   void sparse_prefill(const SparsePrefillArgs& a) override {
@@ -411,6 +516,12 @@ class FlashMlaSparse final : public gpu::CudaBackend {
 
  private:
   bool raw_scales_ = false;
+
+  void check_scale_rule(const SparseDecodeArgs& a) const {
+    if (a.window == 0 && a.cache && a.cache->kv_dtype == KvCacheDtype::kFp8DsMla &&
+        a.cache->scale_rule != ScaleRule::kPow2 && !raw_scales_)
+      throw NotSupportedError("the V3.2 kernel rounds tile scales to bf16: pow2 scales only");
+  }
 };
 
 }  // namespace

@@ -497,9 +497,7 @@ void ServingMode::validate() const {
   if (steps < 0 || steps > 4096) throw InputError("--steps " + std::to_string(steps) + ": must be in 1..4096");
 }
 
-bool ServingMode::takes(Op op) const {
-  return op == Op::kDecode || (op == Op::kSparseDecode && !cuda_graph);
-}
+bool ServingMode::takes(Op op) const { return op == Op::kDecode || op == Op::kSparseDecode; }
 
 Record run_serving(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, const ServingMode& mode) {
   if (!mode.takes(op)) throw std::logic_error(mode.name() + " does not run the " + std::string(op_name(op)) + " op");

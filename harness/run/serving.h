@@ -36,7 +36,7 @@ struct ServingMode {
   int dcp_interleave = 1;         // --dcp-interleave K: tokens per rank in turn
   int steps = 0;                  // --steps N: decode steps (>= 1); 0: off
   bool active() const { return cuda_graph || batch_invariance || dcp > 0 || steps > 0; }
-  // The ops the mode runs: the decode op; all but graph mode the sparse decode op too.
+  // The ops the modes run: the decode op and the sparse decode op.
   bool takes(Op op) const;
   // "cuda-graph", "batch-invariance", "dcp=2,interleave=1", "steps=64"; "" when off.
   std::string name() const;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -20,8 +21,12 @@ using serving_detail::Clock;
 using serving_detail::ms_since;
 struct GraphStore {
   struct Entry {
-    std::unique_ptr<DecodeGraph> graph;
+    std::unique_ptr<DecodeGraph> graph;              // the decode op's
+    std::unique_ptr<SparseDecodeGraph> sparse_graph;  // the sparse decode op's
     int blocks = 0, width = 0;  // the cache capacity it was captured with
+    int extra_blocks = 0, extra_width = 0;  // V4's compressed cache's
+    bool captured() const { return graph || sparse_graph; }
+    std::string note() const { return graph ? graph->note() : sparse_graph ? sparse_graph->note() : std::string(); }
     std::string captured_at;    // the case id
     int replays = 0;
     std::uint64_t used = 0;     // when it was last used (the store's clock)
@@ -71,9 +76,11 @@ std::int64_t nonfinite_rows(const TensorView& v, std::int64_t first, std::int64_
 }  // namespace
 
 Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, const ServingMode& mode) {
+  const bool sparse = op == Op::kSparseDecode;
+  const char* o_name = sparse ? "o" : "o_lat";
   std::vector<Captured> plain;
   Record r = plain_run(ctx, b, op, cfg, plain);
-  if (!find_output(plain, "o_lat")) return r;
+  if (!find_output(plain, o_name)) return r;
   if (r.status != Status::kPassed) {
     r.message = "the eager call, before the graph: " + r.message;
     return r;
@@ -103,9 +110,14 @@ Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, cons
                 std::to_string(mode.capture_sizes.empty() ? 0 : mode.capture_sizes.back()) + " (it runs eagerly)";
     return r;
   }
-  const PagedCache& cache = ctx.cache(r.block_size, true, cfg.exec, r.timings.cache_ms);
+  std::optional<SparseFull> sf;
+  if (sparse) {
+    ctx.prepare_sparse();
+    sf = sparse_full(ctx, cfg, r.block_size, r.timings.cache_ms);
+  }
+  const PagedCache& cache = sparse ? *sf->cache : ctx.cache(r.block_size, true, cfg.exec, r.timings.cache_ms);
   const std::int64_t T = c.num_tokens, Tp = static_cast<std::int64_t>(S) * q, N = c.spec.num_heads(),
-                     L = c.spec.dims.kv_lora_rank;
+                     L = sparse ? c.spec.sparse_dv() : c.spec.dims.kv_lora_rank;
   // Padding rows of seq_len 1 read the first key of a request that has one.
   int reader = -1;
   for (int i = 0; i < B && reader < 0; ++i)
@@ -115,9 +127,10 @@ Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, cons
 
   // The padded batch: the case's requests, then S - B padding requests (zero
   // queries, seq_len pad, the reader's block-table row).
-  Tensor ql(c.spec.dtype, {Tp, N, L}), qp(c.spec.dtype, {Tp, N, c.spec.dims.rope_dim});
-  std::memcpy(ql.bytes(), ctx.q_lat->bytes(), ctx.q_lat->nbytes());
-  std::memcpy(qp.bytes(), ctx.q_pe->bytes(), ctx.q_pe->nbytes());
+  const std::int64_t Dq = sparse ? ctx.sparse_q->shape()[2] : L;
+  Tensor ql(c.spec.dtype, {Tp, N, Dq}), qp(c.spec.dtype, {Tp, N, sparse ? 0 : c.spec.dims.rope_dim});
+  std::memcpy(ql.bytes(), (sparse ? *ctx.sparse_q : *ctx.q_lat).bytes(), (sparse ? *ctx.sparse_q : *ctx.q_lat).nbytes());
+  if (!sparse) std::memcpy(qp.bytes(), ctx.q_pe->bytes(), ctx.q_pe->nbytes());
   std::vector<std::int32_t> seq(static_cast<std::size_t>(S)), qsl(static_cast<std::size_t>(S) + 1), rows(static_cast<std::size_t>(S));
   for (int i = 0; i <= S; ++i) qsl[i] = i * q;
   for (int i = 0; i < S; ++i) rows[i] = i < B ? i : std::max(reader, 0);
@@ -136,10 +149,63 @@ Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, cons
     a.lse = l.view();
     return a;
   };
+  // The sparse op's rows of the padded batch: padding tokens' index rows
+  // name no key (seq_len 0) or the reader's key 0 (seq_len 1), their
+  // lengths 0 or 1; compressed rows name none.
+  Tensor main_rows, extra_rows;
+  std::vector<std::int32_t> main_len, extra_len;
+  const auto pad_rows = [&](const Tensor& real, Tensor& into, std::int32_t first) {
+    const std::int64_t K = real.shape()[1];
+    if (into.empty()) into = Tensor(DType::kI32, {Tp, K});
+    std::memcpy(into.bytes(), real.bytes(), real.nbytes());
+    std::int32_t* d = into.data<std::int32_t>();
+    std::fill(d + T * K, d + Tp * K, -1);
+    if (first >= 0 && K > 0)
+      for (std::int64_t t = T; t < Tp; ++t) d[t * K] = first;
+  };
+  const auto pad_len_list = [&](const std::vector<std::int32_t>& real, std::vector<std::int32_t>& into, int value) {
+    if (real.empty()) return;
+    into = real;
+    into.resize(static_cast<std::size_t>(Tp), value);
+  };
+  const auto sparse_args_for = [&](int pad, GuardedBuffer& o, GuardedBuffer& l) {
+    for (int i = 0; i < S; ++i) seq[i] = i < B ? c.seq_lens[i] : pad;
+    const std::int32_t key0 = pad == 1 ? static_cast<std::int32_t>(cache.slot_of(reader, 0)) : -1;
+    SparseDecodeArgs a;
+    a.q = ql.view();
+    a.cache = &cache;
+    if (!sf->main_slots.empty()) {
+      pad_rows(sf->main_slots, main_rows, key0);
+      a.indices = main_rows.view();
+    }
+    pad_len_list(sf->main_len, main_len, pad);
+    a.topk_length = main_len;
+    a.window = sf->window;
+    a.seq_lens = seq;
+    a.query_start_loc = qsl;
+    a.block_table_rows = rows;
+    if (sf->extra) {
+      a.extra_cache = sf->extra;
+      pad_rows(sf->extra_slots, extra_rows, -1);
+      a.extra_indices = extra_rows.view();
+      pad_len_list(sf->extra_len, extra_len, 0);
+      a.extra_topk_length = extra_len;
+    }
+    a.sink = sf->sink;
+    a.scale = c.spec.softmax_scale();
+    a.o = o.view();
+    a.lse = l.view();
+    return a;
+  };
   std::ostringstream key;
   key << S << "/" << q << "/" << N << "/" << dims_label(c.spec.dims) << "/" << dtype_name(c.spec.dtype) << "/"
       << kv_cache_format_name(c.spec.kv_format()) << "/" << cache.block_size << "/" << exact_number(c.spec.softmax_scale())
       << "/" << exact_number(c.spec.k_scale);
+  if (sparse)
+    key << "/sparse/" << sf->main_slots.shape().size() << "/" << (sf->main_slots.empty() ? 0 : sf->main_slots.shape()[1])
+        << "/" << (sf->extra ? sf->extra_slots.shape()[1] : 0) << "/" << sf->main_len.size() << "/"
+        << sf->extra_len.size() << "/" << sf->window << "/" << sf->sink.size();
+  const PagedCache* extra = sparse ? sf->extra : nullptr;
   if (!mode.graphs) throw std::logic_error("graph mode without a graph store");
   GraphStore& store = *mode.graphs;
   const auto entry_key = std::make_pair(static_cast<const Backend*>(&b), key.str());
@@ -151,24 +217,32 @@ Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, cons
   std::string fail_msg;
   RowCheck first_check;
   std::int64_t pad_nan_o = 0, pad_nan_lse = 0, pad_elems = 0;
+  const BaselineErrors sparse_base =
+      sparse && (cfg.baseline.always || cfg.policy.kind == Policy::Kind::kBaseline) ? ctx.sparse_baseline()
+                                                                                   : BaselineErrors{};
   try {
-    if (!e.graph || cache.num_blocks > e.blocks || cache.table_width > e.width) {
-      const bool again = e.graph != nullptr;
+    const bool larger = cache.num_blocks > e.blocks || cache.table_width > e.width ||
+                        (extra && (extra->num_blocks > e.extra_blocks || extra->table_width > e.extra_width));
+    if (!e.captured() || larger) {
+      const bool again = e.captured();
       e = GraphStore::Entry{};
       e.used = store.clock;
       GuardedBuffer o(c.spec.dtype, {Tp, N, L}, cfg.exec.poison), l(DType::kF32, {Tp, N}, cfg.exec.poison);
       const auto tc = Clock::now();
-      e.graph = b.capture_decode(args_for(0, o, l));
+      if (sparse) e.sparse_graph = b.capture_sparse_decode(sparse_args_for(0, o, l));
+      else e.graph = b.capture_decode(args_for(0, o, l));
       r.timings.run_ms += backend_call_done(tc);
-      if (!e.graph) {
+      if (!e.captured()) {
         store.entries.erase(entry_key);
         r.status = Status::kNotSupported;
-        r.message = "the backend cannot be captured in a CUDA graph (it has no capture_decode)";
+        r.message = std::string("the backend cannot be captured in a CUDA graph (it has no ") +
+                    (sparse ? "capture_sparse_decode)" : "capture_decode)");
         r.timings.total_ms += ms_since(t0);
         return r;
       }
       e.blocks = cache.num_blocks;
       e.width = cache.table_width;
+      if (extra) e.extra_blocks = extra->num_blocks, e.extra_width = extra->table_width;
       e.captured_at = c.spec.id();
       how = again ? "captured again at this case (its cache is larger than the graph's)" : "captured at this case";
     } else {
@@ -176,13 +250,13 @@ Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, cons
     }
     for (int pad : pad_lens) {
       GuardedBuffer o(c.spec.dtype, {Tp, N, L}, cfg.exec.poison), l(DType::kF32, {Tp, N}, cfg.exec.poison);
-      const DecodeArgs a = args_for(pad, o, l);
       const auto tc = Clock::now();
-      e.graph->replay(a);
+      if (sparse) e.sparse_graph->replay(sparse_args_for(pad, o, l));
+      else e.graph->replay(args_for(pad, o, l));
       r.timings.run_ms += backend_call_done(tc);
       ++e.replays;
       const std::string label = "graph replay with padding seq_len " + std::to_string(pad);
-      std::string guard = o.check_guards("o_lat");
+      std::string guard = o.check_guards(o_name);
       if (guard.empty()) guard = l.check_guards("lse");
       if (!guard.empty()) {
         fail = Status::kIncorrect, fail_msg = label + ": " + guard;
@@ -190,8 +264,11 @@ Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, cons
       }
       // The real rows against the reference.
       const TensorView real_o{c.spec.dtype, {T, N, L}, o.view().data}, real_l{DType::kF32, {T, N}, l.view().data};
-      const RowCheck rc = check_rows(ctx, cfg, baseline_of(ctx, cfg), real_o, real_l, c.query_start_loc, ctx.mqa_o_lat,
-                                     ctx.mqa_lse);
+      const RowCheck rc =
+          sparse ? check_rows(ctx, cfg, sparse_base, real_o, real_l, c.query_start_loc, ctx.sparse_ref.o,
+                              ctx.sparse_ref.lse, o_name, L)
+                 : check_rows(ctx, cfg, baseline_of(ctx, cfg), real_o, real_l, c.query_start_loc, ctx.mqa_o_lat,
+                              ctx.mqa_lse);
       if (pad == 0) first_check = rc;
       if (rc.status != Status::kPassed) {
         fail = rc.status, fail_msg = label + ": " + rc.message;
@@ -224,7 +301,7 @@ Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, cons
   pm.numel = pad_elems;
   pm.nonfinite_mismatches = pad_nan_o + pad_nan_lse;
   pm.passed = pm.nonfinite_mismatches == 0;
-  pm.message = std::to_string(pad_nan_o) + " o_lat and " + std::to_string(pad_nan_lse) +
+  pm.message = std::to_string(pad_nan_o) + " " + o_name + " and " + std::to_string(pad_nan_lse) +
                " lse elements of the padding rows are NaN" + (pad_nan_o ? "" : " or infinite") + " after the replays";
   r.metrics.insert(r.metrics.begin(), {first_check.o, first_check.lse, pm});
   if (!pm.passed) {
@@ -234,7 +311,7 @@ Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, cons
                 "that reads the whole output, e.g. an fp8 amax: vLLM #37442) (" + where + ")";
     return r;
   }
-  r.message = e.graph->note() + " (" + where + "): real rows match with padding seq_len " +
+  r.message = e.note() + " (" + where + "): real rows match with padding seq_len " +
               (pad_lens.size() > 1 ? std::string("0 and 1") : std::string("0")) + "; padding rows finite";
   return r;
 }

@@ -62,5 +62,7 @@ const std::vector<PlantedServingBug>& planted_serving_bugs();
 PlantedServingBug planted_sparse_batch_bug();
 // The sparse decode op's lse in base 2: plain runs under the vllm policy pass, --dcp catches it.
 PlantedServingBug planted_sparse_lse_bug();
+// The sparse decode's graph keeps the captured index rows and seq_lens: --cuda-graph catches it.
+PlantedServingBug planted_sparse_graph_bug();
 
 }  // namespace mlagate

@@ -2,6 +2,7 @@
 // and goes wrong only across calls, the way serving engines drive kernels.
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "backends/cpu/cpu_backends.h"
@@ -21,6 +22,8 @@ class Wrapper : public Backend {
   Support supports(const CaseSpec& spec, Op op) const override { return inner_->supports(spec, op); }
   void decode(const DecodeArgs& a) override { inner_->decode(a); }
   void prefill(const PrefillArgs& a) override { inner_->prefill(a); }
+  void sparse_decode(const SparseDecodeArgs& a) override { inner_->sparse_decode(a); }
+  void sparse_prefill(const SparsePrefillArgs& a) override { inner_->sparse_prefill(a); }
   void cache_write(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,
                    std::span<const std::int64_t> slots) override {
     inner_->cache_write(cache, kv_c, k_pe, slots);
@@ -161,6 +164,34 @@ class SparseBatchSizeSplits final : public Wrapper {
   std::unique_ptr<Backend> split_;
 };
 
+// vLLM #35175's class on the sparse op: the captured graph keeps the index
+// rows and seq_lens (the window's metadata) of the batch it was captured with.
+class SparseGraphMetadataFixedAtCapture final : public Wrapper {
+ public:
+  using Wrapper::Wrapper;
+  std::unique_ptr<SparseDecodeGraph> capture_sparse_decode(const SparseDecodeArgs& a) override {
+    class Stale final : public SparseDecodeGraph {
+     public:
+      Stale(std::unique_ptr<SparseDecodeGraph> g, const SparseDecodeArgs& a)
+          : g_(std::move(g)), seq_(a.seq_lens.begin(), a.seq_lens.end()) {
+        if (a.indices.data) idx_ = Tensor(a.indices.dtype, a.indices.shape), std::memcpy(idx_->bytes(), a.indices.data, idx_->nbytes());
+      }
+      void replay(const SparseDecodeArgs& a) override {
+        SparseDecodeArgs b = a;
+        b.seq_lens = seq_;
+        if (idx_) b.indices = idx_->view();
+        g_->replay(b);
+      }
+
+     private:
+      std::unique_ptr<SparseDecodeGraph> g_;
+      std::vector<std::int32_t> seq_;
+      std::optional<Tensor> idx_;
+    };
+    return std::make_unique<Stale>(emulate_sparse_decode_graph(*inner_, a), a);
+  }
+};
+
 // The sparse decode op's lse in base 2, as LseLog2 (the outputs are right).
 class SparseLseLog2 final : public Wrapper {
  public:
@@ -227,6 +258,14 @@ PlantedServingBug planted_sparse_batch_bug() {
       "sparse decode in splits of 256 keys from 4 requests on, one pass below (a batch-size heuristic): right "
       "answers whose bits change with the batchmates",
       Status::kBatchVariant, "--check batch-invariance", make_cpu_sparse);
+}
+
+PlantedServingBug planted_sparse_graph_bug() {
+  return serving_bug<SparseGraphMetadataFixedAtCapture>(
+      "bug.sparse_graph_metadata_fixed_at_capture",
+      "the sparse decode's graph replays the index rows and seq_lens of the batch it was captured with (vLLM "
+      "#35175's class): right at the capture, wrong for the next batch of that shape",
+      Status::kIncorrect, "--cuda-graph", make_cpu_sparse);
 }
 
 PlantedServingBug planted_sparse_lse_bug() {

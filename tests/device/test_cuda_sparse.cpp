@@ -19,6 +19,7 @@
 #include "cases/suite.h"
 #include "reference/compare.h"
 #include "harness/run/runner.h"
+#include "harness/run/serving.h"
 #include "tests/require_gpu.h"
 
 namespace mlagate {
@@ -64,6 +65,42 @@ TEST_P(CudaSparseSuites, EveryCasePassesBothOps) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Suites, CudaSparseSuites, ::testing::Values("sparse", "v4"));
+
+// --cuda-graph on the sparse decode op: cuda.sparse's kernel captured once
+// per capture key over persistent device buffers, replayed for the sparse and
+// v4 suites' uniform cases at seeds 0, 1 and 2 (the same shapes, other index
+// rows and values: later seeds replay the graph an earlier one captured).
+TEST(CudaSparse, CapturedSparseDecodeReplaysEveryCase) {
+  MLAGATE_REQUIRE_GPU();
+  RunConfig cfg;
+  for (const char* suite : {"sparse", "v4"})
+    for (const CaseSpec& c : load_suite(suite).cases)
+      for (int seed : {0, 1, 2}) {
+        CaseSpec x = c;
+        x.seed = c.seed + static_cast<std::uint64_t>(seed);
+        cfg.cases.push_back(x);
+      }
+  cfg.ops = {Op::kSparseDecode};
+  ServingMode mode;
+  mode.cuda_graph = true;
+  mode.capture_sizes = {8, 64, 512};
+  mode.graphs = make_graph_store();
+  cfg.run_job = [&cfg, mode](CaseContext& ctx, Backend& b, Op op) { return run_serving(ctx, b, op, cfg, mode); };
+  std::vector<std::unique_ptr<Backend>> bs;
+  bs.push_back(make_cuda_sparse());
+  int passed = 0, replayed = 0;
+  for (const Record& r : run_cases(cfg, bs)) {
+    EXPECT_TRUE(r.status == Status::kPassed || r.status == Status::kNotSupported) << r.case_id << ": " << r.message;
+    passed += r.status == Status::kPassed;
+    replayed += r.message.find("replayed, captured at") != std::string::npos;
+    if (r.status == Status::kPassed) {
+      EXPECT_EQ(r.message.rfind("CUDA graph", 0), 0u) << r.message;
+    }
+  }
+  std::printf("cuda.sparse graphs: %d records passed, %d replayed a graph captured earlier\n", passed, replayed);
+  EXPECT_GT(passed, 30);
+  EXPECT_GT(replayed, 10);
+}
 
 TEST(CudaSparse, WithoutADeviceRecordsAreSkipped) {
   if (cuda_device_info().available) GTEST_SKIP() << "a CUDA device is present";

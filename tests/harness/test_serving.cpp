@@ -298,6 +298,41 @@ TEST(Serving, SparseDcpAndDecodeLoops) {
               r.records.size());
 }
 
+// Graph mode on the sparse decode op: the sparse and v4 suites and the same
+// cases at seeds 1 and 2 (other index rows and values, the same shapes, so a
+// later case replays the graph an earlier one captured): the correct sparse
+// backends pass every uniform case; a graph that keeps the captured index rows
+// and seq_lens passes every plain run and fails the replays.
+TEST(Serving, SparseGraphMode) {
+  std::vector<CaseSpec> cases;
+  for (const char* suite : {"sparse", "v4"})
+    for (const CaseSpec& c : load_suite(suite).cases)
+      for (int seed : {0, 1, 2}) {
+        CaseSpec x = c;
+        x.seed = c.seed + static_cast<std::uint64_t>(seed);
+        cases.push_back(x);
+      }
+  for (auto make : {make_cpu_sparse, make_cpu_sparse_splitkv}) {
+    const ModeRun r = run_with(make(), graph(), {Op::kSparseDecode}, baseline(), cases);
+    EXPECT_EQ(r.failures(), 0) << r.first_failure();
+    EXPECT_GT(r.counts.at(Status::kPassed), 30);
+    int replayed = 0;
+    for (const Record& rec : r.records) replayed += rec.message.find("replayed, captured at") != std::string::npos;
+    EXPECT_GT(replayed, 10);
+  }
+  const PlantedServingBug sb = planted_sparse_graph_bug();
+  const ModeRun plain = run_with(sb.bug.make(), ServingMode{}, {Op::kSparseDecode}, baseline(), cases);
+  EXPECT_EQ(plain.failures(), 0) << plain.first_failure();
+  const ModeRun r = run_with(sb.bug.make(), graph(), {Op::kSparseDecode}, baseline(), cases);
+  ASSERT_GT(r.counts.count(Status::kIncorrect), 0u);
+  for (const Record& rec : r.records)
+    if (rec.status == Status::kIncorrect) {
+      EXPECT_NE(rec.message.find("replayed, captured at"), std::string::npos) << rec.message;
+    }
+  std::printf("bug.sparse_graph_metadata_fixed_at_capture: %d of %zu records INCORRECT\n",
+              r.counts.at(Status::kIncorrect), r.records.size());
+}
+
 // Under the default (baseline) policy the log2 lse fails a plain run too, and
 // the message says which base it is in.
 TEST(Serving, PlainRunNamesALog2Lse) {
