@@ -250,23 +250,7 @@ class RunCommand {
     apply_order(cfg_.cases, ra_.order);
     if (ra_.repeat < 1) throw InputError("--repeat must be >= 1");
     cfg_.ops = resolve_ops(ra_.ops, cfg_.cases);
-    if (serving_.active()) {
-      // The modes judge the kernel-level decode op ("auto" means it here);
-      // all but graph mode also the sparse decode op (auto: for sparse cases).
-      const bool sparse_mode = serving_.takes(Op::kSparseDecode);
-      if (ra_.ops == std::vector<std::string>{"auto"}) {
-        bool dense = false, sparse = false;
-        for (const CaseSpec& c : cfg_.cases) (c.sparse.active() ? sparse : dense) = true;
-        cfg_.ops.clear();
-        if (dense || !sparse_mode) cfg_.ops.push_back(Op::kDecode);
-        if (sparse && sparse_mode) cfg_.ops.push_back(Op::kSparseDecode);
-      }
-      for (Op op : cfg_.ops)
-        if (!serving_.takes(op))
-          throw InputError(serving_.name() + " runs the kernel-level decode op" +
-                           (sparse_mode ? std::string(" or sparse_decode") : std::string()) +
-                           ": pass --op decode (or leave --op out)");
-    }
+    if (serving_.active()) cfg_.ops = serving_.ops(ra_.ops == std::vector<std::string>{"auto"}, cfg_.ops, cfg_.cases);
     // A case beyond this machine's memory is refused before anything is allocated.
     const bool prefill_op = std::find(cfg_.ops.begin(), cfg_.ops.end(), Op::kPrefill) != cfg_.ops.end();
     if (const std::uint64_t avail = available_memory_bytes(); avail > 0 && !from_file_)

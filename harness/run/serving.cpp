@@ -499,6 +499,22 @@ void ServingMode::validate() const {
 
 bool ServingMode::takes(Op op) const { return op == Op::kDecode || op == Op::kSparseDecode; }
 
+std::vector<Op> ServingMode::ops(bool auto_ops, const std::vector<Op>& asked, const std::vector<CaseSpec>& cases) const {
+  if (auto_ops) {
+    bool dense = false, sparse = false;
+    for (const CaseSpec& c : cases) (c.sparse.active() ? sparse : dense) = true;
+    std::vector<Op> out;
+    if (dense || !sparse) out.push_back(Op::kDecode);
+    if (sparse) out.push_back(Op::kSparseDecode);
+    return out;
+  }
+  for (Op op : asked)
+    if (!takes(op))
+      throw InputError(name() + " runs the kernel-level decode or sparse_decode op: pass --op decode or sparse_decode "
+                                "(or leave --op out)");
+  return asked;
+}
+
 Record run_serving(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, const ServingMode& mode) {
   if (!mode.takes(op)) throw std::logic_error(mode.name() + " does not run the " + std::string(op_name(op)) + " op");
   Record r = mode.cuda_graph         ? run_graph(ctx, b, op, cfg, mode)

@@ -38,6 +38,10 @@ struct ServingMode {
   bool active() const { return cuda_graph || batch_invariance || dcp > 0 || steps > 0; }
   // The ops the modes run: the decode op and the sparse decode op.
   bool takes(Op op) const;
+  // A run's ops under the mode: with --op auto the decode op for dense cases
+  // and sparse_decode for sparse ones; `asked` (the resolved --op) otherwise,
+  // where any op the mode does not run is an InputError.
+  std::vector<Op> ops(bool auto_ops, const std::vector<Op>& asked, const std::vector<CaseSpec>& cases) const;
   // "cuda-graph", "batch-invariance", "dcp=2,interleave=1", "steps=64"; "" when off.
   std::string name() const;
   // Throws InputError for values out of range or two modes at once.
