@@ -142,6 +142,11 @@ std::int32_t run(void* self, const mlagate_problem* p, const mlagate_args* a, ch
   return rc;
 }
 
+// The inner backend's prepare() (its run() checks that it saw the call).
+std::int32_t prepare(void*, const mlagate_problem* p, const mlagate_args* a, char* msg, std::size_t msg_size) {
+  return g_inner->prepare ? g_inner->prepare(g_inner->self, p, a, msg, msg_size) : MLAGATE_STATUS_OK;
+}
+
 }  // namespace
 
 extern "C" MLAGATE_PLUGIN_EXPORT const mlagate_plugin* mlagate_plugin_entry(void) {
@@ -156,6 +161,7 @@ extern "C" MLAGATE_PLUGIN_EXPORT const mlagate_plugin* mlagate_plugin_entry(void
       g_tables[i].self = const_cast<Planted*>(&kPlanted[i]);
       g_tables[i].supports = nullptr;
       g_tables[i].run = run;
+      g_tables[i].prepare = prepare;
       g_tables[i].destroy = nullptr;
     }
     g_plugin.abi_version = MLAGATE_PLUGIN_ABI_VERSION;
