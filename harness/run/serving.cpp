@@ -115,10 +115,7 @@ Record run_batch_invariance(CaseContext& ctx, Backend& b, Op op, const RunConfig
   for (int k = 0; k < std::max(B, 16); ++k) extra.requests.push_back(B - 1 - k % B);
   configs.push_back(extra);
 
-  const BaselineErrors base = sparse ? ((cfg.baseline.always || cfg.policy.kind == Policy::Kind::kBaseline)
-                                            ? ctx.sparse_baseline()
-                                            : BaselineErrors{})
-                                     : baseline_of(ctx, cfg);
+  const BaselineErrors base = baseline_of(ctx, cfg, sparse);
   std::vector<double> ref_o, ref_lse;
   int variant_requests = 0;
   std::vector<bool> varies(static_cast<std::size_t>(B), false);
@@ -249,15 +246,7 @@ Record run_dcp(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, int ra
         break;
       }
       // The rank's partials at their tokens' rows (absent rows: lse -inf, weight 0), merged.
-      Tensor part_o(DType::kF32, {T, N, L}), part_l(DType::kF32, {T, N});
-      std::fill_n(part_l.data<float>(), T * N, -std::numeric_limits<float>::infinity());
-      const TensorView ov = res.o.view(), lv = res.l.view();
-      for (std::int64_t k = 0; k < call.num_tokens(); ++k) {
-        const std::int64_t t = call.tokens[static_cast<std::size_t>(k)];
-        for (std::int64_t x = 0; x < N * L; ++x) part_o.data<float>()[t * N * L + x] = static_cast<float>(ov.get(k * N * L + x));
-        for (std::int64_t h = 0; h < N; ++h) part_l.data<float>()[t * N + h] = static_cast<float>(lv.get(k * N + h));
-      }
-      merge_states(acc_o, acc_lse, part_o.view(), part_l.view(), T, N, L);
+      merge_partials(call, res, acc_o, acc_lse, T, N, L);
     }
   } catch (...) {
     std::string why;
@@ -270,29 +259,9 @@ Record run_dcp(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, int ra
     r.timings.total_ms += ms_since(t0);
     return r;
   }
-  // The merged output in the model dtype, as vLLM's merge writes it; lse fp32.
-  GuardedBuffer o(c.spec.dtype, {T, N, L}, Poison::kZero), l(DType::kF32, {T, N}, Poison::kZero);
-  f32_run_to_16bit(acc_o.data(), T * N * L, c.spec.dtype == DType::kBF16, static_cast<std::uint16_t*>(o.view().data));
-  std::copy(acc_lse.begin(), acc_lse.end(), static_cast<float*>(l.view().data));
-  const auto tc = Clock::now();
-  const RowCheck rc = check_rows(ctx, cfg, baseline_of(ctx, cfg), o.view(), l.view(), c.query_start_loc,
-                                 ctx.mqa_o_lat, ctx.mqa_lse);
-  r.timings.compare_ms += ms_since(tc);
-  // The merged outputs replace the whole call's (an fp8 case's quant_error stays).
-  std::erase_if(r.metrics, [](const Metrics& m) { return m.output != "quant_error"; });
-  r.metrics.insert(r.metrics.begin(), {rc.o, rc.lse});
-  r.status = rc.status;
-  r.message = rc.status == Status::kPassed
-                  ? label + ": " + std::to_string(calls) + " shard calls merged through their LSEs match the reference"
-                  : label + ", merged: " + rc.message + (hint.empty() ? "" : "; " + hint);
-  // The LSE base, checked whatever the policy gates: a merge of log2 LSEs
-  // weighs the shards wrong even where the output tolerance hides it.
-  if (r.status == Status::kPassed && !hint.empty()) {
-    r.status = Status::kIncorrect;
-    r.message = label + ": the merge needs natural-log LSEs, and " + hint;
-  }
+  const double compare_ms = judge_merged(ctx, cfg, r, acc_o, acc_lse, false, label, hint, calls);
   r.timings.total_ms += ms_since(t0);
-  r.timings.glue_ms += ms_since(t0) - (r.timings.run_ms - run_before) - ms_since(tc);
+  r.timings.glue_ms += ms_since(t0) - (r.timings.run_ms - run_before) - compare_ms;
   return r;
 }
 
@@ -351,10 +320,7 @@ Record run_steps(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, int 
   } else {
     ctx.prepare_decode();
   }
-  const BaselineErrors base = !sparse ? baseline_of(ctx, cfg)
-                              : (cfg.baseline.always || cfg.policy.kind == Policy::Kind::kBaseline)
-                                  ? ctx.sparse_baseline()
-                                  : BaselineErrors{};
+  const BaselineErrors base = baseline_of(ctx, cfg, sparse);
   const std::vector<double>& all_ref_o = sparse ? ctx.sparse_ref.o : ctx.mqa_o_lat;
   const std::vector<double>& all_ref_lse = sparse ? ctx.sparse_ref.lse : ctx.mqa_lse;
   const char* o_name = sparse ? "o" : "o_lat";

@@ -3,12 +3,15 @@
 #include "harness/run/serving_calls.h"
 
 #include <algorithm>
+#include <limits>
 #include <cstring>
 #include <stdexcept>
 
 #include "cases/errors.h"
+#include "cases/encoding.h"
 #include "cases/sparse.h"
 #include "reference/compare.h"
+#include "reference/glue.h"
 #include "reports/profile.h"
 
 namespace mlagate::serving_detail {
@@ -177,9 +180,54 @@ void gather_reference(const CaseContext& ctx, const Call& call, std::vector<doub
   }
 }
 
-BaselineErrors baseline_of(CaseContext& ctx, const RunConfig& cfg) {
-  if (cfg.baseline.always || cfg.policy.kind == Policy::Kind::kBaseline) return ctx.decode_op_baseline();
+BaselineErrors baseline_of(CaseContext& ctx, const RunConfig& cfg, bool sparse) {
+  if (cfg.baseline.always || cfg.policy.kind == Policy::Kind::kBaseline)
+    return sparse ? ctx.sparse_baseline() : ctx.decode_op_baseline();
   return {};
+}
+
+void merge_partials(const Call& call, const CallResult& res, std::vector<float>& acc_o, std::vector<float>& acc_lse,
+                    std::int64_t T, std::int64_t N, std::int64_t dim) {
+  Tensor part_o(DType::kF32, {T, N, dim}), part_l(DType::kF32, {T, N});
+  std::fill_n(part_l.data<float>(), T * N, -std::numeric_limits<float>::infinity());
+  const TensorView ov = res.o.view(), lv = res.l.view();
+  for (std::int64_t k = 0; k < call.num_tokens(); ++k) {
+    const std::int64_t t = call.tokens[static_cast<std::size_t>(k)];
+    for (std::int64_t x = 0; x < N * dim; ++x) part_o.data<float>()[t * N * dim + x] = static_cast<float>(ov.get(k * N * dim + x));
+    for (std::int64_t h = 0; h < N; ++h) part_l.data<float>()[t * N + h] = static_cast<float>(lv.get(k * N + h));
+  }
+  merge_states(acc_o, acc_lse, part_o.view(), part_l.view(), T, N, dim);
+}
+
+double judge_merged(CaseContext& ctx, const RunConfig& cfg, Record& r, const std::vector<float>& acc_o,
+                    const std::vector<float>& acc_lse, bool sparse, const std::string& label, const std::string& hint,
+                    int calls) {
+  const Case& c = ctx.c;
+  const std::int64_t T = c.num_tokens, N = c.spec.num_heads(), dim = sparse ? c.spec.sparse_dv() : c.spec.dims.kv_lora_rank;
+  // The merged output in the model dtype, as vLLM's merge writes it; lse fp32.
+  GuardedBuffer o(c.spec.dtype, {T, N, dim}, Poison::kZero), l(DType::kF32, {T, N}, Poison::kZero);
+  f32_run_to_16bit(acc_o.data(), T * N * dim, c.spec.dtype == DType::kBF16, static_cast<std::uint16_t*>(o.view().data));
+  std::copy(acc_lse.begin(), acc_lse.end(), static_cast<float*>(l.view().data));
+  const auto tc = Clock::now();
+  const RowCheck rc = check_rows(ctx, cfg, baseline_of(ctx, cfg, sparse), o.view(), l.view(), c.query_start_loc,
+                                 sparse ? ctx.sparse_ref.o : ctx.mqa_o_lat, sparse ? ctx.sparse_ref.lse : ctx.mqa_lse,
+                                 sparse ? "o" : "o_lat", dim);
+  // The merged outputs replace the whole call's (an fp8 case's quant_error stays).
+  std::erase_if(r.metrics, [](const Metrics& m) { return m.output != "quant_error"; });
+  r.metrics.insert(r.metrics.begin(), {rc.o, rc.lse});
+  r.status = rc.status;
+  r.message = rc.status == Status::kPassed
+                  ? label + ": " + std::to_string(calls) + " shard calls merged through their LSEs match the reference"
+                  : label + ", merged: " + rc.message + (hint.empty() ? "" : "; " + hint);
+  // The LSE base, checked whatever the policy gates: a merge of log2 LSEs
+  // weighs the shards wrong even where the output tolerance hides it.
+  if (r.status == Status::kPassed && !hint.empty()) {
+    r.status = Status::kIncorrect;
+    r.message = label + ": the merge needs natural-log LSEs, and " + hint;
+  }
+  const double ms = ms_since(tc);
+  r.timings.compare_ms += ms;
+  return ms;
 }
 
 // o_lat and lse of `qsl`'s tokens against reference rows, in the runner's

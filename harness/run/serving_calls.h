@@ -85,8 +85,19 @@ void gather_reference(const CaseContext& ctx, const Call& call, std::vector<doub
                       const std::vector<double>* all_o = nullptr, const std::vector<double>* all_lse = nullptr,
                       std::int64_t dv = 0);
 
-// The decode op's err_baseline where the policy needs it.
-BaselineErrors baseline_of(CaseContext& ctx, const RunConfig& cfg);
+// The decode op's (or the sparse decode op's) err_baseline where the policy needs it.
+BaselineErrors baseline_of(CaseContext& ctx, const RunConfig& cfg, bool sparse = false);
+
+// DCP: a shard call's partial outputs (its tokens' rows of the case) merged
+// into the running fp32 merge acc_o [T, N, dim] / acc_lse [T, N].
+void merge_partials(const Call& call, const CallResult& res, std::vector<float>& acc_o, std::vector<float>& acc_lse,
+                    std::int64_t T, std::int64_t N, std::int64_t dim);
+// DCP: the merged rows in the model dtype judged against the op's reference
+// into `r` (metrics, status, message), with the LSE base checked whatever the
+// policy gates; returns the milliseconds the comparison took.
+double judge_merged(CaseContext& ctx, const RunConfig& cfg, Record& r, const std::vector<float>& acc_o,
+                    const std::vector<float>& acc_lse, bool sparse, const std::string& label, const std::string& hint,
+                    int calls);
 
 // o_lat (or `o_name`, of width dv) and lse of `qsl`'s tokens against reference
 // rows, in the runner's order: non-finite values, then the tolerance.

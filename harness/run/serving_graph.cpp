@@ -217,9 +217,7 @@ Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, cons
   std::string fail_msg;
   RowCheck first_check;
   std::int64_t pad_nan_o = 0, pad_nan_lse = 0, pad_elems = 0;
-  const BaselineErrors sparse_base =
-      sparse && (cfg.baseline.always || cfg.policy.kind == Policy::Kind::kBaseline) ? ctx.sparse_baseline()
-                                                                                   : BaselineErrors{};
+  const BaselineErrors sparse_base = sparse ? baseline_of(ctx, cfg, true) : BaselineErrors{};
   try {
     const bool larger = cache.num_blocks > e.blocks || cache.table_width > e.width ||
                         (extra && (extra->num_blocks > e.extra_blocks || extra->table_width > e.extra_width));

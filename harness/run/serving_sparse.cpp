@@ -130,15 +130,7 @@ Record run_sparse_dcp(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg,
           fail = Status::kIncorrect, fail_msg = "rank " + std::to_string(rank) + ": " + res.guard;
           break;
         }
-        Tensor part_o(DType::kF32, {T, N, Dv}), part_l(DType::kF32, {T, N});
-        std::fill_n(part_l.data<float>(), T * N, -std::numeric_limits<float>::infinity());
-        const TensorView ov = res.o.view(), lv = res.l.view();
-        for (std::int64_t k = 0; k < call.num_tokens(); ++k) {
-          const std::int64_t t = call.tokens[static_cast<std::size_t>(k)];
-          for (std::int64_t x = 0; x < N * Dv; ++x) part_o.data<float>()[t * N * Dv + x] = static_cast<float>(ov.get(k * N * Dv + x));
-          for (std::int64_t h = 0; h < N; ++h) part_l.data<float>()[t * N + h] = static_cast<float>(lv.get(k * N + h));
-        }
-        merge_states(acc_o, acc_lse, part_o.view(), part_l.view(), T, N, Dv);
+        merge_partials(call, res, acc_o, acc_lse, T, N, Dv);
       }
     }
   } catch (...) {
@@ -161,27 +153,9 @@ Record run_sparse_dcp(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg,
         const float scale = 1.f / (1.f + std::exp(sp.sink[static_cast<std::size_t>(h)] - l));
         for (std::int64_t x = 0; x < Dv; ++x) acc_o[static_cast<std::size_t>((t * N + h) * Dv + x)] *= scale;
       }
-  GuardedBuffer o(c.spec.dtype, {T, N, Dv}, Poison::kZero), l(DType::kF32, {T, N}, Poison::kZero);
-  f32_run_to_16bit(acc_o.data(), T * N * Dv, c.spec.dtype == DType::kBF16, static_cast<std::uint16_t*>(o.view().data));
-  std::copy(acc_lse.begin(), acc_lse.end(), static_cast<float*>(l.view().data));
-  const auto tc = Clock::now();
-  const BaselineErrors base =
-      (cfg.baseline.always || cfg.policy.kind == Policy::Kind::kBaseline) ? ctx.sparse_baseline() : BaselineErrors{};
-  const RowCheck rc = check_rows(ctx, cfg, base, o.view(), l.view(), c.query_start_loc, ctx.sparse_ref.o,
-                                 ctx.sparse_ref.lse, "o", Dv);
-  r.timings.compare_ms += ms_since(tc);
-  std::erase_if(r.metrics, [](const Metrics& m) { return m.output != "quant_error"; });
-  r.metrics.insert(r.metrics.begin(), {rc.o, rc.lse});
-  r.status = rc.status;
-  r.message = rc.status == Status::kPassed
-                  ? label + ": " + std::to_string(calls) + " shard calls merged through their LSEs match the reference"
-                  : label + ", merged: " + rc.message + (hint.empty() ? "" : "; " + hint);
-  if (r.status == Status::kPassed && !hint.empty()) {
-    r.status = Status::kIncorrect;
-    r.message = label + ": the merge needs natural-log LSEs, and " + hint;
-  }
+  const double compare_ms = judge_merged(ctx, cfg, r, acc_o, acc_lse, true, label, hint, calls);
   r.timings.total_ms += ms_since(t0);
-  r.timings.glue_ms += ms_since(t0) - (r.timings.run_ms - run_before) - ms_since(tc);
+  r.timings.glue_ms += ms_since(t0) - (r.timings.run_ms - run_before) - compare_ms;
   return r;
 }
 
