@@ -73,6 +73,48 @@ std::int64_t nonfinite_rows(const TensorView& v, std::int64_t first, std::int64_
   return n;
 }
 
+// The padded step's cache write, as a captured engine step makes it: the real
+// tokens at their slots, every padding token at slot -1 (vLLM pads
+// slot_mapping with -1), through the backend's own writer into a copy of the
+// context-only cache, compared byte for byte with the reference writer's. ""
+// when identical; the first difference otherwise (a writer that turns slot -1
+// into slot 0 writes the padding into another request's key: vLLM #38719).
+// Plain runs never hand a writer slot -1 (the cache_write op and the decode
+// loops skip padding), so this is the one place a writer meets it.
+std::string check_padded_write(Backend& b, const Case& c, const PagedCache& context_only, std::int64_t Tp, int S, int q,
+                               std::string& note) {
+  const std::int64_t T = c.num_tokens, L = c.spec.dims.kv_lora_rank, R = c.spec.dims.rope_dim;
+  const std::size_t esz = dtype_size(c.spec.dtype);
+  const std::int64_t* sm = context_only.slot_mapping.data<std::int64_t>();
+  Tensor kv(c.spec.dtype, {Tp, L}), pe(c.spec.dtype, {Tp, R});
+  std::vector<std::int64_t> slots(static_cast<std::size_t>(Tp), -1);
+  for (int i = 0; i < c.num_requests; ++i)
+    for (int u = 0; u < c.query_lens[i]; ++u) {
+      const std::int64_t t = c.query_start_loc[i] + u;
+      const std::int64_t row = c.kv_start_loc[i] + c.context_lens[i] + u;
+      slots[static_cast<std::size_t>(t)] = sm[t];
+      std::memcpy(kv.bytes() + t * L * esz, c.kv_c.bytes() + row * L * esz, static_cast<std::size_t>(L) * esz);
+      std::memcpy(pe.bytes() + t * R * esz, c.k_pe.bytes() + row * R * esz, static_cast<std::size_t>(R) * esz);
+    }
+  // Padding tokens carry the first real token's values (a writer that writes
+  // them anyway writes a real key where it does not belong).
+  for (std::int64_t t = T; t < Tp && T > 0; ++t) {
+    std::memcpy(kv.bytes() + t * L * esz, kv.bytes(), static_cast<std::size_t>(L) * esz);
+    std::memcpy(pe.bytes() + t * R * esz, pe.bytes(), static_cast<std::size_t>(R) * esz);
+  }
+  PagedCache expected = context_only, got = context_only;
+  reference_cache_write(expected, kv.view(), pe.view(), slots);
+  try {
+    b.cache_write(got, kv.view(), pe.view(), slots);
+  } catch (const NotSupportedError& e) {
+    note = std::string("; the padded cache write not checked (the backend's cache_write: ") + e.what() + ")";
+    return {};
+  }
+  std::vector<std::int32_t> qsl(static_cast<std::size_t>(S) + 1);
+  for (int i = 0; i <= S; ++i) qsl[static_cast<std::size_t>(i)] = i * q;
+  return first_cache_difference(got, expected, slots, qsl);
+}
+
 }  // namespace
 
 Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, const ServingMode& mode) {
@@ -217,6 +259,7 @@ Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, cons
   std::string fail_msg;
   RowCheck first_check;
   std::int64_t pad_nan_o = 0, pad_nan_lse = 0, pad_elems = 0;
+  std::string write_note;
   const BaselineErrors sparse_base = sparse ? baseline_of(ctx, cfg, true) : BaselineErrors{};
   try {
     const bool larger = cache.num_blocks > e.blocks || cache.table_width > e.width ||
@@ -278,6 +321,17 @@ Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, cons
       pad_nan_o += nonfinite_rows(o.view(), T, Tp, N * L, false);
       pad_nan_lse += nonfinite_rows(l.view(), T, Tp, N, true);
     }
+    // The padded step's cache write, once per record.
+    if (fail == Status::kPassed && S > B) {
+      const PagedCache& context_only = ctx.cache(r.block_size, false, cfg.exec, r.timings.cache_ms);
+      const auto tw = Clock::now();
+      const std::string diff = check_padded_write(b, c, context_only, Tp, S, q, write_note);
+      r.timings.run_ms += backend_call_done(tw);
+      if (!diff.empty())
+        fail = Status::kIncorrect,
+        fail_msg = "padded cache write (slot_mapping -1 for the padding tokens, as vLLM pads it): " + diff +
+                   " (vLLM #38719's class: padding written into a real slot)";
+    }
   } catch (...) {
     store.entries.erase(entry_key);  // a graph that threw is not replayed again
     std::string why;
@@ -310,7 +364,8 @@ Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, cons
     return r;
   }
   r.message = e.note() + " (" + where + "): real rows match with padding seq_len " +
-              (pad_lens.size() > 1 ? std::string("0 and 1") : std::string("0")) + "; padding rows finite";
+              (pad_lens.size() > 1 ? std::string("0 and 1") : std::string("0")) + "; padding rows finite" +
+              (S > B && write_note.empty() ? "; the padded cache write (slot -1) exact" : write_note);
   return r;
 }
 

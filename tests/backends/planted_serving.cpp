@@ -1,5 +1,6 @@
 // The serving-mode planted bugs (planted.h): each wraps a correct CPU backend
 // and goes wrong only across calls, the way serving engines drive kernels.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -124,6 +125,20 @@ class GraphStalePadding final : public Wrapper {
   std::unique_ptr<DecodeGraph> capture_decode(const DecodeArgs& a) override { return emulate_decode_graph(*inner_, a); }
 };
 
+// vLLM #38719's class: a writer that clamps slot_mapping at 0, so a padding
+// token (slot -1) is written into slot 0, another request's key. Plain runs
+// never hand a writer slot -1; a captured step's padded batch does.
+class GraphPaddingWritesSlot0 final : public Wrapper {
+ public:
+  using Wrapper::Wrapper;
+  void cache_write(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,
+                   std::span<const std::int64_t> slots) override {
+    std::vector<std::int64_t> clamped(slots.begin(), slots.end());
+    for (std::int64_t& s : clamped) s = std::max<std::int64_t>(s, 0);
+    inner_->cache_write(cache, kv_c, k_pe, clamped);
+  }
+};
+
 // vLLM #35175's class: metadata built at capture and not refreshed in place
 // (a replay reads the captured batch's seq_lens): right for the batch it was
 // captured with, wrong for every later batch of that size.
@@ -242,6 +257,11 @@ const std::vector<PlantedServingBug>& planted_serving_bugs() {
         "empty rows (seq_len 0) left unwritten by the kernel: zeroed by the eager path's allocation, NaN in the "
         "captured graph's persistent output (vLLM #37442's class)",
         Status::kNonfinite, "--cuda-graph", make_cpu_paged));
+    v.push_back(serving_bug<GraphPaddingWritesSlot0>(
+        "bug.graph_padding_writes_slot_0",
+        "cache_write clamps slot_mapping at 0: a padded step's padding tokens (slot -1) land in slot 0, another "
+        "request's key (vLLM #38719's class); plain runs never pass slot -1",
+        Status::kIncorrect, "--cuda-graph", make_cpu_paged));
     v.push_back(serving_bug<GraphMetadataFixedAtCapture>(
         "bug.graph_metadata_fixed_at_capture",
         "the graph replays the seq_lens of the batch it was captured with (vLLM #35175's class): right at the "

@@ -177,7 +177,7 @@ TEST(Serving, CorrectBackendsPassEveryMode) {
 TEST(Serving, EachPlantedBugIsCaughtByExactlyItsMode) {
   const std::vector<std::pair<std::string, ServingMode>> modes = {
       {"--cuda-graph", graph()}, {"--check batch-invariance", bi()}, {"--dcp 2", dcp(2)}, {"--steps 8", steps(8)}};
-  ASSERT_EQ(planted_serving_bugs().size(), 5u);
+  ASSERT_EQ(planted_serving_bugs().size(), 6u);
   for (const PlantedServingBug& sb : planted_serving_bugs()) {
     const PlantedBug& bug = sb.bug;
     const Policy policy = bug.name == "bug.lse_log2" ? vllm() : baseline();
@@ -213,6 +213,9 @@ TEST(Serving, EachPlantedBugIsCaughtByExactlyItsMode) {
         if (rec.message.find("padding rows hold NaN") != std::string::npos) ++stale_nan;
         if (bug.name == "bug.graph_metadata_fixed_at_capture") {
           EXPECT_NE(rec.message.find("replayed, captured at"), std::string::npos) << rec.message;
+        }
+        if (bug.name == "bug.graph_padding_writes_slot_0") {
+          EXPECT_NE(rec.message.find("padded cache write (slot_mapping -1"), std::string::npos) << rec.message;
         }
         if (bug.name == "bug.batch_size_splits") {
           EXPECT_NE(rec.message.find("vary with their batchmates"), std::string::npos) << rec.message;
