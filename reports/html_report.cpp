@@ -596,7 +596,7 @@ void write_section(std::ostream& os, const Record& r, std::size_t i, bool open, 
 }  // namespace
 
 void write_html(std::ostream& os, const RunInfo& run, const std::vector<Record>& records) {
-  const StatusCounts counts = count_statuses(records);
+  const StatusCounts counts = count_statuses(records, run);
   const std::string verdict = run.interrupted.empty() ? std::string(overall_verdict(counts)) : "INTERRUPTED";
   const std::string verdict_class = verdict == "PASS" ? "pass" : (verdict == "FAIL" ? "fail" : "other");
 

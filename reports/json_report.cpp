@@ -203,7 +203,7 @@ void write_json(std::ostream& os, const RunInfo& run, std::span<const Record> re
         {"started_at", run.started_at},
         {"wall_seconds", number(run.wall_seconds)},
         {"generator_version", run.generator_version}}},
-      {"summary", summary(count_statuses(records))},
+      {"summary", summary(count_statuses(records, run))},
       {"records", Json::array()},  // replaced by records_array_text below
   };
   if (!run.profile.empty()) {
@@ -219,6 +219,7 @@ void write_json(std::ostream& os, const RunInfo& run, std::span<const Record> re
   // Only when set: whole runs keep the documented keys.
   if (!run.interrupted.empty()) doc["run"]["interrupted"] = run.interrupted;
   if (!run.shard.empty()) doc["run"]["shard"] = run.shard;
+  if (run.require_batch_invariance) doc["run"]["require"] = Json::array({"batch-invariance"});
   // Messages from backends may hold arbitrary bytes; strict mode would throw on them.
   const std::string text = doc.dump(2, ' ', false, Json::error_handler_t::replace);
   const std::string empty = "\n  \"records\": []";  // the top level's key: nested ones are indented deeper
@@ -441,6 +442,15 @@ JsonReport read_json_report(const std::string& path) {
   rep.run.generator_version = static_cast<int>(rd.integer(run, "generator_version", "run"));
   if (run.contains("interrupted")) rep.run.interrupted = rd.str(run, "interrupted", "run");
   if (run.contains("shard")) rep.run.shard = rd.str(run, "shard", "run");
+  if (run.contains("require")) {
+    const Json& req = run.at("require");
+    if (!req.is_array()) rd.bad("run.require", "expected an array");
+    for (const Json& x : req) {
+      if (!x.is_string() || x.get<std::string>() != "batch-invariance")
+        rd.bad("run.require", "expected [\"batch-invariance\"]");
+      rep.run.require_batch_invariance = true;
+    }
+  }
   const Json& records = rd.at(doc, "records", "/");
   if (!records.is_array()) rd.bad("records", "expected an array");
   for (std::size_t i = 0; i < records.size(); ++i)

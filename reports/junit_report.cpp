@@ -51,10 +51,11 @@ std::string seconds(double ms) { return detail::format_fixed(ms / 1000.0, 6); }
 enum class Outcome { kPass, kFailure, kError, kSkipped };
 
 // JUnit separates a wrong answer (failure) from a test that could not produce one (error).
-Outcome outcome(Status s) {
+// require_bi (--require batch-invariance): BATCH_VARIANT is a failure.
+Outcome outcome(Status s, bool require_bi) {
   switch (s) {
-    case Status::kPassed:
-    case Status::kBatchVariant: return Outcome::kPass;  // correct; the variance is in the message
+    case Status::kPassed: return Outcome::kPass;
+    case Status::kBatchVariant: return require_bi ? Outcome::kFailure : Outcome::kPass;  // else the variance is in the message
     case Status::kIncorrect:
     case Status::kNonfinite:
     case Status::kNondeterministic: return Outcome::kFailure;
@@ -71,9 +72,10 @@ struct SuiteCounts {
   std::int64_t tests = 0, failures = 0, errors = 0, skipped = 0;
   double run_ms = 0;
 
+  bool require_bi = false;
   void add(const Record& r) {
     ++tests;
-    switch (outcome(r.status)) {
+    switch (outcome(r.status, require_bi)) {
       case Outcome::kPass: break;
       case Outcome::kFailure: ++failures; break;
       case Outcome::kError: ++errors; break;
@@ -128,7 +130,7 @@ std::string body(const Record& r, bool with_metrics) {
   return out;
 }
 
-void write_testcase(std::ostream& os, const Record& r) {
+void write_testcase(std::ostream& os, const Record& r, bool require_bi) {
   os << "    <testcase classname=\"" << xml_attr(r.backend + "." + r.op) << "\" name=\""
      << xml_attr(r.case_id) << "\" time=\"" << seconds(r.timings.run_ms) << "\">\n";
 
@@ -149,7 +151,7 @@ void write_testcase(std::ostream& os, const Record& r) {
   os << "      </properties>\n";
 
   const std::string type = std::string(status_name(r.status));
-  switch (outcome(r.status)) {
+  switch (outcome(r.status, require_bi)) {
     case Outcome::kPass: break;
     case Outcome::kFailure:
       os << "      <failure message=\"" << xml_attr(r.message) << "\" type=\"" << type << "\">"
@@ -173,6 +175,7 @@ void write_junit(std::ostream& os, const RunInfo& run, std::span<const Record> r
   std::vector<std::string> backends;
   std::unordered_map<std::string, std::vector<const Record*>> by_backend;
   SuiteCounts all;
+  all.require_bi = run.require_batch_invariance;
   for (const Record& r : records) {
     auto [it, inserted] = by_backend.try_emplace(r.backend);
     if (inserted) backends.push_back(r.backend);
@@ -187,6 +190,7 @@ void write_junit(std::ostream& os, const RunInfo& run, std::span<const Record> r
   for (const std::string& backend : backends) {
     const std::vector<const Record*>& cases = by_backend.at(backend);
     SuiteCounts counts;
+    counts.require_bi = run.require_batch_invariance;
     for (const Record* r : cases) counts.add(*r);
 
     os << "  <testsuite name=\"" << xml_attr(backend) << "\"";
@@ -205,7 +209,7 @@ void write_junit(std::ostream& os, const RunInfo& run, std::span<const Record> r
     write_property(os, kIndent, "generator_version", std::to_string(run.generator_version));
     os << "    </properties>\n";
 
-    for (const Record* r : cases) write_testcase(os, *r);
+    for (const Record* r : cases) write_testcase(os, *r, run.require_batch_invariance);
     os << "  </testsuite>\n";
   }
   os << "</testsuites>\n";

@@ -105,7 +105,7 @@ void write_counts_table(std::ostream& os, std::span<const Record> records) {
 }  // namespace
 
 void write_markdown(std::ostream& os, const RunInfo& run, std::span<const Record> records) {
-  const StatusCounts counts = count_statuses(records);
+  const StatusCounts counts = count_statuses(records, run);
   os << "# mlagate: " << (run.interrupted.empty() ? overall_verdict(counts) : "INTERRUPTED") << "\n\n";
   if (!run.interrupted.empty()) os << "Interrupted (" << md_text(run.interrupted, kMaxRunField) << "): partial results.\n\n";
 
@@ -128,7 +128,7 @@ void write_markdown(std::ostream& os, const RunInfo& run, std::span<const Record
      << "|---|---|---|---|--:|---|---|\n";
   std::size_t shown = 0;
   for (const Record& r : records) {
-    if (!status_is_failure(r.status)) continue;
+    if (!status_fails_run(r.status, run.require_batch_invariance)) continue;
     if (shown == kMarkdownMaxFailureRows) break;
     ++shown;
     os << "| " << md_code(r.case_id, kMaxId) << " | " << md_text(r.backend, kMaxName) << " | "

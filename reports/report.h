@@ -38,6 +38,9 @@ struct RunInfo {
   // harness's own), and the most workers that ran side by side.
   double profile_backend_in_flight_ms = 0;
   int profile_streams = 1;
+  // --require batch-invariance: BATCH_VARIANT records fail the run in every
+  // report's counts and verdict (JSON "run.require", read back by merge).
+  bool require_batch_invariance = false;
 };
 
 struct StatusCounts {
@@ -57,6 +60,8 @@ struct BackendSummary {
 };
 
 StatusCounts count_statuses(std::span<const Record> records);
+// The same with `failures` counting what fails this run (status_fails_run).
+StatusCounts count_statuses(std::span<const Record> records, const RunInfo& run);
 
 // One entry per backend, in the order backends first appear in `records`
 // (the runner's order, which follows the registry).

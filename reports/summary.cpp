@@ -40,6 +40,12 @@ StatusCounts count_statuses(std::span<const Record> records) {
   return counts;
 }
 
+StatusCounts count_statuses(std::span<const Record> records, const RunInfo& run) {
+  StatusCounts counts = count_statuses(records);
+  if (run.require_batch_invariance) counts.failures += counts[Status::kBatchVariant];
+  return counts;
+}
+
 std::vector<BackendSummary> summarize_by_backend(std::span<const Record> records) {
   std::vector<BackendSummary> out;
   std::unordered_map<std::string, std::size_t> index;

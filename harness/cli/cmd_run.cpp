@@ -568,6 +568,7 @@ class RunCommand {
     info.wall_seconds = std::chrono::duration<double>(Clock::now() - wall0_).count();
     info.generator_version = gen::kGeneratorVersion;
     if (shard_) info.shard = shard_->str();
+    info.require_batch_invariance = ra_.require_batch_invariance();
     if (stop_signal_ != 0)
       info.interrupted = (stop_signal_ == SIGINT    ? std::string("SIGINT")
                           : stop_signal_ == SIGTERM ? std::string("SIGTERM")
@@ -601,11 +602,10 @@ class RunCommand {
     reap_retired_workers();
     run_profile().worker_exit_ms += ms_since(exit0);
 
-    StatusCounts counts = count_statuses(records_);
-    // --require batch-invariance: BATCH_VARIANT records count as failed here
-    // (the verdict line and the exit code; the reports keep them apart).
-    const std::int64_t required_variant = ra_.require_batch_invariance() ? counts[Status::kBatchVariant] : 0;
-    counts.failures += required_variant;
+    // --require batch-invariance: BATCH_VARIANT records count as failed (the
+    // verdict, the exit code and every report's summary; RunInfo carries it).
+    const StatusCounts counts = count_statuses(records_, info);
+    const std::int64_t required_variant = info.require_batch_invariance ? counts[Status::kBatchVariant] : 0;
     if (!ra_.quiet) {
       std::printf("\n%s", summary_table(records_).c_str());
       std::printf("%s: %lld records, %lld failed, policy %s, %.1f s\n",

@@ -214,6 +214,8 @@ JsonReport merge_reports(const std::vector<std::string>& paths, const std::strin
       m.started_at = std::min(m.started_at, r.started_at);
     }
     m.wall_seconds = std::max(m.wall_seconds, r.wall_seconds);
+    // A shard that required batch invariance makes the merged run require it.
+    m.require_batch_invariance = m.require_batch_invariance || r.require_batch_invariance;
     if (!r.interrupted.empty())
       m.interrupted += (m.interrupted.empty() ? "" : "; ") + path + ": " + r.interrupted;
     suites.insert(r.suite);
@@ -263,7 +265,7 @@ int cmd_merge(const MergeArgs& ma, const std::string& command_line) {
   if (!rep.junit.empty()) write_report_file(rep.junit, [&](std::ostream& os) { write_junit(os, info, records); });
   if (!rep.markdown.empty()) write_report_file(rep.markdown, [&](std::ostream& os) { write_markdown(os, info, records); });
   if (!rep.html.empty()) write_report_file(rep.html, [&](std::ostream& os) { write_html(os, info, records); });
-  const StatusCounts counts = count_statuses(records);
+  const StatusCounts counts = count_statuses(records, info);
   if (!ma.quiet) {
     std::printf("%s", summary_table(records).c_str());
     std::printf("%s: %lld records from %zu reports, %lld failed, policy %s\n",

@@ -138,7 +138,8 @@ TEST(Shrink, RequireBatchInvarianceFailsTheRun) {
   EXPECT_EQ(recs.begin()->second.at("status"), "BATCH_VARIANT");
   EXPECT_EQ(recs.begin()->second.at("mode"), "batch-invariance");
   args = with_plugin(run);
-  args.insert(args.end(), {"--require", "batch-invariance", "--json", (d / "b.json").string()});
+  args.insert(args.end(), {"--require", "batch-invariance", "--json", (d / "b.json").string(), "--junit",
+                           (d / "b.xml").string(), "--markdown", (d / "b.md").string()});
   EXPECT_EQ(run_mlagate(args, d), 1) << slurp(d / "stderr.txt");
   EXPECT_NE(slurp(d / "stdout.txt").find("BATCH_VARIANT records fail the run (--require batch-invariance)"),
             std::string::npos)
@@ -146,6 +147,21 @@ TEST(Shrink, RequireBatchInvarianceFailsTheRun) {
   recs = records_of(d / "b.json");
   ASSERT_EQ(recs.size(), 1u);
   EXPECT_EQ(recs.begin()->second.at("status"), "BATCH_VARIANT");
+  // Every report counts it failed under --require (without it, none does).
+  const Json b = Json::parse(slurp(d / "b.json")), a = Json::parse(slurp(d / "a.json"));
+  EXPECT_EQ(b.at("summary").at("failures"), 1);
+  EXPECT_EQ(b.at("summary").at("verdict"), "FAIL");
+  EXPECT_EQ(b.at("run").at("require"), Json::array({"batch-invariance"}));
+  EXPECT_EQ(a.at("summary").at("failures"), 0);
+  EXPECT_FALSE(a.at("run").contains("require"));
+  EXPECT_NE(slurp(d / "b.xml").find("<failure message="), std::string::npos) << slurp(d / "b.xml");
+  EXPECT_NE(slurp(d / "b.md").find("# mlagate: FAIL"), std::string::npos) << slurp(d / "b.md");
+  // mlagate merge keeps the requirement: the merged run fails as the run did.
+  EXPECT_EQ(run_mlagate({"merge", (d / "b.json").string(), "--json", (d / "m.json").string()}, d), 1)
+      << slurp(d / "stderr.txt");
+  EXPECT_EQ(Json::parse(slurp(d / "m.json")).at("summary").at("failures"), 1);
+  EXPECT_EQ(run_mlagate({"merge", (d / "a.json").string(), "--json", (d / "n.json").string()}, d), 0)
+      << slurp(d / "stderr.txt");
 }
 
 }  // namespace
