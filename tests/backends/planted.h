@@ -35,8 +35,9 @@ const std::vector<PlantedBug>& planted_bugs();
 // bugs live in cpu.paged's cache_write, which the planted backends keep.
 const std::vector<PlantedBug>& planted_fp8_bugs();
 
-// What the vllm suite lets through and the gate suite catches (with
-// bug.softmax_without_max above and bug.fp8_reader_ignores_k_scale):
+// What the vllm suite lets through and the gate suite catches, each on at
+// least 3 records (with bug.softmax_without_max above and the fp8 readers
+// bug.fp8_reader_ignores_k_scale and bug.fp8_reader_pow2_scales):
 // bug.block_stride_16, bug.empty_rows_nan, bug.nondeterministic.
 const std::vector<PlantedBug>& planted_gate_bugs();
 
