@@ -70,14 +70,16 @@ std::string_view index_pattern_name(IndexPattern p) {
     case IndexPattern::kDuplicates: return "dup";
     case IndexPattern::kInvalidRows: return "invalid_rows";
     case IndexPattern::kLengths: return "lens";
+    case IndexPattern::kOutOfRange: return "oob";
   }
   return "?";
 }
 
 IndexPattern parse_index_pattern(std::string_view s) {
-  for (IndexPattern p : {IndexPattern::kRandom, IndexPattern::kDuplicates, IndexPattern::kInvalidRows, IndexPattern::kLengths})
+  for (IndexPattern p : {IndexPattern::kRandom, IndexPattern::kDuplicates, IndexPattern::kInvalidRows, IndexPattern::kLengths,
+                         IndexPattern::kOutOfRange})
     if (s == index_pattern_name(p)) return p;
-  throw InputError("unknown index pattern '" + std::string(s) + "' (expected random, dup, invalid_rows or lens)");
+  throw InputError("unknown index pattern '" + std::string(s) + "' (expected random, dup, invalid_rows, lens or oob)");
 }
 
 void CaseSpec::validate() const {

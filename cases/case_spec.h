@@ -43,8 +43,10 @@ enum class IndexPattern : std::uint8_t {
   kDuplicates,   // as random, with every fourth valid index a copy of another one
   kInvalidRows,  // as random, but every third token's indices are all -1 (no key: output 0)
   kLengths,      // topk_length given; the slots past it name poisoned (null-block) entries
+  kOutOfRange,   // as random, but the unused slots name indices >= s_kv instead of -1 (FlashMLA's
+                 // other invalid form; only sparse_prefill defines it: reference/SPARSE.md)
 };
-std::string_view index_pattern_name(IndexPattern p);  // "random", "dup", "invalid_rows", "lens"
+std::string_view index_pattern_name(IndexPattern p);  // "random", "dup", "invalid_rows", "lens", "oob"
 IndexPattern parse_index_pattern(std::string_view s);  // throws InputError
 
 struct SparseSpec {

@@ -44,6 +44,26 @@ void scatter_row(const std::vector<int>& valid, int K, std::uint64_t seed, std::
   }
 }
 
+// The oob pattern: each unused (-1) slot of a row becomes a past-the-end code
+// of one of four kinds, drawn per slot, so that a kernel sees every form of
+// ">= s_kv": exactly s_kv (a wrap-around reads slot 0), s_kv + 1..64 (a
+// wrap-around reads the null block), INT32_MAX (a sign or overflow bug) and
+// large values between.
+void past_end_row(std::int32_t* row, int K, std::uint64_t seed, int token) {
+  static const std::uint64_t kind = gen::tensor_key("topk_past_end_kind"), near = gen::tensor_key("topk_past_end_near"),
+                             far = gen::tensor_key("topk_past_end_far");
+  for (int k = 0; k < K; ++k) {
+    if (row[k] != kIndexInvalid) continue;
+    const std::uint64_t at = (static_cast<std::uint64_t>(token) << 20) + static_cast<std::uint64_t>(k);
+    switch (gen::below(4, seed, kind, at)) {
+      case 0: row[k] = kIndexPastEnd; break;
+      case 1: row[k] = kIndexPastEnd - 1 - static_cast<std::int32_t>(gen::below(kPastEndNear, seed, near, at)); break;
+      case 2: row[k] = kIndexFar; break;
+      default: row[k] = kIndexFar + static_cast<std::int32_t>(gen::below(kPastEndFar, seed, far, at)); break;
+    }
+  }
+}
+
 void fill_normal16(Tensor& t, std::uint64_t seed, const char* name) {
   const std::uint64_t st = gen::stream(seed, gen::tensor_key(name));
   std::uint16_t (*round)(float) = t.dtype() == DType::kBF16 ? f32_to_bf16 : f32_to_f16;
@@ -98,6 +118,8 @@ int token_position(const Case& c, int request, int t) {
 std::shared_ptr<const SparseInputs> generate_sparse(const Case& c) {
   const SparseSpec& sp = c.spec.sparse;
   if (!sp.active()) throw std::logic_error("generate_sparse: not a sparse case");
+  if (sp.pattern == IndexPattern::kOutOfRange && sp.topk == 0)
+    throw InvalidCase(c.spec.batch.name + ": index pattern oob fills the unused slots of top-k rows; a V4 case has none");
   auto s = std::make_shared<SparseInputs>();
   const std::uint64_t seed = c.spec.seed;
   const std::vector<int> req = token_requests(c);
@@ -126,6 +148,7 @@ std::shared_ptr<const SparseInputs> generate_sparse(const Case& c) {
         m.length[static_cast<std::size_t>(t)] = n;
       } else {
         scatter_row(pick, sp.topk, seed, key ^ 1u, t, row);
+        if (sp.pattern == IndexPattern::kOutOfRange) past_end_row(row, sp.topk, seed, t);
       }
     }
   }
@@ -205,7 +228,16 @@ void extra_positions(const Case& c, int t, std::vector<int>& out) {
     if (row[k] >= 0) out.push_back(row[k]);
 }
 
-Tensor global_slots(const Case& owner, const IndexSet& set, const PagedCache& cache) {
+std::int32_t past_end_index(std::int32_t code, std::int64_t s_kv) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int32_t>::max();
+  if (!is_past_end(code)) throw std::logic_error("past_end_index: " + std::to_string(code) + " is no past-the-end code");
+  if (s_kv < 0 || s_kv > kMax)
+    throw std::logic_error("past_end_index: a buffer of " + std::to_string(s_kv) + " keys has no int32 index past its end");
+  if (code <= kIndexPastEnd) return static_cast<std::int32_t>(std::min(s_kv + (kIndexPastEnd - code), kMax));
+  return static_cast<std::int32_t>(std::max(kMax - (static_cast<std::int64_t>(code) - kIndexFar), s_kv));
+}
+
+Tensor global_slots(const Case& owner, const IndexSet& set, const PagedCache& cache, std::optional<std::int64_t> s_kv) {
   const int T = owner.num_tokens;
   Tensor out(DType::kI32, {T, set.width});
   std::int32_t* o = out.data<std::int32_t>();
@@ -216,6 +248,8 @@ Tensor global_slots(const Case& owner, const IndexSet& set, const PagedCache& ca
       std::int64_t slot = -1;
       if (p == kIndexPoisoned)
         slot = k % std::max(1, cache.block_size);  // the null block: never assigned, poisoned
+      else if (is_past_end(p))
+        slot = s_kv ? past_end_index(p, *s_kv) : -1;
       else if (p >= 0)
         slot = cache.slot_of(req[static_cast<std::size_t>(t)], p);
       o[static_cast<std::size_t>(t) * set.width + k] = static_cast<std::int32_t>(slot);
@@ -240,14 +274,15 @@ void window_slots(const Case& c, int window, const PagedCache& cache, Tensor& sl
   }
 }
 
-std::string check_slots(const TensorView& slots, const PagedCache& cache, const std::string& what) {
+std::string check_slots(const TensorView& slots, const PagedCache& cache, const std::string& what,
+                        bool past_end_is_invalid) {
   if (slots.dtype != DType::kI32) return what + ": dtype " + std::string(dtype_name(slots.dtype)) + ", expected int32";
   const std::int64_t capacity = static_cast<std::int64_t>(cache.num_blocks) * cache.block_size;
   const auto* p = slots.as<std::int32_t>();
   for (std::int64_t k = 0; k < slots.numel(); ++k)
-    if (p[k] != -1 && (p[k] < 0 || p[k] >= capacity))
+    if (p[k] != -1 && (p[k] < 0 || (p[k] >= capacity && !past_end_is_invalid)))
       return what + ": slot " + std::to_string(p[k]) + " at element " + std::to_string(k) + " is neither -1 nor in [0, " +
-             std::to_string(capacity) + ")";
+             std::to_string(capacity) + ")" + (past_end_is_invalid ? " nor at or past its end" : "");
   return {};
 }
 

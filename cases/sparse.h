@@ -8,6 +8,10 @@
 //   request (clipped at 0) in the case's cache, plus the compressed entries its
 //   extra row names in the compressed cache (C4A: a top-k of the (p+1)/ratio
 //   visible ones; C128A: all of them when the row is wide enough).
+// - The oob pattern's unused slots name indices at or past the end of the
+//   buffer the kernel's indices point into (s_kv): FlashMLA's sparse prefill
+//   reads any index >= s_kv as no key, its sparse decode defines only -1, so
+//   the prefill op gets them as indices >= s_kv and the decode op as -1.
 // - Only the first topk_length[t] slots of a row count when lengths are given;
 //   the slots past it name entries that must never be read (poisoned ones for
 //   top-k rows, keys of the request outside the selection for compressed rows).
@@ -15,7 +19,10 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "cases/case.h"
@@ -27,9 +34,27 @@ namespace mlagate {
 inline constexpr std::int32_t kIndexInvalid = -1;   // no key (FlashMLA's -1)
 inline constexpr std::int32_t kIndexPoisoned = -2;  // past topk_length: a poisoned slot in the kernel's row
 
+// No key, as an index at or past the end of the buffer (the oob pattern). The
+// buffer's size s_kv depends on the block size, so a row stores a code that
+// global_slots turns into an index per buffer:
+//   kIndexPastEnd - d, d in [0, kPastEndNear]   -> s_kv + d (exactly s_kv at d = 0)
+//   kIndexFar + r,     r in [0, kPastEndFar)    -> INT32_MAX - r (never below s_kv)
+inline constexpr std::int32_t kIndexPastEnd = -3;
+inline constexpr std::int32_t kPastEndNear = 64;
+inline constexpr std::int32_t kIndexFar = std::numeric_limits<std::int32_t>::min();
+inline constexpr std::int32_t kPastEndFar = 1 << 29;
+// Whether a stored position is one of those codes.
+constexpr bool is_past_end(std::int32_t code) {
+  return (code <= kIndexPastEnd && code >= kIndexPastEnd - kPastEndNear) ||
+         (code >= kIndexFar && code < kIndexFar + kPastEndFar);
+}
+// The index a code names in a buffer of s_kv keys (s_kv <= INT32_MAX).
+std::int32_t past_end_index(std::int32_t code, std::int64_t s_kv);
+
 struct IndexSet {
   int width = 0;                     // K: index slots per token
-  std::vector<std::int32_t> pos;     // [T, K] request-local key positions, kIndexInvalid or kIndexPoisoned
+  std::vector<std::int32_t> pos;     // [T, K] request-local key positions, kIndexInvalid, kIndexPoisoned or a
+                                     // past-the-end code (is_past_end; the oob pattern only)
   std::vector<std::int32_t> length;  // [T] slots that count (topk_length); empty: all K count
   bool empty() const { return width == 0; }
   int count(int t) const { return length.empty() ? width : length[static_cast<std::size_t>(t)]; }
@@ -67,13 +92,19 @@ void extra_positions(const Case& c, int t, std::vector<int>& out);
 // An index set as a kernel sees it: [T, K] int32 global slots of `cache`
 // (block_table[request, pos / bs] * bs + pos % bs), -1 for kIndexInvalid and a
 // slot of the null block (poisoned) for kIndexPoisoned; and the lengths.
-Tensor global_slots(const Case& owner, const IndexSet& set, const PagedCache& cache);
+// Past-the-end codes become -1 without `s_kv` (the ops that define only -1:
+// sparse_decode), else indices >= *s_kv (sparse_prefill, whose flat buffer has
+// s_kv rows).
+Tensor global_slots(const Case& owner, const IndexSet& set, const PagedCache& cache,
+                    std::optional<std::int64_t> s_kv = std::nullopt);
 // V4's window rows as global slots: [T, window], -1 past each token's count,
 // with the counts (the reference way a backend builds them; backends/backend.h).
 void window_slots(const Case& c, int window, const PagedCache& cache, Tensor& slots, std::vector<std::int32_t>& lens);
 
 // Why a stored or produced index tensor cannot be used with this cache
-// ("" when every slot is -1 or in [0, num_blocks * block_size)); for input checks.
-std::string check_slots(const TensorView& slots, const PagedCache& cache, const std::string& what);
+// ("" when every slot is -1 or in [0, num_blocks * block_size), or, with
+// past_end_is_invalid (sparse_prefill's form), at or past that end); for input checks.
+std::string check_slots(const TensorView& slots, const PagedCache& cache, const std::string& what,
+                        bool past_end_is_invalid = false);
 
 }  // namespace mlagate

@@ -27,10 +27,11 @@ Tensor i32_tensor(const std::vector<std::int32_t>& v, Shape shape) {
   return t;
 }
 
-// Rows of request-local positions: each -1, -2 (only past the length) or a key
-// of the token's request in [0, keys(request)); lengths within [0, K].
+// Rows of request-local positions: each -1, -2 (only past the length), a
+// past-the-end code (only where the case's pattern is oob) or a key of the
+// token's request in [0, keys(request)); lengths within [0, K].
 void check_rows(const IndexSet& s, const std::vector<int>& req, const std::vector<std::int32_t>& keys,
-                const io::Where& w, const char* what) {
+                const io::Where& w, const char* what, bool past_end) {
   for (std::size_t t = 0; t < req.size(); ++t) {
     const int n = s.count(static_cast<int>(t));
     if (n < 0 || n > s.width)
@@ -39,10 +40,12 @@ void check_rows(const IndexSet& s, const std::vector<int>& req, const std::vecto
     for (int k = 0; k < s.width; ++k) {
       const std::int32_t v = s.pos[t * static_cast<std::size_t>(s.width) + static_cast<std::size_t>(k)];
       const int have = keys[static_cast<std::size_t>(req[t])];
-      const bool ok = v == kIndexInvalid || (v == kIndexPoisoned && k >= n) || (v >= 0 && v < have);
+      const bool ok = v == kIndexInvalid || (v == kIndexPoisoned && k >= n) || (past_end && is_past_end(v)) ||
+                      (v >= 0 && v < have);
       if (!ok)
         io::bad(w / what, "index " + std::to_string(v) + " at token " + std::to_string(t) + ", slot " + std::to_string(k) +
-                              " is neither -1" + (k >= n ? ", -2" : "") + " nor a key of request " +
+                              " is neither -1" + (k >= n ? ", -2" : "") + (past_end ? ", a past-the-end code" : "") +
+                              " nor a key of request " +
                               std::to_string(req[t]) + " (which has " + std::to_string(have) + ")");
     }
   }
@@ -97,7 +100,10 @@ void write_sparse_group(hid_t g, const Case& c, const PreparedCase::SparseRefere
   const io::Where ws = w / kSparseGroup;
   const std::int64_t T = c.num_tokens, N = c.spec.num_heads();
   io::write_attr(sg.get(), "reference", "fp64 Eigen over the dequantized caches (reference/sparse_reference.h sparse_golden)", ws);
-  io::write_attr(sg.get(), "index_codes", "request-local key positions; -1 no key; -2 past the length, a poisoned slot", ws);
+  io::write_attr(sg.get(), "index_codes",
+                 "request-local key positions; -1 no key; -2 past the length, a poisoned slot; pattern oob: "
+                 "-3 - d (d in [0, 64]) index s_kv + d, INT32_MIN + r (r < 2^29) index INT32_MAX - r, both no key",
+                 ws);
   io::write_tensor(sg.get(), "q", ref.q, ws);
   io::write_dataset(sg.get(), "o", DType::kF64, {T, N, c.spec.sparse_dv()}, ref.o.data(), ws, io::Compress::kNone);
   io::write_dataset(sg.get(), "lse", DType::kF64, {T, N}, ref.lse.data(), ws, io::Compress::kNone);
@@ -124,21 +130,23 @@ StoredSparse read_sparse_group(hid_t g, const Case& c, const io::Where& w, io::B
   const std::int64_t Dv = c.spec.sparse_dv();
   const std::vector<int> req = token_requests(c);
   auto inputs = std::make_shared<SparseInputs>();
-  auto read_set = [&](IndexSet& s, int width, const char* name, bool lengths, const std::vector<std::int32_t>& keys) {
+  auto read_set = [&](IndexSet& s, int width, const char* name, bool lengths, const std::vector<std::int32_t>& keys,
+                      bool past_end) {
     s.width = width;
     s.pos = to_i32(io::read_tensor(sg.get(), name, DType::kI32, {T, width}, ws, budget));
     if (lengths) s.length = to_i32(io::read_tensor(sg.get(), std::string(name) + "_length", DType::kI32, {T}, ws, budget));
-    check_rows(s, req, keys, ws, name);
+    check_rows(s, req, keys, ws, name, past_end);
   };
   if (spec.topk > 0)
-    read_set(inputs->main, spec.topk, "indices", spec.pattern == IndexPattern::kLengths, c.seq_lens);
+    read_set(inputs->main, spec.topk, "indices", spec.pattern == IndexPattern::kLengths, c.seq_lens,
+             spec.pattern == IndexPattern::kOutOfRange);
   if (spec.compress > 0) {
     inputs->compressed = compressed_layout(c);
     Case& k = inputs->compressed;
     k.kv_c = io::read_tensor(sg.get(), "compressed_kv_c", c.spec.dtype, {k.num_kv_tokens, c.spec.dims.kv_lora_rank}, ws, budget);
     k.k_pe = io::read_tensor(sg.get(), "compressed_k_pe", c.spec.dtype, {k.num_kv_tokens, c.spec.dims.rope_dim}, ws, budget);
     fill_cache_values(k);
-    read_set(inputs->extra, spec.extra_topk, "extra_indices", true, k.seq_lens);
+    read_set(inputs->extra, spec.extra_topk, "extra_indices", true, k.seq_lens, false);
   }
   if (spec.sink) {
     const Tensor s = io::read_tensor(sg.get(), "sink", DType::kF32, {N}, ws, budget);

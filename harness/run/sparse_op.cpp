@@ -96,7 +96,9 @@ OpRun run_sparse_prefill_op(Backend& b, const Case& c, const PagedCache& cache, 
   Tensor idx;
   std::vector<std::int32_t> lens;
   if (c.spec.sparse.window == 0) {
-    idx = global_slots(c, sp.main, cache);
+    // The oob pattern's unused slots as indices >= S_kv, the prefill kernel's
+    // other form of "no key" (the decode op gets them as -1).
+    idx = global_slots(c, sp.main, cache, main_slots + extra_rows);
     lens = sp.main.length;
   } else {
     // One row per token: the window's slots, then the compressed ones (offset

@@ -1,14 +1,17 @@
 // The sparse inputs (cases/sparse.h) and the fp8_v4 cache format (cases/fp8.h):
 // the V4 entry's contract values and per-page layout, the writer/reader round
 // trip, the index sets' rules (causal, distinct, -1 scattered, duplicates,
-// empty rows, lengths with poisoned slots past them, windows, compressed rows),
+// empty rows, lengths with poisoned slots past them, indices past the end,
+// windows, compressed rows),
 // and the fp64 reference against a brute-force evaluation.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <algorithm>
+#include <limits>
 #include <set>
+#include <string>
 
 #include "cases/case.h"
 #include "cases/encoding.h"
@@ -180,6 +183,85 @@ TEST(SparseIndices, PatternsDuplicatesEmptyRowsAndLengths) {
     EXPECT_EQ(g.data<std::int32_t>()[t * 50 + 1] / 64, 0);
     EXPECT_EQ(g.data<std::int32_t>()[t * 50], pc.slot_of(token_requests(c)[t], 0));
   }
+}
+
+// The oob pattern: the random pattern's rows with every -1 replaced by a
+// past-the-end code of each kind; global_slots gives the decode op -1 there
+// and the prefill op indices >= s_kv (exactly s_kv, s_kv + 1..64, INT32_MAX
+// and large ones between); the valid indices and the reference are the random
+// pattern's, so such slots name no key.
+TEST(SparseIndices, OutOfRangeRowsNameIndicesAtOrPastTheEnd) {
+  EXPECT_EQ(parse_index_pattern("oob"), IndexPattern::kOutOfRange);
+  EXPECT_EQ(index_pattern_name(IndexPattern::kOutOfRange), "oob");
+  EXPECT_NE(v32_spec(IndexPattern::kOutOfRange).id().find("/topk=50/idx=oob"), std::string::npos);
+  const Case oob = generate_case(v32_spec(IndexPattern::kOutOfRange));
+  const Case random = generate_case(v32_spec(IndexPattern::kRandom));
+  const IndexSet& m = oob.sparse->main;
+  const IndexSet& r = random.sparse->main;
+  ASSERT_EQ(m.pos.size(), r.pos.size());
+  for (std::size_t k = 0; k < m.pos.size(); ++k) {
+    if (r.pos[k] == kIndexInvalid) EXPECT_TRUE(is_past_end(m.pos[k])) << "slot " << k << ": " << m.pos[k];
+    else EXPECT_EQ(m.pos[k], r.pos[k]) << "slot " << k;
+  }
+  std::vector<int> a, b;
+  for (int t = 0; t < oob.num_tokens; ++t) {
+    main_positions(oob, t, a);
+    main_positions(random, t, b);
+    EXPECT_EQ(a, b) << "token " << t << ": a past-the-end slot names no key";
+  }
+  // The reference sees the same keys: the same outputs, bit for bit.
+  {
+    std::vector<int> tokens(static_cast<std::size_t>(oob.num_tokens));
+    for (int t = 0; t < oob.num_tokens; ++t) tokens[static_cast<std::size_t>(t)] = t;
+    Tensor ql, qp;
+    absorb_queries(oob, tokens, ql, qp);
+    const Tensor q = sparse_query(oob, ql.view());
+    const SparseReference x = sparse_golden(oob, q.view()), y = sparse_golden(random, q.view());
+    EXPECT_EQ(x.o, y.o);
+    EXPECT_EQ(x.lse, y.lse);
+  }
+  for (int bs : {1, 64}) {
+    SCOPED_TRACE(bs);
+    const PagedCache pc = build_paged_cache(oob, bs);
+    const std::int64_t s_kv = static_cast<std::int64_t>(pc.num_blocks) * pc.block_size;
+    const Tensor dec = global_slots(oob, m, pc), pre = global_slots(oob, m, pc, s_kv);
+    const Tensor ref = global_slots(random, r, build_paged_cache(random, bs));
+    std::set<std::string> kinds;
+    for (std::int64_t k = 0; k < dec.numel(); ++k) {
+      const std::int32_t want = ref.data<std::int32_t>()[k], d = dec.data<std::int32_t>()[k], p = pre.data<std::int32_t>()[k];
+      EXPECT_EQ(d, want) << "decode: -1 where the prefill gets an index >= s_kv";
+      if (want != -1) {
+        EXPECT_EQ(p, want);
+        continue;
+      }
+      ASSERT_GE(p, s_kv) << "element " << k;
+      kinds.insert(p == s_kv                                     ? "s_kv"
+                   : p <= s_kv + kPastEndNear                    ? "s_kv + small"
+                   : p == std::numeric_limits<std::int32_t>::max() ? "INT32_MAX"
+                                                                   : "large");
+    }
+    EXPECT_EQ(kinds.size(), 4u) << "every kind of index past the end";
+    EXPECT_EQ(check_slots(dec.view(), pc, "indices"), "");
+    EXPECT_NE(check_slots(pre.view(), pc, "indices"), "") << "the decode form refuses indices past the end";
+    EXPECT_EQ(check_slots(pre.view(), pc, "indices", true), "");
+    // Other garbage stays refused in the prefill form too.
+    Tensor bad = pre;
+    bad.data<std::int32_t>()[3] = -5;
+    EXPECT_NE(check_slots(bad.view(), pc, "indices", true), "");
+  }
+  EXPECT_EQ(past_end_index(kIndexPastEnd, 1000), 1000);
+  EXPECT_EQ(past_end_index(kIndexPastEnd - kPastEndNear, 1000), 1064);
+  EXPECT_EQ(past_end_index(kIndexFar, 1000), std::numeric_limits<std::int32_t>::max());
+  EXPECT_EQ(past_end_index(kIndexPastEnd - 5, std::numeric_limits<std::int32_t>::max()),
+            std::numeric_limits<std::int32_t>::max()) << "saturates";
+  EXPECT_FALSE(is_past_end(kIndexInvalid));
+  EXPECT_FALSE(is_past_end(kIndexPoisoned));
+  EXPECT_FALSE(is_past_end(kIndexPastEnd - kPastEndNear - 1));
+  EXPECT_THROW(past_end_index(-100, 1000), std::logic_error);
+  // V4 has no top-k row for the pattern to fill.
+  CaseSpec v4 = v4_spec();
+  v4.sparse.pattern = IndexPattern::kOutOfRange;
+  EXPECT_THROW(generate_case(v4), InvalidCase);
 }
 
 TEST(SparseIndices, V4WindowAndCompressedRows) {

@@ -1,11 +1,13 @@
 // Golden files of sparse cases: export, run --golden, replay and results files
 // round-trip the sparse inputs (index sets, lengths, sink, V4's compressed
-// entries) and references; and a file whose sparse values a kernel would act
-// on wrongly (an index outside its request, a poisoned slot inside a length, a
-// non-finite reference or sink) is refused as an input error (exit 2), the
+// entries, the oob pattern's past-the-end codes) and references; and a file
+// whose sparse values a kernel would act on wrongly (an index outside its
+// request, a past-the-end code outside the oob pattern, a poisoned slot inside
+// a length, a non-finite reference or sink) is refused as an input error (exit 2), the
 // message naming the dataset and the value.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -26,6 +28,9 @@ std::vector<CaseSpec> sparse_specs() {
     if (c.batch.name == "sparse_mixed" && c.sparse.topk == 128 && c.kv_cache_dtype == KvCacheDtype::kAuto &&
         (c.sparse.pattern == IndexPattern::kLengths || c.sparse.pattern == IndexPattern::kRandom))
       out.push_back(c);
+  // Past-the-end codes (the oob pattern) stored and read back.
+  for (const CaseSpec& c : load_suite("sparse").cases)
+    if (c.batch.name == "sparse_mixed" && c.sparse.pattern == IndexPattern::kOutOfRange) out.push_back(c);
   for (const CaseSpec& c : load_suite("v4").cases)
     if (c.batch.name == "v4_mixed" && c.sparse.window == 128 && c.sparse.compress == 4 && c.kv_cache_dtype == KvCacheDtype::kFp8V4)
       out.push_back(c);
@@ -37,9 +42,9 @@ void export_sparse(const fs::path& p) {
   export_golden(sparse_specs(), p.string(), opt);
 }
 
-std::string id_where(const std::vector<CaseSpec>& specs, bool v4) {
+std::string id_where(const std::vector<CaseSpec>& specs, bool v4, IndexPattern v32 = IndexPattern::kLengths) {
   for (const CaseSpec& c : specs)
-    if (c.sparse.v4() == v4 && (v4 || c.sparse.pattern == IndexPattern::kLengths)) return c.id();
+    if (c.sparse.v4() == v4 && (v4 || c.sparse.pattern == v32)) return c.id();
   return {};
 }
 
@@ -57,7 +62,7 @@ std::string load_error(const fs::path& p) {
 TEST(SparseGolden, ExportRunGoldenReplayAndResultsRoundTrip) {
   ScratchDir d;
   export_sparse(d / "g.h5");
-  ASSERT_EQ(sparse_specs().size(), 3u);
+  ASSERT_EQ(sparse_specs().size(), 4u);
   EXPECT_EQ(cli({"run", "--golden", (d / "g.h5").string(), "--backend", "cpu.sparse", "--quiet", "--no-progress",
                  "--save-results", (d / "r.h5").string()}),
             0);
@@ -73,6 +78,10 @@ TEST(SparseGolden, ExportRunGoldenReplayAndResultsRoundTrip) {
   const Case fresh = generate_case(pc.c.spec);
   EXPECT_EQ(pc.c.sparse->extra.pos, fresh.sparse->extra.pos);
   EXPECT_EQ(pc.c.sparse->compressed.kv_c.nbytes(), fresh.sparse->compressed.kv_c.nbytes());
+  const PreparedCase oob = r.load_case(id_where(sparse_specs(), false, IndexPattern::kOutOfRange));
+  ASSERT_TRUE(oob.c.sparse);
+  EXPECT_EQ(oob.c.sparse->main.pos, generate_case(oob.c.spec).sparse->main.pos);
+  EXPECT_TRUE(std::any_of(oob.c.sparse->main.pos.begin(), oob.c.sparse->main.pos.end(), is_past_end));
 }
 
 TEST(SparseGolden, HostileSparseValuesAreInputErrors) {
@@ -80,8 +89,9 @@ TEST(SparseGolden, HostileSparseValuesAreInputErrors) {
   export_sparse(d / "good.h5");
   const std::vector<CaseSpec> specs = sparse_specs();
   const std::string v32 = id_where(specs, false), v4 = id_where(specs, true);
+  const std::string oob_id = id_where(specs, false, IndexPattern::kOutOfRange);
   GoldenReader good((d / "good.h5").string());
-  const PreparedCase a = good.load_case(v32), b = good.load_case(v4);
+  const PreparedCase a = good.load_case(v32), b = good.load_case(v4), oob = good.load_case(oob_id);
   struct Variant {
     const char* name;
     std::string id;
@@ -117,6 +127,27 @@ TEST(SparseGolden, HostileSparseValuesAreInputErrors) {
          return i32(v, {T, K});
        },
        "index 2147480000"},
+      {"past-the-end code outside the oob pattern", v32, "indices",
+       [&] {
+         auto v = a.c.sparse->main.pos;
+         v[1] = kIndexPastEnd;
+         return i32(v, {T, K});
+       },
+       "index -3 at token 0, slot 1 is neither -1 nor a key"},
+      {"a negative index that is no past-the-end code, in an oob case", oob_id, "indices",
+       [&] {
+         auto v = oob.c.sparse->main.pos;
+         v[1] = kIndexPastEnd - kPastEndNear - 1;
+         return i32(v, {oob.c.num_tokens, oob.c.sparse->main.width});
+       },
+       "index -68 at token 0, slot 1 is neither -1, a past-the-end code nor a key"},
+      {"huge index in an oob case", oob_id, "indices",
+       [&] {
+         auto v = oob.c.sparse->main.pos;
+         v[2] = 2147480000;
+         return i32(v, {oob.c.num_tokens, oob.c.sparse->main.width});
+       },
+       "index 2147480000 at token 0, slot 2"},
       {"poisoned slot inside the length", v32, "indices",
        [&] {
          auto v = a.c.sparse->main.pos;
