@@ -280,6 +280,8 @@ class CpuSparse final : public Backend {
         for (Index k = 0; k < n; ++k) {
           std::int32_t r = idx[t * K + k];
           if (r < 0 && faults_.reads_invalid_index) r = 0;  // planted: -1 clamped to row 0
+          if (r >= S && faults_.past_end_wraps) r = static_cast<std::int32_t>(r % S);  // planted: wrapped into the buffer
+          // -1 and any index >= S_kv name no key (FlashMLA's sparse prefill).
           if (r < 0 || r >= S) continue;
           for (Index x = 0; x < D; ++x) keys(used, x) = from16(kv[r * D + x], dt);
           ++used;

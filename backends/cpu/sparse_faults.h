@@ -12,6 +12,7 @@ namespace mlagate {
 
 struct SparseFaults {
   bool reads_invalid_index = false;   // -1 read as slot 0 (the null block) instead of skipped
+  bool past_end_wraps = false;        // sparse_prefill: an index >= S_kv read as row index % S_kv, not skipped
   bool ignores_topk_length = false;   // every slot of a row read, past topk_length too
   bool drops_sink = false;            // the sink left out of the denominator
   bool sink_in_lse = false;           // the sink counted in the returned lse

@@ -1,7 +1,8 @@
 // The sparse ops' bug classes, caught by the default gate: each planted fault
-// of cpu.sparse (an invalid index read, topk_length ignored, the sink dropped
-// or counted in lse, an fp8_ds_mla scale rule mismatch, a V4 window off by one,
-// a V4 writer that ignores the per-page layout) fails the sparse or v4 suite
+// of cpu.sparse (an invalid index read, an index past the end wrapped into the
+// prefill buffer, topk_length ignored, the sink dropped or counted in lse, an
+// fp8_ds_mla scale rule mismatch, a V4 window off by one, a V4 writer that
+// ignores the per-page layout) fails the sparse or v4 suite
 // under the default policy (baseline, fudge 2) with the status its class gives,
 // and the correct cpu.sparse and cpu.sparse.splitkv pass both suites, their
 // writer bit-exact.
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <string>
 
 #include "backends/cpu/cpu_backends.h"
 #include "backends/cpu/sparse_faults.h"
@@ -111,6 +113,35 @@ TEST(SparseGate, EveryPlantedSparseBugIsCaught) {
     std::printf("%-26s caught on %d of %zu records (%d %s)\n", bug.name, caught, rs.size(), st[bug.expected],
                 std::string(status_name(bug.expected)).c_str());
   }
+}
+
+// sparse_prefill's other form of "no key", an index >= S_kv (FlashMLA's
+// flash_mla_sparse_fwd: "-1 or any number >= s_kv"): a prefill kernel that
+// wraps such an index into the buffer (index % S_kv) passes every case of the
+// sparse suite that only uses -1, and fails the oob cases' prefill records
+// (S_kv itself wraps to row 0, the null block: NaN); their decode records pass,
+// since the decode op gets -1 there.
+TEST(SparseGate, APrefillThatWrapsIndicesPastTheEndIsCaughtOnlyByTheOobCases) {
+  SparseFaults x;
+  x.past_end_wraps = true;
+  std::vector<std::unique_ptr<Backend>> bs;
+  bs.push_back(detail::make_cpu_sparse_with_faults(x, "planted.past_end_wraps"));
+  const std::vector<Record> rs = run_cases(gate(suite_cases("sparse"), {Op::kSparseDecode, Op::kSparsePrefill}), bs);
+  int oob_prefill = 0, caught = 0, others = 0;
+  for (const Record& r : rs) {
+    const bool oob = r.case_id.find("/idx=oob") != std::string::npos;
+    if (oob && r.op == "sparse_prefill") {
+      ++oob_prefill;
+      caught += r.status == Status::kNonfinite;
+      EXPECT_EQ(r.status, Status::kNonfinite) << r.case_id << ": " << r.message;
+    } else {
+      ++others;
+      EXPECT_EQ(r.status, Status::kPassed) << r.case_id << " " << r.op << ": " << r.message;
+    }
+  }
+  EXPECT_GE(oob_prefill, 2) << "the sparse suite has no oob case";
+  std::printf("past_end_wraps: the oob cases' prefill records %d of %d NONFINITE; the other %d records passed\n", caught,
+              oob_prefill, others);
 }
 
 TEST(SparseGate, AV4WriterThatIgnoresThePageLayoutFailsCacheWrite) {
