@@ -47,13 +47,25 @@ void round_all(float* x, Index n, DType dt) {
   for (Index i = 0; i < n; ++i) x[i] = round_to(x[i], dt);
 }
 
+// How the decode path reads an fp8 cache's dequantized keys (the header: its
+// two plain implementations).
+enum class KeyRead : std::uint8_t {
+  kModelDtype,  // rounded to the model dtype (the seed's `.to(dtype)`, a 16-bit MMA operand)
+  kF32,         // `e4m3 * scale` as the kernel computes it in fp32, not rounded
+};
+
 // Elements [first, first+n) of a tensor as fp32; fp32 tensors (an fp8 cache's
-// dequantized values) are rounded to the model dtype, 16-bit ones are exact.
-void load(const TensorView& v, Index first, Index n, float* dst, DType model) {
+// dequantized values) are rounded to the model dtype unless `read` is kF32,
+// 16-bit ones are exact.
+void load(const TensorView& v, Index first, Index n, float* dst, DType model, KeyRead read = KeyRead::kModelDtype) {
   if (detail::widen_16bit(v, first, n, dst)) return;
   switch (v.dtype) {
     case DType::kF32: {
       const float* p = v.as<float>() + first;
+      if (read == KeyRead::kF32) {
+        std::copy_n(p, n, dst);
+        return;
+      }
       for (Index k = 0; k < n; ++k) dst[k] = round_to(p[k], model);
       return;
     }
@@ -153,7 +165,7 @@ void load_head(const Tensor& w, Index h, float* dst, Index ld, DType dt) {
 // tokens (tokens of request req[k] start at row tok0[k]), keys from the case.
 // Writes o_lat [n_tok, N, L] (rounded) and lse [n_tok, N].
 void mqa_core(const Case& c, std::span<const int> req, std::span<const Index> tok0, const float* q_full, float* o_lat,
-              float* lse) {
+              float* lse, KeyRead read) {
   const Dimensions x = dims_of(c);
   const Index D = x.L + x.R;
   const DType dt = c.spec.dtype;
@@ -197,8 +209,8 @@ void mqa_core(const Case& c, std::span<const int> req, std::span<const Index> to
       const Index kv0 = c.kv_start_loc[i];
       if (i != keys_request) keys_request = i, keys_loaded = 0;
       for (Index j = keys_loaded; j < nk; ++j) {
-        load(kv_c, (kv0 + j) * x.L, x.L, keys.data() + j * D, dt);
-        load(k_pe, (kv0 + j) * x.R, x.R, keys.data() + j * D + x.L, dt);
+        load(kv_c, (kv0 + j) * x.L, x.L, keys.data() + j * D, dt, read);
+        load(k_pe, (kv0 + j) * x.R, x.R, keys.data() + j * D + x.L, dt, read);
       }
       keys_loaded = std::max<Index>(keys_loaded, nk);
       // v = kv_c: the first L columns of the keys.
@@ -264,26 +276,37 @@ void emulate_decode_form(const Case& c, std::span<const int> req, SdpaResult& e)
     }
   }
   std::vector<float> o_lat(static_cast<std::size_t>(n * x.N * x.L)), lse(static_cast<std::size_t>(n * x.N));
-  mqa_core(c, req, tok0, q_full.data(), o_lat.data(), lse.data());
   // out[:, h*V..] = round(o_lat[:, h, :] @ W_UV[:, h, :]): per head, one
   // [q_len, L] x [L, V] GEMM per request (as above).
+  const auto project = [&](std::vector<double>& out, std::vector<double>& lse_out) {
 #pragma omp parallel
-  {
-    MatF w(x.L, x.V), o(n, x.V);
+    {
+      MatF w(x.L, x.V), o(n, x.V);
 #pragma omp for schedule(dynamic, 1)
-    for (Index h = 0; h < x.N; ++h) {
-      load_head(c.w_uv, h, w.data(), x.V, dt);
-      for (std::size_t k = 0; k < len.size(); ++k)
-        if (len[k] > 0)
-          o.middleRows(tok0[k], len[k]).noalias() =
-              cmat(o_lat.data() + (tok0[k] * x.N + h) * x.L, len[k], x.L, x.N * x.L) * w;
-      for (Index t = 0; t < n; ++t) {
-        round_all(o.data() + t * x.V, x.V, dt);
-        for (Index v = 0; v < x.V; ++v)
-          e.out[static_cast<std::size_t>((token[t] * x.N + h) * x.V + v)] = o(t, v);
-        e.lse[static_cast<std::size_t>(token[t] * x.N + h)] = lse[static_cast<std::size_t>(t * x.N + h)];
+      for (Index h = 0; h < x.N; ++h) {
+        load_head(c.w_uv, h, w.data(), x.V, dt);
+        for (std::size_t k = 0; k < len.size(); ++k)
+          if (len[k] > 0)
+            o.middleRows(tok0[k], len[k]).noalias() =
+                cmat(o_lat.data() + (tok0[k] * x.N + h) * x.L, len[k], x.L, x.N * x.L) * w;
+        for (Index t = 0; t < n; ++t) {
+          round_all(o.data() + t * x.V, x.V, dt);
+          for (Index v = 0; v < x.V; ++v)
+            out[static_cast<std::size_t>((token[t] * x.N + h) * x.V + v)] = o(t, v);
+          lse_out[static_cast<std::size_t>(token[t] * x.N + h)] = lse[static_cast<std::size_t>(t * x.N + h)];
+        }
       }
     }
+  };
+  mqa_core(c, req, tok0, q_full.data(), o_lat.data(), lse.data(), KeyRead::kModelDtype);
+  project(e.out, e.lse);
+  // The decode path's other plain implementation (the header): the same
+  // queries over the keys in fp32, where that differs from the rounded keys.
+  if (!cache_values_exact(c)) {
+    e.out_f32_keys.assign(e.out.size(), kNaNd);
+    e.lse_f32_keys.assign(e.lse.size(), kNaNd);
+    mqa_core(c, req, tok0, q_full.data(), o_lat.data(), lse.data(), KeyRead::kF32);
+    project(e.out_f32_keys, e.lse_f32_keys);
   }
 }
 
@@ -373,6 +396,20 @@ void emulate_prefill_form(const Case& c, std::span<const int> req, const KvProje
 
 std::string_view sdpa_form_name(SdpaForm f) { return f == SdpaForm::kDecode ? "decode" : "prefill"; }
 
+bool cache_values_exact(const Case& c) {
+  const DType dt = c.spec.dtype;
+  const auto exact = [dt](const Tensor& t) {
+    if (t.empty()) return true;
+    const float* p = t.data<float>();
+    const std::int64_t n = t.numel();
+    bool ok = true;
+#pragma omp parallel for schedule(static) reduction(&& : ok)
+    for (std::int64_t k = 0; k < n; ++k) ok = ok && round_to(p[k], dt) == p[k];
+    return ok;
+  };
+  return exact(c.kv_c_cache) && exact(c.k_pe_cache);
+}
+
 SdpaResult emulate_sdpa_layer(const Case& c, SdpaForm form, std::span<const int> requests,
                               const KvProjection* projection) {
   check_model_dtype(c);
@@ -396,6 +433,13 @@ double baseline_error(const std::vector<double>& a, const std::vector<double>& b
   return worst;
 }
 
+double baseline_error(const SdpaResult& e, bool lse, const std::vector<double>& ref, std::size_t first, std::size_t n) {
+  const std::vector<double>& main = lse ? e.lse : e.out;
+  const std::vector<double>& f32_keys = lse ? e.lse_f32_keys : e.out_f32_keys;
+  const double err = baseline_error(main, ref, first, n);
+  return f32_keys.empty() ? err : std::max(err, baseline_error(f32_keys, ref, first, n));
+}
+
 void layer_baseline_errors(const Case& c, const SdpaResult& e, const std::vector<double>& ref_out,
                            const std::vector<double>& ref_lse, std::span<const int> requests, std::vector<double>& out,
                            std::vector<double>& lse) {
@@ -406,8 +450,8 @@ void layer_baseline_errors(const Case& c, const SdpaResult& e, const std::vector
   for (int i : requests) {
     const auto first = static_cast<std::size_t>(c.query_start_loc[i]);
     const auto count = static_cast<std::size_t>(c.query_lens[i]);
-    out[static_cast<std::size_t>(i)] = baseline_error(e.out, ref_out, first * N * V, count * N * V);
-    lse[static_cast<std::size_t>(i)] = baseline_error(e.lse, ref_lse, first * N, count * N);
+    out[static_cast<std::size_t>(i)] = baseline_error(e, false, ref_out, first * N * V, count * N * V);
+    lse[static_cast<std::size_t>(i)] = baseline_error(e, true, ref_lse, first * N, count * N);
   }
 }
 
@@ -425,8 +469,15 @@ SdpaResult emulate_sdpa_decode_op(const Case& c, const TensorView& q_lat) {
   std::vector<Index> tok0(static_cast<std::size_t>(c.num_requests));
   for (int i = 0; i < c.num_requests; ++i) req[i] = i, tok0[i] = c.query_start_loc[i];
   std::vector<float> o(static_cast<std::size_t>(T * x.N * x.L)), lse(static_cast<std::size_t>(T * x.N));
-  mqa_core(c, req, tok0, q_full.data(), o.data(), lse.data());
-  return {std::vector<double>(o.begin(), o.end()), std::vector<double>(lse.begin(), lse.end())};
+  mqa_core(c, req, tok0, q_full.data(), o.data(), lse.data(), KeyRead::kModelDtype);
+  SdpaResult e{std::vector<double>(o.begin(), o.end()), std::vector<double>(lse.begin(), lse.end()), {}, {}};
+  // The decode kernel's other plain implementation: the keys in fp32 (the header).
+  if (!cache_values_exact(c)) {
+    mqa_core(c, req, tok0, q_full.data(), o.data(), lse.data(), KeyRead::kF32);
+    e.out_f32_keys.assign(o.begin(), o.end());
+    e.lse_f32_keys.assign(lse.begin(), lse.end());
+  }
+  return e;
 }
 
 SdpaResult emulate_sdpa_prefill_op(const Case& c, const TensorView& k, const TensorView& v) {

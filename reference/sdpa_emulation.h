@@ -33,12 +33,35 @@ std::string_view sdpa_form_name(SdpaForm f);  // "decode" | "prefill"
 //   3. the decode form's W_UV einsum, rounded.
 // fp8 caches: keys are the dequantized cache (c.kv_c_cache) rounded to the
 // model dtype, as the reference's `.to(dtype)` of the dequantized tensor.
+// Where that rounding is not exact (fp8_ds_mla:raw tile scales, k_scale 0.01:
+// cache_values_exact), the decode form and the decode op also run the decode
+// path's other plain implementation, the keys as the kernel dequantizes them,
+// `e4m3 * scale` in fp32, never rounded. Both are correct and they make
+// different errors: vLLM's dense decode kernels and cpu.* / cuda.* read the
+// keys in fp32; torch.sdpa.* (and the sparse readers, FlashMLA's bf16 MMA
+// operand) round them to the model dtype. Either one alone as err_baseline
+// judged the other kind of backend by a different random error, and tiny
+// cases failed correct backends (cases/KV_CACHE.md, "err_baseline on inexact
+// fp8 caches"); err_baseline is the larger error of the two (baseline_error
+// below). The prefill form has one implementation: the layer glue rounds the
+// latent into the model-dtype workspace before up-projecting it, as vLLM's
+// gather-and-upconvert does, for every backend.
 // lse (not an SDPA output) is the fp32 m + log(sum) of step 2.
-// (reference/torch/torch_reference.h computes the same forms with libtorch.)
+// (reference/torch/torch_reference.h computes the same forms with libtorch;
+// its keys are rounded.)
 struct SdpaResult {
   std::vector<double> out;  // model-dtype values; layer and prefill op: [T, N*V]; decode op: [T, N, L]
   std::vector<double> lse;  // [T, N] fp32 values; -inf for rows with no visible key
+  // The decode path with fp32 keys, laid out as out and lse; empty where the
+  // rounded keys are exact (then it is the same bits) and for the prefill form.
+  std::vector<double> out_f32_keys, lse_f32_keys;
 };
+
+// Whether every dequantized value of the case's cache (c.kv_c_cache,
+// c.k_pe_cache) is exact in the model dtype: true without an fp8 cache, for
+// fp8_ds_mla:pow2 (e4m3 times a power of two) and for fp8 with k_scale 1 or 3
+// in bf16; false for fp8_ds_mla:raw and k_scale 0.01.
+bool cache_values_exact(const Case& c);
 
 class KvProjection;  // reference/glue.h
 
@@ -61,6 +84,10 @@ SdpaResult emulate_sdpa_prefill_op(const Case& c, const TensorView& k, const Ten
 // err_baseline's parts (SPEC: Pass rules, rule 5): the largest |a - b| over
 // the pairs of elements [first, first + n) where both are finite.
 double baseline_error(const std::vector<double>& a, const std::vector<double>& b, std::size_t first, std::size_t n);
+// The same for one output of an emulation (lse or out) against the reference
+// `ref`: the larger error of its plain implementations (out and, where it has
+// one, out_f32_keys; likewise lse).
+double baseline_error(const SdpaResult& e, bool lse, const std::vector<double>& ref, std::size_t first, std::size_t n);
 
 // The layer op's per-request err_baseline of one form: for each request i of
 // `requests`, out[i] and lse[i] are the largest error of the emulation `e`

@@ -310,7 +310,16 @@ struct CaseContext {
     };
     SdpaResult e = impl.layer ? impl.layer(c, form, need) : emulate();
     // A replacement without lse (SDPA returns none): lse from the emulation.
-    if (e.lse.empty()) e.lse = emulate().lse;
+    // Nor has it the decode path with fp32 keys on a cache whose rounded keys
+    // are inexact (torch's SDPA takes 16-bit keys; sdpa_emulation.h): that
+    // implementation's errors come from the emulation too.
+    const bool wants_f32_keys = form == SdpaForm::kDecode && !cache_values_exact(c);
+    if (e.lse.empty() || (wants_f32_keys && (e.out_f32_keys.empty() || e.lse_f32_keys.empty()))) {
+      SdpaResult em = emulate();
+      if (e.lse.empty()) e.lse = std::move(em.lse);
+      if (e.out_f32_keys.empty()) e.out_f32_keys = std::move(em.out_f32_keys);
+      if (e.lse_f32_keys.empty()) e.lse_f32_keys = std::move(em.lse_f32_keys);
+    }
     return e;
   }
   // Emulations made ahead (overlap_reference_and_baseline) for exactly these requests.
@@ -396,8 +405,8 @@ struct CaseContext {
       prepare_decode();
       const auto t0 = Clock::now();
       const SdpaResult e = emulate_sdpa_decode_op(c, q_lat->view());
-      base_decode_op = BaselineErrors{baseline_error(e.out, mqa_o_lat, 0, e.out.size()),
-                                      baseline_error(e.lse, mqa_lse, 0, e.lse.size())};
+      base_decode_op = BaselineErrors{baseline_error(e, false, mqa_o_lat, 0, e.out.size()),
+                                      baseline_error(e, true, mqa_lse, 0, e.lse.size())};
       baseline_ms += ms_since(t0);
     }
     return *base_decode_op;

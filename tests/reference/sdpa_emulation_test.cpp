@@ -10,11 +10,13 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "cases/case.h"
 #include "cases/suite.h"
 #include "reference/fp64_reference.h"
+#include "reference/glue.h"
 #include "reference/sdpa_emulation.h"
 
 namespace mlagate {
@@ -107,6 +109,68 @@ TEST(SdpaEmulation, EachRequestsBitsDoNotDependOnTheOthersEmulatedWithIt) {
         }
       }
     }
+  }
+}
+
+// fp8 caches whose dequantized keys are not exact in the model dtype (raw tile
+// scales, k_scale 0.01) get the decode path's second plain implementation,
+// keys in fp32 (sdpa_emulation.h; cases/KV_CACHE.md, "err_baseline on inexact
+// fp8 caches"), and err_baseline is the larger error of the two. Exact caches
+// (auto, pow2 tile scales, k_scale 3) and the prefill form have only one. A
+// request's fp32-keys rows, too, depend on it alone.
+TEST(SdpaEmulation, DecodePathWithFp32KeysWhereRoundedKeysAreInexact) {
+  struct Kv {
+    const char* format;
+    float k_scale;
+    bool exact;
+  };
+  for (const Kv& kv : {Kv{"auto", 1.f, true}, Kv{"fp8", 3.f, true}, Kv{"fp8_ds_mla:pow2", 1.f, true},
+                       Kv{"fp8_ds_mla:raw", 1.f, false}, Kv{"fp8", 0.01f, false}}) {
+    SCOPED_TRACE(std::string(kv.format) + " k_scale " + std::to_string(kv.k_scale));
+    CaseSpec spec;
+    spec.batch = find_batch_spec("mixed_small");
+    spec.tp = 16;
+    spec.kv_cache_dtype = parse_kv_cache_format(kv.format).dtype;
+    spec.scale_rule = parse_kv_cache_format(kv.format).scale_rule;
+    spec.k_scale = kv.k_scale;
+    const Case c = generate_case(spec);
+    EXPECT_EQ(cache_values_exact(c), kv.exact);
+    const ReferenceOutputs g = reference_absorbed(c);
+    const SdpaResult d = emulate_sdpa_layer(c, SdpaForm::kDecode, all_requests(c));
+    const SdpaResult p = emulate_sdpa_layer(c, SdpaForm::kPrefill, all_requests(c));
+    EXPECT_TRUE(p.out_f32_keys.empty() && p.lse_f32_keys.empty());
+    if (kv.exact) {
+      EXPECT_TRUE(d.out_f32_keys.empty() && d.lse_f32_keys.empty());
+      EXPECT_EQ(baseline_error(d, false, g.out, 0, d.out.size()), baseline_error(d.out, g.out, 0, d.out.size()));
+      continue;
+    }
+    ASSERT_EQ(d.out_f32_keys.size(), d.out.size());
+    ASSERT_EQ(d.lse_f32_keys.size(), d.lse.size());
+    EXPECT_NE(d.out_f32_keys, d.out) << "the rounding of the keys changes the output";
+    const double rounded = baseline_error(d.out, g.out, 0, d.out.size());
+    const double f32 = baseline_error(d.out_f32_keys, g.out, 0, d.out.size());
+    EXPECT_NE(rounded, f32);
+    EXPECT_EQ(baseline_error(d, false, g.out, 0, d.out.size()), std::max(rounded, f32));
+    EXPECT_EQ(baseline_error(d, true, g.lse, 0, d.lse.size()),
+              std::max(baseline_error(d.lse, g.lse, 0, d.lse.size()), baseline_error(d.lse_f32_keys, g.lse, 0, d.lse.size())));
+    const std::size_t per_token = d.out.size() / static_cast<std::size_t>(c.num_tokens);
+    const std::size_t heads = d.lse.size() / static_cast<std::size_t>(c.num_tokens);
+    for (int i = 0; i < c.num_requests; ++i) {
+      const std::vector<int> one{i};
+      const SdpaResult alone = emulate_sdpa_layer(c, SdpaForm::kDecode, one);
+      for (std::size_t k = c.query_start_loc[i] * per_token; k < c.query_start_loc[i + 1] * per_token; ++k)
+        ASSERT_EQ(std::memcmp(&alone.out_f32_keys[k], &d.out_f32_keys[k], sizeof(double)), 0) << i << " " << k;
+      for (std::size_t k = c.query_start_loc[i] * heads; k < c.query_start_loc[i + 1] * heads; ++k)
+        ASSERT_EQ(std::memcmp(&alone.lse_f32_keys[k], &d.lse_f32_keys[k], sizeof(double)), 0) << i << " " << k;
+    }
+    // The kernel-level decode op likewise.
+    std::vector<int> tokens(static_cast<std::size_t>(c.num_tokens));
+    std::iota(tokens.begin(), tokens.end(), 0);
+    Tensor q_lat, q_pe;
+    absorb_queries(c, tokens, q_lat, q_pe);
+    const SdpaResult op = emulate_sdpa_decode_op(c, q_lat.view());
+    EXPECT_EQ(op.out_f32_keys.size(), op.out.size());
+    EXPECT_EQ(op.lse_f32_keys.size(), op.lse.size());
   }
 }
 
