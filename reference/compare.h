@@ -72,8 +72,9 @@ struct OutputCheck {
   double err_baseline = kNaN;
   int dqk = 0;
   // Some rows of a case (a decode step, a request alone) may all lack keys: a
-  // zero reference matched by a zero output passes there. Whole cases keep the
-  // rule that a reference of norm 0 proves nothing.
+  // zero reference matched by a zero output passes there; so does a whole case
+  // of seq_len-0 requests. Other cases keep the rule that a reference of norm 0
+  // proves nothing.
   bool zero_reference_ok = false;
 };
 
