@@ -29,7 +29,13 @@ Dims dims_preset(const std::string& name) {
   // DeepSeek V4: a 512-wide entry of 448 NoPE + 64 RoPE (P and V only shape the
   // absorbed queries; the sparse ops return the whole entry).
   if (name == "v4") return Dims{448, 64, 128, 128};
-  throw InputError("unknown dims preset '" + name + "' (expected deepseek, glm or v4)");
+  // "L.R.P.V", dims_label's form for dims that are no preset (shrunk or drawn
+  // cases written back as suite files); validate() bounds the values.
+  int l = 0, r = 0, p = 0, v = 0;
+  char extra = 0;
+  if (std::sscanf(name.c_str(), "%d.%d.%d.%d%c", &l, &r, &p, &v, &extra) == 4 && l > 0 && r >= 0 && p > 0 && v > 0)
+    return Dims{l, r, p, v};
+  throw InputError("unknown dims preset '" + name + "' (expected deepseek, glm, v4 or L.R.P.V such as 256.32.64.64)");
 }
 
 std::string dims_label(const Dims& d) {

@@ -80,6 +80,9 @@ class Shrinker {
     for (auto& s : run_args(yaml, cases, flags)) argv.push_back(s);
     for (const char* s : {"--no-progress", "-q", "--allow-nothing-ran", "--json"}) argv.push_back(s);
     argv.push_back(json);
+    // A failure that is no crash or hang needs no worker process (the
+    // candidate is a process of its own): half the time of a small run.
+    if (!isolate_) argv.insert(argv.end(), {"--isolate", "none"});
     spawn_and_wait(argv, (dir / "candidate.out").string());
     Outcome o;
     std::ifstream in(json);
@@ -108,6 +111,7 @@ class Shrinker {
   }
 
   int runs() const { return runs_; }
+  void isolate(bool on) { isolate_ = on; }
 
  private:
   static void spawn_and_wait(const std::vector<std::string>& args, const std::string& out) {
@@ -129,6 +133,7 @@ class Shrinker {
 
   const ShrinkOptions& opt_;
   int runs_ = 0;
+  bool isolate_ = true;
 };
 
 struct Candidate {
@@ -188,28 +193,71 @@ std::vector<Candidate> candidates(const CaseSpec& s, const std::vector<std::stri
     CaseSpec c = s;
     c.tp *= 2;
     add("heads " + std::to_string(s.num_heads()) + " -> " + std::to_string(c.num_heads()), c, flags);
+  } else if (s.tp == 1 && s.total_heads > 1) {
+    CaseSpec c = s;  // a head count no TP split gives (a drawn case): halve it
+    c.total_heads = s.total_heads / 2;
+    add("heads " + std::to_string(s.num_heads()) + " -> " + std::to_string(c.num_heads()), c, flags);
   }
   for (int i = 0; i < b; ++i) {
-    const int q = s.batch.query_lens[i], sl = s.batch.seq_lens[i];
-    if (sl - q > 0) {
+    const int q = s.batch.query_lens[i], sl = s.batch.seq_lens[i], ctx = sl - q;
+    // Halve first; then cut by a power of two >= 64 (a context keeps its
+    // remainder by every tile up to that size), then by a quarter.
+    std::vector<int> cuts;
+    if (ctx > 0) cuts.push_back(ctx - ctx / 2);
+    int p2 = 64;
+    while (p2 * 2 < ctx) p2 *= 2;
+    if (ctx > 64) cuts.push_back(p2);
+    if (ctx >= 4) cuts.push_back(ctx / 4);
+    for (int cut : cuts) {
+      if (cut <= 0) continue;
       CaseSpec c = s;
-      c.batch.seq_lens[i] = q + (sl - q) / 2;
-      add("request " + std::to_string(i) + " context " + std::to_string(sl - q) + " -> " + std::to_string((sl - q) / 2), c,
-          flags);
+      c.batch.seq_lens[i] = sl - cut;
+      add("request " + std::to_string(i) + " context " + std::to_string(ctx) + " -> " + std::to_string(ctx - cut), c, flags);
     }
-    if (q > 1) {
+    for (int nq : {q / 2, q - q / 4, q - 1}) {
+      if (nq < 1 || nq >= q) continue;
       CaseSpec c = s;
-      c.batch.query_lens[i] = q / 2;
-      c.batch.seq_lens[i] = sl - (q - q / 2);
+      c.batch.query_lens[i] = nq;
+      c.batch.seq_lens[i] = sl == 0 ? 0 : sl - (q - nq);
       // Spec decode keeps its query lengths uniform.
       if (c.batch.spec_decode)
         for (int j = 0; j < b; ++j) {
-          c.batch.seq_lens[j] = s.batch.seq_lens[j] - (s.batch.query_lens[j] - q / 2);
-          c.batch.query_lens[j] = q / 2;
+          c.batch.seq_lens[j] = s.batch.seq_lens[j] == 0 ? 0 : s.batch.seq_lens[j] - (s.batch.query_lens[j] - nq);
+          c.batch.query_lens[j] = nq;
         }
-      add("request " + std::to_string(i) + " query " + std::to_string(q) + " -> " + std::to_string(q / 2), c, flags);
+      add("request " + std::to_string(i) + " query " + std::to_string(q) + " -> " + std::to_string(nq), c, flags);
+    }
+    if (q > 1 && sl > 0 && !s.batch.spec_decode) {
+      CaseSpec c = s;  // fewer query tokens over the same keys (a seq_len rule survives it)
+      c.batch.query_lens[i] = q / 2;
+      add("request " + std::to_string(i) + " query " + std::to_string(q) + " -> " + std::to_string(q / 2) + ", same keys", c,
+          flags);
     }
   }
+  if (s.tp == 1 && s.total_heads > 1) {
+    CaseSpec c = s;  // one head fewer: a head-count rule (not a multiple of 16) survives it
+    c.total_heads = s.total_heads - 1;
+    add("heads " + std::to_string(s.num_heads()) + " -> " + std::to_string(c.num_heads()), c, flags);
+  }
+  // Sparse cases: narrower index rows, no compressed cache, no sink, plain indices.
+  const SparseSpec& sp = s.sparse;
+  auto sparse = [&](std::string what, auto&& edit) {
+    CaseSpec c = s;
+    edit(c.sparse);
+    add(std::move(what), c, flags);
+  };
+  if (sp.topk > 1) sparse("topk " + std::to_string(sp.topk) + " -> " + std::to_string(sp.topk / 2), [](SparseSpec& x) { x.topk /= 2; });
+  if (sp.window > 1)
+    sparse("window " + std::to_string(sp.window) + " -> " + std::to_string(sp.window / 2), [](SparseSpec& x) { x.window /= 2; });
+  if (sp.compress > 0) {
+    sparse("no compressed cache", [](SparseSpec& x) { x.compress = x.extra_topk = 0; });
+    if (sp.extra_topk > 1)
+      sparse("compressed row " + std::to_string(sp.extra_topk) + " -> " + std::to_string(sp.extra_topk / 2),
+             [](SparseSpec& x) { x.extra_topk /= 2; });
+  }
+  if (sp.sink) sparse("no sink", [](SparseSpec& x) { x.sink = false; });
+  if (sp.active() && sp.pattern != IndexPattern::kRandom)
+    sparse("index pattern random", [](SparseSpec& x) { x.pattern = IndexPattern::kRandom; });
   for (int bs : {1, 2, 4, 8, 16, 32, 64}) {
     if (s.block_size != 0 && bs >= s.block_size) break;
     CaseSpec c = s;
@@ -218,31 +266,51 @@ std::vector<Candidate> candidates(const CaseSpec& s, const std::vector<std::stri
         c, flags);
   }
   if (!splits_given && flag_value(flags, "--splits") == 0) add("one split (--splits 1)", s, with_flag(flags, "--splits", 1));
+  // Toward the plain case: Q magnitude and k_scale 1, bf16, an auto cache (dims stay: no
+  // set is smaller than another for every kernel).
+  if (s.q_magnitude > 1) {
+    CaseSpec c = s;
+    c.q_magnitude = std::max(1.0, s.q_magnitude / 2);
+    add("q magnitude " + exact_number(s.q_magnitude) + " -> " + exact_number(c.q_magnitude), c, flags);
+  }
+  if (s.k_scale != 1.0f) {
+    CaseSpec c = s;
+    c.k_scale = 1.0f;
+    add("k_scale " + exact_number(s.k_scale) + " -> 1", c, flags);
+  }
+  if (s.dtype != DType::kBF16) {
+    CaseSpec c = s;
+    c.dtype = DType::kBF16;
+    add("dtype bf16", c, flags);
+  }
+  if (s.kv_cache_dtype != KvCacheDtype::kAuto && !sp.v4()) {
+    CaseSpec c = s;
+    c.kv_cache_dtype = KvCacheDtype::kAuto;
+    c.scale_rule = ScaleRule::kPow2;
+    c.k_scale = 1.0f;
+    add("kv cache auto", c, flags);
+  }
   return out;
 }
 
-std::string shape(const CaseSpec& c) {
+}  // namespace
+
+std::string case_shape(const CaseSpec& c) {
   const std::vector<int>& s = c.batch.seq_lens;
   return std::to_string(c.num_requests()) + " requests, " + std::to_string(c.num_tokens()) + " query tokens, " +
          std::to_string(std::accumulate(s.begin(), s.end(), 0)) + " keys, " + std::to_string(c.num_heads()) +
          " heads, block size " + (c.block_size ? std::to_string(c.block_size) : std::string("auto"));
 }
 
-}  // namespace
-
-std::string cases_as_suite_yaml(const std::vector<CaseSpec>& cases) {
+std::string cases_as_suite_yaml(const std::vector<CaseSpec>& cases, const std::string& name) {
   std::ostringstream y;
-  y << "# Written by mlagate shrink: the cases as they ran (rerun with the command it printed).\n"
-    << "name: shrunk\ndescription: cases written by mlagate shrink\nspecs:\n";
-  for (const CaseSpec& c : cases) {
-    if (c.sparse.active()) throw InputError("shrink: sparse cases are not supported yet");
+  y << "# Written by mlagate " << name << ": the cases as they ran (rerun with the command it printed).\n"
+    << "name: " << name << "\ndescription: cases written by mlagate " << name << "\nspecs:\n";
+  for (const CaseSpec& c : cases)
     y << "  " << c.batch.name << ": {seq_lens: " << ints(c.batch.seq_lens) << ", query_lens: " << ints(c.batch.query_lens)
       << (c.batch.spec_decode ? ", spec_decode: true" : "") << "}\n";
-  }
   y << "groups:\n";
   for (const CaseSpec& c : cases) {
-    const std::string dims = dims_label(c.dims);
-    if (dims.find('.') != std::string::npos) throw InputError("shrink: dims " + dims + " are not a preset");
     y << "  - specs: [" << c.batch.name << "]\n"
       << "    tp: [" << c.tp << "]\n"
       << "    total_heads: [" << c.total_heads << "]\n"
@@ -250,23 +318,31 @@ std::string cases_as_suite_yaml(const std::vector<CaseSpec>& cases) {
       << "    kv_cache_dtype: [\"" << kv_cache_format_name(c.kv_format()) << "\"]\n"
       << "    block_size: [" << (c.block_size ? std::to_string(c.block_size) : std::string("auto")) << "]\n"
       << "    seed: [" << c.seed << "]\n"
-      << "    dims: [" << dims << "]\n"
+      << "    dims: [\"" << dims_label(c.dims) << "\"]\n"  // a preset's name, or L.R.P.V
       << "    q_magnitude: [" << exact_number(c.q_magnitude) << "]\n"
       << "    k_scale: [" << exact_number(c.k_scale) << "]\n";
     if (c.scale) y << "    scale: [" << exact_number(*c.scale) << "]\n";
+    const SparseSpec& sp = c.sparse;
+    if (sp.topk) y << "    topk: [" << sp.topk << "]\n";
+    if (sp.window) y << "    window: [" << sp.window << "]\n";
+    if (sp.compress) y << "    compressed: [\"" << sp.compress << "x" << sp.extra_topk << "\"]\n";
+    if (sp.active())
+      y << "    sink: [" << (sp.sink ? "true" : "false") << "]\n"
+        << "    index_pattern: [" << index_pattern_name(sp.pattern) << "]\n";
   }
   // What the file gives back must be these cases, bit for bit (ids carry every field).
-  const Suite back = parse_suite_yaml(y.str(), "shrunk.yaml");
+  const Suite back = parse_suite_yaml(y.str(), name + ".yaml");
   if (back.cases.size() != cases.size())
-    throw std::logic_error("shrink: the suite file holds " + std::to_string(back.cases.size()) + " cases");
+    throw std::logic_error(name + ": the suite file holds " + std::to_string(back.cases.size()) + " cases");
   for (std::size_t i = 0; i < cases.size(); ++i)
     if (back.cases[i].id() != cases[i].id())
-      throw std::logic_error("shrink: " + cases[i].id() + " reads back as " + back.cases[i].id());
+      throw std::logic_error(name + ": " + cases[i].id() + " reads back as " + back.cases[i].id());
   return y.str();
 }
 
-int shrink_main(const ShrinkOptions& in) {
+ShrinkResult shrink_case(const ShrinkOptions& in) {
   ShrinkOptions opt = in;
+  std::FILE* log = opt.log;
   // The cases as the suite file names them: suite "shrunk", batch specs named apart.
   for (std::size_t i = 0; i < opt.before.size(); ++i) {
     opt.before[i].suite = "shrunk";
@@ -285,9 +361,12 @@ int shrink_main(const ShrinkOptions& in) {
   if (want.status == "PASSED" || want.status == "NOT_SUPPORTED" || want.status == "SKIPPED")
     throw InputError("shrink: " + opt.backend + " " + std::string(op_name(opt.op)) + " on " + in.target.id() + " is " +
                      want.status + ": nothing to shrink");
-  std::printf("shrinking %s %s: %s\n  %s\n  from: %s\n", opt.backend.c_str(), std::string(op_name(opt.op)).c_str(),
-              want.status.c_str(), want.message.c_str(), shape(cur).c_str());
-  std::fflush(stdout);
+  sh.isolate(want.status == "CRASHED" || want.status == "TIMEOUT");
+  if (log) {
+    std::fprintf(log, "shrinking %s %s: %s\n  %s\n  from: %s\n", opt.backend.c_str(), std::string(op_name(opt.op)).c_str(),
+                 want.status.c_str(), want.message.c_str(), case_shape(cur).c_str());
+    std::fflush(log);
+  }
   bool progress = true;
   while (progress && sh.runs() < opt.max_runs) {
     progress = false;
@@ -297,41 +376,57 @@ int shrink_main(const ShrinkOptions& in) {
       if (!sh.same(want, got)) continue;
       cur = c.spec;
       flags = c.flags;
-      std::printf("  %-34s %s\n", c.what.c_str(), got.status.c_str());
-      std::fflush(stdout);
+      if (log) {
+        std::fprintf(log, "  %-34s %s\n", c.what.c_str(), got.status.c_str());
+        std::fflush(log);
+      }
       progress = true;
       break;
     }
   }
   // The result: its suite file, a golden bundle of it (--save-failures) and the command.
+  ShrinkResult res;
+  res.from = opt.target;
+  res.to = cur;
   const fs::path dir(opt.out_dir);
   std::vector<CaseSpec> cases = opt.before;
   cases.push_back(cur);
-  const std::string yaml = (dir / "shrunk.yaml").string();
+  res.yaml = (dir / "shrunk.yaml").string();
   {
-    std::ofstream f(yaml);
+    std::ofstream f(res.yaml);
     f << cases_as_suite_yaml(cases);
   }
   const fs::path bundle = dir / "bundle";
   fs::remove_all(bundle);
   std::vector<std::string> final_flags = flags;
   final_flags.insert(final_flags.end(), {"--save-failures", bundle.string()});
+  sh.isolate(true);  // the last run as the repro command runs it
   const Outcome last = sh.run(cur, final_flags);
-  std::string cmd = "mlagate";
-  for (const auto& a : sh.run_args(yaml, cases, flags)) cmd += " " + quote(a);
-  std::printf("  to:   %s (%d runs)\n  %s: %s\n  suite file: %s\n", shape(cur).c_str(), sh.runs(), last.status.c_str(),
-              last.message.c_str(), yaml.c_str());
+  res.runs = sh.runs();
+  res.status = last.status;
+  res.message = last.message;
+  res.same = sh.same(want, last);
+  res.repro = "mlagate";
+  for (const auto& a : sh.run_args(res.yaml, cases, flags)) res.repro += " " + quote(a);
   std::string flags_str;
   for (const auto& a : opt.run_args) flags_str += " " + quote(a);
   for (const auto& a : flags) flags_str += " " + quote(a);
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(bundle, ec))
-    std::printf("  golden bundle: %s\n  replay: mlagate replay %s --backend %s --op %s%s\n", e.path().c_str(),
-                quote(e.path().string()).c_str(), opt.backend.c_str(), std::string(op_name(opt.op)).c_str(),
-                flags_str.c_str());
-  std::printf("  repro: %s\n", cmd.c_str());
-  if (!sh.same(want, last)) std::printf("  note: the last run gave %s, not %s (a flaky failure?)\n", last.status.c_str(),
-                                        want.status.c_str());
+  for (const auto& e : fs::directory_iterator(bundle, ec)) {
+    res.bundle = e.path().string();
+    res.replay = "mlagate replay " + quote(res.bundle) + " --backend " + quote(opt.backend) + " --op " +
+                 std::string(op_name(opt.op)) + flags_str;
+  }
+  return res;
+}
+
+int shrink_main(const ShrinkOptions& opt) {
+  const ShrinkResult r = shrink_case(opt);
+  std::printf("  to:   %s (%d runs)\n  %s: %s\n  suite file: %s\n", case_shape(r.to).c_str(), r.runs, r.status.c_str(),
+              r.message.c_str(), r.yaml.c_str());
+  if (!r.bundle.empty()) std::printf("  golden bundle: %s\n  replay: %s\n", r.bundle.c_str(), r.replay.c_str());
+  std::printf("  repro: %s\n", r.repro.c_str());
+  if (!r.same) std::printf("  note: the last run gave %s, not the first run's status (a flaky failure?)\n", r.status.c_str());
   return 0;
 }
 

@@ -3,12 +3,17 @@
 // order-dependent after the same predecessors). Candidates shrink one thing at
 // a time: a serving mode's numbers first (half the --steps, half the --dcp
 // ranks, half the --dcp-interleave), then drop a request, halve a context or a
-// query, double TP (fewer heads), a smaller block size, one split (--splits 1). Each candidate runs in a
+// query (or cut a context by a power of two >= 64, which keeps its remainder
+// by any tile), halve the heads, a smaller block size, one split (--splits 1),
+// and for sparse cases half the top-k, window or compressed row, no compressed
+// cache, no sink, the random index pattern; then Q magnitude and k_scale
+// toward 1, bf16, an auto cache (the dims stay). Each candidate runs in a
 // separate `mlagate run` process (the binary itself: crashes and hangs are
 // records, plugins and exec backends come along as flags), from a suite file
 // the shrink writes, so the final case is a file a user can rerun as is.
 #pragma once
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -29,16 +34,36 @@ struct ShrinkOptions {
   std::vector<std::string> mode_flags;
   std::string out_dir = "shrunk";  // shrunk.yaml, the runs' scratch, the golden bundle
   int max_runs = 200;              // candidate runs at most
+  std::FILE* log = stdout;         // progress and result lines; nullptr: silent (mlagate explore)
 };
 
-// Serializes cases as a suite file (name "shrunk", one inline batch spec per
-// case, named by the case's batch.name). Throws InputError for what a suite
-// file cannot express (dims other than the presets, sparse cases).
-std::string cases_as_suite_yaml(const std::vector<CaseSpec>& cases);
+// What shrink_case found.
+struct ShrinkResult {
+  CaseSpec from, to;         // the case as it first failed and as shrunk (suite "shrunk", batch "target")
+  std::string status, message;  // the final run's record
+  bool same = true;             // the final run failed as the first did (false: flaky)
+  int runs = 0;
+  std::string yaml;             // the suite file of the shrunk case (and its predecessors)
+  std::string bundle;           // its golden bundle (a file in out_dir/bundle; empty when none was written)
+  std::string repro;            // the mlagate run command of the shrunk case
+  std::string replay;           // the mlagate replay command of the bundle (empty without one)
+};
 
-// Prints the progress and the result; returns the CLI exit code (0: a failing
-// case was saved, smaller or not). Throws InputError when the record does not
-// fail to begin with.
+// A case's size in words: "2 requests, 3 query tokens, 40 keys, 8 heads, block size 16".
+std::string case_shape(const CaseSpec& c);
+
+// Serializes cases as a suite file (named `name`, which must be the cases'
+// suite: ids carry it; one inline batch spec per case, named by the case's
+// batch.name): every field of a case, sparse ones and dims that are no preset
+// included. Throws std::logic_error when the file would not read back as the
+// same cases.
+std::string cases_as_suite_yaml(const std::vector<CaseSpec>& cases, const std::string& name = "shrunk");
+
+// Shrinks; throws InputError when the record does not fail to begin with.
+ShrinkResult shrink_case(const ShrinkOptions& opt);
+
+// shrink_case, printing the progress and the result; returns the CLI exit
+// code (0: a failing case was saved, smaller or not).
 int shrink_main(const ShrinkOptions& opt);
 
 }  // namespace mlagate
