@@ -4,12 +4,14 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
 
 #include "cases/errors.h"
+#include "cases/op.h"
 
 namespace mlagate {
 namespace detail {
@@ -130,6 +132,114 @@ void dedupe_by_id(std::vector<T>& cases) {
   cases = std::move(out);
 }
 
+IntRange int_range(const std::string& source, const YAML::Node& n, const char* what, int lo, int hi) {
+  const std::vector<int> v = int_list(source, n, what);
+  if (v.size() != 2 || v[0] > v[1] || v[0] < lo || v[1] > hi)
+    fail_at(source, n, std::string(what) + " must be [lo, hi] with " + std::to_string(lo) + " <= lo <= hi <= " +
+                           std::to_string(hi));
+  return {v[0], v[1]};
+}
+
+std::vector<double> positive_doubles(const std::string& source, const YAML::Node& n, const char* what) {
+  if (!n.IsSequence() || n.size() == 0) fail_at(source, n, std::string(what) + " must be a non-empty list");
+  std::vector<double> out;
+  for (const auto& e : n) {
+    const double v = scalar<double>(source, e, what);
+    if (!(v > 0) || !std::isfinite(v)) fail_at(source, e, std::string(what) + " values must be positive and finite");
+    out.push_back(v);
+  }
+  return out;
+}
+
+// A suite file's `explore:` block (cases/explore_space.h): each key narrows one
+// dimension of the space; the rest keep their defaults.
+ExploreSpace parse_explore(const std::string& source, const YAML::Node& n) {
+  if (!n.IsMap()) fail_at(source, n, "explore must be a map of dimension -> range or list");
+  static const std::set<std::string> kKeys = {"ops", "requests", "seq_len", "query_len", "heads", "dims", "dtype",
+                                              "kv_cache_dtype", "block_size", "q_magnitude", "k_scale", "topk",
+                                              "window", "compressed", "index_pattern", "padding_percent", "max_keys",
+                                              "max_work"};
+  for (const auto& kv : n)
+    if (!kKeys.count(kv.first.Scalar())) fail_at(source, kv.first, "unknown explore key '" + kv.first.Scalar() + "'");
+  ExploreSpace s;
+  auto fail_on = [&](const YAML::Node& at, auto&& f) {
+    try {
+      f();
+    } catch (const InputError& e) { fail_at(source, at, e.what()); }
+  };
+  if (n["ops"])
+    fail_on(n["ops"], [&] {
+      for (const auto& o : str_list(source, n["ops"], "ops")) {
+        (void)parse_op(o);
+        s.ops.push_back(o);
+      }
+    });
+  if (n["requests"]) s.requests = int_range(source, n["requests"], "requests", 1, 4096);
+  if (n["seq_len"]) s.seq_len = int_range(source, n["seq_len"], "seq_len", 0, 1 << 20);
+  if (n["query_len"]) s.query_len = int_range(source, n["query_len"], "query_len", 1, 8192);
+  if (n["heads"]) s.heads = int_range(source, n["heads"], "heads", 1, 1024);
+  if (n["dims"])
+    fail_on(n["dims"], [&] {
+      s.dims = str_list(source, n["dims"], "dims");
+      for (const auto& d : s.dims) (void)dims_preset(d);
+    });
+  if (n["dtype"])
+    fail_on(n["dtype"], [&] {
+      s.dtypes.clear();
+      for (const auto& d : str_list(source, n["dtype"], "dtype")) s.dtypes.push_back(parse_model_dtype(d));
+    });
+  if (n["kv_cache_dtype"])
+    fail_on(n["kv_cache_dtype"], [&] {
+      for (const auto& d : str_list(source, n["kv_cache_dtype"], "kv_cache_dtype"))
+        s.kv_dtypes.push_back(parse_kv_cache_format(d));
+    });
+  if (n["block_size"])
+    for (int b : int_list(source, n["block_size"], "block_size")) {
+      if (b < 1 || b > 1024 || (b & (b - 1)) != 0) fail_at(source, n["block_size"], "block sizes are powers of two in [1, 1024]");
+      s.block_sizes.push_back(b);
+    }
+  if (n["q_magnitude"]) s.q_magnitudes = positive_doubles(source, n["q_magnitude"], "q_magnitude");
+  if (n["k_scale"]) s.k_scales = positive_doubles(source, n["k_scale"], "k_scale");
+  if (n["topk"]) s.topk = int_range(source, n["topk"], "topk", 1, 65536);
+  if (n["window"]) s.window = int_range(source, n["window"], "window", 1, 1 << 20);
+  if (n["compressed"]) {
+    s.compress.clear();
+    for (const auto& t : str_list(source, n["compressed"], "compressed")) {
+      if (t == "none") {
+        s.compress.push_back(0);
+        continue;
+      }
+      int r = 0;
+      try {
+        r = YAML::Node(t).as<int>();
+      } catch (const YAML::Exception&) {
+        fail_at(source, n["compressed"], "bad compressed ratio '" + t + "' (a ratio >= 2, or none)");
+      }
+      if (r < 2) fail_at(source, n["compressed"], "bad compressed ratio '" + t + "' (a ratio >= 2, or none)");
+      s.compress.push_back(r);
+    }
+  }
+  if (n["index_pattern"])
+    fail_on(n["index_pattern"], [&] {
+      for (const auto& t : str_list(source, n["index_pattern"], "index_pattern")) s.patterns.push_back(parse_index_pattern(t));
+    });
+  if (n["padding_percent"]) {
+    s.padding_percent = scalar<int>(source, n["padding_percent"], "padding_percent");
+    if (s.padding_percent < 0 || s.padding_percent > 100) fail_at(source, n["padding_percent"], "padding_percent must be in [0, 100]");
+  }
+  if (n["max_keys"]) {
+    s.max_keys = scalar<std::int64_t>(source, n["max_keys"], "max_keys");
+    if (s.max_keys < 1) fail_at(source, n["max_keys"], "max_keys must be >= 1");
+  }
+  if (n["max_work"]) {
+    s.max_work = scalar<double>(source, n["max_work"], "max_work");
+    if (!(s.max_work > 0) || !std::isfinite(s.max_work)) fail_at(source, n["max_work"], "max_work must be positive");
+  }
+  for (const char* k : {"dims", "dtype", "kv_cache_dtype", "block_size", "compressed", "index_pattern", "ops"})
+    if (n[k] && n[k].IsSequence() && n[k].size() == 0) fail_at(source, n[k], std::string(k) + " must not be empty");
+  return s;
+}
+
 }  // namespace
 
 const std::vector<BatchSpec>& batch_specs() { return builtin_specs().specs; }
@@ -155,8 +265,9 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
   if (!root.IsMap()) throw InputError(source + ": a suite file must be a YAML map with name and groups");
   for (const auto& kv : root) {
     const std::string key = kv.first.Scalar();
-    if (key != "name" && key != "description" && key != "groups" && key != "specs" && key != "repeat")
-      fail_at(source, kv.first, "unknown top-level key '" + key + "' (expected name, description, repeat, specs, groups)");
+    if (key != "name" && key != "description" && key != "groups" && key != "specs" && key != "repeat" && key != "explore")
+      fail_at(source, kv.first,
+              "unknown top-level key '" + key + "' (expected name, description, repeat, specs, groups, explore)");
   }
   Suite suite;
   suite.source = source;
@@ -172,7 +283,9 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
   // A suite file may define its own batch specs beside the built-in ones.
   SpecTable local = builtin_specs();
   if (root["specs"]) parse_specs(source, root["specs"], local);
+  if (root["explore"]) suite.explore = parse_explore(source, root["explore"]);
   const YAML::Node groups = root["groups"];
+  if (!groups && suite.explore) return suite;  // a search space alone (mlagate explore --suite FILE)
   if (!groups) throw InputError(source + ": suite needs a non-empty 'groups' list");
   if (!groups.IsSequence() || groups.size() == 0) fail_at(source, groups, "suite needs a non-empty 'groups' list");
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cases/case_spec.h"
+#include "cases/explore_space.h"
 
 namespace mlagate {
 
@@ -22,7 +23,10 @@ struct Suite {
   // Runs of each (case, backend, op) compared bitwise when the user gives no
   // --repeat: the gate suite says 2, so a nondeterministic kernel fails it.
   int repeat = 1;
-  std::vector<CaseSpec> cases;
+  std::vector<CaseSpec> cases;  // empty only in a file with an explore block and no groups
+  // The file's `explore:` block: the space `mlagate explore --suite FILE` draws
+  // from (defaults for what the block leaves out).
+  std::optional<ExploreSpace> explore;
 };
 
 std::vector<std::string> builtin_suite_names();

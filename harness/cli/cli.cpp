@@ -121,6 +121,11 @@ int cli_main(int argc, char** argv) {
   shrink->add_option("--steps", sa.steps, "the failing record's decode-loop steps (shrunk toward 1)");
   shrink->add_option("--max-runs", sa.max_runs, "runs at most before the final one (the first run counts)")->capture_default_str();
 
+  ExploreArgs xa;
+  CLI::App* explore = app.add_subcommand(
+      "explore", "search the case space at random for failures no suite names; shrink and save each kind found");
+  xa.add_options(explore);
+
   std::string command_line;
   for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + exec::shell_word(argv[i]);
   const std::vector<std::string> args(argv, argv + argc);  // isolation workers get the same flags
@@ -139,6 +144,7 @@ int cli_main(int argc, char** argv) {
     if (merge->parsed()) return cmd_merge(ma, command_line);
     if (bench->parsed()) return run_bench(bench_opt, stdout);
     if (shrink->parsed()) return cmd_shrink(shrink_sel, sa);
+    if (explore->parsed()) return cmd_explore(xa);
   } catch (const InputError& e) {
     std::fprintf(stderr, "mlagate: error: %s\n", e.what());
     return kExitUsage;

@@ -61,4 +61,19 @@ struct ShrinkArgs {
 };
 int cmd_shrink(const Selection& sel, const ShrinkArgs& sa);
 
+// mlagate explore (harness/explore/EXPLORE.md).
+struct ExploreArgs {
+  std::string backends, budget, suite, out = "explore", json, html, reference = "eigen", workers;
+  std::vector<std::string> ops, devices;
+  std::uint64_t cases = 0, seed = 0;
+  int round = 16, shrink_runs = 60, threads = 0;
+  double max_work = 0, timeout = 120;
+  bool resume = false, no_shrink = false, quiet = false;
+  PolicyArgs policy;
+  PoisonArgs poison;
+  OutOfTree extra;
+  void add_options(CLI::App* app);
+};
+int cmd_explore(const ExploreArgs& ea);
+
 }  // namespace mlagate

@@ -88,6 +88,8 @@ std::vector<CaseSpec> Selection::resolve() const {
   sw.seeds = seeds;
   std::optional<Suite> base;
   if (!suite.empty()) base = load_suite(suite);
+  if (base && base->cases.empty())
+    throw InputError("suite " + base->source + " has no groups: its explore block is for `mlagate explore --suite`");
   if (!base && specs.empty()) base = load_suite("smoke");  // nothing selected: the smoke suite
   std::vector<CaseSpec> cases = apply_sweep(sw, base);
   if (!filter.empty()) {

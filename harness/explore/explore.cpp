@@ -1,0 +1,419 @@
+// The search loop of `mlagate explore` (explore.h): draw a round, run it
+// through the binary, group failures by signature, shrink the first of each,
+// save the state; until the budget or the case count is spent.
+#include "harness/explore/explore.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "backends/exec/subprocess.h"
+#include "cases/errors.h"
+#include "harness/explore/explore_report.h"
+#include "harness/explore/signature.h"
+#include "harness/reliability/isolate.h"
+#include "harness/reliability/shrink.h"
+#include "reports/report.h"
+
+extern char** environ;
+
+namespace mlagate {
+
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+std::atomic<int> g_stop_signal{0};
+void on_stop(int sig) { g_stop_signal = sig; }
+
+// Runs argv with stdout and stderr into `log`; the exit code (128 + signal when killed).
+int spawn(const std::vector<std::string>& args, const std::string& log) {
+  std::vector<char*> argv;
+  for (const auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) throw std::runtime_error("explore: cannot start " + args[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string tail_of(const std::string& path, std::size_t max_bytes = 1500) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string s = ss.str();
+  return s.size() > max_bytes ? s.substr(s.size() - max_bytes) : s;
+}
+
+// Power-of-two bucket of a count: "0", "1", "2-3", "4-7", ...
+std::string bucket(long long v) {
+  if (v <= 1) return std::to_string(v);
+  long long lo = 1;
+  while (lo * 2 <= v) lo *= 2;
+  return std::to_string(lo) + "-" + std::to_string(lo * 2 - 1);
+}
+
+std::string number(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
+// The dimension values a case covers (the report's coverage table).
+void cover(Json& cov, const CaseSpec& c, Op op, int block_size) {
+  auto add = [&](const std::string& dim, const std::string& value) {
+    Json& d = cov[dim];
+    if (!d.is_object()) d = Json::object();
+    d[value] = d.value(value, 0) + 1;
+  };
+  add("op", std::string(op_name(op)));
+  add("requests", bucket(c.num_requests()));
+  const int bs = block_size > 0 ? block_size : c.block_size;
+  bool padding = false;
+  for (int i = 0; i < c.num_requests(); ++i) {
+    const int s = c.batch.seq_lens[i];
+    add("seq_len", bucket(s));
+    padding = padding || s == 0;
+    if (bs > 0 && s > 0 && (s % bs == 0 || s % bs == 1 || s % bs == bs - 1)) add("seq_len at a block edge", "bs " + std::to_string(bs));
+    if (s > 0 && (s % 64 == 0 || s % 64 == 1 || s % 64 == 63)) add("seq_len at a 64 edge", s % 64 == 0 ? "64k" : s % 64 == 1 ? "64k+1" : "64k-1");
+    add("query_len", bucket(c.batch.query_lens[i]));
+  }
+  add("padding requests", padding ? "yes" : "no");
+  add("spec decode", c.batch.spec_decode ? "yes" : "no");
+  const int h = c.num_heads();
+  add("heads", bucket(h));
+  add("heads kind", (h & (h - 1)) == 0 ? "power of two" : h % 16 == 0 ? "multiple of 16" : h % 8 == 0 ? "multiple of 8" : "other");
+  add("dims", dims_label(c.dims));
+  add("dtype", std::string(dtype_short(c.dtype)));
+  add("kv_cache_dtype", kv_cache_format_name(c.kv_format()));
+  add("block_size", bs > 0 ? std::to_string(bs) : "auto");
+  add("q_magnitude", number(c.q_magnitude));
+  add("k_scale", number(c.k_scale));
+  add("keys per case", bucket(c.num_kv_tokens()));
+  if (c.sparse.active()) {
+    add("index_pattern", std::string(index_pattern_name(c.sparse.pattern)));
+    if (c.sparse.topk) add("topk", bucket(c.sparse.topk));
+    if (c.sparse.window) add("window", bucket(c.sparse.window));
+    add("compressed", c.sparse.compress ? std::to_string(c.sparse.compress) + "x" : "none");
+    add("sink", c.sparse.sink ? "yes" : "no");
+  }
+}
+
+bool ran(Status s) { return s != Status::kSkipped && s != Status::kNotSupported; }
+
+class Search {
+ public:
+  explicit Search(const ExploreOptions& o) : opt_(o), dir_(o.out_dir) {}
+
+  int main() {
+    fs::create_directories(dir_ / "rounds");
+    fs::create_directories(dir_ / "findings");
+    const fs::path state_path = dir_ / "state.json";
+    fingerprint_ = {{"seed", opt_.seed},
+                    {"backends", opt_.backends},
+                    {"space", explore_space_yaml(opt_.space)},
+                    {"run_flags", opt_.run_flags},
+                    {"round", opt_.round},
+                    {"max_work", opt_.limits.max_work}};
+    if (fs::exists(state_path)) {
+      if (!opt_.resume)
+        throw InputError("explore: " + state_path.string() + " holds a search: --resume continues it, or give another --out");
+      load(state_path);
+    } else {
+      state_ = {{"schema", "mlagate-explore/1"},
+                {"fingerprint", fingerprint_},
+                {"next_index", 0},
+                {"elapsed_s", 0.0},
+                {"search_s", 0.0},
+                {"shrink_s", 0.0},
+                {"cases", {{"drawn", 0}, {"ran", 0}, {"undrawable", 0}}},
+                {"records", Json::object()},
+                {"record_ms", 0.0},
+                {"coverage", Json::object()},
+                {"findings", Json::array()},
+                {"harness_errors", Json::array()},
+                {"slowest", {{"ms", 0.0}, {"case", ""}}},
+                {"done", false}};
+    }
+    state_["space_source"] = opt_.space_source;
+    for (const Json& f : state_["findings"]) known_.insert(f.at("backend").get<std::string>() + " | " + f.at("signature").get<std::string>());
+    // Backends to draw within (capabilities, supports()).
+    BackendOptions bo;
+    backends_ = select_backends(opt_.backends, bo, opt_.extra);
+    std::vector<const Backend*> ptrs;
+    for (const auto& b : backends_) ptrs.push_back(b.get());
+    drawer_ = std::make_unique<CaseDrawer>(opt_.space, ptrs, opt_.seed, opt_.limits);
+
+    struct sigaction sa = {}, old_int = {}, old_term = {};
+    sa.sa_handler = on_stop;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    const auto t0 = std::chrono::steady_clock::now();
+    const double elapsed0 = state_["elapsed_s"].get<double>();
+    auto elapsed = [&] { return elapsed0 + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    if (!opt_.quiet)
+      std::printf("explore: %s, seed %llu, %s%s; state in %s\n", opt_.backends.c_str(),
+                  static_cast<unsigned long long>(opt_.seed),
+                  opt_.max_cases ? (std::to_string(opt_.max_cases) + " cases").c_str() : "",
+                  opt_.budget_s > 0 ? (" budget " + number(opt_.budget_s) + " s").c_str() : "", dir_.c_str());
+    while (g_stop_signal == 0) {
+      const std::uint64_t next = state_["next_index"].get<std::uint64_t>();
+      if (opt_.max_cases && next >= opt_.max_cases) break;
+      if (opt_.budget_s > 0 && elapsed() >= opt_.budget_s) break;
+      std::uint64_t n = static_cast<std::uint64_t>(opt_.round);
+      if (opt_.max_cases) n = std::min(n, opt_.max_cases - next);
+      const auto r0 = std::chrono::steady_clock::now();
+      round(next, n, opt_.budget_s > 0 ? opt_.budget_s - elapsed() : 0);
+      if (g_stop_signal != 0) break;  // the round was cut short: it runs again on --resume
+      state_["next_index"] = next + n;
+      state_["search_s"] = state_["search_s"].get<double>() +
+                           std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count() - last_shrink_s_;
+      state_["elapsed_s"] = elapsed();
+      save(state_path);
+      progress();
+    }
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+    state_["elapsed_s"] = elapsed();
+    const bool finished = g_stop_signal == 0;
+    state_["done"] = finished;
+    save(state_path);
+    write_reports();
+    if (!finished) {
+      std::fprintf(stderr, "explore: stopped by signal %d; --resume continues from case %llu\n", g_stop_signal.load(),
+                   static_cast<unsigned long long>(state_["next_index"].get<std::uint64_t>()));
+      return 128 + g_stop_signal;
+    }
+    summary();
+    if (!state_["findings"].empty() || !state_["harness_errors"].empty()) return 1;
+    return state_["cases"]["ran"].get<long long>() > 0 ? 0 : 4;
+  }
+
+ private:
+  void load(const fs::path& p) {
+    std::ifstream in(p);
+    try {
+      state_ = Json::parse(in);
+    } catch (const std::exception& e) {
+      throw InputError("explore: " + p.string() + " is not a search state: " + e.what());
+    }
+    if (state_.value("schema", "") != "mlagate-explore/1" || !state_.contains("fingerprint"))
+      throw InputError("explore: " + p.string() + " is not a search state of this mlagate");
+    if (state_["fingerprint"] != fingerprint_)
+      throw InputError("explore: " + p.string() + " is a search with other options (seed, backends, space or flags): "
+                       "--resume takes the same ones");
+  }
+
+  void save(const fs::path& p) const {
+    write_report_file(p.string(), [&](std::ostream& os) { os << state_.dump(1) << "\n"; });
+  }
+
+  // Cases [first, first + n): drawn, run op by op, judged.
+  void round(std::uint64_t first, std::uint64_t n, double budget_left_s) {
+    last_shrink_s_ = 0;
+    std::vector<DrawnCase> drawn;
+    for (std::uint64_t i = first; i < first + n; ++i) {
+      std::optional<DrawnCase> d = drawer_->draw(i);
+      if (!d) {
+        state_["cases"]["undrawable"] = state_["cases"]["undrawable"].get<long long>() + 1;
+        continue;
+      }
+      drawn.push_back(std::move(*d));
+    }
+    state_["cases"]["drawn"] = state_["cases"]["drawn"].get<long long>() + static_cast<long long>(n);
+    if (drawn.empty()) return;
+    std::vector<CaseSpec> specs;
+    std::map<std::string, const DrawnCase*> by_id;
+    for (const DrawnCase& d : drawn) specs.push_back(d.spec);
+    for (const DrawnCase& d : drawn) by_id[d.spec.id()] = &d;
+    const std::string yaml = (dir_ / "rounds" / "round.yaml").string();
+    {
+      std::ofstream f(yaml);
+      f << cases_as_suite_yaml(specs, "explore");
+    }
+    std::set<Op> ops;
+    for (const DrawnCase& d : drawn) ops.insert(d.op);
+    std::set<std::string> ran_cases;
+    for (Op op : ops) {
+      const std::string json = (dir_ / "rounds" / (std::string(op_name(op)) + ".json")).string();
+      const std::string log = (dir_ / "rounds" / (std::string(op_name(op)) + ".log")).string();
+      fs::remove(json);
+      std::vector<std::string> argv = {worker_executable(), "run", "--suite", yaml, "--backend", opt_.backends,
+                                       "--op", std::string(op_name(op))};
+      for (const DrawnCase& d : drawn)
+        if (d.op == op) argv.insert(argv.end(), {"--case", d.spec.id()});
+      argv.insert(argv.end(), opt_.run_flags.begin(), opt_.run_flags.end());
+      for (const char* s : {"--no-progress", "-q", "--allow-nothing-ran", "--json"}) argv.push_back(s);
+      argv.push_back(json);
+      const int rc = spawn(argv, log);
+      if (g_stop_signal != 0) return;
+      JsonReport report;
+      try {
+        report = read_json_report(json);
+      } catch (const std::exception& e) {
+        // The run itself failed (an input error on a drawn case is explore's
+        // bug): kept as a harness error with its output, the search goes on.
+        Json err = {{"round_first_case", first}, {"op", op_name(op)}, {"exit_code", rc}, {"output", tail_of(log)}};
+        state_["harness_errors"].push_back(err);
+        if (!opt_.quiet) std::fprintf(stderr, "explore: a run of round %llu (%s) failed (exit %d): see %s\n",
+                                      static_cast<unsigned long long>(first), std::string(op_name(op)).c_str(), rc, log.c_str());
+        continue;
+      }
+      std::map<std::string, double> case_ms;
+      for (const Record& r : report.records) {
+        Json& counts = state_["records"];
+        const std::string st(status_name(r.status));
+        counts[st] = counts.value(st, 0) + 1;
+        state_["record_ms"] = state_["record_ms"].get<double>() + r.timings.total_ms;
+        case_ms[r.case_id] += r.timings.total_ms;
+        const auto it = by_id.find(r.case_id);
+        if (it == by_id.end()) continue;
+        if (ran(r.status)) {
+          if (ran_cases.insert(r.case_id).second) cover(state_["coverage"], it->second->spec, op, r.block_size);
+        }
+        if (status_is_failure(r.status)) failure(r, *it->second, budget_left_s);
+      }
+      for (const auto& [id, ms] : case_ms)
+        if (ms > state_["slowest"]["ms"].get<double>()) state_["slowest"] = {{"ms", ms}, {"case", id}};
+    }
+    state_["cases"]["ran"] = state_["cases"]["ran"].get<long long>() + static_cast<long long>(ran_cases.size());
+  }
+
+  void failure(const Record& r, const DrawnCase& d, double budget_left_s) {
+    // A failure kind is per backend: two kernels failing alike are two bugs.
+    const std::string sig = failure_signature(r, d.spec);
+    const std::string key = r.backend + " | " + sig;
+    Json& findings = state_["findings"];
+    if (known_.count(key)) {
+      for (Json& f : findings)
+        if (f["signature"] == sig && f["backend"] == r.backend) {
+          f["count"] = f["count"].get<long long>() + 1;
+          if (f["examples"].size() < 5) f["examples"].push_back(r.case_id + " " + r.backend);
+        }
+      return;
+    }
+    known_.insert(key);
+    const std::string name = "f" + std::to_string(findings.size() + 1);
+    const fs::path fdir = dir_ / "findings" / name;
+    fs::create_directories(fdir);
+    {
+      std::ofstream f(fdir / "case.yaml");
+      f << cases_as_suite_yaml({d.spec}, "explore");
+    }
+    Json f = {{"name", name},
+              {"signature", sig},
+              {"status", status_name(r.status)},
+              {"backend", r.backend},
+              {"op", r.op},
+              {"count", 1},
+              {"case", r.case_id},
+              {"case_file", (fdir / "case.yaml").string()},
+              {"shape", case_shape(d.spec)},
+              {"message", r.message},
+              {"examples", Json::array({r.case_id + " " + r.backend})}};
+    if (!opt_.quiet) {
+      std::printf("  new failure %s: %s\n    %s on %s\n    %s\n", name.c_str(), sig.c_str(), r.backend.c_str(),
+                  r.case_id.c_str(), r.message.c_str());
+      std::fflush(stdout);
+    }
+    // Shrink the first case of each signature, while the budget lasts.
+    const bool time_left = opt_.budget_s <= 0 || budget_left_s > 0.1 * opt_.budget_s;
+    if (opt_.shrink && time_left && r.mode.empty()) {
+      const auto s0 = std::chrono::steady_clock::now();
+      ShrinkOptions so;
+      so.target = d.spec;
+      so.backend = r.backend;
+      so.op = parse_op(r.op);
+      so.run_args = opt_.shrink_flags;
+      so.out_dir = (fdir / "shrunk").string();
+      so.max_runs = opt_.shrink_runs;
+      so.log = nullptr;
+      try {
+        const ShrinkResult res = shrink_case(so);
+        f["shrunk"] = {{"case", res.to.id()},      {"shape", case_shape(res.to)}, {"status", res.status},
+                       {"message", res.message},   {"same", res.same},            {"runs", res.runs},
+                       {"suite_file", res.yaml},   {"bundle", res.bundle},        {"repro", res.repro},
+                       {"replay", res.replay}};
+        if (!opt_.quiet)
+          std::printf("    shrunk in %d runs to %s\n    repro: %s\n", res.runs, case_shape(res.to).c_str(), res.repro.c_str());
+      } catch (const std::exception& e) {
+        f["shrunk"] = {{"error", e.what()}};
+        if (!opt_.quiet) std::printf("    not shrunk: %s\n", e.what());
+      }
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+      last_shrink_s_ += s;
+      state_["shrink_s"] = state_["shrink_s"].get<double>() + s;
+    } else {
+      f["shrunk"] = {{"error", !opt_.shrink ? "--no-shrink" : !r.mode.empty() ? "serving modes are shrunk with mlagate shrink"
+                                                                              : "the budget was nearly spent"}};
+    }
+    std::fflush(stdout);
+    findings.push_back(std::move(f));
+  }
+
+  void progress() const {
+    if (opt_.quiet) return;
+    long long records = 0;
+    for (const auto& [k, v] : state_["records"].items()) records += v.get<long long>();
+    std::printf("  %llu cases drawn, %lld ran, %lld records, %zu signatures, %.1f s\n",
+                static_cast<unsigned long long>(state_["next_index"].get<std::uint64_t>()),
+                state_["cases"]["ran"].get<long long>(), records, state_["findings"].size(), state_["elapsed_s"].get<double>());
+    std::fflush(stdout);
+  }
+
+  void write_reports() {
+    const Json report = explore_report(state_);
+    write_report_file((dir_ / "report.json").string(), [&](std::ostream& os) { os << report.dump(1) << "\n"; });
+    if (!opt_.json.empty()) write_report_file(opt_.json, [&](std::ostream& os) { os << report.dump(1) << "\n"; });
+    const std::string html = opt_.html.empty() ? (dir_ / "report.html").string() : opt_.html;
+    write_report_file(html, [&](std::ostream& os) { write_explore_html(os, report); });
+  }
+
+  void summary() const {
+    if (opt_.quiet && state_["findings"].empty()) return;
+    const Json report = explore_report(state_);
+    std::printf("%s", explore_summary_text(report).c_str());
+  }
+
+  const ExploreOptions& opt_;
+  fs::path dir_;
+  Json state_, fingerprint_;
+  std::set<std::string> known_;
+  std::vector<std::unique_ptr<Backend>> backends_;
+  std::unique_ptr<CaseDrawer> drawer_;
+  double last_shrink_s_ = 0;
+};
+
+}  // namespace
+
+int explore_main(const ExploreOptions& opt) {
+  if (opt.max_cases == 0 && opt.budget_s <= 0) throw InputError("explore: give --cases N or --budget (e.g. 10m)");
+  if (opt.round < 1) throw InputError("explore: --round must be >= 1");
+  if (worker_executable().empty()) throw InputError("explore runs the mlagate binary: unavailable in this process");
+  g_stop_signal = 0;
+  Search s(opt);
+  return s.main();
+}
+
+}  // namespace mlagate

@@ -1,0 +1,45 @@
+// `mlagate explore` (EXPLORE.md): a random search of the case space for the
+// failures no suite names. Rounds of drawn cases (draw.h) run through the
+// mlagate binary itself (`mlagate run`: workers, isolation, --devices, every
+// backend kind), each failure is grouped by its signature (signature.h), the
+// first case of each signature is shrunk (harness/reliability/shrink.h) and
+// saved with its replay bundle and repro command, and the search's state is
+// saved after every round so that --resume continues it after a kill.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/registry.h"
+#include "cases/explore_space.h"
+#include "harness/explore/draw.h"
+
+namespace mlagate {
+
+struct ExploreOptions {
+  std::string backends = "*";           // --backend globs
+  std::vector<BackendEntry> extra;      // out-of-tree backends (--plugin, --exec)
+  // Flags every `mlagate run` of the search gets (out-of-tree backends,
+  // policy, reference, devices, workers, timeout), and the subset shrink's
+  // candidates and the repro commands get (no devices or workers).
+  std::vector<std::string> run_flags, shrink_flags;
+  ExploreSpace space;
+  std::string space_source = "default";  // "default" or the suite file's path
+  std::uint64_t seed = 0;
+  std::uint64_t max_cases = 0;  // 0: until the budget ends
+  double budget_s = 0;          // 0: until max_cases
+  int round = 16;               // cases per `mlagate run`
+  std::string out_dir = "explore";
+  std::string json, html;       // report copies beside out_dir/report.json
+  bool resume = false, shrink = true, quiet = false;
+  int shrink_runs = 60;         // candidate runs per shrink
+  DrawLimits limits;
+};
+
+// Returns the exit code: 1 when anything failed, 0 when records ran and none
+// failed, 4 when nothing ran (every record SKIPPED or NOT_SUPPORTED).
+// Throws InputError for bad options or a state file of another search.
+int explore_main(const ExploreOptions& opt);
+
+}  // namespace mlagate

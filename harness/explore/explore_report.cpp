@@ -1,0 +1,128 @@
+// explore_report.h: derived figures, the HTML page and the console summary.
+#include "harness/explore/explore_report.h"
+
+#include <cstdio>
+#include <sstream>
+
+namespace mlagate {
+
+namespace {
+
+using Json = nlohmann::json;
+
+std::string esc(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+
+std::string str(const Json& j, const char* key) {
+  if (!j.contains(key)) return "";
+  const Json& v = j[key];
+  return v.is_string() ? v.get<std::string>() : v.dump();
+}
+
+}  // namespace
+
+Json explore_report(const Json& state) {
+  Json r = state;
+  const double search_s = state.value("search_s", 0.0);
+  const long long ran = state["cases"].value("ran", 0LL);
+  long long records = 0, failed = 0;
+  for (const auto& [k, v] : state["records"].items()) {
+    records += v.get<long long>();
+    if (k != "PASSED" && k != "NOT_SUPPORTED" && k != "SKIPPED" && k != "BATCH_VARIANT") failed += v.get<long long>();
+  }
+  r["figures"] = {{"cases_per_s", search_s > 0 ? ran / search_s : 0.0},
+                  {"wall_ms_per_case", ran > 0 ? 1000.0 * search_s / ran : 0.0},
+                  {"record_ms_per_record", records > 0 ? state.value("record_ms", 0.0) / records : 0.0},
+                  {"records", records},
+                  {"failed_records", failed}};
+  const bool any_failure = !state["findings"].empty() || !state["harness_errors"].empty();
+  r["verdict"] = any_failure ? "FAIL" : ran > 0 ? "PASS" : "NOTHING_RAN";
+  return r;
+}
+
+std::string explore_summary_text(const Json& r) {
+  std::ostringstream o;
+  const Json& f = r["figures"];
+  char line[256];
+  std::snprintf(line, sizeof line, "%s: %lld cases ran (%lld drawn), %lld records, %.2f cases/s, %zu distinct failures, %.1f s\n",
+                r["verdict"].get<std::string>().c_str(), r["cases"].value("ran", 0LL), r["cases"].value("drawn", 0LL),
+                f.value("records", 0LL), f.value("cases_per_s", 0.0), r["findings"].size(), r.value("elapsed_s", 0.0));
+  o << line;
+  for (const Json& x : r["findings"]) {
+    o << "  " << str(x, "name") << " x" << str(x, "count") << "  " << str(x, "signature") << "  (" << str(x, "backend") << ")\n";
+    const Json& s = x.contains("shrunk") ? x["shrunk"] : Json::object();
+    if (s.contains("shape")) o << "     shrunk: " << str(s, "shape") << "\n     repro:  " << str(s, "repro") << "\n";
+    else o << "     first: " << str(x, "case") << " (" << str(x, "shape") << ")\n";
+  }
+  for (const Json& e : r["harness_errors"])
+    o << "  harness error: a run of op " << str(e, "op") << " exited " << str(e, "exit_code") << "\n";
+  return o.str();
+}
+
+void write_explore_html(std::ostream& os, const Json& r) {
+  const Json& f = r["figures"];
+  os << "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>mlagate explore</title><style>"
+        "body{font:14px system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:.5em 0 1.5em}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}th{background:#f3f3f3}"
+        "code{font:12px ui-monospace,monospace;white-space:pre-wrap;word-break:break-all}.FAIL{color:#b00}.PASS{color:#070}"
+        ".dims{display:flex;flex-wrap:wrap;gap:1em}.dims table{margin:0}</style></head><body>";
+  const std::string verdict = r.value("verdict", "");
+  os << "<h1>mlagate explore: <span class=\"" << esc(verdict) << "\">" << esc(verdict) << "</span></h1>";
+  os << "<table><tr><th>backends</th><td>" << esc(str(r["fingerprint"], "backends")) << "</td></tr>"
+     << "<tr><th>seed</th><td>" << esc(str(r["fingerprint"], "seed")) << "</td></tr>"
+     << "<tr><th>space</th><td><code>" << esc(str(r["fingerprint"], "space")) << "</code> (" << esc(str(r, "space_source"))
+     << ")</td></tr>"
+     << "<tr><th>cases</th><td>" << r["cases"].value("ran", 0LL) << " ran of " << r["cases"].value("drawn", 0LL)
+     << " drawn (" << r["cases"].value("undrawable", 0LL) << " undrawable)</td></tr>"
+     << "<tr><th>records</th><td>" << esc(r["records"].dump()) << "</td></tr>"
+     << "<tr><th>time</th><td>" << r.value("elapsed_s", 0.0) << " s (search " << r.value("search_s", 0.0) << " s, shrinking "
+     << r.value("shrink_s", 0.0) << " s); " << f.value("cases_per_s", 0.0) << " cases/s, " << f.value("wall_ms_per_case", 0.0)
+     << " ms per case; slowest case " << esc(str(r["slowest"], "case")) << " (" << r["slowest"].value("ms", 0.0)
+     << " ms)</td></tr></table>";
+  os << "<h2>Distinct failures (" << r["findings"].size() << ")</h2>";
+  if (!r["findings"].empty()) {
+    os << "<table><tr><th>#</th><th>signature</th><th>backend</th><th>count</th><th>first case</th><th>shrunk to</th></tr>";
+    for (const Json& x : r["findings"]) {
+      const Json& s = x.contains("shrunk") ? x["shrunk"] : Json::object();
+      os << "<tr><td>" << esc(str(x, "name")) << "</td><td>" << esc(str(x, "signature")) << "<br><code>"
+         << esc(str(x, "message")) << "</code></td><td>" << esc(str(x, "backend")) << " " << esc(str(x, "op")) << "</td><td>"
+         << esc(str(x, "count")) << "</td><td><code>" << esc(str(x, "case")) << "</code><br>" << esc(str(x, "shape"))
+         << "</td><td>";
+      if (s.contains("shape"))
+        os << esc(str(s, "shape")) << "<br>" << esc(str(s, "status")) << ": <code>" << esc(str(s, "message"))
+           << "</code><br>repro: <code>" << esc(str(s, "repro")) << "</code>"
+           << (str(s, "replay").empty() ? "" : "<br>replay: <code>" + esc(str(s, "replay")) + "</code>");
+      else
+        os << esc(str(s, "error"));
+      os << "</td></tr>";
+    }
+    os << "</table>";
+  }
+  if (!r["harness_errors"].empty()) {
+    os << "<h2>Harness errors</h2><table><tr><th>op</th><th>exit</th><th>output</th></tr>";
+    for (const Json& e : r["harness_errors"])
+      os << "<tr><td>" << esc(str(e, "op")) << "</td><td>" << esc(str(e, "exit_code")) << "</td><td><code>"
+         << esc(str(e, "output")) << "</code></td></tr>";
+    os << "</table>";
+  }
+  os << "<h2>Coverage: cases tried per dimension value</h2><div class=\"dims\">";
+  for (const auto& [dim, values] : r["coverage"].items()) {
+    os << "<table><tr><th colspan=2>" << esc(dim) << "</th></tr>";
+    for (const auto& [v, n] : values.items()) os << "<tr><td>" << esc(v) << "</td><td>" << n.dump() << "</td></tr>";
+    os << "</table>";
+  }
+  os << "</div></body></html>\n";
+}
+
+}  // namespace mlagate
