@@ -138,6 +138,9 @@ void CaseSpec::validate() const {
   if (sp.compress > 0 && sp.window == 0) fail("a compressed cache (compress) belongs to a V4 case: give window too");
   if (sp.compress == 1) fail("compress ratio 1 is no compression (use 4 or 128)");
   if (!sp.active() && (sp.sink || sp.pattern != IndexPattern::kRandom)) fail("sink and index pattern need topk or window");
+  // Found by mlagate explore: a V4 case with oob was refused only when its inputs were made.
+  if (sp.pattern == IndexPattern::kOutOfRange && sp.window > 0)
+    fail("index pattern oob fills the unused slots of top-k rows; a V4 case (window) has none");
   const double n = num_heads();
   if (total_t * n * (P + R) > kMaxElements || total_s * (L + R) > kMaxElements || double(L) * n * (P + V) > kMaxElements)
     fail("case too large (more than 4e9 elements in one tensor)");

@@ -13,9 +13,10 @@
 //   explore.seq_past_64k  a request of 65,536 keys or more is read with
 //                         seq_len mod 65,536 (its length kept in 16 bits)
 //   explore.bs1_mod64     block size 1, a request past 2,048 keys with
-//                         seq_len = 64 k + 1: its last key is skipped (a
-//                         per-64-key loop whose remainder of one key is dropped
-//                         once the context needs a second level of its loop)
+//                         seq_len = 64 k + 1: its last 65 keys are skipped (a
+//                         per-64-key loop that, once the context needs a second
+//                         level of it, stops one tile early and drops the
+//                         remainder of one key)
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -38,7 +39,7 @@ constexpr Planted kPlanted[] = {
     {"explore.heads_tile16", "cpu.paged whose heads past the last full tile of 16 repeat the previous tile's", Bug::kHeadsTile16},
     {"explore.qlen_past_64", "cpu.paged whose query tokens 64 and up of a request repeat the first tile's", Bug::kQlenPast64},
     {"explore.seq_past_64k", "cpu.paged that keeps seq_len in 16 bits (65,536 keys or more wrap)", Bug::kSeqPast64k},
-    {"explore.bs1_mod64", "cpu.paged that skips the last key of a seq_len 64k+1 request past 2,048 keys at block size 1",
+    {"explore.bs1_mod64", "cpu.paged that skips the last 65 keys of a seq_len 64k+1 request past 2,048 keys at block size 1",
      Bug::kBs1Mod64},
 };
 constexpr int kCount = sizeof(kPlanted) / sizeof(kPlanted[0]);
@@ -89,7 +90,7 @@ std::int32_t run(void* self, const mlagate_problem* p, const mlagate_args* a, ch
     std::vector<std::int32_t> mine(seq, seq + s.shape[0]);
     for (std::int32_t& v : mine) {
       if (bug == Bug::kSeqPast64k) v &= 0xFFFF;
-      if (bug == Bug::kBs1Mod64 && p->block_size == 1 && v > 2048 && v % 64 == 1) v -= 1;
+      if (bug == Bug::kBs1Mod64 && p->block_size == 1 && v > 2048 && v % 64 == 1) v -= 65;
     }
     mlagate_args copy = *a;
     copy.decode.seq_lens.data = mine.data();
