@@ -33,23 +33,8 @@ constexpr std::size_t kMaxField = 4096;
 // reaches this many bytes, so a run of thousands of records still opens quickly.
 constexpr std::size_t kMaxMapBytes = 24u << 20;
 
-// Text for element content and attribute values alike: bytes that are not valid UTF-8 (or
-// are control characters) become "\xNN" first, then the five markup characters become
-// entities, so nothing a backend or case id holds can open a tag or end an attribute.
-std::string esc(std::string_view s, std::size_t max_bytes = kMaxField) {
-  std::string out;
-  for (char c : detail::printable_text(detail::truncate_text(s, max_bytes))) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
+// Text for element content and attribute values alike (detail::html_text).
+std::string esc(std::string_view s, std::size_t max_bytes = kMaxField) { return detail::html_text(s, max_bytes); }
 
 std::string num(double v) { return detail::format_g(v); }
 

@@ -77,6 +77,21 @@ std::string printable_text(std::string_view s) {
   return out;
 }
 
+std::string html_text(std::string_view s, std::size_t max_bytes) {
+  std::string out;
+  for (char c : printable_text(truncate_text(s, max_bytes))) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
 std::string truncate_text(std::string_view s, std::size_t max_bytes) {
   if (s.size() <= max_bytes) return std::string(s);
   static constexpr std::string_view kEllipsis = "...";

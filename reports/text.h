@@ -25,6 +25,12 @@ std::string printable_text(std::string_view s);
 // `s` cut to at most `max_bytes` bytes at a UTF-8 boundary, ending in "..." when it was cut.
 std::string truncate_text(std::string_view s, std::size_t max_bytes);
 
+// Text for HTML element content and attribute values alike: cut to `max_bytes`, bytes that
+// are not valid UTF-8 (or are control characters) become "\xNN", then the five markup
+// characters become entities, so nothing a backend or case id holds can open a tag or end
+// an attribute (the HTML report and mlagate explore's page).
+std::string html_text(std::string_view s, std::size_t max_bytes);
+
 // Columns a console shows for `s`: one per code point (no wide-character handling).
 std::size_t display_width(std::string_view s);
 

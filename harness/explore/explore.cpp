@@ -3,10 +3,7 @@
 // save the state; until the budget or the case count is spent.
 #include "harness/explore/explore.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -25,9 +22,8 @@
 #include "harness/explore/signature.h"
 #include "harness/reliability/isolate.h"
 #include "harness/reliability/shrink.h"
+#include "harness/reliability/spawn.h"
 #include "reports/report.h"
-
-extern char** environ;
 
 namespace mlagate {
 
@@ -38,25 +34,6 @@ using Json = nlohmann::json;
 
 std::atomic<int> g_stop_signal{0};
 void on_stop(int sig) { g_stop_signal = sig; }
-
-// Runs argv with stdout and stderr into `log`; the exit code (128 + signal when killed).
-int spawn(const std::vector<std::string>& args, const std::string& log) {
-  std::vector<char*> argv;
-  for (const auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) throw std::runtime_error("explore: cannot start " + args[0]);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
 
 std::string tail_of(const std::string& path, std::size_t max_bytes = 1500) {
   std::ifstream in(path);
@@ -266,7 +243,7 @@ class Search {
       argv.insert(argv.end(), opt_.run_flags.begin(), opt_.run_flags.end());
       for (const char* s : {"--no-progress", "-q", "--allow-nothing-ran", "--json"}) argv.push_back(s);
       argv.push_back(json);
-      const int rc = spawn(argv, log);
+      const int rc = spawn_and_wait(argv, log);
       if (g_stop_signal != 0) return;
       JsonReport report;
       try {

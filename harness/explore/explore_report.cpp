@@ -4,25 +4,16 @@
 #include <cstdio>
 #include <sstream>
 
+#include "reports/text.h"
+
 namespace mlagate {
 
 namespace {
 
 using Json = nlohmann::json;
 
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
-    }
-  }
-  return o;
-}
+// Backend messages may hold any bytes: escaped as the HTML report escapes them.
+std::string esc(const std::string& s) { return detail::html_text(s, 64 * 1024); }
 
 std::string str(const Json& j, const char* key) {
   if (!j.contains(key)) return "";

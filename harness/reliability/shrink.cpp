@@ -2,9 +2,6 @@
 // separate `mlagate run` of the binary on a suite file written here.
 #include "harness/reliability/shrink.h"
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,9 +19,8 @@
 #include "cases/errors.h"
 #include "cases/suite.h"
 #include "harness/reliability/isolate.h"
+#include "harness/reliability/spawn.h"
 #include "reports/record.h"
-
-extern char** environ;
 
 namespace mlagate {
 
@@ -83,7 +79,7 @@ class Shrinker {
     // A failure that is no crash or hang needs no worker process (the
     // candidate is a process of its own): half the time of a small run.
     if (!isolate_) argv.insert(argv.end(), {"--isolate", "none"});
-    spawn_and_wait(argv, (dir / "candidate.out").string());
+    (void)spawn_and_wait(argv, (dir / "candidate.out").string());  // the record says how it went
     Outcome o;
     std::ifstream in(json);
     if (!in) return o;  // an input error (an impossible case): not the same failure
@@ -114,23 +110,6 @@ class Shrinker {
   void isolate(bool on) { isolate_ = on; }
 
  private:
-  static void spawn_and_wait(const std::vector<std::string>& args, const std::string& out) {
-    std::vector<char*> argv;
-    for (const auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    pid_t pid = 0;
-    const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) throw std::runtime_error("shrink: cannot start " + args[0]);
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-  }
-
   const ShrinkOptions& opt_;
   int runs_ = 0;
   bool isolate_ = true;
