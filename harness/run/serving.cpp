@@ -225,41 +225,27 @@ Record run_dcp(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, int ra
       visible[t] = c.seq_lens[i] - c.query_lens[i] + u + 1;
       owner[t] = i;
     }
-  std::vector<float> acc_o(static_cast<std::size_t>(T * N * L), 0.f);
-  std::vector<float> acc_lse(static_cast<std::size_t>(T * N), -std::numeric_limits<float>::infinity());
-  Status fail = Status::kPassed;
-  std::string fail_msg;
-  int calls = 0;
+  ShardMerge m(T, N, L);
   try {
     PagedCache shard = full;  // the same block table; each rank's keys rewritten in place
-    for (int rank = 0; rank < ranks && fail == Status::kPassed; ++rank) {
+    for (int rank = 0; rank < ranks && !m.failed(); ++rank) {
       fill_dcp_shard(c, full, shard, rank, ranks, interleave, cfg.exec.poison);
       Call call;
       for (int t = 0; t < T; ++t)
         if (const int n = dcp_local_count(visible[t], rank, ranks, interleave); n > 0) call.add(t, 1, n, owner[t]);
       if (call.empty()) continue;  // no key on this rank: its partials weigh 0
-      CallResult res = call_decode(b, c, shard, *ctx.q_lat, *ctx.q_pe, call, cfg.exec);
-      ++calls;
-      r.timings.run_ms += res.run_ms;
-      if (!res.guard.empty()) {
-        fail = Status::kIncorrect, fail_msg = "rank " + std::to_string(rank) + ": " + res.guard;
-        break;
-      }
-      // The rank's partials at their tokens' rows (absent rows: lse -inf, weight 0), merged.
-      merge_partials(call, res, acc_o, acc_lse, T, N, L);
+      if (!m.take(call, call_decode(b, c, shard, *ctx.q_lat, *ctx.q_pe, call, cfg.exec), rank, r.timings.run_ms)) break;
     }
   } catch (...) {
-    std::string why;
-    fail = current_exception_status(why);
-    fail_msg = "shard call: " + why;
+    m.take_exception();
   }
-  if (fail != Status::kPassed) {
-    r.status = fail;
-    r.message = label + ", " + fail_msg;
+  if (m.failed()) {
+    r.status = m.fail;
+    r.message = label + ", " + m.fail_msg;
     r.timings.total_ms += ms_since(t0);
     return r;
   }
-  const double compare_ms = judge_merged(ctx, cfg, r, acc_o, acc_lse, false, label, hint, calls);
+  const double compare_ms = judge_merged(ctx, cfg, r, m, false, label, hint);
   r.timings.total_ms += ms_since(t0);
   r.timings.glue_ms += ms_since(t0) - (r.timings.run_ms - run_before) - compare_ms;
   return r;

@@ -18,6 +18,19 @@ namespace mlagate::serving_detail {
 
 // ---------------------------------------------------------------- one call
 
+namespace {
+
+// The backend call, timed, then its outputs' guard bands (`out`: the value output's name).
+template <class F>
+void timed_and_guarded(CallResult& res, const char* out, F&& call) {
+  const auto t0 = Clock::now();
+  call();
+  res.run_ms = backend_call_done(t0);
+  res.guard = res.o.check_guards(out);
+  if (res.guard.empty()) res.guard = res.l.check_guards("lse");
+}
+
+}  // namespace
 
 Tensor gather_tokens(const Tensor& t, std::span<const std::int32_t> tokens) {
   Shape shape = t.shape();
@@ -47,11 +60,7 @@ CallResult call_decode(Backend& b, const Case& c, const PagedCache& cache, const
   a.k_scale = c.spec.k_scale;
   a.o_lat = res.o.view();
   a.lse = res.l.view();
-  const auto t0 = Clock::now();
-  b.decode(a);
-  res.run_ms = backend_call_done(t0);
-  res.guard = res.o.check_guards("o_lat");
-  if (res.guard.empty()) res.guard = res.l.check_guards("lse");
+  timed_and_guarded(res, "o_lat", [&] { b.decode(a); });
   return res;
 }
 
@@ -113,11 +122,7 @@ CallResult call_sparse_decode(Backend& b, const Case& c, const SparseFull& f, co
   a.scale = c.spec.softmax_scale();
   a.o = res.o.view();
   a.lse = res.l.view();
-  const auto t0 = Clock::now();
-  b.sparse_decode(a);
-  res.run_ms = backend_call_done(t0);
-  res.guard = res.o.check_guards("o");
-  if (res.guard.empty()) res.guard = res.l.check_guards("lse");
+  timed_and_guarded(res, "o", [&] { b.sparse_decode(a); });
   return res;
 }
 
@@ -186,8 +191,27 @@ BaselineErrors baseline_of(CaseContext& ctx, const RunConfig& cfg, bool sparse) 
   return {};
 }
 
-void merge_partials(const Call& call, const CallResult& res, std::vector<float>& acc_o, std::vector<float>& acc_lse,
-                    std::int64_t T, std::int64_t N, std::int64_t dim) {
+ShardMerge::ShardMerge(std::int64_t tokens, std::int64_t heads, std::int64_t width)
+    : T(tokens),
+      N(heads),
+      dim(width),
+      acc_o(static_cast<std::size_t>(tokens * heads * width), 0.f),
+      acc_lse(static_cast<std::size_t>(tokens * heads), -std::numeric_limits<float>::infinity()) {}
+
+void ShardMerge::take_exception() {
+  std::string why;
+  fail = current_exception_status(why);
+  fail_msg = "shard call: " + why;
+}
+
+bool ShardMerge::take(const Call& call, const CallResult& res, int rank, double& run_ms) {
+  ++calls;
+  run_ms += res.run_ms;
+  if (!res.guard.empty()) {
+    fail = Status::kIncorrect, fail_msg = "rank " + std::to_string(rank) + ": " + res.guard;
+    return false;
+  }
+  // The rank's partials at their tokens' rows (absent rows: lse -inf, weight 0), merged.
   Tensor part_o(DType::kF32, {T, N, dim}), part_l(DType::kF32, {T, N});
   std::fill_n(part_l.data<float>(), T * N, -std::numeric_limits<float>::infinity());
   const TensorView ov = res.o.view(), lv = res.l.view();
@@ -197,11 +221,13 @@ void merge_partials(const Call& call, const CallResult& res, std::vector<float>&
     for (std::int64_t h = 0; h < N; ++h) part_l.data<float>()[t * N + h] = static_cast<float>(lv.get(k * N + h));
   }
   merge_states(acc_o, acc_lse, part_o.view(), part_l.view(), T, N, dim);
+  return true;
 }
 
-double judge_merged(CaseContext& ctx, const RunConfig& cfg, Record& r, const std::vector<float>& acc_o,
-                    const std::vector<float>& acc_lse, bool sparse, const std::string& label, const std::string& hint,
-                    int calls) {
+double judge_merged(CaseContext& ctx, const RunConfig& cfg, Record& r, const ShardMerge& m, bool sparse,
+                    const std::string& label, const std::string& hint) {
+  const std::vector<float>&acc_o = m.acc_o, &acc_lse = m.acc_lse;
+  const int calls = m.calls;
   const Case& c = ctx.c;
   const std::int64_t T = c.num_tokens, N = c.spec.num_heads(), dim = sparse ? c.spec.sparse_dv() : c.spec.dims.kv_lora_rank;
   // The merged output in the model dtype, as vLLM's merge writes it; lse fp32.

@@ -88,16 +88,29 @@ void gather_reference(const CaseContext& ctx, const Call& call, std::vector<doub
 // The decode op's (or the sparse decode op's) err_baseline where the policy needs it.
 BaselineErrors baseline_of(CaseContext& ctx, const RunConfig& cfg, bool sparse = false);
 
-// DCP: a shard call's partial outputs (its tokens' rows of the case) merged
-// into the running fp32 merge acc_o [T, N, dim] / acc_lse [T, N].
-void merge_partials(const Call& call, const CallResult& res, std::vector<float>& acc_o, std::vector<float>& acc_lse,
-                    std::int64_t T, std::int64_t N, std::int64_t dim);
+// DCP: the running fp32 merge of the shard calls' partial outputs, acc_o
+// [T, N, dim] / acc_lse [T, N] (rows no call gave: lse -inf, weight 0), and
+// how the calls went. The dense and the sparse decode op share it.
+struct ShardMerge {
+  ShardMerge(std::int64_t tokens, std::int64_t heads, std::int64_t dim);
+  std::int64_t T, N, dim;
+  std::vector<float> acc_o, acc_lse;
+  int calls = 0;
+  Status fail = Status::kPassed;
+  std::string fail_msg;
+  bool failed() const { return fail != Status::kPassed; }
+  // One shard call of rank `rank`: its time added to run_ms, then either its
+  // touched guard band as the merge's failure (returns false: stop) or its
+  // tokens' rows merged in.
+  bool take(const Call& call, const CallResult& res, int rank, double& run_ms);
+  // The exception a shard call threw (inside a catch block), as the merge's failure.
+  void take_exception();
+};
 // DCP: the merged rows in the model dtype judged against the op's reference
 // into `r` (metrics, status, message), with the LSE base checked whatever the
 // policy gates; returns the milliseconds the comparison took.
-double judge_merged(CaseContext& ctx, const RunConfig& cfg, Record& r, const std::vector<float>& acc_o,
-                    const std::vector<float>& acc_lse, bool sparse, const std::string& label, const std::string& hint,
-                    int calls);
+double judge_merged(CaseContext& ctx, const RunConfig& cfg, Record& r, const ShardMerge& m, bool sparse,
+                    const std::string& label, const std::string& hint);
 
 // o_lat (or `o_name`, of width dv) and lse of `qsl`'s tokens against reference
 // rows, in the runner's order: non-finite values, then the tolerance.

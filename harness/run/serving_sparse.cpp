@@ -79,14 +79,10 @@ Record run_sparse_dcp(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg,
   std::vector<int> pos(static_cast<std::size_t>(T));
   for (std::int64_t t = 0; t < T; ++t) pos[t] = token_position(c, owner[t], static_cast<int>(t));
 
-  std::vector<float> acc_o(static_cast<std::size_t>(T * N * Dv), 0.f);
-  std::vector<float> acc_lse(static_cast<std::size_t>(T * N), -std::numeric_limits<float>::infinity());
-  Status fail = Status::kPassed;
-  std::string fail_msg;
-  int calls = 0;
+  ShardMerge m(T, N, Dv);
   try {
     PagedCache shard = full;
-    for (int rank = 0; rank < ranks && fail == Status::kPassed; ++rank) {
+    for (int rank = 0; rank < ranks && !m.failed(); ++rank) {
       fill_dcp_shard(c, full, shard, rank, ranks, interleave, cfg.exec.poison);
       // The compressed rows go with the rank of each token's own position.
       std::vector<bool> extra_here(static_cast<std::size_t>(T));
@@ -123,24 +119,15 @@ Record run_sparse_dcp(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg,
       }
       for (const auto& [w, call] : by_window) {
         f.window = w;
-        CallResult res = call_sparse_decode(b, c, f, *ctx.sparse_q, call, cfg.exec);
-        ++calls;
-        r.timings.run_ms += res.run_ms;
-        if (!res.guard.empty()) {
-          fail = Status::kIncorrect, fail_msg = "rank " + std::to_string(rank) + ": " + res.guard;
-          break;
-        }
-        merge_partials(call, res, acc_o, acc_lse, T, N, Dv);
+        if (!m.take(call, call_sparse_decode(b, c, f, *ctx.sparse_q, call, cfg.exec), rank, r.timings.run_ms)) break;
       }
     }
   } catch (...) {
-    std::string why;
-    fail = current_exception_status(why);
-    fail_msg = "shard call: " + why;
+    m.take_exception();
   }
-  if (fail != Status::kPassed) {
-    r.status = fail;
-    r.message = label + ", " + fail_msg;
+  if (m.failed()) {
+    r.status = m.fail;
+    r.message = label + ", " + m.fail_msg;
     r.timings.total_ms += ms_since(t0);
     return r;
   }
@@ -148,12 +135,12 @@ Record run_sparse_dcp(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg,
   if (!sp.sink.empty())
     for (std::int64_t t = 0; t < T; ++t)
       for (std::int64_t h = 0; h < N; ++h) {
-        const float l = acc_lse[static_cast<std::size_t>(t * N + h)];
+        const float l = m.acc_lse[static_cast<std::size_t>(t * N + h)];
         if (!std::isfinite(l)) continue;
         const float scale = 1.f / (1.f + std::exp(sp.sink[static_cast<std::size_t>(h)] - l));
-        for (std::int64_t x = 0; x < Dv; ++x) acc_o[static_cast<std::size_t>((t * N + h) * Dv + x)] *= scale;
+        for (std::int64_t x = 0; x < Dv; ++x) m.acc_o[static_cast<std::size_t>((t * N + h) * Dv + x)] *= scale;
       }
-  const double compare_ms = judge_merged(ctx, cfg, r, acc_o, acc_lse, true, label, hint, calls);
+  const double compare_ms = judge_merged(ctx, cfg, r, m, true, label, hint);
   r.timings.total_ms += ms_since(t0);
   r.timings.glue_ms += ms_since(t0) - (r.timings.run_ms - run_before) - compare_ms;
   return r;
