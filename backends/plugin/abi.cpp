@@ -15,9 +15,8 @@ std::uint32_t op_bit(Op op) {
     case Op::kPrefill: return MLAGATE_OP_PREFILL;
     case Op::kCacheWrite: return MLAGATE_OP_CACHE_WRITE;
     case Op::kLayer: return MLAGATE_OP_LAYER;
-    // The sparse ops are not in plugin ABI v1: a plugin never lists them.
-    case Op::kSparseDecode:
-    case Op::kSparsePrefill: return 0;
+    case Op::kSparseDecode: return MLAGATE_OP_SPARSE_DECODE;
+    case Op::kSparsePrefill: return MLAGATE_OP_SPARSE_PREFILL;
   }
   return 0;
 }
@@ -79,8 +78,8 @@ std::string dl_device_str(const DLDevice& d) {
 
 Capabilities capabilities_of(const mlagate_backend& b) {
   Capabilities caps;
-  for (Op op : {Op::kDecode, Op::kPrefill, Op::kCacheWrite})
-    if (b.ops & op_bit(op)) caps.ops.push_back(op);
+  for (Op op : all_ops())
+    if (op != Op::kLayer && (b.ops & op_bit(op))) caps.ops.push_back(op);
   caps.block_sizes.assign(b.block_sizes, b.block_sizes + b.num_block_sizes);
   caps.query_len_support = b.query_len_support == MLAGATE_QUERY_LEN_SINGLE_ONLY ? QueryLenSupport::kSingleOnly
                            : b.query_len_support == MLAGATE_QUERY_LEN_UNIFORM   ? QueryLenSupport::kUniform
@@ -154,6 +153,18 @@ mlagate_problem Problem::to_c(DLDevice device) const {
   p.k_scale = k_scale;
   p.causal = causal ? 1 : 0;
   p.device = device;
+  p.scale_elem_bytes = entry.scale_count ? entry.scale_elem : 0;
+  p.scale_tile = entry.scale_count ? entry.tile : 0;
+  p.data_bytes = entry.bytes ? entry.data_bytes : 0;
+  p.block_bytes = block_bytes;
+  p.topk = topk;
+  p.window = window;
+  p.compress_ratio = compress_ratio;
+  p.extra_topk = extra_topk;
+  p.extra_block_size = extra_block_size;
+  p.has_sink = has_sink ? 1 : 0;
+  p.value_dim = value_dim;
+  p.num_kv_rows = num_kv_rows;
   return p;
 }
 
@@ -175,6 +186,16 @@ void take_cache(Problem& p, const PagedCache& cache) {
   p.kv = {cache.kv_dtype, cache.scale_rule};
   p.entry = cache.format();
   p.block_size = cache.block_size;
+  p.block_bytes = cache.block_bytes;
+}
+
+// The requests and tokens of a call from its metadata.
+void take_batch(Problem& p, std::span<const std::int32_t> seq_lens, std::span<const std::int32_t> query_start_loc,
+                const char* op) {
+  if (query_start_loc.size() != seq_lens.size() + 1)
+    throw std::invalid_argument(std::string(op) + ": query_start_loc must have B + 1 entries");
+  p.seq_lens.assign(seq_lens.begin(), seq_lens.end());
+  for (std::size_t i = 0; i < seq_lens.size(); ++i) p.query_lens.push_back(query_start_loc[i + 1] - query_start_loc[i]);
 }
 
 }  // namespace
@@ -199,7 +220,19 @@ Problem case_problem(const CaseSpec& spec, Op op, const Capabilities& caps) {
   p.k_scale = spec.k_scale;
   p.entry = make_entry_format(p.kv, spec.dtype, p.kv_lora_rank, p.rope_dim, spec.k_scale);
   p.block_size = resolve_block_size(caps, spec);
+  p.block_bytes = mlagate::block_bytes(p.entry, p.block_size);
   p.scale = spec.softmax_scale();
+  if (is_sparse_op(op) && spec.sparse.active()) {
+    const SparseSpec& sp = spec.sparse;
+    p.window = sp.window;
+    p.compress_ratio = sp.compress;
+    p.extra_topk = sp.compress ? sp.extra_topk : 0;
+    p.extra_block_size = sp.compress ? p.block_size : 0;  // the compressed cache shares the block size
+    p.has_sink = sp.sink;
+    p.value_dim = spec.sparse_dv();
+    // sparse_prefill's rows: V3.2's top-k, or V4's window then compressed slots.
+    p.topk = op == Op::kSparseDecode ? sp.topk : (sp.v4() ? sp.window + p.extra_topk : sp.topk);
+  }
   return p;
 }
 
@@ -211,14 +244,75 @@ Problem decode_problem(const DecodeArgs& a, const CaseSpec* spec) {
   p.num_heads = static_cast<int>(a.q_lat.shape[1]);
   p.kv_lora_rank = static_cast<int>(a.q_lat.shape[2]);
   p.rope_dim = static_cast<int>(a.q_pe.shape[2]);
-  p.seq_lens.assign(a.seq_lens.begin(), a.seq_lens.end());
-  if (a.query_start_loc.size() != a.seq_lens.size() + 1) throw std::invalid_argument("decode: query_start_loc must have B + 1 entries");
-  for (std::size_t i = 0; i < a.seq_lens.size(); ++i) p.query_lens.push_back(a.query_start_loc[i + 1] - a.query_start_loc[i]);
+  take_batch(p, a.seq_lens, a.query_start_loc, "decode");
   p.dtype = a.q_lat.dtype;
   take_cache(p, *a.cache);
   p.scale = a.scale;
   p.k_scale = a.k_scale;
   describe_from_spec(p, spec);
+  return p;
+}
+
+Problem sparse_decode_problem(const SparseDecodeArgs& a, const CaseSpec* spec) {
+  if (a.cache == nullptr) throw std::invalid_argument("sparse_decode: no cache");
+  if (a.q.shape.size() != 3 || a.o.shape.size() != 3) throw std::invalid_argument("sparse_decode: q and o must be 3-d");
+  Problem p;
+  p.op = Op::kSparseDecode;
+  p.num_heads = static_cast<int>(a.q.shape[1]);
+  p.kv_lora_rank = a.cache->kv_lora_rank;
+  p.rope_dim = a.cache->rope_dim;
+  take_batch(p, a.seq_lens, a.query_start_loc, "sparse_decode");
+  p.dtype = a.q.dtype;
+  take_cache(p, *a.cache);
+  p.k_scale = a.cache->k_scale;
+  p.scale = a.scale;
+  p.topk = a.indices.data && a.indices.shape.size() == 2 ? static_cast<int>(a.indices.shape[1]) : 0;
+  p.window = a.window;
+  if (a.extra_cache) {
+    p.extra_block_size = a.extra_cache->block_size;
+    p.extra_topk = a.extra_indices.data && a.extra_indices.shape.size() == 2 ? static_cast<int>(a.extra_indices.shape[1]) : 0;
+  }
+  p.has_sink = !a.sink.empty();
+  p.value_dim = static_cast<int>(a.o.shape[2]);
+  describe_from_spec(p, spec);
+  if (spec && p.case_id == spec->id()) p.compress_ratio = spec->sparse.compress;
+  return p;
+}
+
+Problem sparse_prefill_problem(const SparsePrefillArgs& a, const CaseSpec* spec) {
+  if (a.q.shape.size() != 3 || a.kv.shape.size() != 2 || a.o.shape.size() != 3 || a.indices.shape.size() != 2)
+    throw std::invalid_argument("sparse_prefill: q, o must be 3-d, kv and indices 2-d");
+  Problem p;
+  p.op = Op::kSparsePrefill;
+  p.num_heads = static_cast<int>(a.q.shape[1]);
+  p.dtype = a.q.dtype;
+  p.scale = a.scale;
+  p.topk = static_cast<int>(a.indices.shape[1]);
+  p.has_sink = !a.sink.empty();
+  p.value_dim = static_cast<int>(a.o.shape[2]);
+  p.num_kv_rows = a.kv.shape[0];
+  // No requests in the call itself: the case's, when it is the one asked
+  // about, else one request of every token over every row.
+  const std::int64_t T = a.q.shape[0];
+  if (spec && spec->num_tokens() == T && spec->num_heads() == p.num_heads &&
+      spec->dims.kv_lora_rank + spec->dims.rope_dim == a.q.shape[2]) {
+    p.case_id = spec->id();
+    p.kv_lora_rank = spec->dims.kv_lora_rank;
+    p.rope_dim = spec->dims.rope_dim;
+    p.nope_dim = spec->dims.nope_dim;
+    p.v_head_dim = spec->dims.v_head_dim;
+    p.seq_lens.assign(spec->batch.seq_lens.begin(), spec->batch.seq_lens.end());
+    p.query_lens.assign(spec->batch.query_lens.begin(), spec->batch.query_lens.end());
+    p.spec_decode = spec->batch.spec_decode;
+    p.kv = spec->kv_format();
+    p.k_scale = spec->k_scale;
+    p.window = spec->sparse.window;
+    p.compress_ratio = spec->sparse.compress;
+    p.extra_topk = spec->sparse.compress ? spec->sparse.extra_topk : 0;
+  } else {
+    p.seq_lens = {static_cast<std::int32_t>(a.kv.shape[0])};
+    p.query_lens = {static_cast<std::int32_t>(T)};
+  }
   return p;
 }
 
@@ -268,13 +362,12 @@ Problem cache_write_problem(const PagedCache& cache, const TensorView& kv_c, con
   return p;
 }
 
-std::vector<std::int32_t> call_block_table(const DecodeArgs& a) {
-  const PagedCache& c = *a.cache;
+std::vector<std::int32_t> call_block_table(const PagedCache& c, std::span<const std::int32_t> table_rows) {
   const std::int64_t rows = c.block_table.dim(0), width = c.block_table.dim(1);
-  std::vector<std::int32_t> table(a.block_table_rows.size() * static_cast<std::size_t>(width));
+  std::vector<std::int32_t> table(table_rows.size() * static_cast<std::size_t>(width));
   const std::int32_t* src = c.block_table.data<std::int32_t>();
-  for (std::size_t i = 0; i < a.block_table_rows.size(); ++i) {
-    const std::int32_t r = a.block_table_rows[i];
+  for (std::size_t i = 0; i < table_rows.size(); ++i) {
+    const std::int32_t r = table_rows[i];
     if (r < 0 || r >= rows) throw std::out_of_range("decode: block table row " + std::to_string(r) + " out of range");
     std::copy_n(src + r * width, width, table.data() + i * static_cast<std::size_t>(width));
   }

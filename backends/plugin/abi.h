@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,12 @@ struct Problem {
   double scale = 0;
   float k_scale = 1.f;
   bool causal = true;
+  std::int64_t block_bytes = 0;  // bytes of one cache block (0: no cache)
+  // The sparse ops (plugin.h 1.2); zero for the dense ones.
+  int topk = 0, window = 0, compress_ratio = 0, extra_topk = 0, extra_block_size = 0;
+  bool has_sink = false;
+  int value_dim = 0;
+  std::int64_t num_kv_rows = 0;
 
   // What the batch needs of a decode kernel: SINGLE_ONLY when every q_len is 1,
   // UNIFORM when all are equal, VARLEN otherwise.
@@ -73,10 +80,15 @@ Problem case_problem(const CaseSpec& spec, Op op, const Capabilities& caps);
 // the case id and P, V (informational).
 Problem decode_problem(const DecodeArgs& a, const CaseSpec* spec);
 Problem prefill_problem(const PrefillArgs& a, const CaseSpec* spec);
+Problem sparse_decode_problem(const SparseDecodeArgs& a, const CaseSpec* spec);
+Problem sparse_prefill_problem(const SparsePrefillArgs& a, const CaseSpec* spec);
 Problem cache_write_problem(const PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,
                             std::size_t num_slots, const CaseSpec* spec);
 
-// The block-table rows of a decode call as one [B, W] table.
-std::vector<std::int32_t> call_block_table(const DecodeArgs& a);
+// The block-table rows of a call as one [B, W] table of `cache`.
+std::vector<std::int32_t> call_block_table(const PagedCache& cache, std::span<const std::int32_t> rows);
+inline std::vector<std::int32_t> call_block_table(const DecodeArgs& a) {
+  return call_block_table(*a.cache, a.block_table_rows);
+}
 
 }  // namespace mlagate::plugin

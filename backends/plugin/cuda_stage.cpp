@@ -46,6 +46,11 @@ class CudaStage final : public DeviceStage {
     ++next_input_;
     return inputs_.back().data();
   }
+  void* checked_input(const void* host, std::size_t bytes, std::size_t elem_bytes, const std::string& name) override {
+    void* d = input(host, bytes);
+    checked_.push_back({host, d, bytes, elem_bytes, name});
+    return d;
+  }
   void* output(const TensorView& host, const std::string& name) override {
     if (next_output_ < outputs_.size()) {  // kept as the last call left it
       Output& o = outputs_[next_output_++];
@@ -63,6 +68,12 @@ class CudaStage final : public DeviceStage {
     for (const Output& o : outputs_) {
       const std::string v = o.device->check_guards(stream_->get());
       if (!v.empty()) throw OutOfBoundsWriteError(v);
+    }
+    for (const Checked& c : checked_) {
+      std::vector<unsigned char> now(c.bytes);
+      if (c.bytes) MLAGATE_CUDA_CHECK(cudaMemcpy(now.data(), c.device, c.bytes, cudaMemcpyDeviceToHost));
+      const std::string v = input_change(c.name, c.host, now.data(), c.bytes, c.elem_bytes);
+      if (!v.empty()) throw WrongOutputError(v);
     }
     for (const Output& o : outputs_) o.device->download_to(o.host, stream_->get());
   }
@@ -101,6 +112,13 @@ class CudaStage final : public DeviceStage {
   }
 
  private:
+  struct Checked {
+    const void* host;
+    void* device;
+    std::size_t bytes, elem_bytes;
+    std::string name;
+  };
+  std::vector<Checked> checked_;
   struct Output {
     TensorView host;
     std::unique_ptr<gpu::GuardedDeviceOutput> device;

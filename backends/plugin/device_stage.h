@@ -19,6 +19,11 @@ class DeviceStage {
   virtual ~DeviceStage() = default;
   // A read-only input of `bytes` bytes.
   virtual void* input(const void* host, std::size_t bytes) = 0;
+  // A read-only input the plugin gets as a private copy (the sparse ops, ABI
+  // 1.2): finish() compares it with `host` and throws WrongOutputError naming
+  // `name` and the first changed element (of `elem_bytes` bytes) when the
+  // plugin wrote into it. The harness's buffer is never exposed.
+  virtual void* checked_input(const void* host, std::size_t bytes, std::size_t elem_bytes, const std::string& name) = 0;
   // An output (or an in/out tensor such as the cache of cache_write) that
   // finish() brings back into `host`.
   virtual void* output(const TensorView& host, const std::string& name) = 0;
@@ -44,5 +49,9 @@ class DeviceStage {
 // used: no GPU, or mlagate built without CUDA. `persistent`: a stage for graph
 // mode (CUDA devices; host stages hand over the harness's buffers as they are).
 std::unique_ptr<DeviceStage> make_device_stage(const DLDevice& device, bool persistent = false);
+
+// What finish() says when a checked input changed ("" when `now` equals `was`).
+std::string input_change(const std::string& name, const void* was, const void* now, std::size_t bytes,
+                         std::size_t elem_bytes);
 
 }  // namespace mlagate::plugin

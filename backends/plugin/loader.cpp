@@ -181,6 +181,62 @@ class PluginBackend final : public Backend {
     stage->finish();
   }
 
+  // The sparse ops (ABI 1.2). Every input goes over as a checked copy: a
+  // plugin that writes into an index row, a length or the cache is recorded
+  // (INCORRECT, naming the input) and cannot change what later backends get.
+  void sparse_decode(const SparseDecodeArgs& a) override {
+    if (!has(Op::kSparseDecode)) Backend::sparse_decode(a);
+    const Problem p = plugin::sparse_decode_problem(a, spec_ptr());
+    const PagedCache& cache = *a.cache;
+    const std::vector<std::int32_t> table = plugin::call_block_table(cache, a.block_table_rows);
+    const std::int64_t b = static_cast<std::int64_t>(a.seq_lens.size()), T = a.q.shape.at(0);
+    auto stage = plugin::make_device_stage(b_.device);
+    DlTensors t(b_.device);
+    mlagate_args args = empty_args(*stage);
+    mlagate_sparse_decode_args& d = args.sparse_decode;
+    d.q = t.make(stage->checked_input(a.q.data, a.q.nbytes(), 2, "q"), a.q.dtype, a.q.shape);
+    d.kv_cache = cache_tensor(t, *stage, cache, "kv_cache");
+    d.block_table = checked(t, *stage, table.data(), DType::kI32, {b, cache.block_table.dim(1)}, "block_table");
+    d.seq_lens = checked(t, *stage, a.seq_lens.data(), DType::kI32, {b}, "seq_lens");
+    d.query_start_loc = checked(t, *stage, a.query_start_loc.data(), DType::kI32, {b + 1}, "query_start_loc");
+    if (given(a.indices))
+      d.indices = checked(t, *stage, a.indices.data, DType::kI32, a.indices.shape, "indices");
+    if (!a.topk_length.empty()) d.topk_length = checked(t, *stage, a.topk_length.data(), DType::kI32, {T}, "topk_length");
+    if (a.extra_cache) d.extra_kv_cache = cache_tensor(t, *stage, *a.extra_cache, "extra_kv_cache");
+    if (given(a.extra_indices))
+      d.extra_indices = checked(t, *stage, a.extra_indices.data, DType::kI32, a.extra_indices.shape, "extra_indices");
+    if (!a.extra_topk_length.empty())
+      d.extra_topk_length = checked(t, *stage, a.extra_topk_length.data(), DType::kI32, {T}, "extra_topk_length");
+    if (!a.sink.empty())
+      d.sink = checked(t, *stage, a.sink.data(), DType::kF32, {static_cast<std::int64_t>(a.sink.size())}, "sink");
+    d.o = t.make(stage->output(a.o, "o"), a.o.dtype, a.o.shape);
+    d.lse = t.make(stage->output(a.lse, "lse"), a.lse.dtype, a.lse.shape);
+    prepare(p, args);
+    run(p, args, {{"o", &d.o}, {"lse", &d.lse}});
+    stage->finish();
+  }
+
+  void sparse_prefill(const SparsePrefillArgs& a) override {
+    if (!has(Op::kSparsePrefill)) Backend::sparse_prefill(a);
+    const Problem p = plugin::sparse_prefill_problem(a, spec_ptr());
+    const std::int64_t T = a.q.shape.at(0);
+    auto stage = plugin::make_device_stage(b_.device);
+    DlTensors t(b_.device);
+    mlagate_args args = empty_args(*stage);
+    mlagate_sparse_prefill_args& f = args.sparse_prefill;
+    f.q = t.make(stage->checked_input(a.q.data, a.q.nbytes(), 2, "q"), a.q.dtype, a.q.shape);
+    f.kv = t.make(stage->checked_input(a.kv.data, a.kv.nbytes(), 2, "kv"), a.kv.dtype, a.kv.shape);
+    f.indices = checked(t, *stage, a.indices.data, DType::kI32, a.indices.shape, "indices");
+    if (!a.topk_length.empty()) f.topk_length = checked(t, *stage, a.topk_length.data(), DType::kI32, {T}, "topk_length");
+    if (!a.sink.empty())
+      f.sink = checked(t, *stage, a.sink.data(), DType::kF32, {static_cast<std::int64_t>(a.sink.size())}, "sink");
+    f.o = t.make(stage->output(a.o, "o"), a.o.dtype, a.o.shape);
+    f.lse = t.make(stage->output(a.lse, "lse"), a.lse.dtype, a.lse.shape);
+    prepare(p, args);
+    run(p, args, {{"o", &f.o}, {"lse", &f.lse}});
+    stage->finish();
+  }
+
   void cache_write(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,
                    std::span<const std::int64_t> slots) override {
     if (!has(Op::kCacheWrite)) return Backend::cache_write(cache, kv_c, k_pe, slots);
@@ -238,6 +294,22 @@ class PluginBackend final : public Backend {
     stage.finish();
   }
   const CaseSpec* spec_ptr() const { return last_spec_ ? &*last_spec_ : nullptr; }
+
+  // An optional tensor of the args (a default TensorView is "not given").
+  static bool given(const TensorView& v) { return v.data != nullptr && !v.shape.empty(); }
+  // A 4-byte-element input (indices, lengths, block table, sink) as a checked copy.
+  static DLTensor checked(DlTensors& t, plugin::DeviceStage& stage, const void* data, DType dt, const Shape& shape,
+                          const char* name) {
+    std::int64_t n = 1;
+    for (std::int64_t e : shape) n *= e;
+    const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dt);
+    return t.make(stage.checked_input(data, bytes, dtype_size(dt), name), dt, shape);
+  }
+  // A paged cache's bytes, checked: [num_blocks, block_size, entry_bytes], or
+  // fp8_v4's split pages [num_blocks, block_bytes] (plugin.h).
+  static DLTensor cache_tensor(DlTensors& t, plugin::DeviceStage& stage, const PagedCache& c, const char* name) {
+    return t.make(stage.checked_input(c.data.bytes(), c.data.nbytes(), 1, name), DType::kU8, c.data.shape());
+  }
 
   static mlagate_args empty_args(plugin::DeviceStage& stage) {
     mlagate_args args{};
@@ -377,7 +449,8 @@ std::string hex(std::uint32_t v) {
 }
 
 // Every field of one backend table; the first problem found is the message.
-void check_backend(const std::string& path, int index, const mlagate_backend& b) {
+// `minor`: the ABI minor the plugin was built against (1.2 bits need 2).
+void check_backend(const std::string& path, int index, const mlagate_backend& b, std::uint32_t minor) {
   const std::string at = "backend " + std::to_string(index);
   if (b.name == nullptr) refuse(path, at + ": name is NULL");
   const std::string name = clean(b.name, kMaxNameBytes + 1);
@@ -386,9 +459,13 @@ void check_backend(const std::string& path, int index, const mlagate_backend& b)
                      " characters of letters, digits, '.', '_', '-'");
   const std::string who = at + " (" + name + ")";
   if (b.run == nullptr) refuse(path, who + ": run is NULL");
-  constexpr std::uint32_t kOps = MLAGATE_OP_DECODE | MLAGATE_OP_PREFILL | MLAGATE_OP_CACHE_WRITE;
-  if (b.ops == 0 || (b.ops & ~kOps) != 0)
-    refuse(path, who + ": ops mask " + hex(b.ops) + " must be a non-empty set of DECODE, PREFILL, CACHE_WRITE");
+  constexpr std::uint32_t kOps11 = MLAGATE_OP_DECODE | MLAGATE_OP_PREFILL | MLAGATE_OP_CACHE_WRITE;
+  constexpr std::uint32_t kOps12 = kOps11 | MLAGATE_OP_SPARSE_DECODE | MLAGATE_OP_SPARSE_PREFILL;
+  const bool v12 = minor >= 2;
+  const std::string built = " (built against ABI 1." + std::to_string(minor) + ")";
+  if (b.ops == 0 || (b.ops & ~(v12 ? kOps12 : kOps11)) != 0)
+    refuse(path, who + ": ops mask " + hex(b.ops) + " must be a non-empty set of DECODE, PREFILL, CACHE_WRITE" +
+                     (v12 ? ", SPARSE_DECODE, SPARSE_PREFILL" : built + "; the sparse ops need ABI 1.2"));
   if (b.block_sizes == nullptr || b.num_block_sizes < 1 || b.num_block_sizes > kMaxBlockSizes)
     refuse(path, who + ": block_sizes must point to 1-" + std::to_string(kMaxBlockSizes) + " block sizes");
   for (int i = 0; i < b.num_block_sizes; ++i) {
@@ -403,10 +480,12 @@ void check_backend(const std::string& path, int index, const mlagate_backend& b)
   constexpr std::uint32_t kDtypes = MLAGATE_DTYPE_BF16 | MLAGATE_DTYPE_F16;
   if (b.dtypes == 0 || (b.dtypes & ~kDtypes) != 0)
     refuse(path, who + ": dtypes mask " + hex(b.dtypes) + " must be a non-empty set of BF16, F16");
-  constexpr std::uint32_t kKv = MLAGATE_KV_AUTO | MLAGATE_KV_FP8 | MLAGATE_KV_FP8_E4M3 | MLAGATE_KV_FP8_DS_MLA;
-  if (b.kv_cache_dtypes == 0 || (b.kv_cache_dtypes & ~kKv) != 0)
+  constexpr std::uint32_t kKv11 = MLAGATE_KV_AUTO | MLAGATE_KV_FP8 | MLAGATE_KV_FP8_E4M3 | MLAGATE_KV_FP8_DS_MLA;
+  constexpr std::uint32_t kKv12 = kKv11 | MLAGATE_KV_FP8_V4;
+  if (b.kv_cache_dtypes == 0 || (b.kv_cache_dtypes & ~(v12 ? kKv12 : kKv11)) != 0)
     refuse(path, who + ": kv_cache_dtypes mask " + hex(b.kv_cache_dtypes) +
-                     " must be a non-empty set of AUTO, FP8, FP8_E4M3, FP8_DS_MLA");
+                     " must be a non-empty set of AUTO, FP8, FP8_E4M3, FP8_DS_MLA" +
+                     (v12 ? ", FP8_V4" : built + "; FP8_V4 needs ABI 1.2"));
   if ((b.graph_ops & ~MLAGATE_OP_DECODE) != 0 || (b.graph_ops & ~b.ops) != 0)
     refuse(path, who + ": graph_ops mask " + hex(b.graph_ops) + " must be 0 or DECODE, and an op of ops");
   if ((b.device.device_type != kDLCPU && b.device.device_type != kDLCUDA) || b.device.device_id < 0)
@@ -496,7 +575,7 @@ void validate(Library& lib) {
     mlagate_backend& b = backends[static_cast<std::size_t>(i)];
     std::memset(&b, 0, sizeof b);
     std::memcpy(&b, reinterpret_cast<const unsigned char*>(t->backends) + i * stride, std::min(stride, sizeof b));
-    check_backend(path, i, b);
+    check_backend(path, i, b, minor);
   }
   for (int i = 0; i < t->num_backends; ++i)
     for (int j = 0; j < i; ++j)

@@ -13,7 +13,9 @@
  * Calls: for each case mlagate asks supports() (when given), then runs the
  * kernel ops through run(): the layer op is composed by mlagate from the
  * backend's decode, prefill and cache_write kernels exactly as for in-tree
- * backends (reference/POLICIES.md, "Ops"). One backend instance gets one call at a time.
+ * backends (reference/POLICIES.md, "Ops"); the sparse ops (1.2: DeepSeek
+ * V3.2 top-k and V4 window + compressed cache, reference/SPARSE.md) are
+ * kernels of their own. One backend instance gets one call at a time.
  *
  * Rules of the boundary:
  *  - No exception may leave supports(), run() or destroy(): catch everything
@@ -25,10 +27,13 @@
  *    (worker processes) or the exec backend.
  *  - Outputs are preallocated, poisoned (NaN) and surrounded by guard bands;
  *    write every element of them and nothing else.
+ *  - Inputs are read only. The sparse ops' inputs (1.2) are handed over as
+ *    private copies that mlagate compares after run(): a write into one (an
+ *    index buffer, say) is an INCORRECT record naming the input.
  *  - Strings returned through pointers in the tables must stay valid until
  *    destroy() (static storage is simplest).
  *
- * ABI version 1.1. A change of any struct layout or meaning bumps
+ * ABI version 1.2. A change of any struct layout or meaning bumps
  * MLAGATE_PLUGIN_ABI_VERSION; abi_version is the first member of
  * mlagate_plugin in every version, so mlagate can always read it. A minor
  * version only appends fields at the ends of mlagate_plugin and
@@ -38,6 +43,13 @@
  *   1.0  decode, prefill, cache_write
  *   1.1  graph_ops and prepare() in mlagate_backend (CUDA-graph mode,
  *        `--cuda-graph`); abi_minor and backend_struct_size in mlagate_plugin
+ *   1.2  the sparse ops (MLAGATE_OP_SPARSE_DECODE, MLAGATE_OP_SPARSE_PREFILL:
+ *        mlagate_sparse_decode_args, mlagate_sparse_prefill_args appended to
+ *        mlagate_args), the fp8_v4 cache (MLAGATE_KV_FP8_V4), and the fields
+ *        appended to mlagate_problem that describe them. mlagate_backend and
+ *        mlagate_plugin are unchanged (their 1.1 sizes); a plugin of an older
+ *        minor that sets a 1.2 bit is refused. The appended structs are read
+ *        through struct_size: a 1.1 plugin never looks past its own fields.
  */
 #ifndef MLAGATE_PLUGIN_H_
 #define MLAGATE_PLUGIN_H_
@@ -46,7 +58,7 @@
 #include <stdint.h>
 
 #define MLAGATE_PLUGIN_ABI_VERSION 1u
-#define MLAGATE_PLUGIN_ABI_MINOR 1u
+#define MLAGATE_PLUGIN_ABI_MINOR 2u
 #define MLAGATE_PLUGIN_ENTRY_SYMBOL "mlagate_plugin_entry"
 
 #if defined(_WIN32)
@@ -135,6 +147,8 @@ typedef struct {
 #define MLAGATE_OP_PREFILL 2u     /* varlen attention over contiguous k, v: mlagate_prefill_args */
 #define MLAGATE_OP_CACHE_WRITE 4u /* new tokens into the paged cache: mlagate_cache_write_args */
 #define MLAGATE_OP_LAYER 8u
+#define MLAGATE_OP_SPARSE_DECODE 16u  /* 1.2: sparse attention over the paged cache: mlagate_sparse_decode_args */
+#define MLAGATE_OP_SPARSE_PREFILL 32u /* 1.2: sparse attention over flat rows: mlagate_sparse_prefill_args */
 
 /* How the decode kernel takes query lengths (vLLM's QueryLenSupport). */
 #define MLAGATE_QUERY_LEN_SINGLE_ONLY 0u /* every decode request has q_len 1 */
@@ -151,7 +165,8 @@ typedef struct {
 #define MLAGATE_KV_FP8 2u        /* L + R bytes of e4m3fn, x = e4m3 * k_scale */
 #define MLAGATE_KV_FP8_E4M3 4u   /* the same as FP8 on NVIDIA */
 #define MLAGATE_KV_FP8_DS_MLA 8u /* DeepSeek V3.2: e4m3 kv_c in 128-element tiles, fp32 tile scales, bf16 k_pe */
-#define MLAGATE_KV_FP8_V4 16u    /* DeepSeek V4: 584-byte entries laid out per page (reference/SPARSE.md, fp8_v4) */
+#define MLAGATE_KV_FP8_V4 16u    /* 1.2: DeepSeek V4, 584-byte entries split per page (reference/SPARSE.md, fp8_v4):
+                                    the cache tensor is [num_blocks, block_bytes] (see mlagate_problem) */
 
 /* fp8_ds_mla tile-scale rule the cache was written with. */
 #define MLAGATE_SCALE_RULE_POW2 0u
@@ -170,7 +185,17 @@ typedef struct {
  *   auto        kv_c [L] then k_pe [R], model dtype (elem bytes 2, 2)
  *   fp8, e4m3   e4m3(kv_c / k_scale) [L] then e4m3(k_pe / k_scale) [R] (1, 1)
  *   fp8_ds_mla  e4m3 kv_c [L] / tile scale, the L/128 tile scales as fp32 at
- *               scale_offset, then k_pe [R] as bf16 (1, 2); 656 bytes for L 512, R 64 */
+ *               scale_offset, then k_pe [R] as bf16 (1, 2); 656 bytes for L 512, R 64
+ *   fp8_v4      (1.2) e4m3 kv_c [L] / tile scale in tiles of 64, k_pe [R] as bf16
+ *               at L, then the L/64 tile scales as UE8M0 bytes (2^(b - 127)) at
+ *               scale_offset and one pad byte: 584 bytes for L 448, R 64. NOT
+ *               contiguous in the cache: a block holds every token's first
+ *               data_bytes (576) bytes, then every token's remaining bytes (8),
+ *               then padding up to block_bytes (mlagate_problem); byte i of the
+ *               entry of row r in block b sits at
+ *                 b * block_bytes + r * data_bytes + i                         (i < data_bytes)
+ *                 b * block_bytes + block_size * data_bytes
+ *                   + r * (bytes - data_bytes) + (i - data_bytes)              (otherwise) */
 typedef struct {
   int32_t bytes;           /* entry size = the cache tensor's last extent */
   int32_t kv_c_offset;     /* first kv_c element */
@@ -218,6 +243,24 @@ typedef struct {
   float k_scale;               /* fp8, fp8_e4m3: x = e4m3 * k_scale (1 otherwise) */
   int32_t causal;              /* prefill: 1 bottom-right causal, 0 every query sees every key */
   DLDevice device;             /* where the args' tensors live (the backend's device) */
+
+  /* ---- ABI 1.2 (a 1.1 host's problem ends here: check struct_size) ---- */
+  /* The cache entry, beyond mlagate_entry_layout (0 where no cache is involved). */
+  int32_t scale_elem_bytes;    /* 4: fp32 tile scales (fp8_ds_mla); 1: UE8M0 bytes (fp8_v4); 0: none */
+  int32_t scale_tile;          /* kv_c elements per tile scale: 128 (fp8_ds_mla), 64 (fp8_v4); 0: none */
+  int32_t data_bytes;          /* fp8_v4: entry bytes in a block's data region (576); entry.bytes otherwise */
+  int64_t block_bytes;         /* bytes of one cache block: block_size * entry.bytes, fp8_v4 padded pages */
+  /* The sparse ops (reference/SPARSE.md); all 0 for the dense ops. In
+     supports() they describe the case, in run() exactly this call's tensors. */
+  int32_t topk;                /* V3.2: index slots per token (indices' width K); sparse_prefill: the
+                                  row width (V4: window + extra_topk); 0 for a V4 sparse_decode */
+  int32_t window;              /* V4: sliding window over the main cache; 0 for V3.2 */
+  int32_t compress_ratio;      /* V4: the compressed cache holds one entry per this many tokens (4, 128); 0: none */
+  int32_t extra_topk;          /* V4: index slots per token into the compressed cache (K2); 0: none */
+  int32_t extra_block_size;    /* V4: tokens per block of the compressed cache; 0: none */
+  int32_t has_sink;            /* 1: a per-head attention sink is given (args' sink) */
+  int32_t value_dim;           /* Dv, the output's last extent: L (V3.2) or L + R (V4: the value is the whole entry) */
+  int64_t num_kv_rows;         /* sparse_prefill: S_kv, the rows of kv (an index >= S_kv names no key); 0 otherwise */
 } mlagate_problem;
 
 /* ---------------------------------------------------------------- arguments
@@ -262,6 +305,53 @@ typedef struct {
   DLTensor kv_cache;     /* in/out [num_blocks, block_size, entry_bytes] uint8 */
 } mlagate_cache_write_args;
 
+/* Sparse decode (1.2; FlashMLA's sparse flash_mla_with_kvcache): MQA in the
+ * latent space, every head of token t reads the same keys; a key is a whole
+ * cache entry [kv_c | k_pe] (dequantized as problem->entry says), its value
+ * the first value_dim elements of it. The keys of token t are:
+ *   V3.2 (problem->window 0): the slots of indices[t, 0 .. topk_length[t])
+ *        (all topk slots without topk_length); -1 names none; a slot names
+ *        block slot / block_size, row slot % block_size of kv_cache (global
+ *        slots: no block table). Duplicates count twice. Slots past
+ *        topk_length may name poisoned entries: never read them.
+ *   V4 (window > 0): the keys max(0, p - window + 1) .. p of its request, p =
+ *        seq_lens[b] - q_len_b + (t - query_start_loc[b]), read through
+ *        block_table; plus the compressed cache's slots of
+ *        extra_indices[t, 0 .. extra_topk_length[t]) when extra_kv_cache is given.
+ * Then logit_j = scale * <q[t,h,:], key_j>, lse = log sum_j exp(logit_j) (the
+ * sink left out), o[t,h] = sum_j exp(logit_j - lse) value_j / (1 + exp(sink[h] - lse)).
+ * A row with no key: o = 0 and lse = -inf or +inf (FlashMLA), never NaN.
+ * An absent tensor has data NULL and ndim 0. */
+typedef struct {
+  DLTensor q;                 /* [T, N, L + R] model dtype: absorbed q_lat then q_pe */
+  DLTensor kv_cache;          /* [num_blocks, block_size, entry_bytes] uint8 (fp8_v4: [num_blocks, block_bytes]) */
+  DLTensor block_table;       /* [B, W] int32: this call's requests' rows (V4's window reads through it) */
+  DLTensor seq_lens;          /* [B] int32 */
+  DLTensor query_start_loc;   /* [B + 1] int32 */
+  DLTensor indices;           /* V3.2: [T, topk] int32 global slots of kv_cache, -1 = none; V4: absent */
+  DLTensor topk_length;       /* [T] int32, or absent: every slot counts */
+  DLTensor extra_kv_cache;    /* V4's compressed cache (same kv dtype and layout, extra_block_size), or absent */
+  DLTensor extra_indices;     /* [T, extra_topk] int32 global slots of extra_kv_cache, -1 = none; or absent */
+  DLTensor extra_topk_length; /* [T] int32, or absent */
+  DLTensor sink;              /* [N] float32 per-head sink logits, or absent (problem->has_sink 0) */
+  DLTensor o;                 /* out [T, N, value_dim] model dtype */
+  DLTensor lse;               /* out [T, N] float32 */
+} mlagate_sparse_decode_args;
+
+/* Sparse prefill (1.2; FlashMLA's flash_mla_sparse_fwd): the same math over a
+ * flat array of dequantized model-dtype rows (a serving engine gathers its
+ * caches into such a workspace); index k names row k; -1 and any k >=
+ * problem->num_kv_rows name no key. Rows not named may hold NaN. */
+typedef struct {
+  DLTensor q;           /* [T, N, L + R] model dtype */
+  DLTensor kv;          /* [num_kv_rows, L + R] model dtype */
+  DLTensor indices;     /* [T, topk] int32 */
+  DLTensor topk_length; /* [T] int32, or absent */
+  DLTensor sink;        /* [N] float32, or absent */
+  DLTensor o;           /* out [T, N, value_dim] model dtype */
+  DLTensor lse;         /* out [T, N] float32 */
+} mlagate_sparse_prefill_args;
+
 typedef struct {
   uint32_t struct_size; /* sizeof(mlagate_args) of the host */
   /* kDLCUDA backends: the cudaStream_t to launch on (NULL: the default
@@ -271,6 +361,9 @@ typedef struct {
   mlagate_decode_args decode;           /* problem->op == MLAGATE_OP_DECODE */
   mlagate_prefill_args prefill;         /* problem->op == MLAGATE_OP_PREFILL */
   mlagate_cache_write_args cache_write; /* problem->op == MLAGATE_OP_CACHE_WRITE */
+  /* ---- ABI 1.2 ---- */
+  mlagate_sparse_decode_args sparse_decode;   /* problem->op == MLAGATE_OP_SPARSE_DECODE */
+  mlagate_sparse_prefill_args sparse_prefill; /* problem->op == MLAGATE_OP_SPARSE_PREFILL */
 } mlagate_args;
 
 /* ---------------------------------------------------------------- backends */
@@ -282,13 +375,14 @@ typedef struct {
   const char* description; /* one line */
 
   /* Capabilities: mlagate checks them before asking supports(). */
-  uint32_t ops;                /* MLAGATE_OP_DECODE | MLAGATE_OP_PREFILL | MLAGATE_OP_CACHE_WRITE (not LAYER) */
+  uint32_t ops;                /* MLAGATE_OP_DECODE | PREFILL | CACHE_WRITE, 1.2: | SPARSE_DECODE | SPARSE_PREFILL
+                                  (not LAYER); a backend of sparse ops alone is fine */
   const int32_t* block_sizes;  /* [num_block_sizes], the preferred one first (bs=auto) */
   int32_t num_block_sizes;     /* >= 1 */
   uint32_t query_len_support;  /* MLAGATE_QUERY_LEN_* of the decode kernel */
   int32_t reorder_threshold;   /* requests with q_len <= this are decodes (>= 1) */
   uint32_t dtypes;             /* MLAGATE_DTYPE_* mask, non-zero */
-  uint32_t kv_cache_dtypes;    /* MLAGATE_KV_* mask, non-zero */
+  uint32_t kv_cache_dtypes;    /* MLAGATE_KV_* mask, non-zero (FP8_V4: 1.2) */
   DLDevice device;             /* kDLCPU: host pointers; kDLCUDA: device pointers on device_id */
 
   void* self; /* passed back to every call */

@@ -20,85 +20,13 @@
 #include "mlagate/plugin.h"
 
 #include "tests/plugin/cpu_paged_plugin.h"
+#include "tests/plugin/dl_view.h"
 
 namespace {
 
 using namespace mlagate;
 
-DType dtype_of(const DLDataType& t) {
-  if (t.lanes == 1) {
-    if (t.code == kDLBfloat && t.bits == 16) return DType::kBF16;
-    if (t.code == kDLFloat && t.bits == 16) return DType::kF16;
-    if (t.code == kDLFloat && t.bits == 32) return DType::kF32;
-    if (t.code == kDLInt && t.bits == 32) return DType::kI32;
-    if (t.code == kDLInt && t.bits == 64) return DType::kI64;
-    if (t.code == kDLUInt && t.bits == 8) return DType::kU8;
-  }
-  throw std::invalid_argument("unexpected DLPack dtype code " + std::to_string(t.code) + " bits " +
-                              std::to_string(t.bits));
-}
-
-// A host DLTensor as a TensorView: checked device, dtype and row-major strides.
-TensorView view(const DLTensor& t, DType want, const char* name) {
-  if (t.device.device_type != kDLCPU) throw std::invalid_argument(std::string(name) + ": not a host tensor");
-  const DType dt = dtype_of(t.dtype);
-  if (dt != want)
-    throw std::invalid_argument(std::string(name) + ": dtype " + std::string(dtype_name(dt)) + ", expected " +
-                                std::string(dtype_name(want)));
-  Shape shape(t.shape, t.shape + t.ndim);
-  if (t.strides) {
-    std::int64_t expect = 1;
-    for (int i = t.ndim - 1; i >= 0; --i) {
-      if (shape[i] > 1 && t.strides[i] != expect) throw std::invalid_argument(std::string(name) + ": not row-major contiguous");
-      expect *= shape[i];
-    }
-  }
-  return {dt, std::move(shape), static_cast<char*>(t.data) + t.byte_offset};
-}
-
-template <class T>
-std::span<const T> span_of(const TensorView& v) {
-  return {static_cast<const T*>(v.data), static_cast<std::size_t>(v.numel())};
-}
-
-DType model_dtype(const mlagate_problem& p) { return p.dtype == MLAGATE_DTYPE_F16 ? DType::kF16 : DType::kBF16; }
-
-KvCacheDtype kv_dtype(std::uint32_t bit) {
-  switch (bit) {
-    case MLAGATE_KV_AUTO: return KvCacheDtype::kAuto;
-    case MLAGATE_KV_FP8: return KvCacheDtype::kFp8;
-    case MLAGATE_KV_FP8_E4M3: return KvCacheDtype::kFp8E4m3;
-    case MLAGATE_KV_FP8_DS_MLA: return KvCacheDtype::kFp8DsMla;
-  }
-  throw std::invalid_argument("unknown kv cache dtype " + std::to_string(bit));
-}
-
-// The cache as cpu.paged reads it: a copy of the bytes (PagedCache owns its
-// storage) with the format facts of the problem.
-PagedCache cache_from(const mlagate_problem& p, const DLTensor& data, const DLTensor* table) {
-  const TensorView d = view(data, DType::kU8, "kv_cache");
-  if (d.shape.size() != 3) throw std::invalid_argument("kv_cache must be [num_blocks, block_size, entry_bytes]");
-  PagedCache c;
-  c.kv_dtype = kv_dtype(p.kv_cache_dtype);
-  c.elem_dtype = model_dtype(p);
-  c.scale_rule = p.scale_rule == MLAGATE_SCALE_RULE_RAW ? ScaleRule::kRaw : ScaleRule::kPow2;
-  c.k_scale = p.k_scale;
-  c.kv_lora_rank = p.kv_lora_rank;
-  c.rope_dim = p.rope_dim;
-  c.num_blocks = static_cast<int>(d.shape[0]);
-  c.block_size = static_cast<int>(d.shape[1]);
-  c.entry_bytes = static_cast<int>(d.shape[2]);
-  c.data = Tensor(DType::kU8, d.shape);
-  std::memcpy(c.data.bytes(), d.data, d.nbytes());
-  if (table) {
-    const TensorView t = view(*table, DType::kI32, "block_table");
-    if (t.shape.size() != 2) throw std::invalid_argument("block_table must be [B, W]");
-    c.table_width = static_cast<int>(t.shape[1]);
-    c.block_table = Tensor(DType::kI32, t.shape);
-    std::memcpy(c.block_table.bytes(), t.data, t.nbytes());
-  }
-  return c;
-}
+using namespace mlagate::test_plugin;
 
 struct Plugin {
   PlantedFault fault = PlantedFault::kNone;
@@ -266,7 +194,7 @@ const mlagate_plugin* cpu_paged_plugin_table(const char* name, PlantedFault faul
     s->plugin.library = "cpu_paged_plugin";
     s->plugin.num_backends = 1;
     s->plugin.backends = &s->table;
-    s->plugin.abi_minor = MLAGATE_PLUGIN_ABI_MINOR + (fault == PlantedFault::kNewerMinor ? 1 : 0);
+    s->plugin.abi_minor = fault == PlantedFault::kAbi11 ? 1 : MLAGATE_PLUGIN_ABI_MINOR + (fault == PlantedFault::kNewerMinor ? 1 : 0);
     s->plugin.backend_struct_size = sizeof(mlagate_backend);
     if (fault == PlantedFault::kAbi10) {
       // What a plugin built against the 1.0 header hands over: the 1.0 struct

@@ -21,6 +21,7 @@ enum class PlantedFault {
   kPrepareFails, // prepare() returns MLAGATE_STATUS_ERROR
   kAbi10,        // the tables laid out as ABI 1.0 (no graph_ops, prepare, abi_minor): two backends
   kNewerMinor,   // abi_minor one past this header's
+  kAbi11,        // built against the 1.1 header: abi_minor 1 (1.2 changed no struct it hands over)
 };
 
 // The library's table, built on first call (one per library: the state is static).

@@ -297,7 +297,12 @@ TEST(PluginPlanted, RedescribedOutputIsIncorrect) {
 // The completeness proof: cases through cpu.paged and through cpu.paged built
 // as a plugin give the same statuses, the same messages and bit-identical
 // outputs. Returns how many record pairs were compared.
-std::size_t expect_bit_identical(const std::vector<CaseSpec>& cases, std::vector<Op> ops) {
+std::size_t expect_bit_identical(const std::vector<CaseSpec>& cases, std::vector<Op> ops,
+                                 std::unique_ptr<Backend> in_tree_backend = make_cpu_paged(),
+                                 const std::string& plugin_path = kCpuPlugin) {
+  const std::string in_name(in_tree_backend->name());
+  std::unique_ptr<Backend> plugin_backend = make_one(plugin_path);
+  const std::string plugin_name(plugin_backend->name());
   struct Outputs {
     Status status = Status::kSkipped;
     std::string message;
@@ -305,8 +310,8 @@ std::size_t expect_bit_identical(const std::vector<CaseSpec>& cases, std::vector
   };
   std::map<std::tuple<std::string, std::string, std::string>, Outputs> seen;  // (case, op, backend)
   std::vector<std::unique_ptr<Backend>> bs;
-  bs.push_back(make_cpu_paged());
-  bs.push_back(make_one(kCpuPlugin));
+  bs.push_back(std::move(in_tree_backend));
+  bs.push_back(std::move(plugin_backend));
   RunConfig cfg;
   cfg.cases = cases;
   cfg.ops = std::move(ops);
@@ -327,8 +332,8 @@ std::size_t expect_bit_identical(const std::vector<CaseSpec>& cases, std::vector
   std::size_t compared = 0;
   for (const auto& [key, in_tree] : seen) {
     const auto& [id, op, backend] = key;
-    if (backend != "cpu.paged") continue;
-    const auto it = seen.find({id, op, "cpu.paged.plugin"});
+    if (backend != in_name) continue;
+    const auto it = seen.find({id, op, plugin_name});
     EXPECT_NE(it, seen.end()) << id << " " << op;
     if (it == seen.end()) continue;
     const Outputs& plug = it->second;
@@ -364,6 +369,111 @@ TEST(PluginCompleteness, BitIdenticalOnTheWholeVllmSuite) {
   if (!long_tests || std::string(long_tests) != "1") GTEST_SKIP() << "set MLAGATE_LONG_TESTS=1 (takes minutes)";
   const std::vector<CaseSpec> vllm = load_suite("vllm").cases;
   EXPECT_EQ(expect_bit_identical(vllm, {Op::kLayer}), vllm.size());
+}
+
+// ---- ABI 1.2: the sparse ops ----
+
+const std::string kSparsePlugin = lib("mlagate_cpu_sparse_plugin");
+
+std::vector<CaseSpec> sparse_cases(const char* pattern_or_all = nullptr) {
+  std::vector<CaseSpec> out;
+  for (const char* suite : {"sparse", "v4"})
+    for (const CaseSpec& c : load_suite(suite).cases)
+      if (!pattern_or_all || contains(c.id(), pattern_or_all)) out.push_back(c);
+  return out;
+}
+
+std::vector<Record> run_sparse(std::unique_ptr<Backend> b, const std::vector<CaseSpec>& cases) {
+  std::vector<std::unique_ptr<Backend>> bs;
+  bs.push_back(std::move(b));
+  RunConfig cfg;
+  cfg.cases = cases;
+  cfg.ops = {Op::kSparseDecode, Op::kSparsePrefill};
+  cfg.policy = make_policy("baseline", 0, 0, 2.0);
+  return run_cases(cfg, bs);
+}
+
+// The sparse ops carry everything a kernel needs through the C ABI: cpu.sparse
+// as a plugin gives the in-tree backend's statuses, messages and bits on every
+// case of the sparse (V3.2: top-k, lengths, -1 rows, oob, fp8_ds_mla pow2 and
+// raw, sinks) and v4 (window, compressed caches, fp8_v4's split pages) suites.
+TEST(PluginSparse, BitIdenticalToTheInTreeBackendOnTheSparseAndV4Suites) {
+  const std::vector<CaseSpec> cases = sparse_cases();
+  ASSERT_GT(cases.size(), 40u);
+  EXPECT_EQ(expect_bit_identical(cases, {Op::kSparseDecode, Op::kSparsePrefill}, make_cpu_sparse(), kSparsePlugin),
+            cases.size() * 2);
+}
+
+std::map<Status, int> count(const std::vector<Record>& records) {
+  std::map<Status, int> n;
+  for (const Record& r : records) ++n[r.status];
+  return n;
+}
+
+// A kernel bug behind the C ABI is caught as it is in tree: a kernel that reads
+// past topk_length fails the cases that give lengths (and only those: the
+// other rows have no slot past their length), one that reads -1 as slot 0
+// fails the cases with -1 slots.
+TEST(PluginSparse, PlantedSparseBugsAreCaughtThroughTheAbi) {
+  const auto lens = run_sparse(make_one(lib("mlagate_planted_sparse_topk")), sparse_cases("idx=lens"));
+  ASSERT_FALSE(lens.empty());
+  for (const Record& r : lens)
+    EXPECT_TRUE(r.status == Status::kIncorrect || r.status == Status::kNonfinite) << r.case_id << " " << r.op << ": "
+                                                                                  << status_name(r.status);
+  const auto invalid = run_sparse(make_one(lib("mlagate_planted_sparse_invalid")), sparse_cases("idx=invalid_rows"));
+  ASSERT_FALSE(invalid.empty());
+  for (const Record& r : invalid)
+    EXPECT_TRUE(r.status == Status::kIncorrect || r.status == Status::kNonfinite) << r.case_id << " " << r.op << ": "
+                                                                                  << status_name(r.status);
+  // The correct plugin passes the same cases.
+  for (const Record& r : run_sparse(make_one(kSparsePlugin), sparse_cases("idx=lens")))
+    EXPECT_EQ(r.status, Status::kPassed) << r.case_id << " " << r.op << ": " << r.message;
+}
+
+// Bad answers of a sparse plugin are records naming the output or input and
+// the rule, never a crash of the run: o re-described as the dense op's shape
+// or as a dtype it never declared, and a write into its indices input.
+TEST(PluginSparse, BadAnswersAreIncorrectRecordsNamingTheRule) {
+  const std::vector<CaseSpec> v4 = sparse_cases("v4/v4_decode");
+  ASSERT_FALSE(v4.empty());
+  const auto dense = run_sparse(make_one(lib("mlagate_planted_sparse_dense")), {v4.front()});
+  ASSERT_EQ(dense.size(), 2u);
+  for (const Record& r : dense) {
+    EXPECT_EQ(r.status, Status::kIncorrect) << r.op << ": " << r.message;
+    // V4 (L 448, R 64): the value is the whole entry, 512 wide; a dense answer is 448.
+    EXPECT_TRUE(contains(r.message, "run() re-described its output o (shape [")) << r.message;
+    EXPECT_TRUE(contains(r.message, ", 512] -> [") && contains(r.message, ", 448])")) << r.message;
+  }
+  const auto dtype = run_sparse(make_one(lib("mlagate_planted_sparse_dtype")), {v4.front()});
+  for (const Record& r : dtype) {
+    EXPECT_EQ(r.status, Status::kIncorrect) << r.op << ": " << r.message;
+    EXPECT_TRUE(contains(r.message, "run() re-described its output o (dtype bfloat16 -> float32)")) << r.message;
+  }
+  // Rows with -1 slots (an invalid_rows case): the plugin turns them into 0.
+  const std::vector<CaseSpec> invalid = sparse_cases("idx=invalid_rows");
+  ASSERT_FALSE(invalid.empty());
+  const auto writes = run_sparse(make_one(lib("mlagate_planted_sparse_writes")), {invalid.front()});
+  int named = 0;
+  for (const Record& r : writes) {
+    EXPECT_EQ(r.status, Status::kIncorrect) << r.op << ": " << r.message;
+    named += contains(r.message, "run() wrote into its input indices:") &&
+             contains(r.message, "(-1 -> 0 as int32); inputs are read only");
+  }
+  EXPECT_EQ(named, 2) << writes.front().message;
+}
+
+// The sparse ops and fp8_v4 are ABI 1.2: a table built against 1.1 that
+// declares them is refused at load; a 1.1 table of dense ops keeps loading and
+// passing (1.2 appended fields to structs mlagate hands over, none to the tables).
+TEST(PluginLoad, SparseOpsNeedAbi12AndOlderMinorsKeepLoading) {
+  const std::string e = load_error(lib("mlagate_planted_sparse_old_minor"));
+  EXPECT_TRUE(contains(e, "(built against ABI 1.1); the sparse ops need ABI 1.2")) << e;
+  const auto records = run_one_backend(make_one(lib("mlagate_planted_abi11")), cases_of("smoke", "small_decode", 16), Op::kDecode);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].status, Status::kPassed) << records[0].message;
+  const auto layer = run_one_backend(make_one(lib("mlagate_planted_abi11")), cases_of("smoke", "small_decode", 16), Op::kLayer);
+  ASSERT_EQ(layer.size(), 1u);
+  EXPECT_EQ(layer[0].status, Status::kPassed) << layer[0].message;
 }
 
 }  // namespace
