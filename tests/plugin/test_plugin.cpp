@@ -25,6 +25,9 @@
 #include "tests/cli_call.h"
 #include "harness/run/runner.h"
 #include "harness/run/serving.h"
+#ifdef MLAGATE_TEST_CUDA_EXAMPLE_PLUGIN
+#include "tests/require_gpu.h"
+#endif
 
 namespace mlagate {
 namespace {
@@ -184,7 +187,9 @@ TEST(PluginGraph, CapturedDecodeReplaysWithPrepareBeforeEachReplay) {
           << in_tree[i].metrics[m].max_abs;
     passed += r.status == Status::kPassed;
     replayed += contains(r.message, "replayed, captured at");
-    if (r.status == Status::kPassed) EXPECT_TRUE(contains(r.message, "host plugin: prepare() and run()")) << r.message;
+    if (r.status == Status::kPassed) {
+      EXPECT_TRUE(contains(r.message, "host plugin: prepare() and run()")) << r.message;
+    }
   }
   EXPECT_GT(passed, 10);
   EXPECT_GT(replayed, 3);
@@ -474,6 +479,31 @@ TEST(PluginLoad, SparseOpsNeedAbi12AndOlderMinorsKeepLoading) {
   const auto layer = run_one_backend(make_one(lib("mlagate_planted_abi11")), cases_of("smoke", "small_decode", 16), Op::kLayer);
   ASSERT_EQ(layer.size(), 1u);
   EXPECT_EQ(layer[0].status, Status::kPassed) << layer[0].message;
+}
+
+// The CUDA example plugin's sparse decode (examples/plugin_cuda, ABI 1.2) on the
+// GPU: every sparse and v4 case passes (V3.2 top-k with lengths, -1 rows and
+// sinks, fp8_ds_mla pow2/raw; V4 windows, compressed caches, fp8_v4 pages).
+TEST(PluginCuda, ExampleSparseDecodePassesTheSparseAndV4Suites) {
+#ifndef MLAGATE_TEST_CUDA_EXAMPLE_PLUGIN
+  GTEST_SKIP() << "mlagate built without CUDA: the CUDA example plugin is not built";
+#else
+  MLAGATE_REQUIRE_GPU();
+  std::vector<BackendEntry> entries = load_plugin(MLAGATE_TEST_CUDA_EXAMPLE_PLUGIN);
+  auto it = std::find_if(entries.begin(), entries.end(), [](const BackendEntry& e) { return e.name == "example.cuda_sparse"; });
+  ASSERT_NE(it, entries.end());
+  std::vector<std::unique_ptr<Backend>> bs;
+  bs.push_back(it->make({}));
+  RunConfig cfg;
+  cfg.cases = sparse_cases();
+  cfg.ops = {Op::kSparseDecode};
+  cfg.policy = make_policy("baseline", 0, 0, 2.0);
+  const auto records = run_cases(cfg, bs);
+  const auto n = count(records);
+  for (const Record& r : records)
+    EXPECT_TRUE(r.status == Status::kPassed) << r.case_id << ": " << status_name(r.status) << " " << r.message;
+  EXPECT_EQ(n.count(Status::kPassed) ? n.at(Status::kPassed) : 0, static_cast<int>(cfg.cases.size()));
+#endif
 }
 
 }  // namespace
