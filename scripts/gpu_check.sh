@@ -205,6 +205,10 @@ if want plugins; then
          >>"$log" 2>&1 && cmake --build "$pw/$ex/build" >>"$log" 2>&1; then
       so=$(ls "$pw/$ex/build"/lib*.so | head -1)
       run_suite "plugin_${ex}_vllm" --plugin "$so" --backend "example.${ex}_decode" --suite vllm --reference cuda
+      if [ "$ex" = cuda ]; then  # its sparse decode (plugin ABI 1.2) on both sparse suites
+        run_suite plugin_cuda_sparse --plugin "$so" --backend example.cuda_sparse --suite sparse --reference cuda
+        run_suite plugin_cuda_v4 --plugin "$so" --backend example.cuda_sparse --suite v4 --reference cuda
+      fi
     else
       say "example plugin_$ex: build FAILED"
     fi
