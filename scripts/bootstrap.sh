@@ -15,7 +15,7 @@ esac
 # Debian 12 packages the build needs; the list lives here and in the README.
 packages=(build-essential cmake ninja-build git libeigen3-dev libcli11-dev nlohmann-json3-dev
           libyaml-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libpugixml-dev libhdf5-dev
-          python3-h5py python3-numpy python3-dev python3-pytest pybind11-dev libtorch-dev libopenblas0-pthread clang chromium)
+          python3-h5py python3-numpy python3-dev python3-pytest python3-venv pybind11-dev libtorch-dev libopenblas0-pthread clang chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -9,8 +9,10 @@
         r = mlagate_case.check(a)
         assert r, r.message
 
-Installed (cmake --install) the plugin loads itself through `-p mlagate.pytest_plugin` or a
-conftest.py line `pytest_plugins = ["mlagate.pytest_plugin"]`. A failing test's report carries
+Installed with pip, pytest loads it through its entry point (pytest11, named
+`mlagate.pytest_plugin`, so `-p mlagate.pytest_plugin` names the same plugin); otherwise (the
+build tree, cmake --install) through `-p mlagate.pytest_plugin` or a conftest.py line
+`pytest_plugins = ["mlagate.pytest_plugin"]`. A failing test's report carries
 the case's CLI repro and the pytest command that reruns it alone.
 """
 
