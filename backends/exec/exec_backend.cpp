@@ -256,9 +256,9 @@ class ExecBackend final : public Backend {
   static std::string sparse_rule(const TensorView& q, const TensorView& o, const std::string& op) {
     const std::int64_t T = q.shape[0], N = q.shape[1], Dv = o.shape[2];
     return op + " answers o [T, N, Dv] = [" + std::to_string(T) + ", " + std::to_string(N) + ", " + std::to_string(Dv) +
-           "] (Dv = v_head_dim: the latent L for V3.2, the whole entry L + R for V4) in the model dtype " +
-           std::string(dtype_name(o.dtype)) + " and lse [T, N] = [" + std::to_string(T) + ", " + std::to_string(N) +
-           "] float32, not a dense decode's o_lat";
+           "] (Dv = v_head_dim: the latent L for V3.2, the whole entry L + R for V4), a float type or " +
+           std::string(dtype_name(o.dtype)) + " bits, and lse [T, N] = [" + std::to_string(T) + ", " + std::to_string(N) +
+           "], a float type (SCHEMA.md)";
   }
 
   // `rule`: the sparse ops' answer, named in a wrong answer's message; a
@@ -352,7 +352,8 @@ Capabilities parse_exec_caps(const std::string& text) {
       c.ops.clear();
       for (const auto& o : list) {
         const Op op = parse_op(o);
-        if (op == Op::kLayer) throw InputError("--exec-caps: ops lists kernels (decode, prefill, cache_write), not layer");
+        if (op == Op::kLayer)
+          throw InputError("--exec-caps: ops lists kernels (decode, prefill, cache_write, sparse_decode, sparse_prefill), not layer");
         c.ops.push_back(op);
       }
     } else if (key == "block_sizes") {

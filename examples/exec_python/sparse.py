@@ -185,8 +185,8 @@ def sparse_prefill(g):
     return o, lse
 
 
-def write_outputs(res, op, o, lse):
-    """o as float32 (mlagate rounds it to the model dtype) and lse."""
+def write_outputs(res, g, o, lse):
+    """Call g's o as float32 (mlagate rounds it to the model dtype) and lse."""
     res["o"] = o
     res["lse"] = lse
 
@@ -199,9 +199,9 @@ def main(bundle_path, outputs_path):
             res = out.create_group(f"calls/{name}")
             op = text(g.attrs["op"])
             if op == "sparse_decode":
-                write_outputs(res, op, *sparse_decode(g))
+                write_outputs(res, g, *sparse_decode(g))
             elif op == "sparse_prefill":
-                write_outputs(res, op, *sparse_prefill(g))
+                write_outputs(res, g, *sparse_prefill(g))
             else:
                 res.attrs["status"] = "not_supported"
                 res.attrs["message"] = f"this program implements sparse_decode and sparse_prefill, not {op}"
