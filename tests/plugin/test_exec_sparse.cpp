@@ -100,7 +100,7 @@ TEST(ExecSparse, BundleCarriesTheSparseInputs) {
 // topk_length, past-the-end indices (pow2), an auto cache of block size 16;
 // V4 with fp8_v4 caches and C4A and C128A compressed caches, an auto one,
 // block size 16 with large-magnitude Q. Through the CLI: exit 0. (The whole
-// sparse and v4 suites pass too: 94 records, about 80 s; the commands are in SCHEMA.md.)
+// sparse and v4 suites pass too: 94 records, 30 to 80 s; the commands are in SCHEMA.md.)
 TEST(ExecSparse, ExampleProgramPassesTheSparseSuites) {
   SKIP_WITHOUT_PYTHON();
   const std::string cmd = kPython + " " + kExample + " {in} {out}";
