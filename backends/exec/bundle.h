@@ -4,6 +4,7 @@
 // back, read with every shape and dtype checked. HDF5 stays in bundle.cpp.
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <string>
 #include <utility>
@@ -15,14 +16,25 @@
 namespace mlagate::exec {
 
 inline constexpr const char* kBundleSchema = "mlagate.exec.bundle";
-inline constexpr int kBundleSchemaVersion = 1;
+// Version 2 added the sparse ops (sparse_decode, sparse_prefill) and the
+// attributes every call with a paged cache now carries (num_blocks,
+// block_bytes, entry_data_bytes, scale_elem_bytes, scale_tile). A bundle is
+// stamped with the lowest version that describes it: 1 when every call is a
+// dense op (a version-1 program reads it as before), 2 when one is sparse.
+inline constexpr int kBundleSchemaVersionDense = 1;
+inline constexpr int kBundleSchemaVersion = 2;
 
-// One kernel call: its problem (plugin.h's fields) and input tensors by name
+// One kernel call: its problem (plugin.h's fields), the op's own attributes
+// (the sparse ops' topk, window, ...; SCHEMA.md) and input tensors by name
 // ("q_lat", "kv_cache", ...).
 struct BundleCall {
   plugin::Problem problem;
+  std::vector<std::pair<std::string, std::int64_t>> int_attrs;
   std::vector<std::pair<std::string, TensorView>> inputs;
 };
+
+// The schema version a bundle of these calls is stamped with.
+int bundle_schema_version(std::span<const BundleCall> calls);
 
 // Writes /calls/0 .. /calls/n-1. Throws on I/O failure.
 void write_bundle(const std::string& path, const std::string& backend, std::span<const BundleCall> calls);
@@ -41,9 +53,17 @@ struct CallOutcome {
   std::string message;
 };
 
+// How read_outputs treats a readable call group without an expected dataset.
+enum class MissingOutput {
+  kCrashed,    // std::runtime_error: the version-1 ops' rule (CRASHED)
+  kIncorrect,  // WrongOutputError naming the dataset and what the group holds instead (the sparse ops)
+};
+
 // Reads call `index` of an outputs file. A dataset of the wrong shape or dtype
-// throws WrongOutputError (an INCORRECT record); a missing or unreadable file,
-// group or dataset throws std::runtime_error (CRASHED).
-CallOutcome read_outputs(const std::string& path, std::size_t index, std::span<const ExpectedOutput> outputs);
+// throws WrongOutputError (an INCORRECT record); a missing or unreadable file
+// or group throws std::runtime_error (CRASHED), a missing dataset as `missing`
+// says.
+CallOutcome read_outputs(const std::string& path, std::size_t index, std::span<const ExpectedOutput> outputs,
+                         MissingOutput missing = MissingOutput::kCrashed);
 
 }  // namespace mlagate::exec

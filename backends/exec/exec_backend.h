@@ -22,7 +22,9 @@ struct ExecConfig {
 Capabilities default_exec_caps();
 // "ops=decode,prefill block_sizes=16,64 query_len=VARLEN reorder_threshold=1
 // dtypes=bf16,fp16 kv_dtypes=auto,fp8" (the format `mlagate list backends`
-// prints); keys left out keep default_exec_caps()'s values. Throws InputError.
+// prints); keys left out keep default_exec_caps()'s values. ops: decode,
+// prefill, cache_write, sparse_decode, sparse_prefill; kv_dtypes: auto, fp8,
+// fp8_e4m3, fp8_ds_mla, fp8_v4. Throws InputError.
 Capabilities parse_exec_caps(const std::string& text);
 
 // Checks the configuration (name, {in} and {out} in the command, timeout) and
