@@ -34,6 +34,7 @@ std::unique_ptr<Backend> make_cuda_sparse();
 // What the process sees: a device or the reason there is none.
 struct CudaDeviceInfo {
   bool available = false;
+  int count = 0;           // devices this process sees (CUDA_VISIBLE_DEVICES applied), usable or not
   std::string error;       // why not, when !available ("no CUDA device: ...")
   int device = 0;
   std::string name;        // "NVIDIA H100 80GB HBM3"

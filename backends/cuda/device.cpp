@@ -23,6 +23,7 @@ const CudaDeviceInfo& cuda_device_info() {
     CudaDeviceInfo d;
     int count = 0;
     const cudaError_t e = cudaGetDeviceCount(&count);
+    d.count = e == cudaSuccess ? count : 0;
     if (e != cudaSuccess || count == 0) {
       cudaGetLastError();  // clear the runtime's last-error state so later checks start clean
       d.error = std::string("no CUDA device: ") + (e != cudaSuccess ? cudaGetErrorString(e) : "device count is 0");

@@ -18,6 +18,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <system_error>
 #include <thread>
 
@@ -345,8 +346,34 @@ class RunCommand {
     };
   }
 
+  // --devices all: every GPU this process sees. Under CUDA_VISIBLE_DEVICES
+  // its entries are the devices (a worker gets one of them as its own
+  // CUDA_VISIBLE_DEVICES), else 0 .. count - 1.
+  void resolve_all_devices() {
+    devices_ = ra_.devices;
+    if (std::find(devices_.begin(), devices_.end(), "all") == devices_.end()) return;
+    if (devices_.size() != 1) throw InputError("--devices: 'all' stands alone (not in a list of devices)");
+    devices_.clear();
+#if MLAGATE_HAS_CUDA
+    const CudaDeviceInfo& info = cuda_device_info();
+    if (info.count == 0) throw InputError("--devices all: " + info.error);
+    std::vector<std::string> visible;
+    if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && *v) {
+      std::stringstream ss(v);
+      for (std::string id; std::getline(ss, id, ',');)
+        if (!id.empty()) visible.push_back(id);
+    }
+    for (int i = 0; i < info.count; ++i)
+      devices_.push_back(static_cast<std::size_t>(i) < visible.size() ? visible[static_cast<std::size_t>(i)]
+                                                                         : std::to_string(i));
+#else
+    throw InputError("--devices all: this mlagate was built without CUDA (no GPU to count)");
+#endif
+  }
+
   // The parent's choices: isolation, reliability options, the journal.
   void plan_parent() {
+    resolve_all_devices();
     isolate_ = ra_.isolate;
     if (isolate_.empty()) isolate_ = !worker_command().empty() && ra_.save_results.empty() ? "process" : "none";
     if (isolate_ != "process" && isolate_ != "none") throw InputError("--isolate '" + isolate_ + "' (expected process or none)");
@@ -369,18 +396,20 @@ class RunCommand {
       if (workers_ > 1 && ra_.order != "given")
         throw InputError("--order " + ra_.order + " needs --workers 1 (workers side by side run the cases in an order "
                          "that depends on timing)");
-    } else if (isolate_ == "process" && cfg_.reference.name == "cuda" && ra_.order == "given" && ra_.devices.empty()) {
+    } else if (isolate_ == "process" && cfg_.reference.name == "cuda" && ra_.order == "given") {
       // The GPU run: each worker's case preparation (inputs, caches, the CPU
-      // baseline emulation, the glue) runs beside another's backend calls.
-      // With --devices, one per device (each device's worker already runs
-      // beside the others').
-      workers_ = std::clamp<std::size_t>(host_cpus() / 4, 1, 4);
+      // baseline emulation, the glue) runs beside another's backend calls,
+      // on every device. One worker per device left a device idle while its
+      // worker prepared (2 H200s, vllm x 4 seeds: 48.4 s with 1 per device,
+      // 29.7 s with 4, against 35.3 s on one GPU with 4; PERFORMANCE.md).
+      const std::size_t devices = std::max<std::size_t>(1, devices_.size());
+      workers_ = std::clamp<std::size_t>(host_cpus() / (4 * devices), 1, 4);
     }
     if (ra_.threads < 0) throw InputError("--threads must be >= 0 (0: every core)");
-    if (!ra_.devices.empty()) {
+    if (!devices_.empty()) {
       if (isolate_ != "process") throw InputError("--devices needs --isolate process (a worker per device)");
       std::set<std::string> seen;
-      for (const std::string& d : ra_.devices)
+      for (const std::string& d : devices_)
         if (d.empty() || d.find_first_not_of("0123456789") != std::string::npos || !seen.insert(d).second)
           throw InputError("--devices: '" + d + "' is not a device number, or is given twice");
     }
@@ -478,7 +507,7 @@ class RunCommand {
       io.timeout_s = ra_.timeout;
       io.pairs = ra_.order == "pairs";
       io.max_order_checks = static_cast<std::size_t>(ra_.order_checks);
-      io.devices = ra_.devices;
+      io.devices = devices_;
       io.workers = workers_;
       io.largest_first = ra_.order == "given";
       share_cores(io, ra_.threads);
@@ -669,6 +698,7 @@ class RunCommand {
 
   std::string isolate_;
   std::size_t workers_ = 1;  // --workers, resolved
+  std::vector<std::string> devices_;  // --devices, "all" resolved
   std::optional<Journal> journal_;
   std::map<std::string, Record> finished_, fresh_;
   std::vector<CaseSpec> all_cases_;

@@ -263,14 +263,15 @@ void RunArgs::add_options(CLI::App* app, bool for_replay) {
                              : "exact case id (repeatable): only these cases, run in the order given");
 
   app->add_option("--devices", devices,
-                  "GPUs to run on, comma-separated (e.g. 0,1,2,3): --workers worker processes per device "
-                  "(CUDA_VISIBLE_DEVICES set to it), the cases dealt out between them; records as on one device")
+                  "GPUs to run on, comma-separated (e.g. 0,1,2,3), or all (every GPU visible): --workers worker "
+                  "processes per device (CUDA_VISIBLE_DEVICES set to it), the cases dealt out between them; "
+                  "records as on one device")
       ->delimiter(',');
   app->add_option("--workers", workers,
                   "worker processes side by side per device (in all without --devices), each taking the next "
                   "group of cases as it finishes its last, while their host memory estimates fit: one's case "
-                  "preparation runs beside another's backend calls. auto: 4 with --reference cuda (at most one "
-                  "per 4 host CPUs) unless --devices or an --order other than given, else 1. Records as with 1; "
+                  "preparation runs beside another's backend calls. auto: 4 per device with --reference cuda (at "
+                  "most one per 4 host CPUs in all) unless an --order other than given, else 1. Records as with 1; "
                   "their run times (and --timeout) then include waiting for the other workers' GPU work")
       ->capture_default_str();
   app->add_option("--shard", shard,

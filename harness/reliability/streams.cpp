@@ -184,10 +184,12 @@ void GroupQueue::release(std::size_t stream) {
   cv_.notify_all();
 }
 
-std::vector<Record> run_isolated(const RunConfig& cfg, const std::vector<std::string>& backend_names,
-                                 const std::vector<Job>& jobs, const IsolationOptions& opt,
-                                 const std::function<void(const Record&)>& on_record) {
-  IgnoreSigpipe sigpipe;
+namespace {
+
+// The streams: one, one per device, or several taking groups from one queue.
+std::vector<Record> run_some_streams(const RunConfig& cfg, const std::vector<std::string>& backend_names,
+                                     const std::vector<Job>& jobs, const IsolationOptions& opt,
+                                     const std::function<void(const Record&)>& on_record) {
   // The streams: --workers of them per device (the devices first, so that
   // every device has one before any has two), or --workers in all without --devices.
   const std::size_t per = std::max<std::size_t>(1, opt.workers);
@@ -224,19 +226,10 @@ std::vector<Record> run_isolated(const RunConfig& cfg, const std::vector<std::st
   }
   if (opt.largest_first) order_groups(groups, bytes, n);
   GroupQueue queue(std::move(groups), std::move(bytes), available_memory_bytes(), n);
-  double domain_before = 0;
-  {
-    const std::lock_guard lock(profile_mutex());
-    domain_before = run_profile().worker_domain_ms();
-  }
-  const auto t0 = Clock::now();
   // Each stream's source: the jobs of the group it took, then the next group.
   std::vector<const std::vector<Job>*> group(n, nullptr);
   std::vector<std::size_t> next(n, 0);
-  std::vector<Record> records;
-  std::exception_ptr error;  // thrown after the profile has the streams' time
-  try {
-    records = run_streams(
+  return run_streams(
       cfg, backend_names, stream_device, opt, on_record,
       [&](std::size_t d, const std::function<bool()>& stop) -> JobSource {
         return [&, d, stop](const std::function<void()>& end_worker) -> const Job* {
@@ -250,16 +243,38 @@ std::vector<Record> run_isolated(const RunConfig& cfg, const std::vector<std::st
         };
       },
       [&](std::size_t d) { queue.release(d); });
+}
+
+}  // namespace
+
+std::vector<Record> run_isolated(const RunConfig& cfg, const std::vector<std::string>& backend_names,
+                                 const std::vector<Job>& jobs, const IsolationOptions& opt,
+                                 const std::function<void(const Record&)>& on_record) {
+  IgnoreSigpipe sigpipe;
+  double domain_before = 0;
+  {
+    const std::lock_guard lock(profile_mutex());
+    domain_before = run_profile().worker_domain_ms();
+  }
+  const auto t0 = Clock::now();
+  std::vector<Record> records;
+  std::exception_ptr error;  // thrown after the profile has the streams' time
+  try {
+    records = run_some_streams(cfg, backend_names, jobs, opt, on_record);
   } catch (...) {
     error = std::current_exception();
   }
   {
-    // The job rows sum every worker's time; what ran beside another's comes off.
+    // The job rows sum every worker's time (--workers, --devices: several
+    // side by side); what ran beside another's comes off, so that the rows
+    // still sum to the wall. One stream has nothing beside it.
     const std::lock_guard lock(profile_mutex());
     RunProfile& prof = run_profile();
+    const std::size_t n = std::max<std::size_t>(1, opt.workers) * std::max<std::size_t>(1, opt.devices.size());
     prof.streams = std::max(prof.streams, static_cast<int>(n));
-    prof.side_by_side_ms += std::max(0.0, prof.worker_domain_ms() - domain_before -
-                                              std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    if (n > 1)
+      prof.side_by_side_ms += std::max(0.0, prof.worker_domain_ms() - domain_before -
+                                                std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
   if (error) std::rethrow_exception(error);
   return records;

@@ -4,6 +4,7 @@
 // one of them, and the records are those of a one-device run.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <set>
 #include <sstream>
 
@@ -51,6 +52,34 @@ TEST(Devices, OneWorkerStreamPerDeviceAndTheRecordsOfOneDevice) {
   EXPECT_EQ(run("bad.json", {"--devices", "0,0"}), 2);
   EXPECT_EQ(run("bad.json", {"--devices", "gpu0"}), 2);
   EXPECT_EQ(run("bad.json", {"--devices", "0,1", "--isolate", "none"}), 2);
+}
+
+// --profile with several workers: the rows sum to the wall whether the
+// workers run one per device, several per device, or several on one (the
+// "side_by_side" row takes off the worker time that ran beside another's;
+// with one worker per device it was missing, and "unaccounted" went negative).
+TEST(Devices, ProfileRowsSumToTheWallWithDevicesAndWorkers) {
+  const fs::path d = temp_dir("devices_profile");
+  for (const std::vector<std::string>& extra : std::vector<std::vector<std::string>>{
+           {"--devices", "0,1"}, {"--devices", "0,1", "--workers", "2"}, {"--workers", "2"}}) {
+    std::vector<std::string> a = {"run", "--suite", "smoke", "--backend", "cpu.paged", "--op", "decode",
+                                  "--no-progress", "-q", "--profile", "--json", (d / "p.json").string()};
+    a.insert(a.end(), extra.begin(), extra.end());
+    ASSERT_EQ(run_mlagate(a, d), 0) << slurp(d / "stderr.txt");
+    const Json p = Json::parse(slurp(d / "p.json")).at("profile");
+    const double wall = p.at("wall_ms").get<double>();
+    double named = 0, side = 0, unaccounted = 0;
+    for (const auto& [name, ms] : p.at("phases_ms").items()) {
+      if (name == "unaccounted") unaccounted = ms.get<double>();
+      else named += ms.get<double>();
+      if (name == "side_by_side") side = ms.get<double>();
+    }
+    EXPECT_NEAR(named + unaccounted, wall, 1e-6 * wall + 1e-3) << extra[1];
+    // Nothing the rows miss beyond the parent's own bookkeeping between phases.
+    EXPECT_LT(std::abs(unaccounted), 0.10 * wall) << extra[1] << ": unaccounted " << unaccounted << " of " << wall;
+    EXPECT_LT(side, 0.0) << extra[1] << ": workers side by side, so some of their time overlapped";
+    EXPECT_GE(p.at("workers_side_by_side").get<int>(), 2) << extra[1];
+  }
 }
 
 }  // namespace
