@@ -269,8 +269,8 @@ if m.keys() != w.keys():
 differ = [k for k in w if m[k] != w[k]]
 if differ:
     k = differ[0]
-    sys.exit("%d records differ, first %s: %s" % (len(differ), k,
-             {f: (m[k].get(f), w[k].get(f)) for f in set(m[k]) | set(w[k]) if m[k].get(f) != w[k].get(f)}))
+    fields = {f: (m[k].get(f), w[k].get(f)) for f in set(m[k]) | set(w[k]) if m[k].get(f) != w[k].get(f)}
+    sys.exit(("%d records differ, first %s (merged, one process): %s" % (len(differ), k, fields))[:1500])
 if merged["summary"] != whole["summary"]:
     sys.exit("summaries differ: %s vs %s" % (merged["summary"], whole["summary"]))
 per_shard = [len(json.load(open(f))["records"]) for f in sys.argv[3:]]
