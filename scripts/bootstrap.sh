@@ -17,6 +17,8 @@ packages=(build-essential cmake ninja-build git libeigen3-dev libcli11-dev nlohm
           libyaml-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libpugixml-dev libhdf5-dev
           python3-h5py python3-numpy python3-dev python3-pytest python3-venv pybind11-dev libtorch-dev libopenblas0-pthread clang chromium)
 missing=()
+# `test` only: a single-node Slurm for the job-array test (tests/slurm, skipped without it).
+if [ "$mode" = test ]; then packages+=(slurmctld slurmd slurm-client munge); fi
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
