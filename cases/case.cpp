@@ -25,9 +25,18 @@ void fill_normal(Tensor& t, std::uint64_t seed, const char* name, double factor)
   // Model dtypes are 16-bit: round through our own RNE conversion.
   std::uint16_t (*round)(float) = t.dtype() == DType::kBF16 ? f32_to_bf16 : f32_to_f16;
   std::uint16_t* out = t.data<std::uint16_t>();
-#pragma omp parallel for schedule(static)
-  for (std::int64_t i = 0; i < n; ++i)
-    out[i] = round(static_cast<float>(gen::normal_at(st, static_cast<std::uint64_t>(i)) * factor));
+  // Chunks of normals_at (the same values as normal_at, several at a time).
+  constexpr std::int64_t kChunk = 2048;
+#pragma omp parallel
+  {
+    double v[kChunk];
+#pragma omp for schedule(static)
+    for (std::int64_t c = 0; c < n; c += kChunk) {
+      const std::int64_t m = std::min(kChunk, n - c);
+      gen::normals_at(st, static_cast<std::uint64_t>(c), m, v);
+      for (std::int64_t i = 0; i < m; ++i) out[c + i] = round(static_cast<float>(v[i] * factor));
+    }
+  }
 }
 
 // A tensor's values depend on the seed, its name, dtype and shape alone, so a

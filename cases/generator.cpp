@@ -2,6 +2,7 @@
 // Marsaglia's polar normal sampler and a log built from IEEE arithmetic only.
 #include "cases/generator.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 
@@ -84,6 +85,85 @@ double normal_at(std::uint64_t st, std::uint64_t index) {
     if (s > 0.0 && s < 1.0) return a * std::sqrt(-2.0 * det_log(s) / s);  // sqrt is IEEE exact
   }
   return 0.0;  // 64 rejections in a row: probability 0.215^64, never seen
+}
+
+namespace {
+
+// normals_at's lanes: GCC vector types, so that every step below is one
+// vector instruction of the IEEE operation normal_at's scalar code performs
+// (this folder is built with -ffp-contract=off: nothing is fused either way).
+constexpr int kLanes = 8;
+using VecU = std::uint64_t __attribute__((vector_size(8 * kLanes)));
+using VecI = std::int64_t __attribute__((vector_size(8 * kLanes)));
+using VecD = double __attribute__((vector_size(8 * kLanes)));
+
+// Scalars broadcast as std::uint64_t (clang refuses unsigned long long there).
+constexpr std::uint64_t u64(unsigned long long v) { return static_cast<std::uint64_t>(v); }
+
+VecU mix64v(VecU x) {
+  x += u64(0x9E3779B97F4A7C15ull);
+  x = (x ^ (x >> 30)) * u64(0xBF58476D1CE4E5B9ull);
+  x = (x ^ (x >> 27)) * u64(0x94D049BB133111EBull);
+  return x ^ (x >> 31);
+}
+
+VecD to_unit_v(VecU b) { return (__builtin_convertvector(b >> 11, VecD) + 0.5) * 0x1.0p-53; }
+
+// det_log for the polar method's s = a^2 + b^2 in (0, 1): never subnormal
+// there (a, b are odd multiples of 2^-53, so s >= 2^-106), which drops its
+// scaling branch; every other operation is det_log's, in its order.
+VecD polar_log_v(VecD x) {
+  const VecU u = __builtin_bit_cast(VecU, x);
+  VecI e = reinterpret_cast<VecI>((u >> 52) & u64(0x7FF)) - std::int64_t{1023};
+  const VecU mu = (u & u64(0x000FFFFFFFFFFFFFull)) | u64(0x3FF0000000000000ull);
+  VecD m = __builtin_bit_cast(VecD, mu);
+  const VecI high = m > 1.4142135623730951;  // -1 where true
+  m = high ? m * 0.5 : m;
+  e -= high;
+  const VecD z = (m - 1.0) / (m + 1.0);
+  const VecD z2 = z * z;
+  VecD s = VecD{} + 1.0 / 23.0;
+  for (int k = 21; k >= 1; k -= 2) s = s * z2 + 1.0 / k;
+  const VecD log_m = 2.0 * z * s;
+  constexpr double kLn2Hi = 0x1.62e42fefa3800p-1;
+  constexpr double kLn2Lo = 0x1.ef35793c76730p-45;
+  const VecD ed = __builtin_convertvector(e, VecD);
+  return ed * kLn2Hi + (log_m + ed * kLn2Lo);
+}
+
+}  // namespace
+
+void normals_at(std::uint64_t st, std::uint64_t first, std::int64_t n, double* out) {
+  // kLanes indices go through the polar method's rounds together,
+  // branch-free: every lane computes each round's candidate and keeps the
+  // first it accepts, as normal_at's loop does (tests/cases: test_generator
+  // checks the bits against normal_at).
+  VecU lane{};
+  for (int i = 0; i < kLanes; ++i) lane[i] = static_cast<std::uint64_t>(i);
+  for (std::int64_t base = 0; base < n; base += kLanes) {
+    const int lanes = static_cast<int>(std::min<std::int64_t>(kLanes, n - base));
+    const VecU h = mix64v((lane + (first + static_cast<std::uint64_t>(base))) ^ st);
+    VecD res{};  // 64 rejections in a row: normal_at's 0
+    VecI done{};
+    for (std::uint64_t k = 0; k < 64; ++k) {
+      const VecD a = 2.0 * to_unit_v(mix64v(h ^ u64((2 * k) * 0xD6E8FEB86659FD93ull))) - 1.0;
+      const VecD b = 2.0 * to_unit_v(mix64v(h ^ u64((2 * k + 1) * 0xD6E8FEB86659FD93ull))) - 1.0;
+      const VecD s = a * a + b * b;
+      const VecI ok = (s > 0.0) & (s < 1.0);
+      // Rejected candidates compute on 0.5 and are never kept.
+      const VecD si = ok ? s : VecD{} + 0.5;
+      const VecD t = -2.0 * polar_log_v(si) / si;
+      VecD r;
+      for (int i = 0; i < kLanes; ++i) r[i] = __builtin_sqrt(t[i]);  // t > 0: IEEE sqrt, no errno
+      const VecI take = ok & ~done;
+      res = take ? a * r : res;
+      done |= take;
+      bool all = true;
+      for (int i = 0; i < lanes; ++i) all = all && done[i] != 0;
+      if (all) break;
+    }
+    for (int i = 0; i < lanes; ++i) out[base + i] = res[i];
+  }
 }
 
 std::uint64_t below(std::uint64_t n, std::uint64_t seed, std::uint64_t tensor, std::uint64_t index) {

@@ -25,6 +25,9 @@ double det_log(double x);
 // per-element loops: normal(seed, tensor, i) == normal_at(stream(seed, tensor), i).
 std::uint64_t stream(std::uint64_t seed, std::uint64_t tensor);
 double normal_at(std::uint64_t stream, std::uint64_t index);
+// normal_at(stream, first + i) into out[i] for i < n, several indices at a
+// time (the same bits, 3-5x faster: the inputs' main cost).
+void normals_at(std::uint64_t stream, std::uint64_t first, std::int64_t n, double* out);
 // Uniform integer in [0, n).
 std::uint64_t below(std::uint64_t n, std::uint64_t seed, std::uint64_t tensor, std::uint64_t index);
 

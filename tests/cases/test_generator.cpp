@@ -193,3 +193,33 @@ TEST(Generator, UniformAndBelowAreUniform) {
 
 }  // namespace
 }  // namespace mlagate
+
+namespace mlagate {
+namespace {
+
+// normals_at (the vectorized fill of every input tensor) gives normal_at's
+// bits exactly: any first index, any length (full and partial lanes), and
+// the rare indices whose first candidates are rejected.
+TEST(Generator, NormalsAtIsNormalAtBitForBit) {
+  const std::uint64_t st = gen::stream(12345, gen::tensor_key("w_uk"));
+  for (const auto& [first, n] : std::vector<std::pair<std::uint64_t, std::int64_t>>{
+           {0, 1}, {0, 7}, {3, 9}, {0, 200003}, {1ull << 40, 4099}, {~0ull - 100, 64}}) {
+    std::vector<double> got(static_cast<std::size_t>(n));
+    gen::normals_at(st, first, n, got.data());
+    int rejected_first = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double want = gen::normal_at(st, first + static_cast<std::uint64_t>(i));
+      ASSERT_EQ(std::bit_cast<std::uint64_t>(got[static_cast<std::size_t>(i)]), std::bit_cast<std::uint64_t>(want))
+          << "index " << first + static_cast<std::uint64_t>(i);
+      // How often the first candidate is rejected (about 21%): the lanes' other rounds are exercised.
+      const std::uint64_t h = gen::mix64(st ^ (first + static_cast<std::uint64_t>(i)));
+      const double a = 2.0 * ((static_cast<double>(gen::mix64(h) >> 11) + 0.5) * 0x1.0p-53) - 1.0;
+      const double b = 2.0 * ((static_cast<double>(gen::mix64(h ^ 0xD6E8FEB86659FD93ull) >> 11) + 0.5) * 0x1.0p-53) - 1.0;
+      rejected_first += a * a + b * b >= 1.0;
+    }
+    if (n > 1000) EXPECT_GT(rejected_first, n / 10) << first;
+  }
+}
+
+}  // namespace
+}  // namespace mlagate
