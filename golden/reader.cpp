@@ -123,7 +123,9 @@ struct GoldenReader::Impl {
     s.total_heads = static_cast<int>(io::read_int(g, "total_heads", w, kIntMin, kIntMax));
     s.tp = static_cast<int>(io::read_int(g, "tp", w, kIntMin, kIntMax));
     try {
-      s.dtype = parse_model_dtype(io::read_string(g, "dtype", w, 64));
+      // float32: a merge case's output dtype (validate() refuses it elsewhere).
+      const std::string dt = io::read_string(g, "dtype", w, 64);
+      s.dtype = dt == "float32" ? DType::kF32 : parse_model_dtype(dt);
       const KvCacheFormat f = parse_kv_cache_format(io::read_string(g, "kv_cache_dtype", w, 64));
       s.kv_cache_dtype = f.dtype;
       s.scale_rule = f.scale_rule;
@@ -150,6 +152,17 @@ struct GoldenReader::Impl {
     s.batch.seq_lens.assign(seq.begin(), seq.end());
     s.batch.query_lens.assign(ql.begin(), ql.end());
     s.sparse = golden::read_sparse_spec(g, w);
+    if (io::has_attr(g, "merge_head_dim", w)) {
+      s.merge.head_dim = static_cast<int>(io::read_int(g, "merge_head_dim", w, 1, 4096));
+      try {
+        s.merge.lse = parse_lse_pattern(io::read_string(g, "merge_lse", w, 64));
+      } catch (const GoldenFileError&) {
+        throw;
+      } catch (const InputError& e) {
+        bad(w, e.what());
+      }
+      s.merge.gap = io::read_double(g, "merge_lse_gap", w);
+    }
     // Token counts are ints in Case: their sums must not overflow.
     std::int64_t sum_s = 0, sum_q = 0;
     for (std::int64_t i = 0; i < B; ++i) sum_s += seq[static_cast<std::size_t>(i)], sum_q += ql[static_cast<std::size_t>(i)];

@@ -205,6 +205,12 @@ void write_case_header(hid_t g, const CaseSpec& spec, const InputHashes* hashes,
   io::write_attr(g, "num_tokens", spec.num_tokens(), w);
   io::write_attr(g, "num_kv_tokens", spec.num_kv_tokens(), w);
   write_sparse_spec(g, spec.sparse, w);
+  if (spec.merge.active()) {
+    // A merge case (SCHEMA.md, "Merge cases"): results files only, golden files refuse it.
+    io::write_attr(g, "merge_head_dim", spec.merge.head_dim, w);
+    io::write_attr(g, "merge_lse", std::string(lse_pattern_name(spec.merge.lse)), w);
+    io::write_attr(g, "merge_lse_gap", spec.merge.gap, w);
+  }
   io::write_attr(g, "policy", policy.describe(), w);
   io::write_attr(g, "policy_name", policy_name(policy), w);
   io::write_attr(g, "atol", policy.atol, w);
@@ -357,6 +363,9 @@ std::optional<StoredBaselines> export_baselines(const PreparedCase& pc, const st
 }  // namespace
 
 PreparedCase prepare_export_case(const CaseSpec& spec, const ExportOptions& opt) {
+  // Schema v1 has no place for a merge case's two partial results (SCHEMA.md).
+  if (spec.merge.active())
+    throw InputError("export: " + spec.id() + " is a merge case: golden files (schema v1) do not hold merge cases yet");
   PreparedCase pc;
   pc.c = generate_case(spec);
   if (spec.sparse.active()) {
