@@ -41,6 +41,7 @@ const std::vector<BackendEntry>& backend_registry() {
       {"cuda.ref", make_cuda_ref},
       {"cuda.splitkv", make_cuda_splitkv},
       {"cuda.sparse", make_cuda_sparse},
+      {"cuda.merge", make_cuda_merge},
 #endif
 #if MLAGATE_HAS_TORCH_SDPA
       {"torch.sdpa.flash", make_torch_sdpa_flash},
