@@ -14,6 +14,7 @@
 #include "golden/detail/results_reader.h"
 #include "golden/detail/schema.h"
 #include "golden/detail/sparse_io.h"
+#include "golden/detail/merge_states_io.h"
 #include "golden/golden_file.h"
 
 namespace mlagate {
@@ -194,7 +195,8 @@ struct GoldenReader::Impl {
     h.hashes.has_xxh = xxh_attrs == 5;
     for (std::size_t i = 0; h.hashes.has_xxh && i < 5; ++i)
       h.hashes.xxh[i] = io::read_hash(g, std::string("xxh64_") + schema::kInputNames[i], w);
-    h.has_inputs = io::has_link(g, schema::kInputsGroup, w);
+    // A merge case's inputs are its merge_states group (SCHEMA.md, "Merge cases").
+    h.has_inputs = io::has_link(g, s.merge.active() ? golden::kMergeGroup : schema::kInputsGroup, w);
     h.has_golden = io::has_link(g, schema::kGoldenGroup, w);
     h.has_decode = io::has_link(g, schema::kDecodeGroup, w);
     if (io::has_link(g, schema::kCacheGroup, w)) {
@@ -509,8 +511,8 @@ void GoldenReader::validate_all(ValidateScope scope) {
       io::Budget budget(m.max_bytes);
       const CaseHeader h = m.read_header(g.get(), id, budget);
       if (!h.valid || !h.has_inputs) bad(m.case_where(id), "no stored inputs (a results file holds outputs only)");
-      if (h.spec.sparse.active()) {
-        load_case(id);  // the stored sparse sets are checked against the stored inputs (small cases)
+      if (h.spec.sparse.active() || h.spec.merge.active()) {
+        load_case(id);  // the stored sparse sets or merge inputs are checked whole (small cases)
         continue;
       }
       const Where w = m.case_where(id);
@@ -545,6 +547,13 @@ PreparedCase GoldenReader::load_case(const std::string& id) {
   if (!h.valid || !h.has_inputs) bad(w, "no stored inputs (a results file holds outputs only: replay its golden file)");
   PreparedCase pc;
   pc.c = case_layout(h.spec);
+  if (h.spec.merge.active()) {
+    golden::StoredMerge st = golden::read_merge_group(g.get(), h.spec, w, budget);
+    pc.c.merge = std::move(st.inputs);
+    pc.merge = std::move(st.ref);
+    pc.build_missing_caches = false;
+    return pc;
+  }
   {
     const h5::Group in = io::open_group(g.get(), schema::kInputsGroup, w);
     const Where wi = w / schema::kInputsGroup;

@@ -17,6 +17,7 @@
 #include "cases/generator.h"
 #include "golden/detail/schema.h"
 #include "golden/detail/sparse_io.h"
+#include "golden/detail/merge_states_io.h"
 #include "reference/glue.h"
 #include "reference/sdpa_emulation.h"
 #include "reference/sparse_reference.h"
@@ -206,7 +207,7 @@ void write_case_header(hid_t g, const CaseSpec& spec, const InputHashes* hashes,
   io::write_attr(g, "num_kv_tokens", spec.num_kv_tokens(), w);
   write_sparse_spec(g, spec.sparse, w);
   if (spec.merge.active()) {
-    // A merge case (SCHEMA.md, "Merge cases"): results files only, golden files refuse it.
+    // A merge case (SCHEMA.md, "Merge cases").
     io::write_attr(g, "merge_head_dim", spec.merge.head_dim, w);
     io::write_attr(g, "merge_lse", std::string(lse_pattern_name(spec.merge.lse)), w);
     io::write_attr(g, "merge_lse_gap", spec.merge.gap, w);
@@ -235,6 +236,10 @@ void write_case_header(hid_t g, const CaseSpec& spec, const InputHashes* hashes,
 
 void write_case_content(hid_t g, const PreparedCase& pc, const io::Where& w) {
   const Case& c = pc.c;
+  if (pc.merge) {  // SCHEMA.md, "Merge cases": the merge_states group alone
+    write_merge_group(g, c, *pc.merge, w);
+    return;
+  }
   {
     const h5::Group in = io::create_group(g, schema::kInputsGroup, w);
     const io::Where wi = w / schema::kInputsGroup;
@@ -363,10 +368,14 @@ std::optional<StoredBaselines> export_baselines(const PreparedCase& pc, const st
 }  // namespace
 
 PreparedCase prepare_export_case(const CaseSpec& spec, const ExportOptions& opt) {
-  // Schema v1 has no place for a merge case's two partial results (SCHEMA.md).
-  if (spec.merge.active())
-    throw InputError("export: " + spec.id() + " is a merge case: golden files (schema v1) do not hold merge cases yet");
   PreparedCase pc;
+  if (spec.merge.active()) {
+    // A merge case: its two partial results and the fp64 merge; no cache, no
+    // stored err_baseline (two fp32 merges of the stored inputs, computed by the run).
+    pc.c = generate_case(spec);
+    pc.merge = reference_merge(*pc.c.merge);
+    return pc;
+  }
   pc.c = generate_case(spec);
   if (spec.sparse.active()) {
     // Sparse cases: the sparse ops' query and reference only (no dense op runs them).

@@ -151,6 +151,7 @@ struct CaseContext {
       mqa_o_lat = std::move(p.decode->o_lat);
       mqa_lse = std::move(p.decode->lse);
     }
+    if (p.merge) merge_ref = std::move(p.merge);
     if (p.sparse) {
       sparse_q = std::move(p.sparse->q);
       sparse_ref.o = std::move(p.sparse->o);

@@ -2,9 +2,12 @@
 // merge cases (parsing, validation, deterministic bits), the fp64 reference
 // on every pair of infinities and past fp32 exp's range, the layer glue on the
 // same core, cpu.merge passing every merge case, the planted merge bugs caught
-// by the merge suite and the gate (and passing the ordinary rows), and
-// `mlagate shrink` taking a planted bug's merge case down to one row.
+// by the merge suite and the gate (and passing the ordinary rows), golden
+// files of merge cases (export, run --golden, results files, compare), and
+// `mlagate shrink` taking a planted bug's merge case down to one row (its
+// bundle replaying the failure).
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <sys/wait.h>
 
@@ -32,6 +35,7 @@
 #include "reference/glue.h"
 #include "reference/merge_reference.h"
 #include "tests/backends/planted.h"
+#include "tests/cli_call.h"
 
 namespace mlagate {
 namespace {
@@ -246,6 +250,32 @@ TEST(PlantedMerge, CaughtByTheMergeSuiteAndTheGate) {
   }
 }
 
+// Golden and results files hold merge cases: export, run --golden (the
+// stored references; records PASSED), --save-results twice and compare.
+TEST(MergeGolden, ExportRunGoldenResultsAndCompare) {
+  const fs::path d = test::scratch_dir("mlagate_merge_golden");
+  const std::string g = (d / "g.h5").string(), r1 = (d / "r1.h5").string(), r2 = (d / "r2.h5").string();
+  ASSERT_EQ(test::cli({"export", "--suite", "merge", "--filter", "/t1/|lse=both_pinf", "--out", g}), 0);
+  ASSERT_EQ(test::cli({"run", "--golden", g, "--backend", "cpu.merge", "--no-progress", "-q", "--isolate", "none", "--json",
+                       (d / "g.json").string(), "--save-results", r1}),
+            0);
+  std::ifstream in(d / "g.json");
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  int passed = 0, pinf = 0;
+  for (const auto& r : doc.at("records")) {
+    EXPECT_EQ(r.at("status"), "PASSED") << r.at("id");
+    passed += r.at("status") == "PASSED";
+    pinf += r.at("id").get<std::string>().find("lse=both_pinf") != std::string::npos;
+  }
+  EXPECT_GE(passed, 4);
+  EXPECT_GE(pinf, 3);
+  ASSERT_EQ(test::cli({"run", "--suite", "merge", "--filter", "/t1/|lse=both_pinf", "--backend", "cpu.merge", "--no-progress", "-q",
+                       "--isolate", "none", "--save-results", r2}),
+            0);
+  EXPECT_EQ(test::cli({"compare", r1, r2}), 0);  // the same outputs, from the stored and the regenerated case
+  fs::remove_all(d);
+}
+
 // mlagate shrink on a planted bug's mixed merge case: down to one row of one
 // element with the pattern that fails alone, and the suite file it writes
 // fails the same way when run.
@@ -273,6 +303,12 @@ TEST(MergeShrink, APlantedBugsCaseShrinksToOneRow) {
   EXPECT_NE(out.find("to:   1 tokens, 1 heads, head dim 1, lse "), std::string::npos) << out;
   EXPECT_NE(out.find("NONFINITE"), std::string::npos) << out;
   EXPECT_EQ(sh("run --suite '" + (d / "s" / "shrunk.yaml").string() + "' --backend bug.merge_inf_nan -q"), 1) << slurp();
+  // The bundle replays the failure, and cpu.merge passes it.
+  std::vector<fs::path> bundles;
+  for (const auto& e : fs::directory_iterator(d / "s" / "bundle")) bundles.push_back(e.path());
+  ASSERT_EQ(bundles.size(), 1u);
+  EXPECT_EQ(sh("replay '" + bundles[0].string() + "' --backend bug.merge_inf_nan -q"), 1) << slurp();
+  EXPECT_EQ(sh("replay '" + bundles[0].string() + "' --backend cpu.merge -q"), 0) << slurp();
   fs::remove_all(d);
 }
 
