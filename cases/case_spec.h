@@ -64,8 +64,10 @@ struct SparseSpec {
 // vLLM's merge_attn_states (the merge_states op, cases/merge.h): two partial
 // attention results of the same rows, each an output [T, N, D] and an lse
 // [T, N], merged through their LSEs. A merge case's tokens are its batch's
-// query tokens (one request, seq_len = query_len = T), its heads num_heads(),
-// its output dtype the case's dtype (bf16, fp16 or fp32 here; lse is fp32).
+// query tokens (a suite's `tokens: [T]` makes one request with seq_len =
+// query_len = T; the requests only locate rows in messages), its heads
+// num_heads(), its output dtype the case's dtype (bf16, fp16 or fp32 here;
+// lse is fp32).
 // What fills each (token, head) row's two lse values:
 enum class LsePattern : std::uint8_t {
   kOrdinary,     // both finite

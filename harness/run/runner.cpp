@@ -103,6 +103,10 @@ Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg
     return r;
   }
   if (s.ok && op == Op::kLayer) s = route_requests(caps, c.spec).support;
+  // A supports() of a backend's own that says yes across case kinds: a merge
+  // case has no attention inputs, a dense one no partial results.
+  if (s.ok && is_merge_op(op) != c.spec.merge.active())
+    s = Support::no(c.spec.merge.active() ? "a merge case: run it with --op merge_states" : "merge_states needs a merge case");
   if (!s.ok) {
     r.status = Status::kNotSupported;
     r.message = s.reason;
