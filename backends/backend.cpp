@@ -42,6 +42,17 @@ int resolve_block_size(const Capabilities& caps, const CaseSpec& spec) {
 }
 
 Support check_capabilities(const Capabilities& caps, const CaseSpec& spec, Op op) {
+  // Merge cases have two partial results and no cache: the op, its dtype, nothing else.
+  if (is_merge_op(op) != spec.merge.active())
+    return Support::no(spec.merge.active() ? "a merge case: run it with --op merge_states"
+                                           : "not a merge case: merge_states needs a merge case (head_dim)");
+  if (is_merge_op(op)) {
+    if (!has_op(caps, Op::kMergeStates)) return Support::no("no merge_states kernel");
+    if (std::find(caps.dtypes.begin(), caps.dtypes.end(), spec.dtype) == caps.dtypes.end())
+      return Support::no("output dtype " + std::string(dtype_short(spec.dtype)) + " not in " +
+                         join(caps.dtypes, [](DType t) { return dtype_short(t); }));
+    return Support::yes();
+  }
   if (std::find(caps.dtypes.begin(), caps.dtypes.end(), spec.dtype) == caps.dtypes.end())
     return Support::no("model dtype " + std::string(dtype_short(spec.dtype)) + " not in " +
                        join(caps.dtypes, [](DType t) { return dtype_short(t); }));
@@ -82,6 +93,7 @@ Support check_capabilities(const Capabilities& caps, const CaseSpec& spec, Op op
       return has_op(caps, Op::kSparseDecode) ? Support::yes() : Support::no("no sparse decode kernel");
     case Op::kSparsePrefill:
       return has_op(caps, Op::kSparsePrefill) ? Support::yes() : Support::no("no sparse prefill kernel");
+    case Op::kMergeStates: break;  // above
   }
   return Support::yes();
 }
@@ -98,6 +110,30 @@ void Backend::sparse_decode(const SparseDecodeArgs&) {
 
 void Backend::sparse_prefill(const SparsePrefillArgs&) {
   throw NotSupportedError(std::string(name()) + " has no sparse prefill kernel");
+}
+
+void Backend::merge_states(const MergeStatesArgs&) {
+  throw NotSupportedError(std::string(name()) + " has no merge_states kernel");
+}
+
+void check_merge_states_args(const MergeStatesArgs& a) {
+  auto bad = [](const std::string& what) { throw std::invalid_argument("merge_states: " + what); };
+  const DType dt = a.prefix_output.dtype;
+  if (dt != DType::kBF16 && dt != DType::kF16 && dt != DType::kF32) bad("outputs must be bf16, fp16 or fp32");
+  if (a.prefix_output.shape.size() != 3) bad("prefix_output must be [T, N, D], got " + shape_str(a.prefix_output.shape));
+  const Shape od = a.prefix_output.shape, ol{od[0], od[1]};
+  auto need = [&](const TensorView& t, const Shape& shape, DType d, const char* name) {
+    if (t.shape != shape) bad(std::string(name) + " has shape " + shape_str(t.shape) + ", expected " + shape_str(shape));
+    if (t.dtype != d)
+      bad(std::string(name) + " has dtype " + std::string(dtype_name(t.dtype)) + ", expected " + std::string(dtype_name(d)));
+    if (t.data == nullptr && t.numel() > 0) bad(std::string(name) + " has no data");
+  };
+  need(a.prefix_output, od, dt, "prefix_output");
+  need(a.suffix_output, od, dt, "suffix_output");
+  need(a.output, od, dt, "output");
+  need(a.prefix_lse, ol, DType::kF32, "prefix_lse");
+  need(a.suffix_lse, ol, DType::kF32, "suffix_lse");
+  need(a.output_lse, ol, DType::kF32, "output_lse");
 }
 
 void Backend::cache_write(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,

@@ -124,6 +124,23 @@ struct SparsePrefillArgs {
   TensorView lse;  // out [T, N] float32
 };
 
+// Kernel-level merge of two partial attention results of the same rows
+// (vLLM's merge_attn_states; chunked prefill's context and new-token parts,
+// cascade attention's shared prefix and suffix, DCP's shards), SPEC: Ops,
+// merge_states. For row (t, h): an lse of +inf or -inf means that side saw no
+// key (FA2 writes +inf) and has weight 0; with m = max of the finite lses,
+//   output = (prefix * exp(lp - m) + suffix * exp(ls - m)) / (exp(lp - m) + exp(ls - m))
+//   output_lse = m + log(exp(lp - m) + exp(ls - m))
+// and a row empty on both sides gives output 0 and lse -inf (+inf accepted).
+struct MergeStatesArgs {
+  TensorView prefix_output;  // [T, N, D] bf16, fp16 or fp32
+  TensorView prefix_lse;     // [T, N] float32
+  TensorView suffix_output;  // [T, N, D] the prefix's dtype
+  TensorView suffix_lse;     // [T, N] float32
+  TensorView output;         // out [T, N, D] the inputs' dtype
+  TensorView output_lse;     // out [T, N] float32
+};
+
 class DecodeBench;  // below: a prepared decode for `mlagate bench`
 class DecodeGraph;  // below: a captured decode for `--cuda-graph`
 class SparseDecodeGraph;  // below: a captured sparse decode for `--cuda-graph`
@@ -143,6 +160,7 @@ class Backend {
   virtual void prefill(const PrefillArgs& args);
   virtual void sparse_decode(const SparseDecodeArgs& args);
   virtual void sparse_prefill(const SparsePrefillArgs& args);
+  virtual void merge_states(const MergeStatesArgs& args);
   // (optional) writes new tokens into the cache in its format (cache.kv_dtype,
   // cache.k_scale, cache.scale_rule; layouts in cases/fp8.h); defaults to the
   // reference writer. List Op::kCacheWrite in capabilities().ops to have the
@@ -259,6 +277,10 @@ void check_decode_args(const DecodeArgs& a);
 // std::invalid_argument ("sparse_decode: ...") or std::out_of_range.
 void check_sparse_decode_args(const SparseDecodeArgs& a);
 void check_sparse_prefill_args(const SparsePrefillArgs& a);
+// The same for merge_states: ranks, shapes, one output dtype of bf16, fp16 or
+// fp32 for both inputs and the output, float32 lses, data present; throws
+// std::invalid_argument ("merge_states: ...").
+void check_merge_states_args(const MergeStatesArgs& a);
 // V4's window slots of every token: slots [T * window] (-1 past lens[t]) and
 // lens [T], through a.cache's block table.
 void sparse_window_slots(const SparseDecodeArgs& a, std::vector<std::int32_t>& slots, std::vector<std::int32_t>& lens);

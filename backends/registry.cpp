@@ -36,10 +36,12 @@ const std::vector<BackendEntry>& backend_registry() {
       {"cpu.splitkv", make_cpu_splitkv_with},
       {"cpu.sparse", make_cpu_sparse},
       {"cpu.sparse.splitkv", make_cpu_sparse_splitkv},
+      {"cpu.merge", make_cpu_merge},
 #if MLAGATE_HAS_CUDA
       {"cuda.ref", make_cuda_ref},
       {"cuda.splitkv", make_cuda_splitkv},
       {"cuda.sparse", make_cuda_sparse},
+      {"cuda.merge", make_cuda_merge},
 #endif
 #if MLAGATE_HAS_TORCH_SDPA
       {"torch.sdpa.flash", make_torch_sdpa_flash},

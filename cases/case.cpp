@@ -13,6 +13,7 @@
 #include "cases/errors.h"
 #include "cases/fp8.h"
 #include "cases/generator.h"
+#include "cases/merge.h"
 #include "cases/sparse.h"
 
 namespace mlagate {
@@ -160,6 +161,10 @@ Case case_layout(const CaseSpec& spec) {
 Case generate_case(const CaseSpec& spec) {
   spec.validate();
   Case c = case_layout(spec);
+  if (spec.merge.active()) {
+    c.merge = generate_merge(spec);
+    return c;
+  }
   const Dims& d = spec.dims;
   const std::int64_t N = spec.num_heads();
   c.q = Tensor(spec.dtype, {c.num_tokens, N, d.nope_dim + d.rope_dim});

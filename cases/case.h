@@ -12,6 +12,7 @@
 namespace mlagate {
 
 struct SparseInputs;  // cases/sparse.h
+struct MergeInputs;   // cases/merge.h
 
 struct Case {
   CaseSpec spec;
@@ -39,6 +40,9 @@ struct Case {
   // Sparse cases (spec.sparse.active()): index sets, sink, V4's compressed
   // cache (cases/sparse.h); shared and never modified once drawn.
   std::shared_ptr<const SparseInputs> sparse;
+  // Merge cases (spec.merge.active()): the two partial results, and nothing
+  // else (q, the caches' rows and the weights stay empty).
+  std::shared_ptr<const MergeInputs> merge;
 };
 
 // Fills kv_c_cache / k_pe_cache from kv_c / k_pe for the spec's kv cache dtype

@@ -67,6 +67,10 @@ std::string CaseSpec::id() const {
   if (sparse.compress > 0) s += "/cmp=" + std::to_string(sparse.compress) + "x" + std::to_string(sparse.extra_topk);
   if (sparse.active() && sparse.pattern != IndexPattern::kRandom) s += "/idx=" + std::string(index_pattern_name(sparse.pattern));
   if (sparse.sink) s += "/sink";
+  if (merge.active()) {
+    s += "/merge=d" + std::to_string(merge.head_dim) + "/lse=" + std::string(lse_pattern_name(merge.lse));
+    if (merge.gap != 0) s += "/gap=" + fmt_double(merge.gap);
+  }
   return s;
 }
 
@@ -86,6 +90,28 @@ IndexPattern parse_index_pattern(std::string_view s) {
                          IndexPattern::kOutOfRange})
     if (s == index_pattern_name(p)) return p;
   throw InputError("unknown index pattern '" + std::string(s) + "' (expected random, dup, invalid_rows, lens or oob)");
+}
+
+std::string_view lse_pattern_name(LsePattern p) {
+  switch (p) {
+    case LsePattern::kOrdinary: return "ordinary";
+    case LsePattern::kPrefixEmpty: return "prefix_empty";
+    case LsePattern::kSuffixEmpty: return "suffix_empty";
+    case LsePattern::kPrefixPosInf: return "prefix_pinf";
+    case LsePattern::kSuffixPosInf: return "suffix_pinf";
+    case LsePattern::kBothEmpty: return "both_empty";
+    case LsePattern::kBothPosInf: return "both_pinf";
+    case LsePattern::kMixed: return "mixed";
+  }
+  return "?";
+}
+
+LsePattern parse_lse_pattern(std::string_view s) {
+  for (LsePattern p : {LsePattern::kOrdinary, LsePattern::kPrefixEmpty, LsePattern::kSuffixEmpty, LsePattern::kPrefixPosInf,
+                       LsePattern::kSuffixPosInf, LsePattern::kBothEmpty, LsePattern::kBothPosInf, LsePattern::kMixed})
+    if (s == lse_pattern_name(p)) return p;
+  throw InputError("unknown lse pattern '" + std::string(s) +
+                   "' (expected ordinary, prefix_empty, suffix_empty, prefix_pinf, suffix_pinf, both_empty, both_pinf or mixed)");
 }
 
 void CaseSpec::validate() const {
@@ -113,7 +139,20 @@ void CaseSpec::validate() const {
   if (total_heads < 1 || tp < 1) fail("heads and tp must be positive");
   if (total_heads % tp != 0)
     fail("total heads " + std::to_string(total_heads) + " not divisible by tp " + std::to_string(tp));
-  if (dtype != DType::kBF16 && dtype != DType::kF16) fail("model dtype must be bf16 or fp16");
+  if (merge.active()) {
+    // A merge case has two partial results and nothing else: no cache, no index sets.
+    if (dtype != DType::kBF16 && dtype != DType::kF16 && dtype != DType::kF32)
+      fail("a merge case's output dtype must be bf16, fp16 or fp32");
+    if (merge.head_dim > 4096) fail("merge head_dim " + std::to_string(merge.head_dim) + " > 4096");
+    if (!(merge.gap >= 0) || merge.gap > 1e4) fail("merge lse gap must be in [0, 1e4]");
+    if (sparse.active()) fail("a merge case cannot be sparse too");
+    if (kv_cache_dtype != KvCacheDtype::kAuto) fail("a merge case has no kv cache: kv_cache_dtype must be auto");
+    if (total_t * num_heads() * merge.head_dim > kMaxElements) fail("case too large (more than 4e9 elements in one tensor)");
+  } else {
+    if (merge.head_dim < 0) fail("merge head_dim must be positive");
+    if (merge.lse != LsePattern::kOrdinary || merge.gap != 0) fail("lse pattern and gap need a merge case (head_dim)");
+    if (dtype != DType::kBF16 && dtype != DType::kF16) fail("model dtype must be bf16 or fp16");
+  }
   if (block_size != 0 && (block_size < 1 || block_size > 1024 || (block_size & (block_size - 1)) != 0))
     fail("block size " + std::to_string(block_size) + " is not a power of two in [1, 1024]");
   if (!(q_magnitude > 0) || !std::isfinite(q_magnitude)) fail("q magnitude must be positive and finite");

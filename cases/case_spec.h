@@ -61,6 +61,35 @@ struct SparseSpec {
   bool operator==(const SparseSpec&) const = default;
 };
 
+// vLLM's merge_attn_states (the merge_states op, cases/merge.h): two partial
+// attention results of the same rows, each an output [T, N, D] and an lse
+// [T, N], merged through their LSEs. A merge case's tokens are its batch's
+// query tokens (a suite's `tokens: [T]` makes one request with seq_len =
+// query_len = T; the requests only locate rows in messages), its heads
+// num_heads(), its output dtype the case's dtype (bf16, fp16 or fp32 here;
+// lse is fp32).
+// What fills each (token, head) row's two lse values:
+enum class LsePattern : std::uint8_t {
+  kOrdinary,     // both finite
+  kPrefixEmpty,  // prefix lse -inf (no key on that side; its output rows 0)
+  kSuffixEmpty,  // suffix lse -inf
+  kPrefixPosInf, // prefix lse +inf: FlashAttention 2's empty row; means empty, as -inf
+  kSuffixPosInf, // suffix lse +inf
+  kBothEmpty,    // both -inf: no key at all (output 0, lse -inf)
+  kBothPosInf,   // both +inf
+  kMixed,        // every row one of the above, drawn per row (ordinary rows most often)
+};
+std::string_view lse_pattern_name(LsePattern p);  // "ordinary", "prefix_empty", ..., "mixed"
+LsePattern parse_lse_pattern(std::string_view s);  // throws InputError
+
+struct MergeSpec {
+  int head_dim = 0;           // D; 0: not a merge case
+  LsePattern lse = LsePattern::kOrdinary;
+  double gap = 0;             // |prefix lse - suffix lse| of the finite rows (sign drawn per row); 0: both drawn freely
+  bool active() const { return head_dim > 0; }
+  bool operator==(const MergeSpec&) const = default;
+};
+
 struct CaseSpec {
   std::string suite = "adhoc";  // label only; part of the id
   BatchSpec batch;
@@ -78,6 +107,7 @@ struct CaseSpec {
                                  // (auto ignores it; fp8_ds_mla must ignore it, its scales are per tile)
 
   SparseSpec sparse;             // sparse ops only (cases/sparse.h)
+  MergeSpec merge;               // the merge_states op only (cases/merge.h)
 
   KvCacheFormat kv_format() const { return {kv_cache_dtype, scale_rule}; }
   // Width of the sparse ops' output per head: V3.2 returns the latent (L),

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <sstream>
 
@@ -292,7 +293,10 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
   static const std::set<std::string> kKeys = {"specs", "spec_tags", "tp", "dtype", "kv_cache_dtype", "block_size",
                                               "seed", "dims", "q_magnitude", "scale", "total_heads", "k_scale", "note",
                                               // sparse ops (cases/sparse.h)
-                                              "topk", "window", "compressed", "sink", "index_pattern"};
+                                              "topk", "window", "compressed", "sink", "index_pattern",
+                                              // the merge_states op (cases/merge.h): a group with head_dim
+                                              "tokens", "head_dim", "lse", "lse_gap"};
+  std::vector<std::unique_ptr<BatchSpec>> merge_batches;  // the batches `tokens` makes, alive while groups expand
   for (const auto& g : groups) {
     if (!g.IsMap()) fail_at(source, g, "each group must be a map");
     for (const auto& kv : g)
@@ -312,7 +316,20 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
             if (t == tag) specs.push_back(&local.specs[i]), any = true;
         if (!any) fail_at(source, g["spec_tags"], "no batch spec has tag '" + tag + "'");
       }
-    if (specs.empty()) fail_at(source, g, "group selects no batch spec (give specs or spec_tags)");
+    // A merge group: each entry of `tokens` is a batch of one request of T
+    // tokens (seq_len = query_len = T), named "tT".
+    const bool merge_group = static_cast<bool>(g["head_dim"]);
+    if (g["tokens"] && !merge_group) fail_at(source, g["tokens"], "tokens belongs to a merge group (give head_dim)");
+    if (!merge_group)
+      for (const char* key : {"lse", "lse_gap"})
+        if (g[key]) fail_at(source, g[key], std::string(key) + " belongs to a merge group (give head_dim)");
+    if (g["tokens"])
+      for (int t : int_list(source, g["tokens"], "tokens")) {
+        if (t < 1 || t > 1 << 24) fail_at(source, g["tokens"], "tokens must be in [1, 2^24]");
+        merge_batches.push_back(std::make_unique<BatchSpec>(BatchSpec{"t" + std::to_string(t), {t}, {t}, false, {}}));
+        specs.push_back(merge_batches.back().get());
+      }
+    if (specs.empty()) fail_at(source, g, "group selects no batch spec (give specs, spec_tags or, for a merge group, tokens)");
 
     auto ints = [&](const char* key, std::vector<int> dflt) { return g[key] ? int_list(source, g[key], key) : dflt; };
     auto doubles = [&](const char* key, std::vector<double> dflt) {
@@ -349,7 +366,8 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
     std::vector<DType> dtypes;
     try {
       for (const auto& s : g["dtype"] ? str_list(source, g["dtype"], "dtype") : std::vector<std::string>{"bf16"})
-        dtypes.push_back(parse_model_dtype(s));
+        // A merge group's output may be fp32 too (its lse is fp32 always).
+        dtypes.push_back(merge_group && (s == "fp32" || s == "f32" || s == "float32") ? DType::kF32 : parse_model_dtype(s));
     } catch (const InputError& e) { fail_at(source, g["dtype"], e.what()); }
     std::vector<KvCacheFormat> kvs;
     try {
@@ -408,12 +426,32 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
       sparse_axis(pats, [](SparseSpec& sp, IndexPattern v) { sp.pattern = v; });
     }
 
+    std::vector<MergeSpec> merges{MergeSpec{}};
+    if (merge_group) {
+      std::vector<int> dims_d = int_list(source, g["head_dim"], "head_dim");
+      std::vector<LsePattern> pats{LsePattern::kOrdinary};
+      if (g["lse"]) {
+        pats.clear();
+        try {
+          for (const auto& t : str_list(source, g["lse"], "lse")) pats.push_back(parse_lse_pattern(t));
+        } catch (const InputError& e) { fail_at(source, g["lse"], e.what()); }
+      }
+      const std::vector<double> gaps = doubles("lse_gap", {0.0});
+      merges.clear();
+      for (int d : dims_d) {
+        if (d < 1) fail_at(source, g["head_dim"], "head_dim must be positive");
+        for (LsePattern p : pats)
+          for (double gap : gaps) merges.push_back(MergeSpec{d, p, gap});
+      }
+    }
     for (const BatchSpec* b : specs)
+      for (const MergeSpec& mg : merges)
       for (int tp : tps) for (int th : heads) for (DType dt : dtypes) for (KvCacheFormat kv : kvs)
         for (int bs : block_sizes) for (std::uint64_t seed : seeds) for (const Dims& dm : dims)
           for (double qm : qmags) for (double sc : scales) for (double ks : kscales) for (const SparseSpec& sp : sparses) {
             CaseSpec c;
             c.sparse = sp;
+            c.merge = mg;
             c.suite = suite.name;
             c.batch = *b;
             c.tp = tp;

@@ -14,6 +14,7 @@
 #include "golden/detail/results_reader.h"
 #include "golden/detail/schema.h"
 #include "golden/detail/sparse_io.h"
+#include "golden/detail/merge_states_io.h"
 #include "golden/golden_file.h"
 
 namespace mlagate {
@@ -123,7 +124,9 @@ struct GoldenReader::Impl {
     s.total_heads = static_cast<int>(io::read_int(g, "total_heads", w, kIntMin, kIntMax));
     s.tp = static_cast<int>(io::read_int(g, "tp", w, kIntMin, kIntMax));
     try {
-      s.dtype = parse_model_dtype(io::read_string(g, "dtype", w, 64));
+      // float32: a merge case's output dtype (validate() refuses it elsewhere).
+      const std::string dt = io::read_string(g, "dtype", w, 64);
+      s.dtype = dt == "float32" ? DType::kF32 : parse_model_dtype(dt);
       const KvCacheFormat f = parse_kv_cache_format(io::read_string(g, "kv_cache_dtype", w, 64));
       s.kv_cache_dtype = f.dtype;
       s.scale_rule = f.scale_rule;
@@ -150,6 +153,17 @@ struct GoldenReader::Impl {
     s.batch.seq_lens.assign(seq.begin(), seq.end());
     s.batch.query_lens.assign(ql.begin(), ql.end());
     s.sparse = golden::read_sparse_spec(g, w);
+    if (io::has_attr(g, "merge_head_dim", w)) {
+      s.merge.head_dim = static_cast<int>(io::read_int(g, "merge_head_dim", w, 1, 4096));
+      try {
+        s.merge.lse = parse_lse_pattern(io::read_string(g, "merge_lse", w, 64));
+      } catch (const GoldenFileError&) {
+        throw;
+      } catch (const InputError& e) {
+        bad(w, e.what());
+      }
+      s.merge.gap = io::read_double(g, "merge_lse_gap", w);
+    }
     // Token counts are ints in Case: their sums must not overflow.
     std::int64_t sum_s = 0, sum_q = 0;
     for (std::int64_t i = 0; i < B; ++i) sum_s += seq[static_cast<std::size_t>(i)], sum_q += ql[static_cast<std::size_t>(i)];
@@ -181,7 +195,8 @@ struct GoldenReader::Impl {
     h.hashes.has_xxh = xxh_attrs == 5;
     for (std::size_t i = 0; h.hashes.has_xxh && i < 5; ++i)
       h.hashes.xxh[i] = io::read_hash(g, std::string("xxh64_") + schema::kInputNames[i], w);
-    h.has_inputs = io::has_link(g, schema::kInputsGroup, w);
+    // A merge case's inputs are its merge_states group (SCHEMA.md, "Merge cases").
+    h.has_inputs = io::has_link(g, s.merge.active() ? golden::kMergeGroup : schema::kInputsGroup, w);
     h.has_golden = io::has_link(g, schema::kGoldenGroup, w);
     h.has_decode = io::has_link(g, schema::kDecodeGroup, w);
     if (io::has_link(g, schema::kCacheGroup, w)) {
@@ -496,8 +511,8 @@ void GoldenReader::validate_all(ValidateScope scope) {
       io::Budget budget(m.max_bytes);
       const CaseHeader h = m.read_header(g.get(), id, budget);
       if (!h.valid || !h.has_inputs) bad(m.case_where(id), "no stored inputs (a results file holds outputs only)");
-      if (h.spec.sparse.active()) {
-        load_case(id);  // the stored sparse sets are checked against the stored inputs (small cases)
+      if (h.spec.sparse.active() || h.spec.merge.active()) {
+        load_case(id);  // the stored sparse sets or merge inputs are checked whole (small cases)
         continue;
       }
       const Where w = m.case_where(id);
@@ -532,6 +547,13 @@ PreparedCase GoldenReader::load_case(const std::string& id) {
   if (!h.valid || !h.has_inputs) bad(w, "no stored inputs (a results file holds outputs only: replay its golden file)");
   PreparedCase pc;
   pc.c = case_layout(h.spec);
+  if (h.spec.merge.active()) {
+    golden::StoredMerge st = golden::read_merge_group(g.get(), h.spec, w, budget);
+    pc.c.merge = std::move(st.inputs);
+    pc.merge = std::move(st.ref);
+    pc.build_missing_caches = false;
+    return pc;
+  }
   {
     const h5::Group in = io::open_group(g.get(), schema::kInputsGroup, w);
     const Where wi = w / schema::kInputsGroup;

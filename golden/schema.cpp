@@ -57,7 +57,13 @@ bool output_shape(const CaseSpec& spec, const std::string& op, const std::string
   const Dims& d = spec.dims;
   if (output == "lse") {
     out = {{T, N}, DType::kF32, N, 1};
-    return op == "layer" || op == "decode" || op == "prefill" || op == "sparse_decode" || op == "sparse_prefill";
+    return op == "layer" || op == "decode" || op == "prefill" || op == "sparse_decode" || op == "sparse_prefill" ||
+           op == "merge_states";
+  }
+  if (op == "merge_states" && output == "out") {
+    const std::int64_t D = spec.merge.head_dim;
+    out = {{T, N, D}, spec.dtype, N, D};
+    return spec.merge.active();
   }
   if ((op == "sparse_decode" || op == "sparse_prefill") && output == "o") {
     const std::int64_t dv = spec.sparse_dv();

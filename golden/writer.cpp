@@ -17,6 +17,7 @@
 #include "cases/generator.h"
 #include "golden/detail/schema.h"
 #include "golden/detail/sparse_io.h"
+#include "golden/detail/merge_states_io.h"
 #include "reference/glue.h"
 #include "reference/sdpa_emulation.h"
 #include "reference/sparse_reference.h"
@@ -205,6 +206,12 @@ void write_case_header(hid_t g, const CaseSpec& spec, const InputHashes* hashes,
   io::write_attr(g, "num_tokens", spec.num_tokens(), w);
   io::write_attr(g, "num_kv_tokens", spec.num_kv_tokens(), w);
   write_sparse_spec(g, spec.sparse, w);
+  if (spec.merge.active()) {
+    // A merge case (SCHEMA.md, "Merge cases").
+    io::write_attr(g, "merge_head_dim", spec.merge.head_dim, w);
+    io::write_attr(g, "merge_lse", std::string(lse_pattern_name(spec.merge.lse)), w);
+    io::write_attr(g, "merge_lse_gap", spec.merge.gap, w);
+  }
   io::write_attr(g, "policy", policy.describe(), w);
   io::write_attr(g, "policy_name", policy_name(policy), w);
   io::write_attr(g, "atol", policy.atol, w);
@@ -229,6 +236,10 @@ void write_case_header(hid_t g, const CaseSpec& spec, const InputHashes* hashes,
 
 void write_case_content(hid_t g, const PreparedCase& pc, const io::Where& w) {
   const Case& c = pc.c;
+  if (pc.merge) {  // SCHEMA.md, "Merge cases": the merge_states group alone
+    write_merge_group(g, c, *pc.merge, w);
+    return;
+  }
   {
     const h5::Group in = io::create_group(g, schema::kInputsGroup, w);
     const io::Where wi = w / schema::kInputsGroup;
@@ -358,6 +369,13 @@ std::optional<StoredBaselines> export_baselines(const PreparedCase& pc, const st
 
 PreparedCase prepare_export_case(const CaseSpec& spec, const ExportOptions& opt) {
   PreparedCase pc;
+  if (spec.merge.active()) {
+    // A merge case: its two partial results and the fp64 merge; no cache, no
+    // stored err_baseline (two fp32 merges of the stored inputs, computed by the run).
+    pc.c = generate_case(spec);
+    pc.merge = reference_merge(*pc.c.merge);
+    return pc;
+  }
   pc.c = generate_case(spec);
   if (spec.sparse.active()) {
     // Sparse cases: the sparse ops' query and reference only (no dense op runs them).

@@ -56,13 +56,15 @@ struct Session {
 
 std::vector<std::string> op_outputs(Op op) {
   if (op == Op::kDecode) return {"o_lat", "lse"};
+  if (op == Op::kMergeStates) return {"output", "output_lse"};
   return {"o", "lse"};
 }
 
 Op kernel_op(const std::string& name) {
   const Op op = parse_op(name);
   if (op == Op::kLayer || op == Op::kCacheWrite)
-    throw InputError("op '" + name + "': cases() gives the inputs of decode, prefill, sparse_decode and sparse_prefill; "
+    throw InputError("op '" + name + "': cases() gives the inputs of decode, prefill, sparse_decode, sparse_prefill and "
+                     "merge_states; "
                      "check the layer op with mlagate.run and a backend that implements decode and prefill");
   return op;
 }
@@ -70,10 +72,11 @@ Op kernel_op(const std::string& name) {
 // Capabilities that take any case: capture and replay run where the case is.
 Capabilities any_case(int block_size) {
   Capabilities c;
-  c.ops = {Op::kDecode, Op::kPrefill, Op::kSparseDecode, Op::kSparsePrefill};
+  c.ops = {Op::kDecode, Op::kPrefill, Op::kSparseDecode, Op::kSparsePrefill, Op::kMergeStates};
   c.block_sizes = {block_size};
   c.query_len_support = QueryLenSupport::kVarlen;
   for (DType t : model_dtypes()) c.dtypes.push_back(t);
+  c.dtypes.push_back(DType::kF32);  // a merge case's output may be fp32
   for (KvCacheDtype t : kv_cache_dtypes()) c.kv_dtypes.push_back(t);
   return c;
 }
@@ -94,6 +97,7 @@ class CaptureBackend final : public Backend {
   void prefill(const PrefillArgs& a) override { keep([&] { return prefill_args(a, Hold::kCopy); }); }
   void sparse_decode(const SparseDecodeArgs& a) override { keep([&] { return sparse_decode_args(a, Hold::kCopy); }); }
   void sparse_prefill(const SparsePrefillArgs& a) override { keep([&] { return sparse_prefill_args(a, Hold::kCopy); }); }
+  void merge_states(const MergeStatesArgs& a) override { keep([&] { return merge_states_args(a, Hold::kCopy); }); }
   pyb::object args;
 
  private:
@@ -121,6 +125,7 @@ class ReplayBackend final : public Backend {
   void prefill(const PrefillArgs& a) override { put("o", a.o), put("lse", a.lse); }
   void sparse_decode(const SparseDecodeArgs& a) override { put("o", a.o), put("lse", a.lse); }
   void sparse_prefill(const SparsePrefillArgs& a) override { put("o", a.o), put("lse", a.lse); }
+  void merge_states(const MergeStatesArgs& a) override { put("output", a.output), put("output_lse", a.output_lse); }
 
  private:
   void put(const std::string& n, const TensorView& dst) {

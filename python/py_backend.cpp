@@ -143,6 +143,17 @@ pyb::dict sparse_prefill_args(const SparsePrefillArgs& a, Hold h) {
   return d;
 }
 
+pyb::dict merge_states_args(const MergeStatesArgs& a, Hold h) {
+  pyb::dict d;
+  d["prefix_output"] = wrap(a.prefix_output, h);
+  d["prefix_lse"] = wrap(a.prefix_lse, h);
+  d["suffix_output"] = wrap(a.suffix_output, h);
+  d["suffix_lse"] = wrap(a.suffix_lse, h);
+  d["output"] = wrap(a.output, h, true);
+  d["output_lse"] = wrap(a.output_lse, h, true);
+  return d;
+}
+
 pyb::dict spec_dict(const CaseSpec& s) {
   pyb::dict d;
   d["id"] = s.id();
@@ -170,6 +181,10 @@ pyb::dict spec_dict(const CaseSpec& s) {
   d["compress"] = s.sparse.compress;
   d["extra_topk"] = s.sparse.extra_topk;
   d["sink"] = s.sparse.sink;
+  d["merge"] = s.merge.active();
+  d["head_dim"] = s.merge.head_dim;  // merge cases: D of the outputs
+  d["lse_pattern"] = std::string(lse_pattern_name(s.merge.lse));
+  d["lse_gap"] = s.merge.gap;
   return d;
 }
 
@@ -249,6 +264,11 @@ class PyBackend final : public Backend {
   void sparse_prefill(const SparsePrefillArgs& a) override {
     call(Op::kSparsePrefill, [&] { return sparse_prefill_args(a, Hold::kBorrow); },
          {{"q", a.q}, {"kv", a.kv}, {"indices", a.indices}});
+  }
+  void merge_states(const MergeStatesArgs& a) override {
+    call(Op::kMergeStates, [&] { return merge_states_args(a, Hold::kBorrow); },
+         {{"prefix_output", a.prefix_output}, {"prefix_lse", a.prefix_lse}, {"suffix_output", a.suffix_output},
+          {"suffix_lse", a.suffix_lse}});
   }
 
  private:
@@ -334,7 +354,7 @@ Capabilities parse_capabilities(const std::vector<std::string>& ops, const std::
   for (const std::string& o : ops) {
     const Op op = parse_op(o);
     if (op == Op::kLayer || op == Op::kCacheWrite)
-      throw InputError("op '" + o + "': a Python backend implements decode, prefill, sparse_decode, sparse_prefill "
+      throw InputError("op '" + o + "': a Python backend implements decode, prefill, sparse_decode, sparse_prefill, merge_states "
                        "(the layer op is composed from its decode and prefill)");
     c.ops.push_back(op);
   }
@@ -345,7 +365,9 @@ Capabilities parse_capabilities(const std::vector<std::string>& ops, const std::
     c.block_sizes.push_back(b);
   }
   if (c.block_sizes.empty()) throw InputError("a Python backend needs at least one block size");
-  for (const std::string& t : dtypes) c.dtypes.push_back(parse_model_dtype(t));
+  // fp32 is an output dtype of merge_states only (a merge case's dtype).
+  for (const std::string& t : dtypes)
+    c.dtypes.push_back(t == "fp32" || t == "f32" || t == "float32" ? DType::kF32 : parse_model_dtype(t));
   for (const std::string& t : kv_dtypes) c.kv_dtypes.push_back(parse_kv_cache_dtype(t));
   if (query_len_support == "single") c.query_len_support = QueryLenSupport::kSingleOnly;
   else if (query_len_support == "uniform") c.query_len_support = QueryLenSupport::kUniform;

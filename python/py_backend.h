@@ -27,6 +27,7 @@ pyb::dict decode_args(const DecodeArgs& a, Hold h);
 pyb::dict prefill_args(const PrefillArgs& a, Hold h);
 pyb::dict sparse_decode_args(const SparseDecodeArgs& a, Hold h);
 pyb::dict sparse_prefill_args(const SparsePrefillArgs& a, Hold h);
+pyb::dict merge_states_args(const MergeStatesArgs& a, Hold h);
 
 // The case's parameters as plain Python values (id, suite, batch, dims, ...).
 pyb::dict spec_dict(const CaseSpec& spec);

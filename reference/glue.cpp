@@ -1,6 +1,7 @@
 // Glue math with Eigen in fp32 over model-dtype inputs; every result is rounded
 // to the model dtype exactly where a GPU framework would store it.
 #include "reference/glue.h"
+#include "reference/merge_reference.h"
 
 #include <Eigen/Dense>
 #include <algorithm>
@@ -392,30 +393,16 @@ void up_project_kv_known(const Case& c, const TensorView& kv_c, const TensorView
 
 void merge_states(std::vector<float>& acc_o, std::vector<float>& acc_lse, const TensorView& part_o,
                   const TensorView& part_lse, std::int64_t rows, std::int64_t heads, std::int64_t dim) {
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   // One row of part_o as floats (fp32 or model-dtype values: exact).
   std::vector<float> row(static_cast<std::size_t>(dim));
   for (std::int64_t r = 0; r < rows * heads; ++r) {
-    float la = acc_lse[static_cast<std::size_t>(r)];
-    float lb = static_cast<float>(part_lse.get(r));
-    // An empty row's lse may come back as +inf (FlashMLA's convention): no keys either way.
-    if (std::isinf(la)) la = kNegInf;
-    if (std::isinf(lb)) lb = kNegInf;
-    const float m = std::max(la, lb);
-    if (m == kNegInf) {
-      acc_lse[static_cast<std::size_t>(r)] = kNegInf;
-      for (std::int64_t x = 0; x < dim; ++x) acc_o[static_cast<std::size_t>(r * dim + x)] = 0.f;
-      continue;
-    }
-    const float wa = std::exp(la - m), wb = std::exp(lb - m), sum = wa + wb;
-    if (lb != kNegInf) detail::widen_any(part_o, r * dim, dim, row.data());
-    for (std::int64_t x = 0; x < dim; ++x) {
-      float& o = acc_o[static_cast<std::size_t>(r * dim + x)];
-      const float b = lb == kNegInf ? 0.f : row[static_cast<std::size_t>(x)];
-      const float a = la == kNegInf ? 0.f : o;
-      o = (a * wa + b * wb) / sum;
-    }
-    acc_lse[static_cast<std::size_t>(r)] = m + std::log(sum);
+    const float la = acc_lse[static_cast<std::size_t>(r)];
+    const float lb = static_cast<float>(part_lse.get(r));
+    // The merge_states op's core (reference/merge_reference.h), in fp32; an
+    // empty side (+-inf) is never read, so its row is not widened.
+    if (!std::isinf(lb)) detail::widen_any(part_o, r * dim, dim, row.data());
+    float* acc = acc_o.data() + r * dim;
+    acc_lse[static_cast<std::size_t>(r)] = merge_row<float>(la, lb, acc, row.data(), acc, dim);
   }
 }
 

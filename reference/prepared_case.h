@@ -14,6 +14,7 @@
 #include "cases/paged_cache.h"
 #include "cases/tensor.h"
 #include "reference/fp64_reference.h"
+#include "reference/merge_reference.h"
 
 namespace mlagate {
 
@@ -43,6 +44,8 @@ struct PreparedCase {
     std::vector<double> o, lse;  // [T, N, Dv], [T, N]
   };
   std::optional<SparseReference> sparse;
+  // merge_states: the fp64 merge (the case's two partial results are in c.merge).
+  std::optional<MergeReference> merge;
   std::optional<StoredBaselines> baselines;
   // fp8 caches: the references over the unquantized inputs (an auto case's
   // out, and its decode op's o_lat), for the quantization error records report.

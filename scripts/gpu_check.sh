@@ -168,7 +168,7 @@ if want test; then
   fi
 fi
 if want suites; then
-  say "== suites on $gpu_backends (GPU golden): smoke, edges, fp8 in every op, vllm decode; forced splits; vllm layer with the Eigen golden; sparse and v4 on $sparse_backends"
+  say "== suites on $gpu_backends (GPU golden): smoke, edges, fp8 in every op, vllm decode; forced splits; vllm layer with the Eigen golden; sparse and v4 on $sparse_backends; merge on cpu.merge,cuda.merge"
   ( for s in smoke edges; do
       run_suite "suite_$s" --suite "$s" --backend "$gpu_backends" --op layer,decode,prefill,cache_write --reference cuda
     done
@@ -179,7 +179,8 @@ if want suites; then
     run_suite "suite_edges_splits1" --suite edges --backend cuda.splitkv --splits 1 --op layer,decode
     run_suite "suite_edges_splits1000" --suite edges --backend cuda.splitkv --splits 1000 --op layer,decode
     run_suite "suite_vllm_eigen" --suite vllm --backend 'cuda.*' --op layer
-    for s in sparse v4; do run_suite "suite_$s" --suite "$s" --backend "$sparse_backends" --repeat 2; done ) &
+    for s in sparse v4; do run_suite "suite_$s" --suite "$s" --backend "$sparse_backends" --repeat 2; done
+    run_suite "suite_merge" --suite merge --backend 'cpu.merge,cuda.merge' --repeat 2 ) &
   pids+=($!)
 fi
 for p in "${pids[@]}"; do wait "$p"; done
@@ -243,6 +244,12 @@ if want python; then
         grep -E "^(numpy|vllm|TOTAL|PASS|FAIL)" "$out/triton_$suite.log" | tail -3 | tee -a "$summary"
       done
     fi
+    # vLLM's Triton merge_attn_states on the merge suite (from MLAGATE_GPU_VLLM, else an installed vLLM; skips without either).
+    t0=$SECONDS
+    python3 python/examples/vllm_triton_merge.py ${MLAGATE_GPU_VLLM:+--vllm "$MLAGATE_GPU_VLLM"} --suite merge \
+      --json "$out/triton_merge.json" >"$out/triton_merge.log" 2>&1
+    say "vllm.triton_merge on merge: exit $?, $((SECONDS - t0)) s wall"
+    grep -E "^(skipped|vllm|TOTAL|PASS|FAIL)|skipped:" "$out/triton_merge.log" | tail -3 | tee -a "$summary"
   fi
 fi
 

@@ -26,4 +26,8 @@ std::unique_ptr<Backend> make_cpu_sparse();
 // fp32 partials are merged through their LSEs (FlashMLA's split-KV + combine).
 std::unique_ptr<Backend> make_cpu_sparse_splitkv();
 
+// "cpu.merge": the merge_states op (vLLM's merge_attn_states) with a GPU
+// kernel's precision; no attention ops.
+std::unique_ptr<Backend> make_cpu_merge();
+
 }  // namespace mlagate

@@ -31,6 +31,10 @@ std::unique_ptr<Backend> make_cuda_splitkv(const BackendOptions& options);
 // deterministic (no atomics). Any head count; keys up to 576 wide.
 std::unique_ptr<Backend> make_cuda_sparse();
 
+// "cuda.merge": the merge_states op (vLLM's merge_attn_states), one thread
+// block per (token, head) row, fp32 scales; bf16, fp16 and fp32 outputs.
+std::unique_ptr<Backend> make_cuda_merge();
+
 // What the process sees: a device or the reason there is none.
 struct CudaDeviceInfo {
   bool available = false;

@@ -17,6 +17,9 @@ std::uint32_t op_bit(Op op) {
     case Op::kLayer: return MLAGATE_OP_LAYER;
     case Op::kSparseDecode: return MLAGATE_OP_SPARSE_DECODE;
     case Op::kSparsePrefill: return MLAGATE_OP_SPARSE_PREFILL;
+    // Not in the ABI: out of tree, merge kernels come through Python
+    // (mlagate.Backend(merge_states=...)); a plugin never lists it.
+    case Op::kMergeStates: return 0;
   }
   return 0;
 }

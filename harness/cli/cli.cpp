@@ -104,7 +104,7 @@ int cli_main(int argc, char** argv) {
   shrink->add_option("--case", sa.case_ids,
                      "the failing case's exact id; earlier --case ids run before it (an order-dependent failure)");
   shrink->add_option("--backend", sa.backend, "the failing backend (one exact name)")->required();
-  shrink->add_option("--op", sa.op, "the failing op (auto: layer, or sparse_decode for sparse cases)")->capture_default_str();
+  shrink->add_option("--op", sa.op, "the failing op (auto: layer, sparse_decode for sparse cases, merge_states for merge cases)")->capture_default_str();
   sa.extra.add_options(shrink);
   sa.policy.add_options(shrink);
   sa.poison.add_options(shrink, "outputs and unused cache", false);

@@ -71,14 +71,14 @@ int cmd_list(const std::string& what, const Selection& sel, const std::string& b
   if (what == "matrix") {
     const std::vector<BackendEntry> extra = ot.entries();
     auto backends = select_backends(backend_globs, {}, extra);
-    std::printf("%-64s", "case (layer op; sparse_decode for sparse cases)");
+    std::printf("%-64s", "case (layer op; sparse_decode for sparse cases, merge_states for merge cases)");
     for (const auto& b : backends) std::printf(" %-14s", std::string(b->name()).c_str());
     std::printf("\n");
     for (const auto& c : cases) {
       std::printf("%-64s", c.id().c_str());
       std::vector<std::string> reasons;
       for (const auto& b : backends) {
-        const Op op = c.sparse.active() ? Op::kSparseDecode : Op::kLayer;
+        const Op op = c.merge.active() ? Op::kMergeStates : c.sparse.active() ? Op::kSparseDecode : Op::kLayer;
         Support s = b->supports(c, op);
         if (s.ok && op == Op::kLayer) s = route_requests(b->capabilities(), c).support;
         std::printf(" %-14s", s.ok ? "yes" : "NO");
@@ -106,7 +106,10 @@ int cmd_shrink(const Selection& sel, const ShrinkArgs& sa) {
   o.before.assign(cases.begin(), cases.end() - 1);
   o.backend = sa.backend;
   const bool serving = sa.cuda_graph || !sa.checks.empty() || sa.dcp != 0 || sa.steps != 0;
-  o.op = sa.op == "auto" ? (serving ? Op::kDecode : o.target.sparse.active() ? Op::kSparseDecode : Op::kLayer)
+  o.op = sa.op == "auto" ? (serving                        ? Op::kDecode
+                          : o.target.merge.active()      ? Op::kMergeStates
+                          : o.target.sparse.active()     ? Op::kSparseDecode
+                                                         : Op::kLayer)
                          : parse_op(sa.op);
   o.out_dir = sa.out;
   o.max_runs = sa.max_runs;

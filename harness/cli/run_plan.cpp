@@ -43,7 +43,8 @@ void apply_order(std::vector<CaseSpec>& cases, const std::string& order) {
   throw InputError("--order '" + order + "' (expected given, reverse, shuffle:SEED or pairs)");
 }
 
-// --op: "auto" is layer for dense cases and the two sparse ops for sparse ones;
+// --op: "auto" is layer for dense cases, the two sparse ops for sparse ones and
+// merge_states for merge cases;
 // each op once, in the order given.
 std::vector<Op> resolve_ops(const std::vector<std::string>& names, const std::vector<CaseSpec>& cases) {
   std::vector<Op> ops;
@@ -56,12 +57,15 @@ std::vector<Op> resolve_ops(const std::vector<std::string>& names, const std::ve
       continue;
     }
     const bool any_sparse = std::any_of(cases.begin(), cases.end(), [](const CaseSpec& c) { return c.sparse.active(); });
-    const bool any_dense = std::any_of(cases.begin(), cases.end(), [](const CaseSpec& c) { return !c.sparse.active(); });
+    const bool any_merge = std::any_of(cases.begin(), cases.end(), [](const CaseSpec& c) { return c.merge.active(); });
+    const bool any_dense =
+        std::any_of(cases.begin(), cases.end(), [](const CaseSpec& c) { return !c.sparse.active() && !c.merge.active(); });
     if (any_dense || cases.empty()) add(Op::kLayer);
     if (any_sparse) {
       add(Op::kSparseDecode);
       add(Op::kSparsePrefill);
     }
+    if (any_merge) add(Op::kMergeStates);
   }
   return ops;
 }

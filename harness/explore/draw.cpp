@@ -104,7 +104,11 @@ std::vector<Op> CaseDrawer::ops_of(const Backend& b) const {
   const bool dense = std::find(caps.ops.begin(), caps.ops.end(), Op::kDecode) != caps.ops.end() ||
                      std::find(caps.ops.begin(), caps.ops.end(), Op::kPrefill) != caps.ops.end();
   if (dense) declared.push_back(Op::kLayer);
-  for (Op op : caps.ops) declared.push_back(op);
+  // merge_states is not drawn: its cases have no shape space worth a search
+  // (tokens x heads x head dim, each row independent) and the merge suite
+  // names every lse pattern (EXPLORE.md, "What it draws").
+  for (Op op : caps.ops)
+    if (!is_merge_op(op)) declared.push_back(op);
   if (space_.ops.empty()) return declared;
   std::vector<Op> want;
   for (const std::string& o : space_.ops) want.push_back(parse_op(o));

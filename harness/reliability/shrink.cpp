@@ -146,6 +146,60 @@ std::vector<std::string> with_flag(std::vector<std::string> flags, const std::st
   return flags;
 }
 
+// A merge case's one-step reductions, biggest first: fewer tokens, fewer
+// heads, half the head dim, the lse pattern toward ordinary (mixed first to
+// ordinary, then to each pattern it mixes, so the row kind that fails is
+// named), no lse gap, bf16.
+std::vector<Candidate> merge_candidates(const CaseSpec& s, const std::vector<std::string>& flags) {
+  std::vector<Candidate> out;
+  auto add = [&](std::string what, CaseSpec c) {
+    if (valid(c)) out.push_back({std::move(what), std::move(c), flags});
+  };
+  const int t = s.num_tokens();
+  for (int nt : {t / 2, t - 1}) {
+    if (nt < 1 || nt >= t || (nt == t - 1 && t / 2 == t - 1)) continue;
+    CaseSpec c = s;
+    c.batch.seq_lens = {nt};
+    c.batch.query_lens = {nt};
+    add("tokens " + std::to_string(t) + " -> " + std::to_string(nt), c);
+  }
+  if (s.total_heads % (s.tp * 2) == 0) {
+    CaseSpec c = s;
+    c.tp *= 2;
+    add("heads " + std::to_string(s.num_heads()) + " -> " + std::to_string(c.num_heads()), c);
+  } else if (s.tp == 1 && s.total_heads > 1) {
+    CaseSpec c = s;
+    c.total_heads = s.total_heads / 2;
+    add("heads " + std::to_string(s.num_heads()) + " -> " + std::to_string(c.num_heads()), c);
+  }
+  if (s.merge.head_dim > 1) {
+    CaseSpec c = s;
+    c.merge.head_dim = s.merge.head_dim / 2;
+    add("head dim " + std::to_string(s.merge.head_dim) + " -> " + std::to_string(c.merge.head_dim), c);
+  }
+  auto pattern = [&](LsePattern p) {
+    CaseSpec c = s;
+    c.merge.lse = p;
+    add("lse " + std::string(lse_pattern_name(s.merge.lse)) + " -> " + std::string(lse_pattern_name(p)), c);
+  };
+  if (s.merge.lse != LsePattern::kOrdinary) pattern(LsePattern::kOrdinary);
+  if (s.merge.lse == LsePattern::kMixed)
+    for (LsePattern p : {LsePattern::kPrefixEmpty, LsePattern::kSuffixEmpty, LsePattern::kPrefixPosInf, LsePattern::kSuffixPosInf,
+                         LsePattern::kBothEmpty, LsePattern::kBothPosInf})
+      pattern(p);
+  if (s.merge.gap != 0) {
+    CaseSpec c = s;
+    c.merge.gap = 0;
+    add("lse gap " + exact_number(s.merge.gap) + " -> 0", c);
+  }
+  if (s.dtype != DType::kBF16) {
+    CaseSpec c = s;
+    c.dtype = DType::kBF16;
+    add("dtype bf16", c);
+  }
+  return out;
+}
+
 // One-step reductions of (spec, flags), biggest first.
 std::vector<Candidate> candidates(const CaseSpec& s, const std::vector<std::string>& flags, bool splits_given) {
   std::vector<Candidate> out;
@@ -154,6 +208,7 @@ std::vector<Candidate> candidates(const CaseSpec& s, const std::vector<std::stri
   };
   // A serving mode's numbers first (fewer steps, fewer ranks, a smaller
   // interleave): each makes every later candidate run cheaper.
+  if (s.merge.active()) return merge_candidates(s, flags);
   if (const int n = flag_value(flags, "--steps"); n > 1)
     add("steps " + std::to_string(n) + " -> " + std::to_string(n / 2), s, with_flag(flags, "--steps", n / 2));
   if (const int n = flag_value(flags, "--dcp"); n > 2)
@@ -275,6 +330,10 @@ std::vector<Candidate> candidates(const CaseSpec& s, const std::vector<std::stri
 }  // namespace
 
 std::string case_shape(const CaseSpec& c) {
+  if (c.merge.active())
+    return std::to_string(c.num_tokens()) + " tokens, " + std::to_string(c.num_heads()) + " heads, head dim " +
+           std::to_string(c.merge.head_dim) + ", lse " + std::string(lse_pattern_name(c.merge.lse)) +
+           (c.merge.gap != 0 ? " gap " + exact_number(c.merge.gap) : std::string());
   const std::vector<int>& s = c.batch.seq_lens;
   return std::to_string(c.num_requests()) + " requests, " + std::to_string(c.num_tokens()) + " query tokens, " +
          std::to_string(std::accumulate(s.begin(), s.end(), 0)) + " keys, " + std::to_string(c.num_heads()) +
@@ -293,7 +352,7 @@ std::string cases_as_suite_yaml(const std::vector<CaseSpec>& cases, const std::s
     y << "  - specs: [" << c.batch.name << "]\n"
       << "    tp: [" << c.tp << "]\n"
       << "    total_heads: [" << c.total_heads << "]\n"
-      << "    dtype: [" << (c.dtype == DType::kBF16 ? "bf16" : "fp16") << "]\n"
+      << "    dtype: [" << (c.dtype == DType::kBF16 ? "bf16" : c.dtype == DType::kF16 ? "fp16" : "fp32") << "]\n"
       << "    kv_cache_dtype: [\"" << kv_cache_format_name(c.kv_format()) << "\"]\n"
       << "    block_size: [" << (c.block_size ? std::to_string(c.block_size) : std::string("auto")) << "]\n"
       << "    seed: [" << c.seed << "]\n"
@@ -308,6 +367,10 @@ std::string cases_as_suite_yaml(const std::vector<CaseSpec>& cases, const std::s
     if (sp.active())
       y << "    sink: [" << (sp.sink ? "true" : "false") << "]\n"
         << "    index_pattern: [" << index_pattern_name(sp.pattern) << "]\n";
+    if (c.merge.active())
+      y << "    head_dim: [" << c.merge.head_dim << "]\n"
+        << "    lse: [" << lse_pattern_name(c.merge.lse) << "]\n"
+        << "    lse_gap: [" << exact_number(c.merge.gap) << "]\n";
   }
   // What the file gives back must be these cases, bit for bit (ids carry every field).
   const Suite back = parse_suite_yaml(y.str(), name + ".yaml");

@@ -7,7 +7,9 @@
 // by any tile), halve the heads, a smaller block size, one split (--splits 1),
 // and for sparse cases half the top-k, window or compressed row, no compressed
 // cache, no sink, the random index pattern; then Q magnitude and k_scale
-// toward 1, bf16, an auto cache (the dims stay). Each candidate runs in a
+// toward 1, bf16, an auto cache (the dims stay). A merge case (merge_states)
+// has its own: fewer tokens, fewer heads, half the head dim, the lse pattern
+// toward ordinary, no gap, bf16. Each candidate runs in a
 // separate `mlagate run` process (the binary itself: crashes and hangs are
 // records, plugins and exec backends come along as flags), from a suite file
 // the shrink writes, so the final case is a file a user can rerun as is.

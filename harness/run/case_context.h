@@ -24,6 +24,7 @@
 #include "reports/profile.h"
 #include "harness/run/sparse_op.h"
 #include "reference/sparse_reference.h"
+#include "reference/merge_reference.h"
 #include "reference/fp64_reference.h"
 #include "harness/run/layer.h"
 #include "harness/run/runner.h"
@@ -150,6 +151,7 @@ struct CaseContext {
       mqa_o_lat = std::move(p.decode->o_lat);
       mqa_lse = std::move(p.decode->lse);
     }
+    if (p.merge) merge_ref = std::move(p.merge);
     if (p.sparse) {
       sparse_q = std::move(p.sparse->q);
       sparse_ref.o = std::move(p.sparse->o);
@@ -260,6 +262,31 @@ struct CaseContext {
     }
     return &it->second;
   }
+  // The merge_states op: the fp64 reference of a merge case and the fp32
+  // merge's error against it (its err_baseline), both from merge_row
+  // (reference/merge_reference.h).
+  std::optional<MergeReference> merge_ref;
+  std::optional<BaselineErrors> base_merge;
+  const MergeReference& prepare_merge() {
+    if (!merge_ref) {
+      const auto t0 = Clock::now();
+      merge_ref = reference_merge(*c.merge);
+      reference_ms += ms_since(t0);
+    }
+    return *merge_ref;
+  }
+  BaselineErrors merge_baseline() {
+    if (!base_merge) {
+      const MergeReference& r = prepare_merge();
+      const auto t0 = Clock::now();
+      const MergeReference e = fp32_merge(*c.merge), f = fp32_merge(*c.merge, true);
+      base_merge = BaselineErrors{std::max(baseline_error(e.out, r.out, 0, e.out.size()), baseline_error(f.out, r.out, 0, f.out.size())),
+                                  std::max(baseline_error(e.lse, r.lse, 0, e.lse.size()), baseline_error(f.lse, r.lse, 0, f.lse.size()))};
+      baseline_ms += ms_since(t0);
+    }
+    return *base_merge;
+  }
+
   BaselineErrors sparse_baseline() {
     if (!base_sparse) {
       prepare_sparse();

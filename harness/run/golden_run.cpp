@@ -2,6 +2,8 @@
 // own comparison logic runs unchanged on cases made from a file.
 #include "harness/run/golden_run.h"
 
+#include <cstring>
+
 #include <array>
 #include <filesystem>
 #include <map>
@@ -9,6 +11,7 @@
 #include <regex>
 
 #include "cases/generator.h"
+#include "cases/merge.h"
 
 namespace mlagate {
 
@@ -141,6 +144,21 @@ struct GoldenRun::Impl {
     check_regenerated(c, h);
     PreparedCase pc;
     pc.c = std::move(c);
+    if (spec.merge.active()) {
+      // A merge case's stored inputs must be the regenerated ones, bit for bit.
+      PreparedCase stored = reader->load_case(id);
+      const MergeInputs &a = *pc.c.merge, &b = *stored.c.merge;
+      const std::pair<const Tensor*, const Tensor*> pairs[] = {{&a.prefix_output, &b.prefix_output},
+                                                               {&a.prefix_lse, &b.prefix_lse},
+                                                               {&a.suffix_output, &b.suffix_output},
+                                                               {&a.suffix_lse, &b.suffix_lse}};
+      for (const auto& [x, y] : pairs)
+        if (x->nbytes() != y->nbytes() || std::memcmp(x->bytes(), y->bytes(), x->nbytes()) != 0)
+          throw GoldenFileError(reader->path() + ": " + id +
+                                ": the regenerated merge inputs differ from the stored ones (another generator version?)");
+      pc.merge = std::move(stored.merge);
+      return pc;
+    }
     if (pc.c.sparse) pc.sparse = reader->load_sparse(id, pc.c);
     else pc.reference = reader->load_reference(id);
     // A kv=auto case's output reference is the next fp8 cases' unquantized one.
@@ -262,7 +280,9 @@ void GoldenRun::attach(RunConfig& cfg) {
       if (!(m->validated || m->opt.validated_by_parent)) return false;
       if (!m->reader->has_case(a) || !m->reader->has_case(b)) return false;
       const CaseHeader ha = m->reader->header(a), hb = m->reader->header(b);
-      if (ha.hashes != hb.hashes || ha.cache_block_sizes != hb.cache_block_sizes || ha.spec.sparse.active()) return false;
+      if (ha.hashes != hb.hashes || ha.cache_block_sizes != hb.cache_block_sizes || ha.spec.sparse.active() ||
+          ha.spec.merge.active())
+        return false;
       // The handed-on context's caches were checked against a's stored ones:
       // b's must be the same bytes (their hashes) to be checked too.
       for (int bs : ha.cache_block_sizes) {

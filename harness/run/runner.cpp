@@ -21,6 +21,7 @@
 #include "reports/profile.h"
 #include "harness/run/serving.h"
 #include "harness/run/sparse_op.h"
+#include "harness/run/merge_op.h"
 #include "reference/sparse_reference.h"
 #include "reference/fp64_reference.h"
 
@@ -102,13 +103,19 @@ Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg
     return r;
   }
   if (s.ok && op == Op::kLayer) s = route_requests(caps, c.spec).support;
+  // A supports() of a backend's own that says yes across case kinds: a merge
+  // case has no attention inputs, a dense one no partial results.
+  if (s.ok && is_merge_op(op) != c.spec.merge.active())
+    s = Support::no(c.spec.merge.active() ? "a merge case: run it with --op merge_states" : "merge_states needs a merge case");
   if (!s.ok) {
     r.status = Status::kNotSupported;
     r.message = s.reason;
     return r;
   }
   r.block_size = resolve_block_size(caps, c.spec);
-  if (const std::string why = op == Op::kPrefill ? std::string() : ctx.missing_cache(r.block_size); !why.empty()) {
+  // (The prefill op reads no cache, nor does a merge.)
+  if (const std::string why = op == Op::kPrefill || is_merge_op(op) ? std::string() : ctx.missing_cache(r.block_size);
+      !why.empty()) {
     r.status = Status::kSkipped;
     r.message = why;
     return r;
@@ -166,6 +173,13 @@ Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg
         reference_lse = &ctx.sparse_ref.lse;
         break;
       }
+      case Op::kMergeStates: {
+        ctx.prepare_merge();
+        run = run_merge_op(b, c, cfg.exec);
+        reference_main = &ctx.merge_ref->out;
+        reference_lse = &ctx.merge_ref->lse;
+        break;
+      }
       case Op::kCacheWrite: {
         // Conformance, bit-exact: the backend's writer against the reference writer.
         const PagedCache& base = ctx.cache(r.block_size, false, cfg.exec, r.timings.cache_ms);
@@ -213,10 +227,15 @@ Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg
       case Op::kCacheWrite: break;
       case Op::kSparseDecode:
       case Op::kSparsePrefill: base = ctx.sparse_baseline(); break;
+      case Op::kMergeStates: base = ctx.merge_baseline(); break;
     }
   }
   const Dims& dims = c.spec.dims;
-  const int dqk = op == Op::kPrefill ? dims.nope_dim + dims.rope_dim : dims.kv_lora_rank + dims.rope_dim;
+  // The lse floor's count of fp32 roundings: a logit's dot product, or a
+  // merge's handful of operations (max, two exp, a sum, a log, an add).
+  const int dqk = is_merge_op(op)        ? kMergeLseRoundings
+                  : op == Op::kPrefill ? dims.nope_dim + dims.rope_dim
+                                         : dims.kv_lora_rank + dims.rope_dim;
   r.timings.run_ms = run.run_ms;
   r.paths = run.paths;
 
@@ -237,6 +256,9 @@ Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg
     chk.dqk = dqk;
     // A case of padding requests alone: no token sees a key, zero is the answer.
     chk.zero_reference_ok = std::all_of(c.spec.batch.seq_lens.begin(), c.spec.batch.seq_lens.end(), [](int s) { return s == 0; });
+    // So may a merge case whose every row is empty on both sides.
+    if (is_merge_op(op))
+      chk.zero_reference_ok = std::all_of(ctx.merge_ref->lse.begin(), ctx.merge_ref->lse.end(), [](double l) { return std::isinf(l); });
     Metrics m;
     const Status st = compare_output(chk, cfg.policy, m);
     // An lse that fails because it is log2 says so (vLLM #47079's class).

@@ -33,7 +33,7 @@ __all__ = ["Args", "Backend", "Case", "CheckResult", "InputError", "NotSupported
            "cases", "run", "to_numpy", "flags"]
 __version__ = _mlagate.__version__
 
-KERNEL_OPS = ("decode", "prefill", "sparse_decode", "sparse_prefill")
+KERNEL_OPS = ("decode", "prefill", "sparse_decode", "sparse_prefill", "merge_states")
 
 
 class NotSupported(Exception):
@@ -194,6 +194,9 @@ class Backend:
     framework: "torch" (the default when torch imports, else "numpy"), "numpy" or "tensor"
     (mlagate.Tensor, DLPack). device: "cpu", or "cuda" (torch tensors on the GPU, outputs copied back).
     supports(case_spec: dict, op: str) -> None when supported, else the reason (a str).
+    merge_states(args): vLLM's merge_attn_states on merge cases (args.prefix_output, prefix_lse,
+    suffix_output, suffix_lse -> args.output, output_lse; lse [T, N] float32); give dtypes
+    ("bf16", "fp16", "fp32") to take every merge case.
     prepare(args): called before every decode call with the call's Args (eager calls, and before each
     replay under --cuda-graph): what a serving engine runs outside its graph (split counts, tile
     metadata), written into tensors of your own, in place.
@@ -206,17 +209,20 @@ class Backend:
     """
 
     def __init__(self, decode: Callable | None = None, prefill: Callable | None = None,
-                 sparse_decode: Callable | None = None, sparse_prefill: Callable | None = None, *,
+                 sparse_decode: Callable | None = None, sparse_prefill: Callable | None = None,
+                 merge_states: Callable | None = None, *,
                  block_sizes: Iterable[int] = (16, 64), dtypes: Iterable[str] = ("bf16", "fp16"),
                  kv_dtypes: Iterable[str] = ("auto",), query_len_support: str = "varlen",
                  reorder_threshold: int = 1, supports: Callable | None = None, framework: str | None = None,
                  device: str = "cpu", description: str = "", name: str | None = None,
                  cuda_graph: bool = False, prepare: Callable | None = None):
         self.fns = {op: fn for op, fn in (("decode", decode), ("prefill", prefill),
-                                          ("sparse_decode", sparse_decode), ("sparse_prefill", sparse_prefill))
+                                          ("sparse_decode", sparse_decode), ("sparse_prefill", sparse_prefill),
+                                          ("merge_states", merge_states))
                     if fn is not None}
         if not self.fns:
-            raise ValueError("mlagate.Backend: give at least one of decode, prefill, sparse_decode, sparse_prefill")
+            raise ValueError("mlagate.Backend: give at least one of decode, prefill, sparse_decode, sparse_prefill, "
+                             "merge_states")
         for op, fn in self.fns.items():
             if not callable(fn):
                 raise TypeError(f"mlagate.Backend: {op} must be callable, not {type(fn).__name__}")

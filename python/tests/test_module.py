@@ -433,3 +433,58 @@ def test_cuda_graph_mode_replays_a_capturable_backend_with_prepare_before_each_r
                           for x in others), others
     with pytest.raises(ValueError, match="cuda_graph=True needs a decode function"):
         mlagate.Backend(prefill=numpy_mla.decode, cuda_graph=True)
+
+
+# ------------------------------------------------------------------ the merge_states op
+
+def numpy_merge(a):
+    """vLLM's merge_attn_states in numpy (fp64): +inf read as an empty side, both empty -> 0, -inf."""
+    pl, sl = np.asarray(a.prefix_lse, np.float64), np.asarray(a.suffix_lse, np.float64)
+    pl, sl = np.where(np.isinf(pl), -np.inf, pl), np.where(np.isinf(sl), -np.inf, sl)
+    m = np.maximum(pl, sl)
+    empty = np.isinf(m)
+    m0 = np.where(empty, 0.0, m)
+    wp = np.where(np.isinf(pl), 0.0, np.exp(pl - m0))
+    ws = np.where(np.isinf(sl), 0.0, np.exp(sl - m0))
+    s = np.where(empty, 1.0, wp + ws)
+    po, so = np.asarray(a.prefix_output, np.float64), np.asarray(a.suffix_output, np.float64)
+    out = (po * wp[..., None] + so * ws[..., None]) / s[..., None]
+    return {"output": out, "output_lse": np.where(empty, -np.inf, m0 + np.log(s)).astype(np.float32)}
+
+
+def naive_merge(a):
+    """The same with no case for infinities: NaN where both sides are empty or one is +inf."""
+    pl, sl = np.asarray(a.prefix_lse, np.float64), np.asarray(a.suffix_lse, np.float64)
+    m = np.maximum(pl, sl)
+    with np.errstate(invalid="ignore"):
+        wp, ws = np.exp(pl - m), np.exp(sl - m)
+        out = (np.asarray(a.prefix_output, np.float64) * wp[..., None] +
+               np.asarray(a.suffix_output, np.float64) * ws[..., None]) / (wp + ws)[..., None]
+        return {"output": out, "output_lse": (m + np.log(wp + ws)).astype(np.float32)}
+
+
+MERGE_DTYPES = ("bf16", "fp16", "fp32")
+
+
+def test_a_python_merge_states_backend_passes_and_a_naive_one_is_caught():
+    good = mlagate.run({"numpy.merge": mlagate.Backend(merge_states=numpy_merge, framework="numpy", dtypes=MERGE_DTYPES)},
+                       suite="merge", filter="/t7/", quiet=True, isolate="none")
+    assert good.exit_code == 0 and good.records and all(x["status"] == "PASSED" for x in good.records), good.failures()
+    bad = mlagate.run({"naive.merge": mlagate.Backend(merge_states=naive_merge, framework="numpy", dtypes=MERGE_DTYPES)},
+                      suite="merge", filter="/t7/", quiet=True, isolate="none")
+    by_pattern = {x["id"].rsplit("lse=", 1)[1]: x["status"] for x in bad.records}
+    assert bad.exit_code == 1
+    assert by_pattern["ordinary"] == "PASSED" and by_pattern["both_empty"] == "NONFINITE"
+    assert by_pattern["prefix_pinf"] == "NONFINITE" and by_pattern["mixed"] == "NONFINITE"
+
+
+def test_merge_case_inputs_and_check():
+    case = mlagate.cases(suite="merge", filter="/t7/.*f32.*lse=mixed")[0]
+    s = case.spec
+    assert s["merge"] and s["head_dim"] == 128 and s["lse_pattern"] == "mixed"
+    a = case.inputs("merge_states", framework="numpy")
+    T, N, D = s["query_lens"][0], s["num_heads"], s["head_dim"]
+    assert a.prefix_output.shape == (T, N, D) and a.suffix_lse.shape == (T, N)
+    assert np.isinf(a.prefix_lse).any() and np.isposinf(a.prefix_lse).any()  # empty rows, FA2's +inf among them
+    assert case.check(numpy_merge(a), "merge_states")
+    assert case.check(naive_merge(a), "merge_states").status == "NONFINITE"

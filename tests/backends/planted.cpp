@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "backends/cpu/attention_core.h"
@@ -186,6 +189,84 @@ const std::vector<PlantedBug>& planted_fp8_bugs() {
           return ds_mla(c) || ((c.kv_cache_dtype == KvCacheDtype::kFp8 || c.kv_cache_dtype == KvCacheDtype::kFp8E4m3) &&
                                c.k_scale < 0.02f);
         });
+    return v;
+  }();
+  return bugs;
+}
+
+}  // namespace mlagate
+
+namespace mlagate {
+namespace {
+
+// A merge_states kernel of the naive form, with one of the two infinity
+// mistakes real merges have made (cpu.merge's capabilities otherwise).
+class PlantedMerge final : public Backend {
+ public:
+  enum class Bug { kInfNaN, kPosInfAsValue };
+  PlantedMerge(std::string name, Bug bug) : name_(std::move(name)), bug_(bug) {}
+  std::string_view name() const override { return name_; }
+  std::string_view description() const override { return "planted merge_states bug"; }
+  Capabilities capabilities() const override {
+    Capabilities c;
+    c.ops = {Op::kMergeStates};
+    c.block_sizes = {16};
+    c.dtypes = {DType::kBF16, DType::kF16, DType::kF32};
+    c.kv_dtypes = {KvCacheDtype::kAuto};
+    return c;
+  }
+  void merge_states(const MergeStatesArgs& a) override {
+    check_merge_states_args(a);
+    const std::int64_t rows = a.prefix_lse.numel(), D = a.prefix_output.shape[2];
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float lp = a.prefix_lse.as<float>()[r], ls = a.suffix_lse.as<float>()[r];
+      const float m = std::max(lp, ls);
+      float wp, ws;
+      if (bug_ == Bug::kInfNaN) {
+        // No case for infinities: -inf - -inf and inf - inf are NaN.
+        wp = std::exp(lp - m), ws = std::exp(ls - m);
+      } else {
+        // Both -inf handled, but +inf taken for a real value: the side that
+        // holds the max gets weight 1 ("saves an exp"), so a +inf side wins.
+        if (m == -std::numeric_limits<float>::infinity()) {
+          for (std::int64_t x = 0; x < D; ++x) a.output.set(r * D + x, 0.0);
+          a.output_lse.as<float>()[r] = m;
+          continue;
+        }
+        wp = lp == m ? 1.f : std::exp(lp - m);
+        ws = ls == m ? 1.f : std::exp(ls - m);
+      }
+      const float sum = wp + ws;
+      for (std::int64_t x = 0; x < D; ++x) {
+        const float p = static_cast<float>(a.prefix_output.get(r * D + x));
+        const float s = static_cast<float>(a.suffix_output.get(r * D + x));
+        a.output.set(r * D + x, static_cast<double>((p * wp + s * ws) / sum));
+      }
+      a.output_lse.as<float>()[r] = m + std::log(sum);
+    }
+  }
+
+ private:
+  std::string name_;
+  Bug bug_;
+};
+
+}  // namespace
+
+const std::vector<PlantedBug>& planted_merge_bugs() {
+  static const std::vector<PlantedBug> bugs = [] {
+    std::vector<PlantedBug> v;
+    v.push_back({"bug.merge_inf_nan",
+                 "merge_states computes exp(lse - max) with no case for infinities: a row empty on both sides "
+                 "(-inf - -inf) or a +inf side (FA2's empty row: inf - inf) gives NaN",
+                 Status::kNonfinite, [] { return std::make_unique<PlantedMerge>("bug.merge_inf_nan", PlantedMerge::Bug::kInfNaN); },
+                 {}});
+    v.push_back({"bug.merge_pinf_as_value",
+                 "merge_states handles -inf but takes +inf (FA2's empty row) for a real lse: the empty side wins, "
+                 "the output is its zeros and the lse +inf",
+                 Status::kNonfinite,
+                 [] { return std::make_unique<PlantedMerge>("bug.merge_pinf_as_value", PlantedMerge::Bug::kPosInfAsValue); },
+                 {}});
     return v;
   }();
   return bugs;

@@ -41,6 +41,13 @@ const std::vector<PlantedBug>& planted_fp8_bugs();
 // bug.block_stride_16, bug.empty_rows_nan, bug.nondeterministic.
 const std::vector<PlantedBug>& planted_gate_bugs();
 
+// merge_states bugs (the op's infinities, SPEC: Ops, merge_states): broken
+// merges with cpu.merge's capabilities, each NONFINITE on the merge suite and
+// on the gate's merge cases: bug.merge_inf_nan (no case for infinities: NaN
+// where both sides are empty or one is +inf) and bug.merge_pinf_as_value
+// (+inf read as a real lse: the empty side wins, lse +inf).
+const std::vector<PlantedBug>& planted_merge_bugs();
+
 }  // namespace mlagate
 
 namespace mlagate {

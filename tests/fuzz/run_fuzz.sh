@@ -30,6 +30,8 @@ case "$target" in
     # N = 1 head keeps the seed small (0.4 MiB); libHDF5's own leaks on
     # malformed files are not findings here (tests/golden suppresses them too).
     "$mlagate" export --spec small_decode --tp 128 --out "$corpus/small.h5" >/dev/null || exit 1
+    # and a merge case (the merge_states group; 1 token, 16 heads, D 576: 0.1 MiB)
+    "$mlagate" export --suite merge --filter '/t1/tp8/bf16/' --out "$corpus/merge.h5" >/dev/null || exit 1
     export ASAN_OPTIONS=detect_leaks=0 ;;
 esac
 cd "$build" || exit 1
