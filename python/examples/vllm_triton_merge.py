@@ -45,6 +45,10 @@ def _stand_in_vllm() -> None:
     vllm = sys.modules.get("vllm") or types.ModuleType("vllm")
     triton_utils = types.ModuleType("vllm.triton_utils")
     triton_utils.triton, triton_utils.tl = triton, triton.language
+    # What the kernel file's versions import from it: HAS_TRITON and, in some,
+    # the decorator its kernel is jitted with.
+    triton_utils.HAS_TRITON = True
+    triton_utils.triton_jit_decorator = triton.jit
     vllm.triton_utils = triton_utils
     sys.modules.update({"vllm": vllm, "vllm.triton_utils": triton_utils})
 
