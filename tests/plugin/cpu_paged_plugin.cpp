@@ -96,11 +96,6 @@ void cache_write(Backend& b, const mlagate_problem& p, const mlagate_cache_write
   std::memcpy(static_cast<char*>(a.kv_cache.data) + a.kv_cache.byte_offset, cache.data.bytes(), cache.data.nbytes());
 }
 
-void say(char* buf, std::size_t size, const std::string& s) {
-  if (size == 0) return;
-  std::snprintf(buf, size, "%s", s.c_str());
-}
-
 // The part of a call a serving engine runs outside its graph: here the
 // schedule is the call's seq_lens, which decode checks against its tensor.
 std::int32_t prepare(void* self, const mlagate_problem* p, const mlagate_args*, char* msg, std::size_t msg_size) {
@@ -126,7 +121,7 @@ std::int32_t run(void* self, const mlagate_problem* p, const mlagate_args* a, ch
   }
   // No try here: the planted plugin lets its exception escape.
   if (plugin.fault == PlantedFault::kThrows && p->op == MLAGATE_OP_DECODE) decode(b, plugin.fault, *p, a->decode);
-  try {
+  return guarded(msg, msg_size, [&]() -> std::int32_t {
     switch (p->op) {
       case MLAGATE_OP_DECODE: decode(b, plugin.fault, *p, a->decode); break;
       case MLAGATE_OP_PREFILL: prefill(b, *p, a->prefill); break;
@@ -134,16 +129,7 @@ std::int32_t run(void* self, const mlagate_problem* p, const mlagate_args* a, ch
       default: say(msg, msg_size, "unknown op " + std::to_string(p->op)); return MLAGATE_STATUS_ERROR;
     }
     return MLAGATE_STATUS_OK;
-  } catch (const NotSupportedError& e) {
-    say(msg, msg_size, e.what());
-    return MLAGATE_STATUS_NOT_SUPPORTED;
-  } catch (const std::exception& e) {
-    say(msg, msg_size, e.what());
-    return MLAGATE_STATUS_ERROR;
-  } catch (...) {
-    say(msg, msg_size, "unknown exception");
-    return MLAGATE_STATUS_ERROR;
-  }
+  });
 }
 
 std::uint32_t bits_of_ops(const Capabilities& c) {

@@ -93,13 +93,9 @@ void sparse_prefill(Plugin& plugin, const mlagate_problem& p, const mlagate_spar
   misbehave(plugin.fault, p, const_cast<DLTensor&>(a.o), a.indices);
 }
 
-void say(char* buf, std::size_t size, const std::string& s) {
-  if (size) std::snprintf(buf, size, "%s", s.c_str());
-}
-
 std::int32_t run(void* self, const mlagate_problem* p, const mlagate_args* a, char* msg, std::size_t msg_size) {
   Plugin& plugin = *static_cast<Plugin*>(self);
-  try {
+  return guarded(msg, msg_size, [&]() -> std::int32_t {
     if (p->struct_size < sizeof(mlagate_problem) || a->struct_size < sizeof(mlagate_args)) {
       say(msg, msg_size, "the host speaks an ABI older than 1.2");
       return MLAGATE_STATUS_NOT_SUPPORTED;
@@ -110,16 +106,7 @@ std::int32_t run(void* self, const mlagate_problem* p, const mlagate_args* a, ch
       default: say(msg, msg_size, "unknown op " + std::to_string(p->op)); return MLAGATE_STATUS_ERROR;
     }
     return MLAGATE_STATUS_OK;
-  } catch (const NotSupportedError& e) {
-    say(msg, msg_size, e.what());
-    return MLAGATE_STATUS_NOT_SUPPORTED;
-  } catch (const std::exception& e) {
-    say(msg, msg_size, e.what());
-    return MLAGATE_STATUS_ERROR;
-  } catch (...) {
-    say(msg, msg_size, "unknown exception");
-    return MLAGATE_STATUS_ERROR;
-  }
+  });
 }
 
 std::unique_ptr<Backend> make_backend(SparseFault fault) {

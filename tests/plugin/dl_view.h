@@ -3,9 +3,14 @@
 // tensor as a PagedCache, so in-tree host backends can serve behind the ABI.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <span>
+#include <string>
 
+#include "cases/errors.h"
 #include "cases/paged_cache.h"
 #include "cases/tensor.h"
 #include "mlagate/plugin.h"
@@ -28,5 +33,29 @@ KvCacheDtype kv_dtype(std::uint32_t bit);
 // split pages), with the block table when given. `block_size` 0: the
 // problem's (a compressed cache passes its own).
 PagedCache cache_from(const mlagate_problem& p, const DLTensor& data, const DLTensor* table, int block_size = 0);
+
+// A message into a plugin's message buffer (truncated, NUL-terminated).
+inline void say(char* buf, std::size_t size, const std::string& s) {
+  if (size) std::snprintf(buf, size, "%s", s.c_str());
+}
+
+// The boundary of a test plugin's run(): `call` returns a status, and what it
+// throws becomes one (NotSupportedError: NOT_SUPPORTED, anything else: ERROR)
+// with its message, as plugin.h asks of every plugin.
+template <class F>
+std::int32_t guarded(char* msg, std::size_t msg_size, F&& call) {
+  try {
+    return call();
+  } catch (const NotSupportedError& e) {
+    say(msg, msg_size, e.what());
+    return MLAGATE_STATUS_NOT_SUPPORTED;
+  } catch (const std::exception& e) {
+    say(msg, msg_size, e.what());
+    return MLAGATE_STATUS_ERROR;
+  } catch (...) {
+    say(msg, msg_size, "unknown exception");
+    return MLAGATE_STATUS_ERROR;
+  }
+}
 
 }  // namespace mlagate::test_plugin
