@@ -25,34 +25,9 @@ import h5py
 import numpy as np
 
 
-def text(x):
-    """An HDF5 string attribute as str (fixed-length ones come back as bytes)."""
-    return x.decode() if isinstance(x, (bytes, np.bytes_)) else str(x)
-
-
-def widen(bits, dtype):
-    """16-bit model-dtype bits (uint16) -> float32, exactly."""
-    if dtype == "bfloat16":
-        return (bits.astype(np.uint32) << 16).view(np.float32)
-    if dtype == "float16":
-        return bits.view(np.float16).astype(np.float32)
-    raise ValueError(f"unexpected model dtype {dtype}")
-
-
-def e4m3fn_table():
-    """The 256 e4m3fn codes as float32 (0x7F and 0xFF are NaN; no infinities)."""
-    t = np.empty(256, np.float32)
-    for b in range(256):
-        sign = -1.0 if b & 0x80 else 1.0
-        e, m = (b >> 3) & 0xF, b & 0x7
-        if e == 15 and m == 7:
-            t[b] = np.nan
-        elif e == 0:
-            t[b] = sign * m * 2.0 ** -9
-        else:
-            t[b] = sign * (1 + m / 8) * 2.0 ** (e - 7)
-    return t
-
+# The bundle's strings, 16-bit model values and e4m3fn codes are read as the
+# dense example reads them (this folder is on sys.path when either runs).
+from decode import e4m3fn_table, text, widen  # noqa: E402
 
 E4M3 = e4m3fn_table()
 
