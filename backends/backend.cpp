@@ -116,6 +116,15 @@ void Backend::merge_states(const MergeStatesArgs&) {
   throw NotSupportedError(std::string(name()) + " has no merge_states kernel");
 }
 
+Capabilities merge_states_capabilities() {
+  Capabilities c;
+  c.ops = {Op::kMergeStates};
+  c.block_sizes = {16};
+  c.dtypes = {DType::kBF16, DType::kF16, DType::kF32};
+  c.kv_dtypes = {KvCacheDtype::kAuto};
+  return c;
+}
+
 void check_merge_states_args(const MergeStatesArgs& a) {
   auto bad = [](const std::string& what) { throw std::invalid_argument("merge_states: " + what); };
   const DType dt = a.prefix_output.dtype;

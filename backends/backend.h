@@ -281,6 +281,9 @@ void check_sparse_prefill_args(const SparsePrefillArgs& a);
 // fp32 for both inputs and the output, float32 lses, data present; throws
 // std::invalid_argument ("merge_states: ...").
 void check_merge_states_args(const MergeStatesArgs& a);
+// What a merge_states backend declares: the op alone, bf16/fp16/fp32 outputs
+// (a merge reads no cache: the block size and kv dtype are placeholders).
+Capabilities merge_states_capabilities();
 // V4's window slots of every token: slots [T * window] (-1 past lens[t]) and
 // lens [T], through a.cache's block table.
 void sparse_window_slots(const SparseDecodeArgs& a, std::vector<std::int32_t>& slots, std::vector<std::int32_t>& lens);

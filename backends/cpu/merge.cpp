@@ -38,14 +38,7 @@ class MergeBackend final : public Backend {
   std::string_view description() const override {
     return "merge_states (vLLM's merge_attn_states) on the host: fp32 scales, +inf read as an empty side";
   }
-  Capabilities capabilities() const override {
-    Capabilities c;
-    c.ops = {Op::kMergeStates};
-    c.block_sizes = {16};  // unused: a merge reads no cache
-    c.dtypes = {DType::kBF16, DType::kF16, DType::kF32};
-    c.kv_dtypes = {KvCacheDtype::kAuto};
-    return c;
-  }
+  Capabilities capabilities() const override { return merge_states_capabilities(); }
   void merge_states(const MergeStatesArgs& a) override {
     check_merge_states_args(a);
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
