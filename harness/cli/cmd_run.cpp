@@ -17,8 +17,6 @@
 #include <future>
 #include <map>
 #include <optional>
-#include <set>
-#include <sstream>
 #include <system_error>
 #include <thread>
 
@@ -346,34 +344,9 @@ class RunCommand {
     };
   }
 
-  // --devices all: every GPU this process sees. Under CUDA_VISIBLE_DEVICES
-  // its entries are the devices (a worker gets one of them as its own
-  // CUDA_VISIBLE_DEVICES), else 0 .. count - 1.
-  void resolve_all_devices() {
-    devices_ = ra_.devices;
-    if (std::find(devices_.begin(), devices_.end(), "all") == devices_.end()) return;
-    if (devices_.size() != 1) throw InputError("--devices: 'all' stands alone (not in a list of devices)");
-    devices_.clear();
-#if MLAGATE_HAS_CUDA
-    const CudaDeviceInfo& info = cuda_device_info();
-    if (info.count == 0) throw InputError("--devices all: " + info.error);
-    std::vector<std::string> visible;
-    if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && *v) {
-      std::stringstream ss(v);
-      for (std::string id; std::getline(ss, id, ',');)
-        if (!id.empty()) visible.push_back(id);
-    }
-    for (int i = 0; i < info.count; ++i)
-      devices_.push_back(static_cast<std::size_t>(i) < visible.size() ? visible[static_cast<std::size_t>(i)]
-                                                                         : std::to_string(i));
-#else
-    throw InputError("--devices all: this mlagate was built without CUDA (no GPU to count)");
-#endif
-  }
-
   // The parent's choices: isolation, reliability options, the journal.
   void plan_parent() {
-    resolve_all_devices();
+    devices_ = resolve_devices(ra_.devices);
     isolate_ = ra_.isolate;
     if (isolate_.empty()) isolate_ = !worker_command().empty() && ra_.save_results.empty() ? "process" : "none";
     if (isolate_ != "process" && isolate_ != "none") throw InputError("--isolate '" + isolate_ + "' (expected process or none)");
@@ -406,13 +379,8 @@ class RunCommand {
       workers_ = std::clamp<std::size_t>(host_cpus() / (4 * devices), 1, 4);
     }
     if (ra_.threads < 0) throw InputError("--threads must be >= 0 (0: every core)");
-    if (!devices_.empty()) {
-      if (isolate_ != "process") throw InputError("--devices needs --isolate process (a worker per device)");
-      std::set<std::string> seen;
-      for (const std::string& d : devices_)
-        if (d.empty() || d.find_first_not_of("0123456789") != std::string::npos || !seen.insert(d).second)
-          throw InputError("--devices: '" + d + "' is not a device number, or is given twice");
-    }
+    if (!devices_.empty() && isolate_ != "process")
+      throw InputError("--devices needs --isolate process (a worker per device)");
     if (!ra_.save_failures.empty()) {
       std::error_code ec;
       std::filesystem::create_directories(ra_.save_failures, ec);

@@ -7,9 +7,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
+#include <set>
+#include <sstream>
 #include <utility>
 
 #include "cases/errors.h"
+#include "mlagate/config.h"
+#if MLAGATE_HAS_CUDA
+#include "backends/cuda/cuda_backends.h"
+#endif
 
 namespace mlagate {
 
@@ -87,6 +93,35 @@ std::optional<Shard> resolve_shard(const std::string& flag) {
   // The protocol: a program that honours sharding creates this file.
   if (const char* status = std::getenv("GTEST_SHARD_STATUS_FILE"); status && *status) std::fclose(std::fopen(status, "a"));
   return s;
+}
+
+std::vector<std::string> resolve_devices(const std::vector<std::string>& flag) {
+  std::vector<std::string> devices = flag;
+  if (std::find(devices.begin(), devices.end(), "all") != devices.end()) {
+    if (devices.size() != 1) throw InputError("--devices: 'all' stands alone (not in a list of devices)");
+    devices.clear();
+#if MLAGATE_HAS_CUDA
+    // A worker gets one of these as its own CUDA_VISIBLE_DEVICES.
+    const CudaDeviceInfo& info = cuda_device_info();
+    if (info.count == 0) throw InputError("--devices all: " + info.error);
+    std::vector<std::string> visible;
+    if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && *v) {
+      std::stringstream ss(v);
+      for (std::string id; std::getline(ss, id, ',');)
+        if (!id.empty()) visible.push_back(id);
+    }
+    for (int i = 0; i < info.count; ++i)
+      devices.push_back(static_cast<std::size_t>(i) < visible.size() ? visible[static_cast<std::size_t>(i)]
+                                                                     : std::to_string(i));
+#else
+    throw InputError("--devices all: this mlagate was built without CUDA (no GPU to count)");
+#endif
+  }
+  std::set<std::string> seen;
+  for (const std::string& d : devices)
+    if (d.empty() || d.find_first_not_of("0123456789") != std::string::npos || !seen.insert(d).second)
+      throw InputError("--devices: '" + d + "' is not a device number, or is given twice");
+  return devices;
 }
 
 }  // namespace mlagate
