@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <atomic>
@@ -92,6 +93,7 @@ std::string last_line(const std::string& text) {
 class WorkerProcess {
  public:
   enum class Wait { kLine, kDied, kTimeout, kStopped };
+  int pid() const { return pid_; }
 
   explicit WorkerProcess(const IsolationOptions& opt) : tail_limit_(opt.stderr_tail_bytes) {
     int in[2], out[2], err[2];
@@ -344,7 +346,9 @@ class IsolatedRun {
   // A started worker, or null when the run was stopped while it started.
   std::unique_ptr<WorkerProcess> start() {
     const auto t0 = Clock::now();
-    auto worker = std::make_unique<WorkerProcess>(opt_);
+    // A spare spawned earlier has been loading while the stream ran its jobs:
+    // only what is left of its start is waited for (and counted) here.
+    std::unique_ptr<WorkerProcess> worker = spare_ ? std::move(spare_) : std::make_unique<WorkerProcess>(opt_);
     std::string line;
     const auto w = worker->read_line(line, 600, cfg_.stop);
     if (w == WorkerProcess::Wait::kStopped) return nullptr;
@@ -397,6 +401,7 @@ class IsolatedRun {
     }
     if (w == WorkerProcess::Wait::kLine && line.rfind("RECORD ", 0) == 0) {
       r = record_from_json_line(line.substr(7));
+      trace_job(worker->pid(), t0, r);
       {
         const std::lock_guard lock(profile_mutex());
         run_profile().add_job(r.timings, wall_ms());
@@ -436,11 +441,33 @@ class IsolatedRun {
     return r;
   }
 
+  // MLAGATE_JOB_TRACE=FILE (a measurement aid, PERFORMANCE.md): one line per
+  // finished job, "<device> <worker pid> <start ms> <end ms> <case> <backend>",
+  // the times from the run's start, for the timeline of workers side by side.
+  void trace_job(int pid, Clock::time_point t0, const Record& r) const {
+    static const char* path = std::getenv("MLAGATE_JOB_TRACE");
+    if (!path || !*path) return;
+    static std::mutex mutex;
+    const std::lock_guard lock(mutex);
+    static FILE* f = std::fopen(path, "w");
+    if (!f) return;
+    const auto ms = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(t - process_start_time()).count(); };
+    std::fprintf(f, "%s %d %.1f %.1f %s %s\n", opt_.device.empty() ? "-" : opt_.device.c_str(), pid, ms(t0),
+                 ms(Clock::now()), r.case_id.c_str(), r.backend.c_str());
+    std::fflush(f);
+  }
+
   // The last job's record when `seq` runs alone in a new worker; nullopt when
   // an earlier job did not finish normally or the run was stopped.
   std::optional<Record> run_sequence(const std::vector<Job>& seq) {
     auto worker = start();
     if (!worker) return std::nullopt;
+    // Where one check was needed more tend to follow (a backend's known
+    // failures, --order pairs): the next new worker starts loading now,
+    // beside this sequence and the stream's jobs, instead of when it is
+    // needed (libtorch and a CUDA context: 0.4 s to seconds a start, which
+    // the stream would otherwise wait through: PERFORMANCE.md).
+    if (!spare_) spare_ = std::make_unique<WorkerProcess>(opt_);
     std::optional<Record> r;
     for (const Job& j : seq) {
       if (!worker) return std::nullopt;
@@ -468,6 +495,7 @@ class IsolatedRun {
   const RunConfig& cfg_;
   const std::vector<std::string>& names_;
   const IsolationOptions& opt_;
+  std::unique_ptr<WorkerProcess> spare_;  // spawned ahead for the next start(); killed unused at the end
 };
 
 bool is_verdict_failure(Status s) {
