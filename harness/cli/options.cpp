@@ -271,8 +271,8 @@ void RunArgs::add_options(CLI::App* app, bool for_replay) {
   app->add_option("--workers", workers,
                   "worker processes side by side per device (in all without --devices), each taking the next "
                   "group of cases as it finishes its last, while their host memory estimates fit: one's case "
-                  "preparation runs beside another's backend calls. auto: 4 per device with --reference cuda (at "
-                  "most one per 4 host CPUs in all) unless an --order other than given, else 1. Records as with 1; "
+                  "preparation runs beside another's backend calls. auto with --reference cuda: one per 4 host CPUs "
+                  "in all, at most 8 per device, unless an --order other than given, else 1. Records as with 1; "
                   "their run times (and --timeout) then include waiting for the other workers' GPU work")
       ->capture_default_str();
   app->add_option("--shard", shard,
