@@ -45,6 +45,7 @@ struct CudaDeviceInfo {
   int sm_major = 0, sm_minor = 0;
   int multiprocessors = 0;
   std::size_t total_bytes = 0, free_bytes = 0;
+  std::string sync_policy;  // what MLAGATE_CUDA_SYNC set (sync_policy.h); empty: CUDA's default
   std::string str() const; // one line for logs
 };
 // Queried once per process (free memory at that moment).

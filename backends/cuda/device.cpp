@@ -1,6 +1,7 @@
 // CUDA infrastructure: checked calls, the device query, RAII buffers, streams
 // and events, and guarded device outputs.
 #include "backends/cuda/device.h"
+#include "backends/cuda/sync_policy.h"
 
 #include <cstdio>
 #include <cstring>
@@ -21,6 +22,8 @@ std::string CudaDeviceInfo::str() const {
 const CudaDeviceInfo& cuda_device_info() {
   static const CudaDeviceInfo info = [] {
     CudaDeviceInfo d;
+    // Before the first call that makes the context (cudaMemGetInfo below).
+    d.sync_policy = apply_cuda_sync_policy();
     int count = 0;
     const cudaError_t e = cudaGetDeviceCount(&count);
     d.count = e == cudaSuccess ? count : 0;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_backends.h"
+#include "backends/cuda/sync_policy.h"
 #include "cases/errors.h"
 #include "cases/suite.h"
 #include "harness/cli/cli.h"
@@ -80,6 +82,25 @@ TEST(CudaDevice, QueryNamesTheDevice) {
   EXPECT_EQ(d.sm_major, 9);
   EXPECT_GT(d.multiprocessors, 0);
   EXPECT_GT(d.total_bytes, std::size_t{1} << 30);
+}
+
+// MLAGATE_CUDA_SYNC sets how the process waits on its GPU (workers side by
+// side get "block"): the flag the context reports afterwards is the one asked
+// for, and an unknown value is refused in words, the flag left as it was.
+TEST(CudaDevice, SyncPolicyTakesTheFlagAskedFor) {
+  MLAGATE_REQUIRE_GPU();
+  const char* before = std::getenv("MLAGATE_CUDA_SYNC");
+  const std::string saved = before ? before : "";
+  for (const std::string want : {"block", "yield", "spin"}) {
+    ::setenv("MLAGATE_CUDA_SYNC", want.c_str(), 1);
+    EXPECT_EQ(apply_cuda_sync_policy(), "MLAGATE_CUDA_SYNC=" + want);
+    EXPECT_EQ(cuda_sync_policy_in_effect(), want);
+  }
+  ::setenv("MLAGATE_CUDA_SYNC", "sometimes", 1);
+  EXPECT_NE(apply_cuda_sync_policy().find("ignored"), std::string::npos);
+  EXPECT_EQ(cuda_sync_policy_in_effect(), "spin");
+  if (before) ::setenv("MLAGATE_CUDA_SYNC", saved.c_str(), 1);
+  else ::unsetenv("MLAGATE_CUDA_SYNC");
 }
 
 TEST(CudaDevice, WithoutADeviceEveryRecordIsSkipped) {

@@ -1,0 +1,24 @@
+// How a process's host threads wait for the GPU (MLAGATE_CUDA_SYNC), set
+// before its CUDA context exists. Workers side by side wait by blocking:
+// spinning, the CUDA default, kept one core busy per waiting worker, cores
+// the other workers' parallel phases needed (PERFORMANCE.md, "Where the time
+// of a second GPU goes"). No CUDA header here: callers need none.
+#pragma once
+
+#include <string>
+
+namespace mlagate {
+
+// MLAGATE_CUDA_SYNC = spin | yield | block: the device's schedule flag
+// (cudaDeviceScheduleSpin / Yield / BlockingSync) for the primary context,
+// which libtorch shares. Unset or empty: CUDA's default (auto). Best effort:
+// where a context already exists the flag may not take, which is said in the
+// returned text (empty when nothing was asked for), as is an unknown value,
+// which is ignored.
+std::string apply_cuda_sync_policy();
+
+// The schedule flag the current device's context has: "spin", "yield",
+// "block" or "auto" (cudaGetDeviceFlags); "unknown" where it cannot be read.
+std::string cuda_sync_policy_in_effect();
+
+}  // namespace mlagate
