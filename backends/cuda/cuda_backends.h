@@ -51,6 +51,12 @@ struct CudaDeviceInfo {
 // Queried once per process (free memory at that moment).
 const CudaDeviceInfo& cuda_device_info();
 
+// Total memory of the device of this ordinal (CUDA_VISIBLE_DEVICES applied)
+// from its properties, which need no CUDA context: the parent of a run's
+// workers sizes their devices without holding one on each. 0 when it cannot
+// be had (no such device, no driver).
+std::uint64_t cuda_device_total_bytes(int ordinal);
+
 // Host -> device uploads of paged caches so far in this process (each case's
 // cache is uploaded once per block size and shared by the CUDA backends).
 std::uint64_t cuda_cache_uploads();

@@ -59,6 +59,17 @@ const CudaDeviceInfo& cuda_device_info() {
   return info;
 }
 
+std::uint64_t cuda_device_total_bytes(int ordinal) {
+  int count = 0;
+  cudaDeviceProp p{};
+  if (cudaGetDeviceCount(&count) != cudaSuccess || ordinal < 0 || ordinal >= count ||
+      cudaGetDeviceProperties(&p, ordinal) != cudaSuccess) {
+    cudaGetLastError();  // leave no error behind for the next checked call
+    return 0;
+  }
+  return p.totalGlobalMem;
+}
+
 namespace gpu {
 
 void throw_cuda_error(cudaError_t e, const char* expr, const char* file, int line) {

@@ -32,4 +32,9 @@ inline std::unique_ptr<Backend> make_torch_sdpa_efficient() { return make_torch_
 inline std::unique_ptr<Backend> make_torch_sdpa_cudnn() { return make_torch_sdpa(TorchSdpaKernel::kCudnn); }
 inline std::unique_ptr<Backend> make_torch_sdpa_math() { return make_torch_sdpa(TorchSdpaKernel::kMath); }
 
+// Gives the device blocks libtorch's caching allocator keeps (what the
+// backends took) back to the driver; a no-op without a GPU. For measuring
+// device memory (tests/device/test_device_memory.cpp).
+void torch_sdpa_release_cached_memory();
+
 }  // namespace mlagate

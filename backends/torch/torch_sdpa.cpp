@@ -6,6 +6,7 @@
 // over the same fp32 logits).
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -439,5 +440,9 @@ void TorchSdpaBackend::prefill(const PrefillArgs& a) {
 }  // namespace
 
 std::unique_ptr<Backend> make_torch_sdpa(TorchSdpaKernel kernel) { return std::make_unique<TorchSdpaBackend>(kernel); }
+
+void torch_sdpa_release_cached_memory() {
+  if (torch::cuda::is_available()) c10::cuda::CUDACachingAllocator::emptyCache();
+}
 
 }  // namespace mlagate

@@ -252,14 +252,7 @@ class RunCommand {
     if (serving_.active()) cfg_.ops = serving_.ops(ra_.ops == std::vector<std::string>{"auto"}, cfg_.ops, cfg_.cases);
     // A case beyond this machine's memory is refused before anything is allocated.
     const bool prefill_op = std::find(cfg_.ops.begin(), cfg_.ops.end(), Op::kPrefill) != cfg_.ops.end();
-    if (const std::uint64_t avail = available_memory_bytes(); avail > 0 && !from_file_)
-      for (const CaseSpec& c : cfg_.cases)
-        if (const std::uint64_t need = estimate_case_bytes(c, prefill_op); need > avail) {
-          char msg[160];
-          std::snprintf(msg, sizeof msg, " needs about %.1f GiB (estimated), more than the %.1f GiB available",
-                        static_cast<double>(need) / (1ull << 30), static_cast<double>(avail) / (1ull << 30));
-          throw InputError("case " + c.id() + msg + ": refused before allocating");
-        }
+    if (!from_file_) refuse_cases_beyond_host(cfg_.cases, prefill_op, available_memory_bytes());
     if (ra_.reference == "cuda" && MLAGATE_HAS_CUDA) device_check_ = start_device_check();
     configure_computation(ra_, cfg_, !device_check_.valid());
     extra_entries_ = ra_.extra.entries();
@@ -347,6 +340,8 @@ class RunCommand {
   // The parent's choices: isolation, reliability options, the journal.
   void plan_parent() {
     devices_ = resolve_devices(ra_.devices);
+    // A case beyond its device's memory is refused before anything runs; workers get the devices' budgets.
+    device_memory_ = plan_device_memory(cfg_, backends_, devices_, ra_.splits, !from_file_);
     isolate_ = ra_.isolate;
     if (isolate_.empty()) isolate_ = !worker_command().empty() && ra_.save_results.empty() ? "process" : "none";
     if (isolate_ != "process" && isolate_ != "none") throw InputError("--isolate '" + isolate_ + "' (expected process or none)");
@@ -480,6 +475,7 @@ class RunCommand {
       io.devices = devices_;
       io.workers = workers_;
       io.largest_first = ra_.order == "given";
+      io.device_memory = device_memory_;
       share_cores(io, ra_.threads);
       if (device_check_.valid()) io.after_start = [this] { device_check_.get(); };
       io.reap_later = true;  // finish() waits for the last workers' ends after the reports
@@ -669,6 +665,7 @@ class RunCommand {
   std::string isolate_;
   std::size_t workers_ = 1;  // --workers, resolved
   std::vector<std::string> devices_;  // --devices, "all" resolved
+  DeviceMemoryPlan device_memory_;    // --reference cuda: the cases' and devices' memory
   std::optional<Journal> journal_;
   std::map<std::string, Record> finished_, fresh_;
   std::vector<CaseSpec> all_cases_;

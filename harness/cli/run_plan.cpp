@@ -1,5 +1,5 @@
-// The run's plan from its flags (run_plan.h): --order, --op, --shard. Moved
-// out of cmd_run.cpp as is.
+// The run's plan from its flags (run_plan.h): --order, --op, --shard,
+// --devices (moved out of cmd_run.cpp as they were) and the devices' memory.
 #include "harness/cli/run_plan.h"
 
 #include <algorithm>
@@ -122,6 +122,63 @@ std::vector<std::string> resolve_devices(const std::vector<std::string>& flag) {
     if (d.empty() || d.find_first_not_of("0123456789") != std::string::npos || !seen.insert(d).second)
       throw InputError("--devices: '" + d + "' is not a device number, or is given twice");
   return devices;
+}
+
+namespace {
+
+// This process's ordinal of the device a worker sees as CUDA_VISIBLE_DEVICES
+// = `device` (empty: the first visible one); -1 when this process does not
+// see it.
+int device_ordinal(const std::string& device) {
+  if (device.empty()) return 0;
+  const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (!v || !*v) return std::stoi(device);  // resolve_devices checked it is a number
+  std::stringstream ss(v);
+  int i = 0;
+  for (std::string id; std::getline(ss, id, ','); ++i)
+    if (id == device) return i;
+  return -1;
+}
+
+}  // namespace
+
+DeviceMemoryPlan plan_device_memory(const RunConfig& cfg, const std::vector<std::unique_ptr<Backend>>& backends,
+                                    const std::vector<std::string>& devices, int splits, bool refuse) {
+  DeviceMemoryPlan plan;
+#if MLAGATE_HAS_CUDA
+  if (cfg.reference.name != "cuda") return plan;
+  DeviceEstimateOptions opt;
+  opt.prefill_op = std::find(cfg.ops.begin(), cfg.ops.end(), Op::kPrefill) != cfg.ops.end();
+  opt.forced_splits = std::max(0, splits);
+  opt.torch = cfg.baseline.name == "torch";
+  opt.device_inputs = false;
+  for (const auto& b : backends) {
+    opt.torch = opt.torch || b->name().rfind("torch.", 0) == 0;
+    opt.device_inputs = opt.device_inputs || b->capabilities().device_inputs;
+  }
+  plan.worker_bytes = worker_device_overhead_bytes(opt.torch);
+  const std::vector<std::string> named = devices.empty() ? std::vector<std::string>{""} : devices;
+  std::size_t smallest = 0;
+  for (std::size_t d = 0; d < named.size(); ++d) {
+    const int ordinal = device_ordinal(named[d]);
+    plan.device_bytes.push_back(ordinal < 0 ? 0 : cuda_device_total_bytes(ordinal));
+    const std::uint64_t b = plan.device_bytes[d];
+    if (b > 0 && (plan.device_bytes[smallest] == 0 || b < plan.device_bytes[smallest])) smallest = d;
+  }
+  opt.device_bytes = plan.device_bytes[smallest];
+  for (const CaseSpec& c : cfg.cases) plan.case_bytes.push_back(estimate_case_device_bytes(c, opt));
+  if (refuse)
+    refuse_cases_beyond_device(cfg.cases, plan.case_bytes, plan.worker_bytes, plan.device_bytes[smallest],
+                               "device " + (named[smallest].empty() ? std::string("0") : named[smallest]));
+  // This process's own context (the --reference cuda check made it) is on
+  // its first visible device, beside that device's workers.
+  const std::uint64_t own = worker_device_overhead_bytes(false);
+  for (std::size_t d = 0; d < named.size(); ++d)
+    if (device_ordinal(named[d]) == 0) plan.device_bytes[d] -= std::min(plan.device_bytes[d], own);
+#else
+  (void)cfg, (void)backends, (void)devices, (void)splits, (void)refuse;
+#endif
+  return plan;
 }
 
 }  // namespace mlagate

@@ -1,13 +1,18 @@
 // The run's plan from its flags, for cmd_run.cpp: the cases' order, the ops
-// the shard and the devices. Each throws InputError on a bad flag.
+// the shard, the devices and their memory. Each throws InputError on a bad
+// flag or a case too big for the machine.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "backends/backend.h"
 #include "cases/case_spec.h"
 #include "cases/op.h"
+#include "harness/reliability/memory_estimate.h"
+#include "harness/run/runner.h"
 #include "reports/shard.h"
 
 namespace mlagate {
@@ -25,5 +30,15 @@ std::vector<std::string> resolve_devices(const std::vector<std::string>& flag);
 
 // --shard I/N, else GoogleTest's sharding variables; nullopt: the whole selection.
 std::optional<Shard> resolve_shard(const std::string& flag);
+
+// --reference cuda in a CUDA build: each case's device estimate (for the
+// run's ops, --splits and backends), the memory of each device the streams
+// run on (`devices`, resolved --devices: CUDA_VISIBLE_DEVICES values; none:
+// the first visible device; the first visible one less the context this
+// process holds there) and each worker's own. A case that does not fit the
+// smallest of those devices alone is refused here (InputError) unless
+// !refuse. An empty plan (no device budget) otherwise.
+DeviceMemoryPlan plan_device_memory(const RunConfig& cfg, const std::vector<std::unique_ptr<Backend>>& backends,
+                                    const std::vector<std::string>& devices, int splits, bool refuse);
 
 }  // namespace mlagate

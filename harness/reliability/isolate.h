@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "harness/reliability/memory_estimate.h"
 #include "reports/record.h"
 #include "harness/run/runner.h"
 
@@ -86,6 +87,10 @@ struct IsolationOptions {
   bool reap_later = false;
   // Set per stream by run_isolated: the device of this stream's workers.
   std::string device;
+  // --reference cuda: each case's device estimate, each device's memory (in
+  // `devices`' order; one entry without) and each worker's own, so that the
+  // groups side by side on a device fit in it (GroupQueue). Empty: no budget.
+  DeviceMemoryPlan device_memory;
 };
 
 // The CPUs this process may run on (its affinity mask: a cgroup's or
@@ -109,15 +114,32 @@ std::vector<std::vector<Job>> job_groups(const RunConfig& cfg, const std::vector
 // alone at the end); with no more groups than streams, largest first only.
 void order_groups(std::vector<std::vector<Job>>& groups, std::vector<std::uint64_t>& bytes, std::size_t streams);
 
+// Device memory for GroupQueue: the device of each stream, each device's
+// memory, each group's device bytes (its largest case's estimate) and what
+// each worker holds besides (its CUDA context). Empty: no device budget.
+struct DeviceBudget {
+  std::vector<std::size_t> stream_device;  // per stream: an index into memory
+  std::vector<std::uint64_t> memory;       // per device: its bytes (0: no budget on it)
+  std::vector<std::uint64_t> group_bytes;  // per group
+  std::uint64_t per_worker = 0;            // per stream holding a group (so with a worker)
+  bool active() const { return !memory.empty(); }
+};
+
 // The groups of a run with several streams, handed out in order. A stream
 // holds the memory of the last group it took (its worker keeps that case
 // until it makes the next); a group is handed out beside others only while
 // every stream's holding and its own fit in `budget_bytes` (0: no budget),
-// and alone always. Thread-safe.
+// and alone always. With a device budget, also only while the device bytes
+// held by the streams of the same device, this group's and a worker's own for
+// each of them fit in that device's memory (other devices' streams do not
+// count, and are not held up by it); on the device a stream holds the largest
+// group its worker took (what a worker keeps between cases, caches and
+// libtorch's reserve, is bounded by its largest case), until the worker ends.
+// Alone on its device a group always runs. Thread-safe.
 class GroupQueue {
  public:
   GroupQueue(std::vector<std::vector<Job>> groups, std::vector<std::uint64_t> bytes, std::uint64_t budget_bytes,
-             std::size_t streams);
+             std::size_t streams, DeviceBudget device = {});
   // The next group's index for `stream`, waiting for room; nullopt when none
   // is left (the stream then holds nothing) or stop() turned true. Before it
   // waits, a stream that holds memory calls before_wait (which must free it:
@@ -133,10 +155,14 @@ class GroupQueue {
 
  private:
   std::optional<std::size_t> take_locked(std::size_t stream);
+  void drop_locked(std::size_t stream);  // the stream's worker is gone: it holds nothing
   std::vector<std::vector<Job>> groups_;
   std::vector<std::uint64_t> bytes_;
   std::uint64_t budget_;
   std::vector<std::uint64_t> held_;
+  DeviceBudget device_;
+  std::vector<std::uint64_t> held_device_;  // per stream: the largest group's device bytes since its worker started
+  std::vector<char> working_;               // per stream: holds a group (its worker has a case)
   std::size_t next_ = 0;
   std::mutex mutex_;
   std::condition_variable cv_;

@@ -1,10 +1,14 @@
-// The per-case memory estimate (memory_estimate.h), term by term as the
-// runner allocates.
+// The per-case memory estimates (memory_estimate.h), term by term as the
+// runner and the GPU code allocate, and the refusals of cases beyond them.
 #include "harness/reliability/memory_estimate.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
+
+#include "cases/errors.h"
 
 namespace mlagate {
 
@@ -42,6 +46,179 @@ std::uint64_t available_memory_bytes() {
       return kib * 1024;
     }
   return 0;
+}
+
+namespace {
+
+double gib(std::uint64_t b) { return static_cast<double>(b) / (1ull << 30); }
+
+constexpr double kGiB = 1024.0 * 1024 * 1024, kMiB = 1024.0 * 1024;
+
+// Device bytes of a merge case (the merge_states op): cuda.merge uploads both
+// partial outputs and LSEs and writes a guarded output and LSE (fp32 at most).
+double merge_device_bytes(const CaseSpec& spec) {
+  double T = 0;
+  for (int q : spec.batch.query_lens) T += q;
+  const double rows = T * spec.num_heads(), D = spec.merge.head_dim;
+  return rows * (D * 4 * 3 + 4 * 4);
+}
+
+}  // namespace
+
+std::uint64_t estimate_case_device_bytes(const CaseSpec& spec, const DeviceEstimateOptions& opt) {
+  // Small buffers (metadata, row groups, block-table rows, scheduler plans,
+  // FlashInfer's 8 MiB + ~35 MiB workspaces) and cudaMalloc's rounding of
+  // each to its granule.
+  const double fixed = 256 * kMiB;
+  if (spec.merge.active()) return static_cast<std::uint64_t>((merge_device_bytes(spec) * 1.25) + fixed);
+
+  const double L = spec.dims.kv_lora_rank, R = spec.dims.rope_dim, P = spec.dims.nope_dim, V = spec.dims.v_head_dim;
+  const double D = L + R, N = spec.num_heads();
+  const double B = static_cast<double>(spec.batch.seq_lens.size());
+  double T = 0, S = 0, max_s = 0, max_qs = 0;
+  double S_pre1 = 0, S_pre512 = 0;  // tokens of the requests the layer sends to prefill (threshold 1, and 512: FA3)
+  for (std::size_t i = 0; i < spec.batch.seq_lens.size(); ++i) {
+    const double s = spec.batch.seq_lens[i], q = spec.batch.query_lens[i];
+    T += q;
+    S += s;
+    max_s = std::max(max_s, s);
+    max_qs = std::max(max_qs, q * s);
+    if (q > 1 && !spec.batch.spec_decode) S_pre1 += s;
+    if (q > 512 && !spec.batch.spec_decode) S_pre512 += s;
+  }
+  const double half = 2, f32 = 4, f64 = 8;
+  const double kv_row = N * (P + R + V) * half;  // one token's up-projected K and V
+  const bool fp8 = spec.kv_cache_dtype == KvCacheDtype::kFp8 || spec.kv_cache_dtype == KvCacheDtype::kFp8E4m3;
+  // A paged cache on the device (cases/paged_cache.h): every request's blocks,
+  // the null block and 100 spare ones, at the case's block size or the largest
+  // preferred one (64); entries of 2 (L + R) bytes at most (fp8: L + R), and
+  // its int32 block table (block size 1: a column per token, rows padded to 128).
+  const double bs = spec.block_size > 0 ? spec.block_size : 64;
+  const double entry = fp8 ? D : D * half;
+  const double slots = S + (B + 101) * bs;
+  const double cache = slots * entry + (S + B * 129) * f32;
+  // V4's compressed cache: seq_len / ratio entries per request.
+  const double slots_x = spec.sparse.compress > 0 ? S / spec.sparse.compress + B + (B + 101) * bs : 0;
+  const double cache_x = slots_x > 0 ? slots_x * entry + (slots_x + B * 129) * f32 : 0;
+
+  double bytes = 0;
+  // The GPU reference (reference/cuda/cuda_reference.cu, one case at a time,
+  // freed on return): q, the latent keys (or their fp32 dequantized copy for
+  // fp8 caches), W_UK and W_UV; q_full [T, N, L+R], o_lat [T, N, L], lse and
+  // out [T, N, V] in fp64.
+  bytes += T * N * (P + R) * half + S * D * f32 + L * N * (P + V) * half + T * N * (D + L + 1 + V) * f64;
+  // The glue's up-projection on the GPU (reference/cuda/row_projection.cpp):
+  // the weights widened to fp32, kept between calls (a new case's beside the
+  // last one's while they are replaced), and chunks of at most 64 MiB of K
+  // and V (of one 128-row tile at least) with their latent rows in fp32.
+  const double S_up = opt.prefill_op ? S : S_pre1;
+  if (S_up > 0) {
+    const double chunk = std::min(S_up, 64 * kMiB / kv_row + 128);
+    bytes += 2 * L * N * (P + V) * f32 + chunk * (kv_row + L * f32 + R * half);
+  }
+  // The device cache store shared by the CUDA backends
+  // (backends/cuda/cache_store.h): at most 6 entries and 8 GiB beside the
+  // newest, which stays whatever its size; one more uploaded before an older
+  // one goes, and a cache_write's private copy of the cache it writes. V4's
+  // compressed cache is stored beside the main one.
+  bytes += std::min(6 * cache, std::max(8 * kGiB, cache)) + 2 * cache + 2 * cache_x;
+
+  if (spec.sparse.active()) {
+    // The sparse ops (backends/cuda/sparse.cu, flashmla_sparse.cu): q padded
+    // to FlashMLA's 64 or 128 heads, the index rows (padded to 64 or 128
+    // slots) of the cache and the compressed cache, FlashMLA's split partials
+    // ([T + 160 SM parts, heads, 512] fp32), its outputs and the guarded
+    // ones; sparse_prefill's flat rows of every slot of both caches.
+    const double Hp = std::max(N, 128.0), dv = std::max<double>(spec.sparse_dv(), 512);
+    const double K1 = std::max(spec.sparse.topk, spec.sparse.window), K2 = spec.sparse.extra_topk;
+    double call = T * Hp * D * half + T * (K1 + K2 + 256) * f32 * 2 + (T + 160) * Hp * (dv + 1) * f32 +
+                  T * Hp * (dv * half + f32) * 2;
+    call += (slots + slots_x) * D * half;
+    bytes += call;
+    return static_cast<std::uint64_t>(bytes * 1.25 + fixed);
+  }
+
+  // The glue's K and V lent in device memory to backends that read them there
+  // (reference/device_staging.h, harness/run/layer.h): kept copies of each
+  // prefill call's K and V (every prefill row, once for the routing of
+  // threshold 1 and once for FA3's 512; at most 16 GiB), and two scratch
+  // slots that grow to the largest call and stay.
+  if (opt.device_inputs) bytes += std::min(16 * kGiB, (S_pre1 + S_pre512) * kv_row) + S_pre1 * kv_row;
+  // libtorch's caching allocator (backends/torch/torch_sdpa.cpp) keeps the
+  // blocks it took: decode's cache upload, fp8 entries dequantized through
+  // fp32 (1 + 4 + 4 + 2 bytes an element), the block table as int64, q_full
+  // (and its parts), o_all, lse_all, a request's gathered keys, and the math
+  // kernel's fp32 logits, scaled, masked and softmaxed copies (24 bytes a
+  // logit); prefill's q, o_all, K and V when not lent on the device (all of
+  // them for the prefill op).
+  if (opt.torch) {
+    double t = slots * entry + (fp8 ? slots * D * 10 : 0) + (S + B * 129) * 12;
+    t += T * N * D * half * 2 + T * N * (L * half + f32) + max_s * D * half * 2 + max_qs * N * 24;
+    t += T * N * (P + R) * half + T * N * (V * half + f32);
+    if (!opt.device_inputs) t += S_pre1 * kv_row;
+    if (opt.prefill_op) t += S * kv_row;
+    bytes += t;
+  }
+  // The largest backend call (sequential in a worker):
+  // - a decode of every token (cuda.ref and cuda.splitkv route prefills
+  //   through decode): q_lat and q_pe (and FlashMLA's packed copy), the
+  //   guarded o_lat and lse, and the split partials [splits, T * N, L + 1]
+  //   fp32: forced ones, or the kernels' own (cuda.splitkv, FlashMLA and FA3
+  //   split only while the rows fill less than about two waves of the SMs:
+  //   at most 65536 rows beyond the unsplit ones; forced ones that would take
+  //   more than a quarter of the device are declined, as cuda.splitkv does);
+  const double rows = T * N;
+  double partials = (rows + 65536) * (L + 1) * f32;
+  if (opt.forced_splits > 0) {
+    const double forced = opt.forced_splits * rows * (L + 1) * f32;
+    partials = opt.device_bytes > 0 ? std::min(forced, std::max(partials, opt.device_bytes / 4.0)) : forced;
+  }
+  const double decode = rows * D * half * 2 + rows * (L * half + f32) + partials;
+  // - a prefill call: q, K and V uploaded by the backend (FA3 without the
+  //   staging, cuda.ref's prefill op: every token's), the guarded o and lse,
+  //   and FA3's lse in [N, T].
+  const double prefill_kv = opt.prefill_op ? S * kv_row : S_pre1 * kv_row;
+  const double prefill = T * N * (P + R) * half + prefill_kv + T * N * (V * half + f32 * 2);
+  bytes += std::max(decode, prefill);
+  return static_cast<std::uint64_t>(bytes * 1.25 + fixed);
+}
+
+std::uint64_t worker_device_overhead_bytes(bool torch) {
+  // A worker's CUDA context before its first case: the driver's context
+  // state, the local memory it reserves for every resident thread, and the
+  // modules of the kernels it has loaded (lazily, as they are first used:
+  // this binary holds FlashMLA's, FA3's and FlashInfer's where built).
+  const double context = 1 * kGiB;
+  // libtorch's own on top: cuBLAS/cuBLASLt workspaces and handles, cuDNN's,
+  // and the modules of torch's kernels (its caching allocator's blocks are
+  // the case's, in estimate_case_device_bytes).
+  const double libtorch = 1 * kGiB;
+  return static_cast<std::uint64_t>(context + (torch ? libtorch : 0));
+}
+
+void refuse_cases_beyond_host(const std::vector<CaseSpec>& cases, bool prefill_op, std::uint64_t available) {
+  if (available == 0) return;
+  for (const CaseSpec& c : cases)
+    if (const std::uint64_t need = estimate_case_bytes(c, prefill_op); need > available) {
+      char msg[160];
+      std::snprintf(msg, sizeof msg, " needs about %.1f GiB (estimated), more than the %.1f GiB available", gib(need),
+                    gib(available));
+      throw InputError("case " + c.id() + msg + ": refused before allocating");
+    }
+}
+
+void refuse_cases_beyond_device(const std::vector<CaseSpec>& cases, const std::vector<std::uint64_t>& case_bytes,
+                                std::uint64_t worker_bytes, std::uint64_t device_bytes, const std::string& device) {
+  if (device_bytes == 0) return;
+  for (std::size_t i = 0; i < cases.size() && i < case_bytes.size(); ++i)
+    if (const std::uint64_t need = case_bytes[i] + worker_bytes; need > device_bytes) {
+      char msg[200];
+      std::snprintf(msg, sizeof msg,
+                    " needs about %.1f GiB of device memory (estimated: %.1f GiB for the case, %.1f GiB for its "
+                    "worker), more than the %.1f GiB of ",
+                    gib(need), gib(case_bytes[i]), gib(worker_bytes), gib(device_bytes));
+      throw InputError("case " + cases[i].id() + msg + device + ": refused before running");
+    }
 }
 
 }  // namespace mlagate

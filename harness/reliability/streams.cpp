@@ -125,9 +125,16 @@ std::vector<std::vector<Job>> job_groups(const RunConfig& cfg, const std::vector
 }
 
 GroupQueue::GroupQueue(std::vector<std::vector<Job>> groups, std::vector<std::uint64_t> bytes, std::uint64_t budget,
-                       std::size_t streams)
-    : groups_(std::move(groups)), bytes_(std::move(bytes)), budget_(budget), held_(streams, 0) {
+                       std::size_t streams, DeviceBudget device)
+    : groups_(std::move(groups)), bytes_(std::move(bytes)), budget_(budget), held_(streams, 0),
+      device_(std::move(device)), held_device_(streams, 0), working_(streams, 0) {
   if (bytes_.size() != groups_.size()) throw std::logic_error("GroupQueue: one size per group");
+  if (device_.active()) {
+    if (device_.group_bytes.size() != groups_.size() || device_.stream_device.size() != streams)
+      throw std::logic_error("GroupQueue: one device size per group and one device per stream");
+    for (std::size_t d : device_.stream_device)
+      if (d >= device_.memory.size()) throw std::logic_error("GroupQueue: a stream's device out of range");
+  }
 }
 
 std::optional<std::size_t> GroupQueue::try_take(std::size_t stream) {
@@ -144,8 +151,31 @@ std::optional<std::size_t> GroupQueue::take_locked(std::size_t stream) {
   // there is); beside others, only within the budget. The queue's order is
   // kept: a large group waits for room rather than being overtaken.
   if (budget_ > 0 && others > 0 && others + bytes_[next_] > budget_) return std::nullopt;
+  std::uint64_t mine_device = 0;
+  if (device_.active()) {
+    // The same on the stream's device, among the streams of that device
+    // only: each with a worker holds its largest group's bytes and the
+    // worker's own (its context). This stream's worker keeps what its
+    // earlier groups left there (cached device caches, scratch, libtorch's
+    // blocks), so it holds the larger of those and this group's.
+    const std::size_t d = device_.stream_device[stream];
+    mine_device = std::max(held_device_[stream], device_.group_bytes[next_]);
+    std::uint64_t beside = 0;
+    for (std::size_t s = 0; s < held_.size(); ++s)
+      if (s != stream && working_[s] && device_.stream_device[s] == d) beside += held_device_[s] + device_.per_worker;
+    const std::uint64_t memory = device_.memory[d];
+    if (memory > 0 && beside > 0 && beside + mine_device + device_.per_worker > memory) return std::nullopt;
+  }
   held_[stream] = bytes_[next_];
+  held_device_[stream] = mine_device;
+  working_[stream] = 1;
   return next_++;
+}
+
+void GroupQueue::drop_locked(std::size_t stream) {
+  held_[stream] = 0;
+  held_device_[stream] = 0;
+  working_[stream] = 0;
 }
 
 std::optional<std::size_t> GroupQueue::take(std::size_t stream, const std::function<bool()>& stop,
@@ -154,20 +184,20 @@ std::optional<std::size_t> GroupQueue::take(std::size_t stream, const std::funct
   for (;;) {
     if (stop && stop()) return std::nullopt;
     if (next_ >= groups_.size()) {
-      held_[stream] = 0;
+      drop_locked(stream);
       cv_.notify_all();
       return std::nullopt;
     }
     if (auto g = take_locked(stream)) return g;
-    if (held_[stream] > 0) {
+    if (held_[stream] > 0 || (device_.active() && working_[stream])) {
       // A stream that waits holding memory could wait for one that waits for
-      // it: it gives its memory up first (its worker ends), so that waiting
-      // streams hold nothing and the head group always fits beside the
-      // running ones once they finish.
+      // it: it gives its memory up first (its worker ends, and with it its
+      // device memory), so that waiting streams hold nothing and the head
+      // group always fits beside the running ones once they finish.
       lock.unlock();
       if (before_wait) before_wait();
       lock.lock();
-      held_[stream] = 0;
+      drop_locked(stream);
       cv_.notify_all();
       continue;
     }
@@ -179,7 +209,7 @@ std::optional<std::size_t> GroupQueue::take(std::size_t stream, const std::funct
 void GroupQueue::release(std::size_t stream) {
   {
     const std::lock_guard lock(mutex_);
-    held_[stream] = 0;
+    drop_locked(stream);
   }
   cv_.notify_all();
 }
@@ -225,7 +255,20 @@ std::vector<Record> run_some_streams(const RunConfig& cfg, const std::vector<std
     bytes.push_back(most);
   }
   if (opt.largest_first) order_groups(groups, bytes, n);
-  GroupQueue queue(std::move(groups), std::move(bytes), available_memory_bytes(), n);
+  // Device memory (--reference cuda): per device, the groups side by side
+  // there fit in it with their workers' own.
+  DeviceBudget device;
+  if (opt.device_memory.active()) {
+    device.memory = opt.device_memory.device_bytes;
+    device.per_worker = opt.device_memory.worker_bytes;
+    for (std::size_t s = 0; s < n; ++s) device.stream_device.push_back(s % device.memory.size());
+    for (const auto& g : groups) {
+      std::uint64_t most = 0;
+      for (const Job& j : g) most = std::max(most, opt.device_memory.case_bytes.at(j.case_index));
+      device.group_bytes.push_back(most);
+    }
+  }
+  GroupQueue queue(std::move(groups), std::move(bytes), available_memory_bytes(), n, std::move(device));
   // Each stream's source: the jobs of the group it took, then the next group.
   std::vector<const std::vector<Job>*> group(n, nullptr);
   std::vector<std::size_t> next(n, 0);
