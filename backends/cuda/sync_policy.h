@@ -1,8 +1,9 @@
 // How a process's host threads wait for the GPU (MLAGATE_CUDA_SYNC), set
-// before its CUDA context exists. Workers side by side wait by blocking:
-// spinning, the CUDA default, kept one core busy per waiting worker, cores
-// the other workers' parallel phases needed (PERFORMANCE.md, "Where the time
-// of a second GPU goes"). No CUDA header here: callers need none.
+// before its CUDA context exists: a measurement knob. CUDA's default (spin
+// while few contexts) stays: blocking, which frees the core a waiting worker
+// spins, made the 4-seed vllm run on one H200 with 8 workers slower (34.2 s
+// against 31.3 s) and two GPUs no faster (PERFORMANCE.md, "Where the time of
+// a second GPU goes"). No CUDA header here: callers need none.
 #pragma once
 
 #include <string>

@@ -341,7 +341,7 @@ class RunCommand {
   void plan_parent() {
     devices_ = resolve_devices(ra_.devices);
     // A case beyond its device's memory is refused before anything runs; workers get the devices' budgets.
-    device_memory_ = plan_device_memory(cfg_, backends_, devices_, ra_.splits, !from_file_);
+    device_memory_ = plan_device_memory(cfg_, backends_, devices_, ra_.splits, !from_file_, ra_.device_memory_gib);
     isolate_ = ra_.isolate;
     if (isolate_.empty()) isolate_ = !worker_command().empty() && ra_.save_results.empty() ? "process" : "none";
     if (isolate_ != "process" && isolate_ != "none") throw InputError("--isolate '" + isolate_ + "' (expected process or none)");

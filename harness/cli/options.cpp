@@ -268,6 +268,11 @@ void RunArgs::add_options(CLI::App* app, bool for_replay) {
                   "processes per device (CUDA_VISIBLE_DEVICES set to it), the cases dealt out between them; "
                   "records as on one device")
       ->delimiter(',');
+  app->add_option("--device-memory", device_memory_gib,
+                  "with --reference cuda: GiB of each device the run may plan with (a GPU shared with other "
+                  "work); cases too big for it are refused, workers side by side keep within it (default: "
+                  "the device's whole memory)")
+      ->check(CLI::Range(0.0, 1e6));
   app->add_option("--workers", workers,
                   "worker processes side by side per device (in all without --devices), each taking the next "
                   "group of cases as it finishes its last, while their host memory estimates fit: one's case "

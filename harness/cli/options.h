@@ -101,6 +101,7 @@ struct RunArgs {
   std::vector<std::string> case_ids;
   std::vector<std::string> devices;  // --devices 0,1,...: workers per GPU, the cases split between them
   std::string workers = "auto";      // --workers N|auto: worker processes side by side per device
+  double device_memory_gib = 0;      // --device-memory: GiB of each device the run plans with (0: all of it)
   std::string shard;  // --shard I/N; empty: GTEST_SHARD_INDEX/GTEST_TOTAL_SHARDS when set, else the whole selection
   std::uint64_t max_bytes = kDefaultMaxBytes;
   OutOfTree extra;  // --plugin, --exec

@@ -143,7 +143,8 @@ int device_ordinal(const std::string& device) {
 }  // namespace
 
 DeviceMemoryPlan plan_device_memory(const RunConfig& cfg, const std::vector<std::unique_ptr<Backend>>& backends,
-                                    const std::vector<std::string>& devices, int splits, bool refuse) {
+                                    const std::vector<std::string>& devices, int splits, bool refuse,
+                                    double cap_gib) {
   DeviceMemoryPlan plan;
 #if MLAGATE_HAS_CUDA
   if (cfg.reference.name != "cuda") return plan;
@@ -161,7 +162,9 @@ DeviceMemoryPlan plan_device_memory(const RunConfig& cfg, const std::vector<std:
   std::size_t smallest = 0;
   for (std::size_t d = 0; d < named.size(); ++d) {
     const int ordinal = device_ordinal(named[d]);
-    plan.device_bytes.push_back(ordinal < 0 ? 0 : cuda_device_total_bytes(ordinal));
+    std::uint64_t total = ordinal < 0 ? 0 : cuda_device_total_bytes(ordinal);
+    if (cap_gib > 0) total = std::min<std::uint64_t>(total, static_cast<std::uint64_t>(cap_gib * (1ull << 30)));
+    plan.device_bytes.push_back(total);
     const std::uint64_t b = plan.device_bytes[d];
     if (b > 0 && (plan.device_bytes[smallest] == 0 || b < plan.device_bytes[smallest])) smallest = d;
   }
@@ -169,14 +172,15 @@ DeviceMemoryPlan plan_device_memory(const RunConfig& cfg, const std::vector<std:
   for (const CaseSpec& c : cfg.cases) plan.case_bytes.push_back(estimate_case_device_bytes(c, opt));
   if (refuse)
     refuse_cases_beyond_device(cfg.cases, plan.case_bytes, plan.worker_bytes, plan.device_bytes[smallest],
-                               "device " + (named[smallest].empty() ? std::string("0") : named[smallest]));
+                               "device " + (named[smallest].empty() ? std::string("0") : named[smallest]) +
+                                   (cap_gib > 0 ? " as --device-memory plans it" : ""));
   // This process's own context (the --reference cuda check made it) is on
   // its first visible device, beside that device's workers.
   const std::uint64_t own = worker_device_overhead_bytes(false);
   for (std::size_t d = 0; d < named.size(); ++d)
     if (device_ordinal(named[d]) == 0) plan.device_bytes[d] -= std::min(plan.device_bytes[d], own);
 #else
-  (void)cfg, (void)backends, (void)devices, (void)splits, (void)refuse;
+  (void)cfg, (void)backends, (void)devices, (void)splits, (void)refuse, (void)cap_gib;
 #endif
   return plan;
 }

@@ -37,8 +37,10 @@ std::optional<Shard> resolve_shard(const std::string& flag);
 // the first visible device; the first visible one less the context this
 // process holds there) and each worker's own. A case that does not fit the
 // smallest of those devices alone is refused here (InputError) unless
-// !refuse. An empty plan (no device budget) otherwise.
+// !refuse. An empty plan (no device budget) otherwise. cap_gib > 0
+// (--device-memory): no device is planned with more than that.
 DeviceMemoryPlan plan_device_memory(const RunConfig& cfg, const std::vector<std::unique_ptr<Backend>>& backends,
-                                    const std::vector<std::string>& devices, int splits, bool refuse);
+                                    const std::vector<std::string>& devices, int splits, bool refuse,
+                                    double cap_gib = 0);
 
 }  // namespace mlagate

@@ -338,9 +338,6 @@ void share_cores(IsolationOptions& io, int threads) {
   // of the user's included: 8 workers of 10 spinning threads on 32 cores took
   // the 4-seed vllm run from 28.8 s to 100.8 s (3058 s of user time; PERFORMANCE.md).
   if (!std::getenv("OMP_WAIT_POLICY")) io.env.push_back("OMP_WAIT_POLICY=passive");
-  // Likewise a worker waiting on its GPU sleeps instead of spinning a core
-  // (backends/cuda/sync_policy.h), which the CPU runs need not.
-  if (!std::getenv("MLAGATE_CUDA_SYNC")) io.env.push_back("MLAGATE_CUDA_SYNC=block");
   if (threads > 0) return;
   // About one worker per device is in a backend call at a time (waiting on
   // its GPU, one thread), so the others' parallel phases share the cores:

@@ -84,8 +84,7 @@ TEST(CudaDevice, QueryNamesTheDevice) {
   EXPECT_GT(d.total_bytes, std::size_t{1} << 30);
 }
 
-// MLAGATE_CUDA_SYNC sets how the process waits on its GPU (workers side by
-// side get "block"): the flag the context reports afterwards is the one asked
+// MLAGATE_CUDA_SYNC sets how the process waits on its GPU: the flag the context reports afterwards is the one asked
 // for, and an unknown value is refused in words, the flag left as it was.
 TEST(CudaDevice, SyncPolicyTakesTheFlagAskedFor) {
   MLAGATE_REQUIRE_GPU();
