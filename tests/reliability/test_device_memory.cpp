@@ -15,6 +15,7 @@
 #include "cases/suite.h"
 #include "harness/reliability/isolate.h"
 #include "harness/reliability/memory_estimate.h"
+#include "tests/reliability/drain_queue.h"
 
 namespace mlagate {
 namespace {
@@ -147,29 +148,11 @@ TEST(DeviceMemory, AStreamHoldsItsWorkersLargestGroupUntilTheWorkerEnds) {
 // ends), so streams of one device never wait for each other in a circle.
 TEST(DeviceMemory, WaitingStreamsOfOneDeviceNeverWaitForEachOther) {
   GroupQueue q(groups_of(3), {0, 0, 0}, 0, 4, two_devices({5, 3, 9}));
-  std::atomic<int> taken{0}, ended{0};
-  std::atomic<bool> give_up{false};
-  auto stream = [&](std::size_t s) {
-    while (q.take(s, [&] { return give_up.load(); }, [&] { ++ended; })) {
-      ++taken;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the group's work
-    }
-  };
-  {
-    // Device 0's streams: 5 and 3 side by side, then the 9 only once one of
-    // them has let its group go (its worker ended) and the other is done.
-    std::jthread a(stream, 0), b(stream, 2);
-    std::jthread timer([&](std::stop_token st) {
-      for (int i = 0; i < 100 && !st.stop_requested() && taken < 3; ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      give_up = true;  // a hang ends here, and fails below
-    });
-    a.join();
-    b.join();
-    timer.request_stop();
-  }
-  EXPECT_EQ(taken, 3);
-  EXPECT_GE(ended, 1);
+  // Device 0's streams: 5 and 3 side by side, then the 9 only once one of
+  // them has let its group go (its worker ended) and the other is done.
+  const test::Drained d = test::drain_with_two_streams(q, 0, 2, 3);
+  EXPECT_EQ(d.taken, 3);
+  EXPECT_GE(d.ended, 1);
 }
 
 TEST(DeviceMemory, ACaseTooBigForItsDeviceIsRefusedBeforeItRuns) {

@@ -13,6 +13,7 @@
 #include "cases/case.h"
 #include "cases/suite.h"
 #include "harness/reliability/isolate.h"
+#include "tests/reliability/drain_queue.h"
 #include "tests/reliability/run_mlagate.h"
 
 namespace mlagate::rel_test {
@@ -159,27 +160,9 @@ TEST(Workers, GroupsRunSideBySideOnlyWithinTheMemoryBudget) {
 TEST(Workers, WaitingStreamsNeverWaitForEachOther) {
   std::vector<std::vector<Job>> groups(3, std::vector<Job>{Job{}});
   GroupQueue q(groups, {6, 3, 20}, 10, 2);
-  std::atomic<int> taken{0}, ended{0};
-  std::atomic<bool> give_up{false};
-  auto stream = [&](std::size_t s) {
-    while (q.take(s, [&] { return give_up.load(); }, [&] { ++ended; })) {
-      ++taken;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the group's work
-    }
-  };
-  {
-    std::jthread a(stream, 0), b(stream, 1);
-    std::jthread timer([&](std::stop_token st) {
-      for (int i = 0; i < 100 && !st.stop_requested() && taken < 3; ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      give_up = true;  // a hang ends here, and fails below
-    });
-    a.join();
-    b.join();
-    timer.request_stop();
-  }
-  EXPECT_EQ(taken, 3);
-  EXPECT_GE(ended, 1);  // the 20 could only start once a stream let its 6 or 3 go
+  const test::Drained d = test::drain_with_two_streams(q, 0, 1, 3);
+  EXPECT_EQ(d.taken, 3);
+  EXPECT_GE(d.ended, 1);  // the 20 could only start once a stream let its 6 or 3 go
 }
 
 }  // namespace
