@@ -16,7 +16,7 @@ std::string CudaDeviceInfo::str() const {
   char buf[256];
   std::snprintf(buf, sizeof buf, "device %d: %s, sm_%d%d, %d SMs, %.1f GiB (%.1f GiB free)", device, name.c_str(),
                 sm_major, sm_minor, multiprocessors, total_bytes / 1073741824.0, free_bytes / 1073741824.0);
-  return buf;
+  return sync_policy.empty() ? std::string(buf) : std::string(buf) + "; " + sync_policy;
 }
 
 const CudaDeviceInfo& cuda_device_info() {

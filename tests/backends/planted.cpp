@@ -207,14 +207,7 @@ class PlantedMerge final : public Backend {
   PlantedMerge(std::string name, Bug bug) : name_(std::move(name)), bug_(bug) {}
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return "planted merge_states bug"; }
-  Capabilities capabilities() const override {
-    Capabilities c;
-    c.ops = {Op::kMergeStates};
-    c.block_sizes = {16};
-    c.dtypes = {DType::kBF16, DType::kF16, DType::kF32};
-    c.kv_dtypes = {KvCacheDtype::kAuto};
-    return c;
-  }
+  Capabilities capabilities() const override { return merge_states_capabilities(); }
   void merge_states(const MergeStatesArgs& a) override {
     check_merge_states_args(a);
     const std::int64_t rows = a.prefix_lse.numel(), D = a.prefix_output.shape[2];
