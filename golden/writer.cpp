@@ -359,7 +359,7 @@ std::optional<StoredBaselines> export_baselines(const PreparedCase& pc, const st
                    baseline_error(e, true, pc.decode->lse, 0, e.lse.size())};
   }
   if (std::find(ops.begin(), ops.end(), Op::kPrefill) != ops.end()) {
-    const SdpaResult e = emulate_sdpa_prefill_op(c, projection.k_all().view(), projection.v_all().view());
+    const SdpaResult e = emulate_sdpa_prefill_op(c, projection.k_all().view(), projection.v_all().view(), &projection);
     b.prefill_op = both(e.out, pc.reference->out, e.lse, pc.reference->lse);
   }
   return b;

@@ -12,6 +12,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "cases/encoding.h"
 #include "reference/glue.h"
@@ -161,11 +162,76 @@ void load_head(const Tensor& w, Index h, float* dst, Index ld, DType dt) {
   for (Index l = 0; l < L; ++l) load(w.view(), (l * N + h) * W, W, dst + l * ld, dt);
 }
 
+// The fp32 lse of a row as sdpa_rows forms it: max + log(sum) (-inf where
+// the row sees no key: max -inf, sum 0).
+float lse_of(float max, float sum) { return max + std::log(sum); }
+
+// The emulation's attention cores off the Eigen path (sdpa_emulation.h).
+AttentionEmulator g_emulator = nullptr;
+
+// mqa_core through the emulator: every request in one call, its keys (and
+// values, their first L columns) loaded as the Eigen path loads them.
+void mqa_core_emulated(const Case& c, std::span<const int> req, std::span<const Index> tok0, const float* q_full,
+                       float* o_lat, float* lse, KeyRead read, AttentionEmulator emulate) {
+  const Dimensions x = dims_of(c);
+  const Index D = x.L + x.R;
+  const DType dt = c.spec.dtype;
+  const TensorView kv_c = cached_kv_c(c), k_pe = cached_k_pe(c);
+  // Request k's keys from row first[k] of one buffer.
+  std::vector<Index> first(req.size() + 1, 0);
+  for (std::size_t k = 0; k < req.size(); ++k) first[k + 1] = first[k] + c.seq_lens[req[k]];
+  std::vector<float> keys(static_cast<std::size_t>(std::max<Index>(first.back(), 1) * D));
+  std::vector<EmulatedAttention> calls;
+  Index out_rows = 0;
+  for (std::size_t k = 0; k < req.size(); ++k) out_rows += Index{c.query_lens[req[k]]} * x.N;
+  std::vector<float> max(static_cast<std::size_t>(out_rows)), sum(static_cast<std::size_t>(out_rows));
+  Index at = 0;
+  for (std::size_t k = 0; k < req.size(); ++k) {
+    const int i = req[k];
+    const Index rows = Index{c.query_lens[i]} * x.N, s = c.seq_lens[i], kv0 = c.kv_start_loc[i];
+    if (rows == 0) continue;
+    float* kd = keys.data() + first[k] * D;
+#pragma omp parallel for schedule(static)
+    for (Index j = 0; j < s; ++j) {
+      load(kv_c, (kv0 + j) * x.L, x.L, kd + j * D, dt, read);
+      load(k_pe, (kv0 + j) * x.R, x.R, kd + j * D + x.L, dt, read);
+    }
+    const Index row = tok0[k] * x.N;
+    EmulatedAttention a;
+    a.q = q_full + row * D;
+    a.q_row = D;
+    a.k = kd;
+    a.k_row = D;
+    a.v = kd;  // v = kv_c: the first L columns of the keys
+    a.v_row = D;
+    a.elem = EmulatedAttention::Elem::kF32;
+    a.rows = static_cast<int>(rows);
+    a.rows_per_token = static_cast<int>(x.N);
+    a.context = c.context_lens[i];
+    a.keys = static_cast<int>(s);
+    a.dqk = static_cast<int>(D);
+    a.dv = static_cast<int>(x.L);
+    a.scale = static_cast<float>(c.spec.softmax_scale());
+    a.bf16 = dt == DType::kBF16;
+    a.o = o_lat + row * x.L;
+    a.max = max.data() + at;
+    a.sum = sum.data() + at;
+    calls.push_back(a);
+    at += rows;
+  }
+  emulate(calls);
+  for (const EmulatedAttention& a : calls) {
+    const Index row = (a.o - o_lat) / x.L;
+    for (Index r = 0; r < a.rows; ++r) lse[row + r] = lse_of(a.max[r], a.sum[r]);
+  }
+}
+
 // The absorbed attention core: q_full [n_tok, N, L+R] rows of the requests'
 // tokens (tokens of request req[k] start at row tok0[k]), keys from the case.
 // Writes o_lat [n_tok, N, L] (rounded) and lse [n_tok, N].
 void mqa_core(const Case& c, std::span<const int> req, std::span<const Index> tok0, const float* q_full, float* o_lat,
               float* lse, KeyRead read) {
+  if (const AttentionEmulator emulate = g_emulator) return mqa_core_emulated(c, req, tok0, q_full, o_lat, lse, read, emulate);
   const Dimensions x = dims_of(c);
   const Index D = x.L + x.R;
   const DType dt = c.spec.dtype;
@@ -354,6 +420,87 @@ void mha(const Case& c, std::span<const int> req, KvOf&& kv_of, SdpaResult& e) {
   }
 }
 
+// mha through the emulator: every request in one call, all heads at once.
+// kv16_of(i, k_buf, v_buf, a) gives request i's K [s, N, P+R] and V [s, N, V]
+// rows, model-dtype bits, contiguous (their own memory, or gathered into the
+// buffers), and may name their latent rows in `a`.
+template <class Kv16Of>
+void mha_emulated(const Case& c, std::span<const int> req, Kv16Of&& kv16_of, SdpaResult& e, AttentionEmulator emulate) {
+  const Dimensions x = dims_of(c);
+  const Index QW = x.P + x.R;
+  const bool bf16 = c.spec.dtype == DType::kBF16;
+  std::vector<std::vector<std::uint16_t>> k_bufs(req.size()), v_bufs(req.size());
+  Index rows_total = 0;
+  for (int i : req) rows_total += c.query_lens[i];
+  const auto n_all = static_cast<std::size_t>(rows_total * x.N);
+  std::vector<float> o(n_all * static_cast<std::size_t>(x.V)), max(n_all), sum(n_all);
+  std::vector<EmulatedAttention> calls;
+  std::vector<Index> t0_of;
+  std::size_t at = 0;
+  for (std::size_t k = 0; k < req.size(); ++k) {
+    const int i = req[k];
+    const Index q_len = c.query_lens[i], t0 = c.query_start_loc[i];
+    if (q_len == 0) continue;
+    EmulatedAttention a;
+    if (c.seq_lens[i] > 0) {
+      const auto [kp, vp] = kv16_of(i, k_bufs[k], v_bufs[k], a);
+      a.k = kp;
+      a.v = vp;
+    }
+    a.q = c.q.view().as<std::uint16_t>() + t0 * x.N * QW;
+    a.q_row = x.N * QW;
+    a.q_head = QW;
+    a.k_row = x.N * QW;
+    a.k_head = QW;
+    a.v_row = x.N * x.V;
+    a.v_head = x.V;
+    a.elem = bf16 ? EmulatedAttention::Elem::kBF16 : EmulatedAttention::Elem::kF16;
+    a.rows = static_cast<int>(q_len);
+    a.heads = static_cast<int>(x.N);
+    a.rows_per_token = 1;
+    a.context = c.context_lens[i];
+    a.keys = c.seq_lens[i];
+    a.dqk = static_cast<int>(QW);
+    a.dv = static_cast<int>(x.V);
+    a.scale = static_cast<float>(c.spec.softmax_scale());
+    a.bf16 = bf16;
+    const std::size_t n = static_cast<std::size_t>(q_len * x.N);
+    a.o = o.data() + at * static_cast<std::size_t>(x.V);
+    a.max = max.data() + at;
+    a.sum = sum.data() + at;
+    at += n;
+    calls.push_back(a);
+    t0_of.push_back(t0);
+  }
+  emulate(calls);
+  for (std::size_t k = 0; k < calls.size(); ++k) {
+    const EmulatedAttention& a = calls[k];
+    const std::size_t n = static_cast<std::size_t>(a.rows) * static_cast<std::size_t>(x.N);
+    // [q_len, N, V] and [q_len, N]: the request's rows of out [T, N*V] and lse [T, N].
+    std::copy(a.o, a.o + n * static_cast<std::size_t>(x.V), e.out.begin() + t0_of[k] * x.N * x.V);
+    for (std::size_t r = 0; r < n; ++r) e.lse[static_cast<std::size_t>(t0_of[k] * x.N) + r] = lse_of(a.max[r], a.sum[r]);
+  }
+}
+
+// Names request i's latent rows in `a` where the projection holds them in the
+// model dtype, one after another.
+void name_latent(const Case& c, const KvProjection& p, int i, EmulatedAttention& a) {
+  const Tensor& kv = p.kv();
+  const Tensor& pe = p.pe();
+  if (kv.dtype() != c.spec.dtype || pe.dtype() != c.spec.dtype || kv.empty()) return;
+  const Index kv0 = c.kv_start_loc[i];
+  a.latent = kv.data<std::uint16_t>() + kv0 * kv.dim(1);
+  a.rope = pe.data<std::uint16_t>() + kv0 * pe.dim(1);
+  a.weights_of = &c;
+}
+
+// Whether the emulator can take the prefill form's queries (16-bit, as the
+// model dtype always is where the emulation runs).
+bool emulator_takes_queries(const Case& c) {
+  return g_emulator && c.q.view().dtype == c.spec.dtype &&
+         (c.spec.dtype == DType::kBF16 || c.spec.dtype == DType::kF16);
+}
+
 // K [S, N, P+R] and V [S, N, V] rows of request i, head h, as fp32 (model-dtype values).
 void load_kv_rows(const Case& c, const TensorView& k, const TensorView& v, int i, Index h, float* kd, float* vd) {
   const Dimensions x = dims_of(c);
@@ -378,6 +525,32 @@ void emulate_prefill_form(const Case& c, std::span<const int> req, const KvProje
   const Dimensions x = dims_of(c);
   const Index QW = x.P + x.R;
   const DType dt = c.spec.dtype;
+  if (emulator_takes_queries(c)) {
+    const auto kv16_of = [&](int i, std::vector<std::uint16_t>& k_buf, std::vector<std::uint16_t>& v_buf,
+                             EmulatedAttention& a) {
+      name_latent(c, *shared, i, a);
+      const Index s = c.seq_lens[i], kv0 = c.kv_start_loc[i];
+      const Index k_w = x.N * QW, v_w = x.N * x.V;
+      // A request's rows mostly lie in one piece, one after another: lent as they are.
+      bool contiguous = true;
+      const std::uint16_t* k0 = shared->k_row(kv0);
+      const std::uint16_t* v0 = shared->v_row(kv0);
+      for (Index j = 1; j < s && contiguous; ++j)
+        contiguous = shared->k_row(kv0 + j) == k0 + j * k_w && shared->v_row(kv0 + j) == v0 + j * v_w;
+      if (contiguous) return std::pair{k0, v0};
+      // Named latent rows: the emulator projects K and V itself, no gather.
+      if (a.latent) return std::pair<const std::uint16_t*, const std::uint16_t*>{nullptr, nullptr};
+      k_buf.resize(static_cast<std::size_t>(s * k_w));
+      v_buf.resize(static_cast<std::size_t>(s * v_w));
+#pragma omp parallel for schedule(static)
+      for (Index j = 0; j < s; ++j) {
+        std::copy_n(shared->k_row(kv0 + j), k_w, k_buf.data() + j * k_w);
+        std::copy_n(shared->v_row(kv0 + j), v_w, v_buf.data() + j * v_w);
+      }
+      return std::pair<const std::uint16_t*, const std::uint16_t*>{k_buf.data(), v_buf.data()};
+    };
+    return mha_emulated(c, req, kv16_of, e, g_emulator);
+  }
   mha(
       c, req,
       [&](int i, Index h, float* kd, float* vd, MatF&) {
@@ -393,6 +566,9 @@ void emulate_prefill_form(const Case& c, std::span<const int> req, const KvProje
 }
 
 }  // namespace
+
+void set_attention_emulator(AttentionEmulator e) { g_emulator = e; }
+AttentionEmulator attention_emulator() { return g_emulator; }
 
 std::string_view sdpa_form_name(SdpaForm f) { return f == SdpaForm::kDecode ? "decode" : "prefill"; }
 
@@ -480,7 +656,7 @@ SdpaResult emulate_sdpa_decode_op(const Case& c, const TensorView& q_lat) {
   return e;
 }
 
-SdpaResult emulate_sdpa_prefill_op(const Case& c, const TensorView& k, const TensorView& v) {
+SdpaResult emulate_sdpa_prefill_op(const Case& c, const TensorView& k, const TensorView& v, const KvProjection* source) {
   check_model_dtype(c);
   const Dimensions x = dims_of(c);
   const Index S = c.num_kv_tokens, QW = x.P + x.R;
@@ -490,6 +666,15 @@ SdpaResult emulate_sdpa_prefill_op(const Case& c, const TensorView& k, const Ten
   SdpaResult e = empty_result(c, x.N * x.V);
   std::vector<int> req(static_cast<std::size_t>(c.num_requests));
   for (int i = 0; i < c.num_requests; ++i) req[i] = i;
+  if (emulator_takes_queries(c) && k.dtype == c.spec.dtype && v.dtype == c.spec.dtype) {
+    const auto kv16_of = [&](int i, std::vector<std::uint16_t>&, std::vector<std::uint16_t>&, EmulatedAttention& a) {
+      if (source) name_latent(c, *source, i, a);
+      const Index kv0 = c.kv_start_loc[i];
+      return std::pair{k.as<std::uint16_t>() + kv0 * x.N * QW, v.as<std::uint16_t>() + kv0 * x.N * x.V};
+    };
+    mha_emulated(c, req, kv16_of, e, g_emulator);
+    return e;
+  }
   mha(c, req, [&](int i, Index h, float* kd, float* vd, MatF&) { load_kv_rows(c, k, v, i, h, kd, vd); }, e);
   return e;
 }

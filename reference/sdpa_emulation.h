@@ -79,7 +79,82 @@ SdpaResult emulate_sdpa_decode_op(const Case& c, const TensorView& q_lat);
 // Kernel-level prefill op: SDPA of c.q over the given up-projected keys and
 // values k [S, N, P+R], v [S, N, V] (model dtype), bottom-right causal per
 // request. out is o [T, N, V] (= [T, N*V]).
-SdpaResult emulate_sdpa_prefill_op(const Case& c, const TensorView& k, const TensorView& v);
+// `source`, when given, is the KvProjection whose k_all() and v_all() k and v
+// are (an emulator may then project them itself).
+SdpaResult emulate_sdpa_prefill_op(const Case& c, const TensorView& k, const TensorView& v,
+                                   const KvProjection* source = nullptr);
+
+// The attention core of the emulation off the CPU's Eigen path: one call is
+// one request's SDPA, `rows` query rows in each of `heads` independent slices
+// (the prefill form's heads; the decode form has one slice whose rows are
+// (token, head) pairs) over the request's `keys` keys. Row r of slice h reads
+// q at q + r * q_row + h * q_head (dqk elements), key j at k + j * k_row +
+// h * k_head (dqk), its value at v + j * v_row + h * v_head (dv); elements are
+// `elem` (fp32, or the model dtype's 16 bits). Row r sees keys 0 ..
+// emu_visible(r, rows_per_token, context, keys) - 1 (detail/emulation_math.h).
+// Results in [rows][heads] order: o (dv model-dtype values a row), and the
+// softmax's scaled row max and sum, whose lse the caller forms as the CPU
+// path does (max + log(sum)); a row that sees no key has o = 0, max = -inf
+// and sum = 0.
+//
+// The arithmetic, in its one fixed order (the same bits on any machine):
+// s_j = the fma chain over d = 0..dqk-1 of q[d] * k_j[d] from +0; x_j = s_j *
+// scale; m = max x_j; p_j = emu_exp(x_j - m); sum = the lanes' sums of p_j
+// (emulation_math.h); P_j = p_j rounded to the model dtype; o[c] = (the fma
+// chain over j of P_j * v_j[c] from +0) / sum, rounded. Its bits are not the
+// Eigen path's (that one's sums follow Eigen's blocking): the two are plain
+// fp32 implementations of the same rounding points and differ in last bits.
+struct EmulatedAttention {
+  enum class Elem : std::uint8_t { kF32, kBF16, kF16 };
+  const void* q = nullptr;
+  std::int64_t q_row = 0, q_head = 0;
+  const void* k = nullptr;
+  std::int64_t k_row = 0, k_head = 0;
+  const void* v = nullptr;
+  std::int64_t v_row = 0, v_head = 0;
+  Elem elem = Elem::kF32;  // q, k and v alike
+  int rows = 0, heads = 1, rows_per_token = 1, context = 0, keys = 0, dqk = 0, dv = 0;
+  float scale = 1;
+  bool bf16 = true;  // model dtype: bf16, else fp16
+  float* o = nullptr;    // [rows * heads * dv]
+  float* max = nullptr;  // [rows * heads]
+  float* sum = nullptr;  // [rows * heads]
+  // The prefill form's k and v are, besides, the glue's up-projection
+  // (glue.h, up_project_kv: the same bits wherever projected) of these
+  // latent rows [keys, L] and rope rows [keys, R] (model-dtype bits) with the
+  // weights of `weights_of`: an emulator may project them itself (the GPU's
+  // does: a sixteenth of the bytes to move), and then k and v may be null
+  // (the fixed order on the CPU projects them with up_project_kv). Null:
+  // read k and v.
+  const std::uint16_t* latent = nullptr;
+  const std::uint16_t* rope = nullptr;
+  const Case* weights_of = nullptr;
+};
+
+// The fixed order above on the CPU, plainly (for tests and as the GPU's
+// yardstick: reference/cuda's emulator must write these very bytes).
+void emulate_attention_fixed_order(std::span<const EmulatedAttention> calls);
+
+// Where the emulation's attention cores run. Null, the default, is Eigen on
+// the CPU (and the bits every CPU-only run has always had); --reference cuda
+// sets reference/cuda's GPU emulator, which computes the fixed order above.
+// One call takes every request of one form or op. Process-wide, like the
+// row projector (glue.h).
+using AttentionEmulator = void (*)(std::span<const EmulatedAttention> calls);
+void set_attention_emulator(AttentionEmulator e);
+AttentionEmulator attention_emulator();
+
+// Sets an emulator for its lifetime, then puts the previous one back.
+class AttentionEmulatorScope {
+ public:
+  explicit AttentionEmulatorScope(AttentionEmulator e) : previous_(attention_emulator()) { set_attention_emulator(e); }
+  ~AttentionEmulatorScope() { set_attention_emulator(previous_); }
+  AttentionEmulatorScope(const AttentionEmulatorScope&) = delete;
+  AttentionEmulatorScope& operator=(const AttentionEmulatorScope&) = delete;
+
+ private:
+  AttentionEmulator previous_;
+};
 
 // err_baseline's parts (SPEC: Pass rules, rule 5): the largest |a - b| over
 // the pairs of elements [first, first + n) where both are finite.

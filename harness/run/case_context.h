@@ -443,7 +443,7 @@ struct CaseContext {
       const auto [k, v] = projection_of_all();
       const ReferenceOutputs& g = get_reference();
       const auto t0 = Clock::now();
-      const SdpaResult e = emulate_sdpa_prefill_op(c, k->view(), v->view());
+      const SdpaResult e = emulate_sdpa_prefill_op(c, k->view(), v->view(), &shared_projection());
       base_prefill_op =
           BaselineErrors{baseline_error(e.out, g.out, 0, e.out.size()), baseline_error(e.lse, g.lse, 0, e.lse.size())};
       baseline_ms += ms_since(t0);
