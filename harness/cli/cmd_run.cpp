@@ -136,21 +136,30 @@ ReferenceImpl make_reference(const std::string& name, bool check_device) {
 // there (reference/device_staging.h): the same bytes, one upload instead of
 // one per backend and call. Workers plan the same flags and set it up in their
 // own process.
+//
+// The baseline emulation's attention cores run there too (emulate: the fixed
+// order of reference/sdpa_emulation.h, the same bits on any GPU; they are not
+// the Eigen path's bits, so err_baseline differs from a CPU run's in its last
+// bits, as the fp64 reference's does).
 class GpuGlue {
  public:
-  explicit GpuGlue(bool on)
-      : release_{on}, scope_(on ? cuda_project_rows : row_projector()),
-        staging_(on ? cuda_device_staging() : device_staging()) {}
+  GpuGlue(bool on, bool emulate)
+      : release_{on, on && emulate}, scope_(on ? cuda_project_rows : row_projector()),
+        staging_(on ? cuda_device_staging() : device_staging()),
+        emulator_(on && emulate ? cuda_emulate_attention : attention_emulator()) {}
 
  private:
   struct Release {
-    bool on;
+    bool projector, emulator;
     ~Release() {
-      if (on) cuda_release_row_projector();  // after scope_ has put the previous projector back
+      // After the scopes have put the previous ones back.
+      if (projector) cuda_release_row_projector();
+      if (emulator) cuda_release_attention_emulator();
     }
   } release_;
   RowProjectorScope scope_;
   DeviceStagingScope staging_;
+  AttentionEmulatorScope emulator_;
 };
 #endif
 
@@ -201,10 +210,15 @@ class RunCommand {
   int main() {
     plan();
 #if MLAGATE_HAS_CUDA
-    // MLAGATE_GLUE_DEVICE=cpu keeps the glue on the CPU (the same bits):
-    // for measuring what the GPU projector saves (PERFORMANCE.md).
-    const char* glue_device = std::getenv("MLAGATE_GLUE_DEVICE");
-    const GpuGlue gpu_glue(cfg_.reference.name == "cuda" && !(glue_device && std::string_view(glue_device) == "cpu"));
+    // MLAGATE_GLUE_DEVICE=cpu keeps the glue on the CPU (the same bits), and
+    // MLAGATE_EMULATION_DEVICE=cpu the baseline emulation (Eigen's bits): for
+    // measuring what the GPU saves (PERFORMANCE.md).
+    const auto on_cpu = [](const char* var) {
+      const char* v = std::getenv(var);
+      return v && std::string_view(v) == "cpu";
+    };
+    const GpuGlue gpu_glue(cfg_.reference.name == "cuda" && !on_cpu("MLAGATE_GLUE_DEVICE"),
+                           !on_cpu("MLAGATE_EMULATION_DEVICE"));
 #endif
     if (ra_.worker) return worker_main(cfg_, backends_, device_check_.valid() ? [this] { device_check_.get(); }
                                                                                : std::function<void()>());

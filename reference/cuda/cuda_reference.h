@@ -19,6 +19,7 @@
 #include "reference/fp64_reference.h"
 #include "reference/device_staging.h"
 #include "reference/glue.h"
+#include "reference/sdpa_emulation.h"
 
 namespace mlagate {
 
@@ -45,6 +46,16 @@ void cuda_project_rows(const Case& c, const TensorView& kv_c, const TensorView& 
 // Frees what cuda_project_rows keeps between calls (stream, weights, chunk
 // buffers); the next call makes them again.
 void cuda_release_row_projector();
+
+// An AttentionEmulator (reference/sdpa_emulation.h): the baseline emulation's
+// attention core on the GPU, byte for byte what emulate_attention_fixed_order
+// writes (every non-NaN element; a NaN's payload is not promised). The
+// prefill form's K and V are projected on the device where their latent rows
+// are named. A stream of its own, one synchronization a call; serialized by
+// a lock. Its device buffers stay between calls (grown to the largest) until
+// cuda_release_attention_emulator().
+void cuda_emulate_attention(std::span<const EmulatedAttention> calls);
+void cuda_release_attention_emulator();
 
 // The GPU's DeviceStaging (reference/device_staging.h): host bytes go up
 // through two pinned buffers in turn, device copies stay on the device, two

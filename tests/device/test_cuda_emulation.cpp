@@ -1,0 +1,250 @@
+// The baseline emulation's attention core on the GPU (cuda_emulate_attention,
+// the emulator --reference cuda sets) against its fixed order on the CPU
+// (emulate_attention_fixed_order), byte for byte: random problems of every
+// element type with odd depths and widths, empty rows, no keys, values whose
+// exponentials are subnormal, NaN keys, rows in several chunks; every form
+// and op of real cases, the prefill form's K and V uploaded or projected on
+// the device from the latent rows (smoke, fp8 caches whose rounded keys are inexact, a
+// TP 1 vllm prefill); and whole records of the CUDA backends: bit for bit
+// those of the fixed order on the CPU, and the same verdicts as the Eigen
+// emulation's.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/registry.h"
+#include "cases/case.h"
+#include "cases/encoding.h"
+#include "cases/suite.h"
+#include "harness/run/runner.h"
+#include "reference/cuda/cuda_reference.h"
+#include "reference/glue.h"
+#include "reference/sdpa_emulation.h"
+#include "tests/reference/emulation_inputs.h"
+#include "tests/require_gpu.h"
+
+namespace mlagate {
+namespace {
+
+// Empty when equal bit for bit (any NaN equals any NaN: payloads are not promised).
+template <class T>
+std::string difference(const std::vector<T>& gpu, const std::vector<T>& cpu) {
+  if (gpu.size() != cpu.size()) return "sizes differ";
+  std::size_t differ = 0, first = gpu.size();
+  for (std::size_t i = 0; i < gpu.size(); ++i) {
+    const bool same = std::isnan(gpu[i]) ? std::isnan(cpu[i]) : std::memcmp(&gpu[i], &cpu[i], sizeof(T)) == 0;
+    if (!same && differ++ == 0) first = i;
+  }
+  if (differ == 0) return {};
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%zu of %zu differ; first at %zu: gpu %.9g, cpu %.9g", differ, gpu.size(), first,
+                static_cast<double>(gpu[first]), static_cast<double>(cpu[first]));
+  return buf;
+}
+
+struct Outputs {
+  std::vector<float> o, max, sum;
+};
+Outputs run(EmulatedAttention a, AttentionEmulator emulate) {
+  Outputs r;
+  const auto n = static_cast<std::size_t>(a.rows) * a.heads;
+  r.o.assign(n * a.dv, -1.0f);
+  r.max.assign(n, -1.0f);
+  r.sum.assign(n, -1.0f);
+  a.o = r.o.data(), a.max = r.max.data(), a.sum = r.sum.data();
+  emulate({&a, 1});
+  return r;
+}
+
+void expect_same(const EmulatedAttention& a, const std::string& what) {
+  SCOPED_TRACE(what);
+  const Outputs gpu = run(a, cuda_emulate_attention), cpu = run(a, emulate_attention_fixed_order);
+  EXPECT_EQ("", difference(gpu.o, cpu.o));
+  EXPECT_EQ("", difference(gpu.max, cpu.max));
+  EXPECT_EQ("", difference(gpu.sum, cpu.sum));
+}
+
+// A problem of random values: `heads` slices laid out [row, head, dim] (the
+// prefill form's), or one slice with the values the keys' first columns (the
+// decode form's).
+struct Problem {
+  std::vector<float> qf, kf;
+  std::vector<std::uint16_t> q16, k16, v16;
+  EmulatedAttention a;
+};
+Problem make(EmulatedAttention::Elem elem, int rows, int heads, int keys, int dqk, int dv, int context, float spread,
+             std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, spread);
+  Problem p;
+  EmulatedAttention& a = p.a;
+  a.elem = elem;
+  a.rows = rows, a.heads = heads, a.keys = keys, a.dqk = dqk, a.dv = dv, a.context = context;
+  a.rows_per_token = heads == 1 ? 4 : 1;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(dqk));
+  a.bf16 = elem != EmulatedAttention::Elem::kF16;
+  const bool f32 = elem == EmulatedAttention::Elem::kF32;
+  const auto fill16 = [&](std::vector<std::uint16_t>& v, std::size_t n) {
+    v.resize(n);
+    for (auto& x : v) x = a.bf16 ? f32_to_bf16(nd(rng)) : f32_to_f16(nd(rng));
+  };
+  if (f32) {
+    // The decode form: q [rows, dqk], keys [keys, dqk], values = the keys' first dv columns.
+    p.qf.resize(static_cast<std::size_t>(rows) * dqk);
+    p.kf.resize(static_cast<std::size_t>(std::max(keys, 1)) * dqk);
+    for (auto& x : p.qf) x = bf16_to_f32(f32_to_bf16(nd(rng)));
+    for (auto& x : p.kf) x = nd(rng);  // fp32 keys, not model-dtype values (the f32 key read)
+    a.q = p.qf.data(), a.q_row = dqk;
+    a.k = p.kf.data(), a.k_row = dqk;
+    a.v = p.kf.data(), a.v_row = dqk;
+  } else {
+    fill16(p.q16, static_cast<std::size_t>(rows) * heads * dqk);
+    fill16(p.k16, static_cast<std::size_t>(std::max(keys, 1)) * heads * dqk);
+    fill16(p.v16, static_cast<std::size_t>(std::max(keys, 1)) * heads * dv);
+    a.q = p.q16.data(), a.q_row = std::int64_t{heads} * dqk, a.q_head = dqk;
+    a.k = p.k16.data(), a.k_row = std::int64_t{heads} * dqk, a.k_head = dqk;
+    a.v = p.v16.data(), a.v_row = std::int64_t{heads} * dv, a.v_head = dv;
+  }
+  return p;
+}
+
+TEST(CudaEmulation, RandomProblemsGiveTheFixedOrdersBytes) {
+  MLAGATE_REQUIRE_GPU();
+  using E = EmulatedAttention::Elem;
+  struct Shape {
+    E elem;
+    int rows, heads, keys, dqk, dv, context;
+    float spread;
+  };
+  const Shape shapes[] = {
+      {E::kF32, 64, 1, 300, 576, 512, 200, 1.0f},    // decode form, 16 tokens of 4 heads
+      {E::kF32, 5, 1, 17, 70, 33, 15, 1.0f},         // odd depth and width, a partial tile everywhere
+      {E::kBF16, 7, 3, 130, 192, 128, 120, 1.0f},    // prefill form
+      {E::kF16, 9, 2, 65, 100, 100, 56, 1.0f},       // fp16
+      {E::kBF16, 6, 2, 40, 48, 24, -3, 1.0f},        // the first rows see no key
+      {E::kBF16, 3, 2, 0, 64, 64, 0, 1.0f},          // no keys at all
+      {E::kBF16, 8, 2, 90, 64, 64, 80, 12.0f},       // logits far apart: subnormal and zero exponentials
+      {E::kF16, 70, 2, 333, 32, 16, 300, 3.0f},      // rows over several tiles, long rows
+  };
+  std::uint32_t seed = 1;
+  for (const Shape& s : shapes) {
+    Problem p = make(s.elem, s.rows, s.heads, s.keys, s.dqk, s.dv, s.context, s.spread, seed++);
+    expect_same(p.a, "shape " + std::to_string(seed - 1));
+  }
+  // A NaN in one key's row: NaN where it is seen, the same bits elsewhere.
+  Problem p = make(E::kBF16, 8, 2, 50, 64, 32, 40, 1.0f, 99);
+  p.k16[static_cast<std::size_t>(45) * 2 * 64 + 3] = kBF16QuietNaN;
+  expect_same(p.a, "a NaN key");
+}
+
+// Rows in several chunks of the GPU's logits scratch (256 MiB: 64 heads of
+// 8192 keys make chunks of 128 rows) give the bytes of one pass on the CPU.
+TEST(CudaEmulation, RowsInSeveralChunksGiveTheSameBytes) {
+  MLAGATE_REQUIRE_GPU();
+  Problem p = make(EmulatedAttention::Elem::kBF16, 260, 64, 8192, 32, 16, 7900, 1.0f, 7);
+  expect_same(p.a, "260 rows of 64 heads over 8192 keys");
+}
+
+using test::all_requests;
+
+void expect_same(const SdpaResult& gpu, const SdpaResult& cpu, const std::string& what) {
+  SCOPED_TRACE(what);
+  EXPECT_EQ("", difference(gpu.out, cpu.out));
+  EXPECT_EQ("", difference(gpu.lse, cpu.lse));
+  EXPECT_EQ("", difference(gpu.out_f32_keys, cpu.out_f32_keys));
+  EXPECT_EQ("", difference(gpu.lse_f32_keys, cpu.lse_f32_keys));
+}
+
+TEST(CudaEmulation, EveryFormAndOpOfRealCasesGivesTheFixedOrdersBytes) {
+  MLAGATE_REQUIRE_GPU();
+  std::vector<CaseSpec> specs = test::emulation_specs();
+  CaseSpec big;  // vllm's medium prefill at TP 1: 128 heads, long contexts
+  big.batch = find_batch_spec("medium_prefill");
+  big.tp = 1;
+  specs.push_back(big);
+  for (const CaseSpec& spec : specs) {
+    if (spec.dtype != DType::kBF16 && spec.dtype != DType::kF16) continue;
+    SCOPED_TRACE(spec.id());
+    const Case c = generate_case(spec);
+    test::OpInputs in(c);
+    const Tensor& q_lat = in.q_lat;
+    KvProjection& projection = in.projection;
+    const TensorView k = projection.k_all().view(), v = projection.v_all().view();
+    auto all = [&](AttentionEmulator e) {
+      const AttentionEmulatorScope scope(e);
+      return std::vector<SdpaResult>{emulate_sdpa_layer(c, SdpaForm::kDecode, all_requests(c)),
+                                     emulate_sdpa_layer(c, SdpaForm::kPrefill, all_requests(c), &projection),
+                                     emulate_sdpa_decode_op(c, q_lat.view()), emulate_sdpa_prefill_op(c, k, v),
+                                     emulate_sdpa_prefill_op(c, k, v, &projection)};
+    };
+    const std::vector<SdpaResult> gpu = all(cuda_emulate_attention), cpu = all(emulate_attention_fixed_order);
+    // The prefill form and the last prefill op name their latent rows: the GPU
+    // projects K and V itself there, and reads the uploaded ones in the other.
+    const char* names[] = {"decode form", "prefill form", "decode op", "prefill op", "prefill op from the latent"};
+    for (std::size_t i = 0; i < gpu.size(); ++i) expect_same(gpu[i], cpu[i], names[i]);
+  }
+}
+
+bool same(double a, double b) { return std::isnan(a) ? std::isnan(b) : a == b; }
+
+// Whole records of the CUDA backends (layer, decode and prefill ops, every
+// kv cache of the vllm suite's medium cases at TP 16 and the smoke suite):
+// with the GPU emulator, bit for bit the fixed order's on the CPU; against
+// the Eigen emulation, the same verdict for every record.
+TEST(CudaEmulation, RecordsAreTheFixedOrdersAndVerdictsTheEigenEmulations) {
+  MLAGATE_REQUIRE_GPU();
+  std::vector<std::unique_ptr<Backend>> backends = select_backends("cuda.ref,cuda.splitkv");
+  ASSERT_FALSE(backends.empty());
+  RunConfig cfg;
+  cfg.cases = load_suite("smoke").cases;
+  for (const char* batch : {"mixed_medium", "medium_prefill", "spec_decode_medium"})
+    for (KvCacheDtype kv : {KvCacheDtype::kAuto, KvCacheDtype::kFp8}) {
+      CaseSpec s;
+      s.batch = find_batch_spec(batch);
+      s.tp = 16;
+      s.kv_cache_dtype = kv;
+      cfg.cases.push_back(s);
+    }
+  cfg.ops = {Op::kLayer, Op::kDecode, Op::kPrefill};
+  cfg.policy = make_policy("baseline", 0, 0);
+  const std::vector<Record> eigen = run_cases(cfg, backends);
+  std::vector<Record> fixed, gpu;
+  {
+    const AttentionEmulatorScope scope(emulate_attention_fixed_order);
+    fixed = run_cases(cfg, backends);
+  }
+  {
+    const AttentionEmulatorScope scope(cuda_emulate_attention);
+    gpu = run_cases(cfg, backends);
+  }
+  ASSERT_EQ(eigen.size(), gpu.size());
+  ASSERT_EQ(fixed.size(), gpu.size());
+  int passed = 0, baseline_differs = 0;
+  for (std::size_t i = 0; i < gpu.size(); ++i) {
+    SCOPED_TRACE(gpu[i].case_id + " " + gpu[i].backend + " " + gpu[i].op);
+    EXPECT_EQ(eigen[i].status, gpu[i].status) << gpu[i].message;
+    EXPECT_EQ(fixed[i].status, gpu[i].status) << gpu[i].message;
+    passed += gpu[i].status == Status::kPassed;
+    ASSERT_EQ(fixed[i].metrics.size(), gpu[i].metrics.size());
+    for (std::size_t k = 0; k < gpu[i].metrics.size(); ++k) {
+      EXPECT_TRUE(same(fixed[i].metrics[k].err_baseline, gpu[i].metrics[k].err_baseline))
+          << gpu[i].metrics[k].output << " " << fixed[i].metrics[k].err_baseline << " vs "
+          << gpu[i].metrics[k].err_baseline;
+      EXPECT_TRUE(same(fixed[i].metrics[k].max_abs, gpu[i].metrics[k].max_abs));
+      baseline_differs += !same(eigen[i].metrics[k].err_baseline, gpu[i].metrics[k].err_baseline);
+    }
+  }
+  std::printf("%zu records, %d passed; err_baseline differs from the Eigen emulation's in %d metrics\n", gpu.size(),
+              passed, baseline_differs);
+  EXPECT_GT(passed, 0);
+}
+
+}  // namespace
+}  // namespace mlagate
