@@ -117,15 +117,22 @@ void emulate_attention_fixed_order(std::span<const EmulatedAttention> calls) {
       continue;
     }
     if (!a.latent || !a.weights_of) throw std::invalid_argument("emulate_attention_fixed_order: no keys and no latent rows");
-    // K and V from the latent rows, as the glue projects them.
+    // K [keys, N, P+R] and V [keys, N, V] from the latent rows, as the glue
+    // projects them, read in that layout whatever the call said.
     const Case& c = *a.weights_of;
     const Dims& d = c.spec.dims;
+    const int N = static_cast<int>(c.spec.num_heads()), QW = d.nope_dim + d.rope_dim;
+    if (a.heads != N || a.dqk != QW || a.dv != d.v_head_dim)
+      throw std::invalid_argument("emulate_attention_fixed_order: latent rows of another shape than the call's");
     Tensor k, v;
     up_project_kv(c, TensorView{c.spec.dtype, {a.keys, d.kv_lora_rank}, const_cast<std::uint16_t*>(a.latent)},
                   TensorView{c.spec.dtype, {a.keys, d.rope_dim}, const_cast<std::uint16_t*>(a.rope)}, k, v);
     EmulatedAttention b = a;
     b.k = k.bytes();
     b.v = v.bytes();
+    b.k_row = std::int64_t{N} * QW, b.k_head = QW;
+    b.v_row = std::int64_t{N} * d.v_head_dim, b.v_head = d.v_head_dim;
+    b.elem = c.spec.dtype == DType::kBF16 ? EmulatedAttention::Elem::kBF16 : EmulatedAttention::Elem::kF16;
     one(b);
   }
 }

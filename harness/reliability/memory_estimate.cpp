@@ -121,9 +121,10 @@ std::uint64_t estimate_case_device_bytes(const CaseSpec& spec, const DeviceEstim
   // the largest call: every request's queries and outputs in fp32 (the
   // decode form's rows of N heads) and the decode form's keys in fp32; one
   // request's latent rows, widened, and their K and V projected in 16 bits;
-  // the logits, at most 256 MiB.
+  // the weights in fp32 (twice while a new case's replace the last); the
+  // logits of a chunk of rows, 256 MiB or one row's if that is more.
   bytes += T * N * (D + L + 2) * f32 + S * D * f32 + max_s * (kv_row + L * f32 + D * half) +
-           std::min(256 * kMiB, max_qs * N * f32);
+           2 * L * N * (P + V) * f32 + std::max(std::min(256 * kMiB, max_qs * N * f32), N * max_s * f32);
   // The device cache store shared by the CUDA backends
   // (backends/cuda/cache_store.h): at most 6 entries and 8 GiB beside the
   // newest, which stays whatever its size; one more uploaded before an older

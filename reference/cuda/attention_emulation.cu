@@ -365,7 +365,10 @@ void emulate(Emulator& st, std::span<const EmulatedAttention> calls) {
       const Case& c = *e.weights_of;
       const int L = c.spec.dims.kv_lora_rank, R = c.spec.dims.rope_dim, P = c.spec.dims.nope_dim;
       const int V = c.spec.dims.v_head_dim, N = e.heads, keys = e.keys;
-      if (e.dqk != P + R || e.dv != V) throw std::logic_error("cuda_emulate_attention: latent rows of another shape");
+      // The projected K and V are read in their own layout: the call must say it.
+      if (e.dqk != P + R || e.dv != V || e.k_row != static_cast<long long>(N) * (P + R) || e.k_head != P + R ||
+          e.v_row != static_cast<long long>(N) * V || e.v_head != V || (e.elem == EmulatedAttention::Elem::kBF16) != e.bf16)
+        throw std::invalid_argument("cuda_emulate_attention: latent rows of another layout than the call's");
       st.weights(c, s);
       reserve(st.latent, static_cast<std::size_t>(keys) * (L + R) * 2);
       reserve(st.latent_f, static_cast<std::size_t>(keys) * L * sizeof(float));

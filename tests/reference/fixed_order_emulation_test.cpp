@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -125,7 +126,9 @@ void expect_close(const SdpaResult& eigen, const SdpaResult& fixed, const std::v
     const double a = eigen.lse[i], b = fixed.lse[i];
     ASSERT_EQ(std::isnan(a), std::isnan(b)) << i;
     if (std::isnan(a) || std::isinf(a) || std::isinf(b)) {
-      if (!std::isnan(a)) ASSERT_EQ(a, b) << i;  // empty rows: -inf on both
+      if (!std::isnan(a)) {
+        ASSERT_EQ(a, b) << i;  // empty rows: -inf on both
+      }
       continue;
     }
     ASSERT_NEAR(a, b, 1e-5 * std::max(1.0, std::fabs(a))) << i;
@@ -175,6 +178,52 @@ TEST(FixedOrderEmulation, AsTheEmulatorEveryFormAndOpAgreesWithEigen) {
     expect_close(decode_op, emulate_sdpa_decode_op(c, q_lat.view()), mqa_out, mqa_lse, bf16, "decode op");
     expect_close(prefill_op, emulate_sdpa_prefill_op(c, k, v), g.out, g.lse, bf16, "prefill op");
   }
+}
+
+// A request whose projected rows lie in two pieces (the glue's prefill
+// chunks): the prefill form names its latent rows instead of gathering K and
+// V, and the fixed order projects them itself, to the same bytes as reading
+// one piece's K and V. The calls' K and V are null there (the path is taken).
+int g_projected_calls = 0;
+void counting_latent(std::span<const EmulatedAttention> calls) {
+  for (const EmulatedAttention& a : calls) g_projected_calls += a.keys > 0 && !a.k && a.latent;
+  emulate_attention_fixed_order(calls);
+}
+
+TEST(FixedOrderEmulation, RowsInTwoPiecesAreProjectedFromTheirLatentRows) {
+  const Case c = generate_case(load_suite("smoke").cases[2]);  // mixed_small
+  test::OpInputs whole(c);
+  // Half of request 0's rows offered first, as a prefill chunk would, then the rest.
+  KvProjection split(c);
+  const std::int64_t kv0 = c.kv_start_loc[0], half = c.seq_lens[0] / 2;
+  ASSERT_GT(half, 0);
+  const std::int64_t L = c.spec.dims.kv_lora_rank, R = c.spec.dims.rope_dim;
+  auto* kv = const_cast<std::uint16_t*>(split.kv().data<std::uint16_t>()) + kv0 * L;
+  auto* pe = const_cast<std::uint16_t*>(split.pe().data<std::uint16_t>()) + kv0 * R;
+  const TensorView kv_part{c.spec.dtype, {half, L}, kv}, pe_part{c.spec.dtype, {half, R}, pe};
+  auto k = std::make_shared<Tensor>(), v = std::make_shared<Tensor>();
+  up_project_kv(c, kv_part, pe_part, *k, *v);
+  std::vector<std::int64_t> rows(static_cast<std::size_t>(half));
+  std::iota(rows.begin(), rows.end(), kv0);
+  ASSERT_EQ(split.offer(kv_part, pe_part, rows, k, v), static_cast<std::size_t>(half));
+  split.ensure(all_requests(c));
+
+  const AttentionEmulatorScope scope(counting_latent);
+  g_projected_calls = 0;
+  const SdpaResult from_pieces = emulate_sdpa_layer(c, SdpaForm::kPrefill, all_requests(c), &split);
+  EXPECT_GT(g_projected_calls, 0) << "no call took its K and V from the latent rows";
+  const int split_calls = g_projected_calls;
+  const SdpaResult from_one = emulate_sdpa_layer(c, SdpaForm::kPrefill, all_requests(c), &whole.projection);
+  EXPECT_EQ(g_projected_calls, split_calls) << "contiguous rows are read, not projected again";
+  ASSERT_EQ(from_pieces.out.size(), from_one.out.size());
+  EXPECT_EQ(std::memcmp(from_pieces.out.data(), from_one.out.data(), from_one.out.size() * sizeof(double)), 0);
+  EXPECT_EQ(std::memcmp(from_pieces.lse.data(), from_one.lse.data(), from_one.lse.size() * sizeof(double)), 0);
+  // The prefill op given its projection names the latent rows too; the bytes stay.
+  const SdpaResult op = emulate_sdpa_prefill_op(c, whole.projection.k_all().view(), whole.projection.v_all().view(),
+                                                &whole.projection);
+  const SdpaResult op_plain =
+      emulate_sdpa_prefill_op(c, whole.projection.k_all().view(), whole.projection.v_all().view());
+  EXPECT_EQ(std::memcmp(op.out.data(), op_plain.out.data(), op.out.size() * sizeof(double)), 0);
 }
 
 // The fixed order gives the same bits for a request alone and beside others,
