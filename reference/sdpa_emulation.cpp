@@ -16,6 +16,7 @@
 
 #include "cases/encoding.h"
 #include "reference/glue.h"
+#include "reference/detail/emulation_math.h"
 #include "reference/detail/softmax.h"
 #include "reference/detail/widen.h"
 
@@ -82,8 +83,7 @@ TensorView cached_k_pe(const Case& c) { return c.k_pe_cache.empty() ? c.k_pe.vie
 // Keys query token u of request i sees (position c_i + u): 0 .. c_i + u,
 // clipped to the request (a seq_len-0 padding request sees none).
 int visible_keys(const Case& c, int i, Index u) {
-  const Index v = Index{c.context_lens[i]} + u + 1;
-  return static_cast<int>(std::clamp<Index>(v, 0, c.seq_lens[i]));
+  return detail::emu_visible(static_cast<int>(u), 1, c.context_lens[i], c.seq_lens[i]);
 }
 
 // A thread's 64-byte aligned scratch, reused across units.

@@ -10,7 +10,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <string_view>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -43,6 +42,7 @@
 #include "reports/shard.h"
 #if MLAGATE_HAS_CUDA
 #include "backends/cuda/cuda_backends.h"
+#include "harness/cli/gpu_glue.h"
 #include "reference/cuda/cuda_reference.h"
 #endif
 
@@ -128,40 +128,6 @@ ReferenceImpl make_reference(const std::string& name, bool check_device) {
   throw InputError("--reference '" + name + "' (expected eigen or cuda)");
 }
 
-#if MLAGATE_HAS_CUDA
-// --reference cuda: the layer glue's up-projection of latent keys to K and V
-// (reference/glue.h) runs on the GPU too, while the run lasts. Its bits are the
-// CPU's (cuda_project_rows), so no record changes, only the time. The K and V
-// of the prefill path are lent in device memory to backends that read them
-// there (reference/device_staging.h): the same bytes, one upload instead of
-// one per backend and call. Workers plan the same flags and set it up in their
-// own process.
-//
-// The baseline emulation's attention cores run there too (emulate: the fixed
-// order of reference/sdpa_emulation.h, the same bits on any GPU; they are not
-// the Eigen path's bits, so err_baseline differs from a CPU run's in its last
-// bits, as the fp64 reference's does).
-class GpuGlue {
- public:
-  GpuGlue(bool on, bool emulate)
-      : release_{on, on && emulate}, scope_(on ? cuda_project_rows : row_projector()),
-        staging_(on ? cuda_device_staging() : device_staging()),
-        emulator_(on && emulate ? cuda_emulate_attention : attention_emulator()) {}
-
- private:
-  struct Release {
-    bool projector, emulator;
-    ~Release() {
-      // After the scopes have put the previous ones back.
-      if (projector) cuda_release_row_projector();
-      if (emulator) cuda_release_attention_emulator();
-    }
-  } release_;
-  RowProjectorScope scope_;
-  DeviceStagingScope staging_;
-  AttentionEmulatorScope emulator_;
-};
-#endif
 
 }  // namespace
 
@@ -210,15 +176,7 @@ class RunCommand {
   int main() {
     plan();
 #if MLAGATE_HAS_CUDA
-    // MLAGATE_GLUE_DEVICE=cpu keeps the glue on the CPU (the same bits), and
-    // MLAGATE_EMULATION_DEVICE=cpu the baseline emulation (Eigen's bits): for
-    // measuring what the GPU saves (PERFORMANCE.md).
-    const auto on_cpu = [](const char* var) {
-      const char* v = std::getenv(var);
-      return v && std::string_view(v) == "cpu";
-    };
-    const GpuGlue gpu_glue(cfg_.reference.name == "cuda" && !on_cpu("MLAGATE_GLUE_DEVICE"),
-                           !on_cpu("MLAGATE_EMULATION_DEVICE"));
+    const GpuGlue gpu_glue(cfg_.reference.name);  // harness/cli/gpu_glue.h
 #endif
     if (ra_.worker) return worker_main(cfg_, backends_, device_check_.valid() ? [this] { device_check_.get(); }
                                                                                : std::function<void()>());

@@ -1,0 +1,55 @@
+// What `run --reference cuda` moves to the GPU for the run's length, in the
+// parent and in each worker (they plan the same flags): the layer glue's
+// up-projection of latent keys to K and V (reference/glue.h; its bits are the
+// CPU's, cuda_project_rows, so no record changes, only the time); the prefill
+// path's K and V lent in device memory to backends that read them there
+// (reference/device_staging.h: the same bytes, one upload instead of one per
+// backend and call); and the baseline emulation's attention cores (the fixed
+// order of reference/sdpa_emulation.h, the same bits on any GPU; not the
+// Eigen path's bits, so err_baseline differs from a CPU run's in its last
+// bits, as the fp64 reference's does). Built only with CUDA.
+#pragma once
+
+#include <cstdlib>
+#include <string_view>
+
+#include "reference/cuda/cuda_reference.h"
+#include "reference/device_staging.h"
+#include "reference/glue.h"
+#include "reference/sdpa_emulation.h"
+
+namespace mlagate {
+
+class GpuGlue {
+ public:
+  GpuGlue(bool on, bool emulate)
+      : release_{on, on && emulate}, scope_(on ? cuda_project_rows : row_projector()),
+        staging_(on ? cuda_device_staging() : device_staging()),
+        emulator_(on && emulate ? cuda_emulate_attention : attention_emulator()) {}
+
+  // For a run whose reference is `reference`. MLAGATE_GLUE_DEVICE=cpu keeps
+  // all of it on the CPU (the same bits but the emulation's), and
+  // MLAGATE_EMULATION_DEVICE=cpu the baseline emulation alone (Eigen's bits):
+  // for measuring what the GPU saves (PERFORMANCE.md).
+  static bool on_cpu(const char* var) {
+    const char* v = std::getenv(var);
+    return v && std::string_view(v) == "cpu";
+  }
+  explicit GpuGlue(std::string_view reference)
+      : GpuGlue(reference == "cuda" && !on_cpu("MLAGATE_GLUE_DEVICE"), !on_cpu("MLAGATE_EMULATION_DEVICE")) {}
+
+ private:
+  struct Release {
+    bool projector, emulator;
+    ~Release() {
+      // After the scopes have put the previous ones back.
+      if (projector) cuda_release_row_projector();
+      if (emulator) cuda_release_attention_emulator();
+    }
+  } release_;
+  RowProjectorScope scope_;
+  DeviceStagingScope staging_;
+  AttentionEmulatorScope emulator_;
+};
+
+}  // namespace mlagate
