@@ -81,6 +81,7 @@ void fill_cache_values(Case& c) {
   if (!is_fp8(c.spec.kv_cache_dtype)) {
     c.kv_c_cache = Tensor();
     c.k_pe_cache = Tensor();
+    c.cache_values_exact_memo = true;
     return;
   }
   const Dims& d = c.spec.dims;
@@ -92,15 +93,25 @@ void fill_cache_values(Case& c) {
   const std::uint16_t* pe = c.k_pe.data<std::uint16_t>();
   float* kv_out = c.kv_c_cache.data<float>();
   float* pe_out = c.k_pe_cache.data<float>();
-#pragma omp parallel
+  const bool bf16 = c.spec.dtype == DType::kBF16;
+  const auto exact = [bf16](const float* p, std::int64_t n) {
+    bool ok = true;
+    for (std::int64_t k = 0; k < n; ++k)
+      ok = ok && (bf16 ? bf16_to_f32(f32_to_bf16(p[k])) : f16_to_f32(f32_to_f16(p[k]))) == p[k];
+    return ok;
+  };
+  bool all_exact = true;
+#pragma omp parallel reduction(&& : all_exact)
   {
     std::vector<std::byte> entry(static_cast<std::size_t>(f.bytes));
 #pragma omp for schedule(static)
     for (std::int64_t j = 0; j < S; ++j) {
       encode_entry(f, kv + j * L, pe + j * R, entry.data());
       decode_entry(f, entry.data(), kv_out + j * L, pe_out + j * R);
+      if (all_exact) all_exact = exact(kv_out + j * L, L) && exact(pe_out + j * R, R);
     }
   }
+  c.cache_values_exact_memo = all_exact;
 }
 
 std::string inputs_key(const CaseSpec& spec) {

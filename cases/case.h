@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "cases/case_spec.h"
@@ -36,6 +37,10 @@ struct Case {
   // (cases/fp8.h), in fp32. The reference attends over these (SPEC: KV cache dtypes).
   Tensor kv_c_cache;  // [S, L] float32
   Tensor k_pe_cache;  // [S, R] float32
+  // Whether every value of kv_c_cache and k_pe_cache is exact in the model
+  // dtype, found by fill_cache_values in the same pass (a read of the whole
+  // cache where cache_values_exact asks it again: 4% of a GPU run's host CPU).
+  std::optional<bool> cache_values_exact_memo;
 
   // Sparse cases (spec.sparse.active()): index sets, sink, V4's compressed
   // cache (cases/sparse.h); shared and never modified once drawn.

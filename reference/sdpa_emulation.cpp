@@ -573,6 +573,10 @@ AttentionEmulator attention_emulator() { return g_emulator; }
 std::string_view sdpa_form_name(SdpaForm f) { return f == SdpaForm::kDecode ? "decode" : "prefill"; }
 
 bool cache_values_exact(const Case& c) {
+  // fill_cache_values' answer for the values it made (every cache value
+  // comes from it); the scan below for a Case put together otherwise.
+  if (c.kv_c_cache.empty() && c.k_pe_cache.empty()) return true;
+  if (c.cache_values_exact_memo) return *c.cache_values_exact_memo;
   const DType dt = c.spec.dtype;
   const auto exact = [dt](const Tensor& t) {
     if (t.empty()) return true;

@@ -135,6 +135,11 @@ TEST(SdpaEmulation, DecodePathWithFp32KeysWhereRoundedKeysAreInexact) {
     spec.k_scale = kv.k_scale;
     const Case c = generate_case(spec);
     EXPECT_EQ(cache_values_exact(c), kv.exact);
+    // fill_cache_values' answer (the memo) is the scan's.
+    ASSERT_TRUE(c.cache_values_exact_memo.has_value());
+    Case scanned = c;
+    scanned.cache_values_exact_memo.reset();
+    EXPECT_EQ(cache_values_exact(scanned), kv.exact);
     const ReferenceOutputs g = reference_absorbed(c);
     const SdpaResult d = emulate_sdpa_layer(c, SdpaForm::kDecode, all_requests(c));
     const SdpaResult p = emulate_sdpa_layer(c, SdpaForm::kPrefill, all_requests(c));
