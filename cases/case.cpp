@@ -13,6 +13,7 @@
 #include "cases/errors.h"
 #include "cases/fp8.h"
 #include "cases/generator.h"
+#include "cases/input_store.h"
 #include "cases/merge.h"
 #include "cases/sparse.h"
 
@@ -44,7 +45,8 @@ void fill_normal(Tensor& t, std::uint64_t seed, const char* name, double factor)
 // suite's cases draw the same ones again and again: the weights at each TP
 // degree for every batch spec, a batch spec's latent cache rows at every TP
 // degree. The most recent are kept (on 2 cores a TP 1 case's weights take
-// 0.5 s to draw, large_decode's cache rows 0.6 s).
+// 0.5 s to draw, large_decode's cache rows 0.6 s), and workers side by side
+// share what they draw through the run's input store.
 void fill_kept(Tensor& t, std::uint64_t seed, const char* name, double factor) {
   struct Entry {
     std::uint64_t seed;
@@ -65,7 +67,14 @@ void fill_kept(Tensor& t, std::uint64_t seed, const char* name, double factor) {
         return;
       }
   }
-  fill_normal(t, seed, name, factor);
+  {
+    // Workers side by side draw each only once between them (input_store.h).
+    InputClaim claim(normal_tensor_key(seed, name, factor, t.dtype(), t.shape()), t);
+    if (!claim.loaded()) {
+      fill_normal(t, seed, name, factor);
+      claim.publish(t);
+    }
+  }
   const std::lock_guard lock(mutex);
   kept.push_front(Entry{seed, name, factor, t});
   std::size_t bytes = 0;

@@ -22,6 +22,7 @@
 #include "backends/registry.h"
 #include "cases/errors.h"
 #include "cases/generator.h"
+#include "cases/input_store.h"
 #include "harness/cli/cli.h"
 #include "backends/exec/subprocess.h"
 #include "harness/cli/commands.h"
@@ -449,6 +450,16 @@ class RunCommand {
       io.largest_first = ra_.order == "given";
       io.device_memory = device_memory_;
       share_cores(io, ra_.threads);
+      if (std::max<std::size_t>(1, io.devices.size()) * std::max<std::size_t>(1, io.workers) > 1) {
+        // Workers side by side draw each large input once between them
+        // (cases/input_store.h); without a folder each draws its own.
+        try {
+          input_store_ = InputStoreFolder::create();
+          io.env.push_back(input_store_.env());
+        } catch (const std::exception& e) {
+          if (!ra_.quiet) std::fprintf(stderr, "mlagate: %s; each worker draws its own inputs\n", e.what());
+        }
+      }
       if (device_check_.valid()) io.after_start = [this] { device_check_.get(); };
       io.reap_later = true;  // finish() waits for the last workers' ends after the reports
       run_isolated(cfg_, names, jobs, io, record_done);
@@ -610,6 +621,8 @@ class RunCommand {
     return kExitPassed;
   }
 
+  // Removed after the workers below have ended (members go in reverse order).
+  InputStoreFolder input_store_;
   // Workers retired at the end of their streams (IsolationOptions::reap_later)
   // are waited for on every way out of the run, finish() or an exception.
   struct ReapWorkers {
