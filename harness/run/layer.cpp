@@ -166,18 +166,32 @@ std::pair<const Tensor*, const Tensor*> LayerMemo::up_project(const Case& c, con
   }
   p->kv = kv;
   p->pe = pe;
-  p->k_print = fingerprint(*p->k);
-  p->v_print = fingerprint(*p->v);
+  // Fingerprinted when first lent in host memory (lending()): an entry lent
+  // only on the device never needs its prints (2.7 GB of reads at TP 1).
   p->offered_to = offered ? known : nullptr;
   bytes_ += size;
   projections_.push_back(std::move(p));
   return {projections_.back()->k.get(), projections_.back()->v.get()};
 }
 
+void LayerMemo::lending(const Tensor* k, const Tensor* v) {
+  for (const auto& entry : projections_) {
+    Projection& p = *entry;
+    if (p.k.get() != k || p.v.get() != v) continue;
+    if (!p.printed) {
+      p.k_print = fingerprint(*p.k);
+      p.v_print = fingerprint(*p.v);
+      p.printed = true;
+    }
+    return;
+  }
+}
+
 void LayerMemo::returned(const Tensor* k, const Tensor* v) {
   for (auto it = projections_.begin(); it != projections_.end(); ++it) {
     Projection& p = **it;
     if (p.k.get() != k || p.v.get() != v) continue;
+    if (!p.printed) throw std::logic_error("LayerMemo::returned: K and V lent in host memory without lending()");
     if (fingerprint(*p.k) != p.k_print || fingerprint(*p.v) != p.v_print) {
       if (p.offered_to) p.offered_to->withdraw(p.k.get());
       bytes_ -= p.kv.nbytes() + p.pe.nbytes() + (p.offered_to ? 0 : p.k->nbytes() + p.v->nbytes());
@@ -413,6 +427,7 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
       a.scale = c.spec.softmax_scale();
       a.o = o.view();
       a.lse = l.view();
+      if (memo && !on_device) memo->lending(mk, mv);
       const auto t0 = Clock::now();
       try {
         b.prefill(a);

@@ -69,9 +69,10 @@ class LayerMemo {
  public:
   // up_project_kv(c, kv, pe), computed on a miss. The tensors live as long as
   // the memo (one over kMaxBytes: until the next call). They are lent to the
-  // backend as they are, not copied (a GB at TP 1); after its call, returned()
-  // checks them against their fingerprints and drops an entry the backend wrote
-  // into, so that the next backend's K and V are computed afresh.
+  // backend as they are, not copied (a GB at TP 1): lending() fingerprints
+  // them before their first such call, and after each call returned() checks
+  // them against the prints and drops an entry the backend wrote into, so
+  // that the next backend's K and V are computed afresh.
   // With `known` (from projection()): rows[j] is the case's kv row that row j
   // of kv holds (-1: none), and rows whose latent bits match known's are
   // copied from it, not projected again (the same bits).
@@ -79,6 +80,8 @@ class LayerMemo {
   std::pair<const Tensor*, const Tensor*> up_project(const Case& c, const Tensor& kv, const Tensor& pe,
                                                      std::span<const std::int64_t> rows = {},
                                                      KvProjection* known = nullptr);
+  // Before k and v are lent in host memory: their prints (once an entry).
+  void lending(const Tensor* k, const Tensor* v);
   void returned(const Tensor* k, const Tensor* v);
   // k and v, as up_project returned them, in device memory for a backend
   // that reads its prefill inputs there (Capabilities::device_inputs), valid
@@ -107,7 +110,8 @@ class LayerMemo {
     std::size_t hash;
     Tensor kv, pe;
     std::shared_ptr<Tensor> k, v;  // shared with the KvProjection it was offered to
-    std::uint64_t k_print = 0, v_print = 0;  // fingerprint() of k and v as computed
+    std::uint64_t k_print = 0, v_print = 0;  // fingerprint() of k and v as computed, once lent on the host
+    bool printed = false;
     KvProjection* offered_to = nullptr;      // holds some of its rows
     std::shared_ptr<void> device_k, device_v;  // on_device()'s kept copies
   };
