@@ -109,6 +109,41 @@ long claimer(const std::string& claim) {
   return r > 0 ? std::strtol(buf, nullptr, 10) : 0;
 }
 
+// The folder and its files (it holds no folders): the tensors' files,
+// claims and partly written files.
+void remove_flat(const std::string& folder) {
+  if (DIR* d = ::opendir(folder.c_str())) {
+    while (const dirent* e = ::readdir(d))
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) ::unlinkat(::dirfd(d), e->d_name, 0);
+    ::closedir(d);
+  }
+  ::rmdir(folder.c_str());
+}
+
+constexpr char kFolderPrefix[] = "mlagate-inputs-";
+
+// Folders of this user's runs whose parent is gone without removing them
+// (killed: SIGKILL, a CI timeout), whose memory would otherwise stay taken
+// until the machine restarts. A folder names its parent's pid; a live
+// process of that pid (the run, or one that reused its number) keeps it.
+void sweep_orphans(const std::string& base) {
+  DIR* d = ::opendir(base.c_str());
+  if (!d) return;
+  const std::size_t prefix = std::strlen(kFolderPrefix);
+  while (const dirent* e = ::readdir(d)) {
+    if (std::strncmp(e->d_name, kFolderPrefix, prefix) != 0) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name + prefix, &end, 10);
+    if (pid <= 0 || !end || *end != '-') continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    struct stat st {};
+    if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid())
+      continue;
+    remove_flat(base + "/" + e->d_name);
+  }
+  ::closedir(d);
+}
+
 }  // namespace
 
 std::string normal_tensor_key(std::uint64_t seed, const std::string& name, double factor, DType dtype,
@@ -126,7 +161,8 @@ InputStoreFolder InputStoreFolder::create() {
     const char* tmp = std::getenv("TMPDIR");
     base = tmp && *tmp ? tmp : "/tmp";
   }
-  std::string templ = base + "/mlagate-inputs-XXXXXX";
+  sweep_orphans(base);
+  std::string templ = base + "/" + kFolderPrefix + std::to_string(static_cast<long>(::getpid())) + "-XXXXXX";
   if (!::mkdtemp(templ.data()))  // mode 0700: this user's alone
     throw std::runtime_error("input store: cannot make a folder under " + base + ": " + std::strerror(errno));
   InputStoreFolder f;
@@ -144,15 +180,9 @@ InputStoreFolder& InputStoreFolder::operator=(InputStoreFolder&& o) noexcept {
 }
 
 InputStoreFolder::~InputStoreFolder() {
-  if (path_.empty()) return;
-  // Flat: the tensors' files, claims and partly written files. Nothing to
-  // report at the end of a run: a leftover folder is only memory.
-  if (DIR* d = ::opendir(path_.c_str())) {
-    while (const dirent* e = ::readdir(d))
-      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) ::unlinkat(::dirfd(d), e->d_name, 0);
-    ::closedir(d);
-  }
-  ::rmdir(path_.c_str());
+  // Nothing to report at the end of a run: a folder left behind is only
+  // memory, and the next run's create() sweeps it once this process is gone.
+  if (!path_.empty()) remove_flat(path_);
 }
 
 InputClaim::InputClaim(const std::string& key, Tensor& t) : key_(key) {

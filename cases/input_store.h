@@ -31,7 +31,9 @@ class InputStoreFolder {
  public:
   InputStoreFolder() = default;
   // Under /dev/shm where it is (memory, as the workers' own copies are), else
-  // the temporary folder. Throws std::runtime_error where none can be made.
+  // the temporary folder, named "mlagate-inputs-<pid>-XXXXXX". Folders of
+  // this user's runs whose process is gone (killed before removing theirs)
+  // are removed first. Throws std::runtime_error where none can be made.
   static InputStoreFolder create();
   InputStoreFolder(InputStoreFolder&& o) noexcept : path_(std::move(o.path_)) { o.path_.clear(); }
   InputStoreFolder& operator=(InputStoreFolder&& o) noexcept;

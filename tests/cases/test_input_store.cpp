@@ -197,6 +197,33 @@ TEST(InputStore, AWorkerWaitsForAnothersClaimAndTakesOverADeadOnes) {
   EXPECT_TRUE(same(u, drawn));
 }
 
+// A folder left by a run that was killed (its pid names no process) goes
+// when the next run makes its own; a live run's folder stays.
+TEST(InputStore, AKilledRunsFolderIsSweptByTheNext) {
+  const InputStoreFolder live = InputStoreFolder::create();
+  const std::string base = fs::path(live.path()).parent_path().string();
+  EXPECT_EQ(fs::path(live.path()).filename().string().rfind("mlagate-inputs-" + std::to_string(::getpid()) + "-", 0), 0u)
+      << live.path();
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  int st = 0;
+  ASSERT_EQ(::waitpid(child, &st, 0), child);
+  const fs::path orphan = fs::path(base) / ("mlagate-inputs-" + std::to_string(child) + "-abcdef");
+  fs::create_directory(orphan);
+  std::ofstream(orphan / "0123456789abcdef") << "bytes of a tensor";
+  std::ofstream(orphan / "0123456789abcdef.claim") << child;
+  const fs::path other = fs::path(base) / ("mlagate-inputs-x" + std::to_string(child));  // not a run's name: kept
+  fs::create_directory(other);
+  {
+    const InputStoreFolder next = InputStoreFolder::create();
+    EXPECT_TRUE(fs::is_directory(next.path()));
+  }
+  EXPECT_FALSE(fs::exists(orphan));
+  EXPECT_TRUE(fs::is_directory(live.path()));  // this process lives
+  EXPECT_TRUE(fs::is_directory(other));
+  fs::remove(other);
+}
+
 // The generator reads the store (a planted tensor comes back as the case's
 // weights) and fills it (what it drew is there under its key, and those are
 // the bytes of drawing without a store).
