@@ -3,6 +3,8 @@
 // count) and the bytes; a claim file beside it while one worker draws it.
 #include "cases/input_store.h"
 
+#include "cases/remove_tree.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -109,17 +111,6 @@ long claimer(const std::string& claim) {
   return r > 0 ? std::strtol(buf, nullptr, 10) : 0;
 }
 
-// The folder and its files (it holds no folders): the tensors' files,
-// claims and partly written files.
-void remove_flat(const std::string& folder) {
-  if (DIR* d = ::opendir(folder.c_str())) {
-    while (const dirent* e = ::readdir(d))
-      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) ::unlinkat(::dirfd(d), e->d_name, 0);
-    ::closedir(d);
-  }
-  ::rmdir(folder.c_str());
-}
-
 constexpr char kFolderPrefix[] = "mlagate-inputs-";
 
 // Folders of this user's runs whose parent is gone without removing them
@@ -139,7 +130,7 @@ void sweep_orphans(const std::string& base) {
     struct stat st {};
     if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid())
       continue;
-    remove_flat(base + "/" + e->d_name);
+    remove_tree(base + "/" + e->d_name);
   }
   ::closedir(d);
 }
@@ -182,7 +173,7 @@ InputStoreFolder& InputStoreFolder::operator=(InputStoreFolder&& o) noexcept {
 InputStoreFolder::~InputStoreFolder() {
   // Nothing to report at the end of a run: a folder left behind is only
   // memory, and the next run's create() sweeps it once this process is gone.
-  if (!path_.empty()) remove_flat(path_);
+  if (!path_.empty()) remove_tree(path_);
 }
 
 InputClaim::InputClaim(const std::string& key, Tensor& t) : key_(key) {

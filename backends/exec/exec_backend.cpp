@@ -16,6 +16,7 @@
 #include "backends/exec/subprocess.h"
 #include "backends/plugin/abi.h"
 #include "backends/plugin/plugin_backends.h"
+#include "cases/remove_tree.h"
 #include "cases/errors.h"
 
 namespace mlagate {
@@ -32,10 +33,7 @@ class TempDir {
     if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("exec: cannot create a temporary directory: " + std::string(std::strerror(errno)));
     path_ = tmpl;
   }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
+  ~TempDir() { remove_tree(path_.string()); }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   std::string file(const std::string& name) const { return (path_ / name).string(); }

@@ -14,6 +14,7 @@
 
 #include "backends/exec/subprocess.h"
 #include "cases/errors.h"
+#include "cases/remove_tree.h"
 
 namespace mlagate {
 
@@ -57,7 +58,7 @@ void sanitize_record(Record& r, const SanitizeOptions& opt) {
     std::ifstream in(path, std::ios::binary);
     text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
-  fs::remove_all(dir);
+  remove_tree(dir.string());  // a scratch folder: what is left there is only disk
   std::istringstream all(text);
   std::string findings, first, line;
   long errors = -1;

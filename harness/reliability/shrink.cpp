@@ -17,6 +17,7 @@
 
 #include "backends/exec/subprocess.h"
 #include "cases/errors.h"
+#include "cases/remove_tree.h"
 #include "cases/suite.h"
 #include "harness/reliability/isolate.h"
 #include "harness/reliability/spawn.h"
@@ -439,7 +440,7 @@ ShrinkResult shrink_case(const ShrinkOptions& in) {
     f << cases_as_suite_yaml(cases);
   }
   const fs::path bundle = dir / "bundle";
-  fs::remove_all(bundle);
+  if (!remove_tree(bundle.string())) throw std::runtime_error("shrink: cannot remove the old " + bundle.string());
   std::vector<std::string> final_flags = flags;
   final_flags.insert(final_flags.end(), {"--save-failures", bundle.string()});
   sh.isolate(true);  // the last run as the repro command runs it

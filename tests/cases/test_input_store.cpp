@@ -2,7 +2,8 @@
 // worker publishes another reads byte for byte; what does not match (another
 // key, another size, a file cut short) is never read; a worker waits for
 // another's claim and takes over a dead one's; small tensors and runs
-// without a folder share nothing; the case generator reads and fills it.
+// without a folder share nothing; the case generator reads and fills it; a
+// killed run's folder is swept by the next; remove_tree removes a tree.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -19,6 +20,7 @@
 #include "cases/encoding.h"
 #include "cases/generator.h"
 #include "cases/input_store.h"
+#include "cases/remove_tree.h"
 #include "cases/suite.h"
 
 namespace mlagate {
@@ -222,6 +224,25 @@ TEST(InputStore, AKilledRunsFolderIsSweptByTheNext) {
   EXPECT_TRUE(fs::is_directory(live.path()));  // this process lives
   EXPECT_TRUE(fs::is_directory(other));
   fs::remove(other);
+}
+
+// remove_tree: a tree of folders, files and links goes, and what a link
+// points to outside it stays; a missing path is removed already; a file alone goes.
+TEST(RemoveTree, RemovesATreeNotWhatItsLinksPointTo) {
+  const InputStoreFolder scratch = InputStoreFolder::create();
+  const fs::path root = fs::path(scratch.path()) / "tree", outside = fs::path(scratch.path()) / "outside";
+  fs::create_directories(root / "a" / "b" / "c");
+  std::ofstream(root / "a" / "f1") << "x";
+  std::ofstream(root / "a" / "b" / "c" / "f2") << "y";
+  fs::create_directories(outside);
+  std::ofstream(outside / "kept") << "z";
+  fs::create_directory_symlink(outside, root / "a" / "link");
+  EXPECT_TRUE(remove_tree(root.string()));
+  EXPECT_FALSE(fs::exists(root));
+  EXPECT_TRUE(fs::exists(outside / "kept"));
+  EXPECT_TRUE(remove_tree((fs::path(scratch.path()) / "never made").string()));
+  EXPECT_TRUE(remove_tree((outside / "kept").string()));
+  EXPECT_FALSE(fs::exists(outside / "kept"));
 }
 
 // The generator reads the store (a planted tensor comes back as the case's
