@@ -106,7 +106,7 @@ void fill_cache_values(Case& c) {
   const auto exact = [bf16](const float* p, std::int64_t n) {
     bool ok = true;
     for (std::int64_t k = 0; k < n; ++k)
-      ok = ok && (bf16 ? bf16_to_f32(f32_to_bf16(p[k])) : f16_to_f32(f32_to_f16(p[k]))) == p[k];
+      ok = ok && round_to_16bit(p[k], bf16) == p[k];
     return ok;
   };
   bool all_exact = true;

@@ -68,6 +68,11 @@ void f32_run_to_16bit(const float* src, std::int64_t n, bool bf16, std::uint16_t
 std::uint16_t f32_to_f16(float x);
 float f16_to_f32(std::uint16_t h);
 
+// x rounded to the nearest bf16 (or fp16) value, round to nearest even, as
+// fp32: the model-dtype rounding the emulations, the sparse ops and the
+// cache-exactness check all apply.
+inline float round_to_16bit(float x, bool bf16) { return bf16 ? bf16_to_f32(f32_to_bf16(x)) : f16_to_f32(f32_to_f16(x)); }
+
 inline constexpr std::uint16_t kBF16QuietNaN = 0x7FC0;
 inline constexpr std::uint16_t kF16QuietNaN = 0x7E00;
 

@@ -43,7 +43,7 @@ CMapF cmat(const float* p, Index rows, Index cols, Index stride) {
 
 // x rounded to the nearest model-dtype value (RNE), as fp32.
 float round_to(float x, DType dt) {
-  return dt == DType::kBF16 ? bf16_to_f32(f32_to_bf16(x)) : f16_to_f32(f32_to_f16(x));
+  return round_to_16bit(x, dt == DType::kBF16);
 }
 void round_all(float* x, Index n, DType dt) {
   for (Index i = 0; i < n; ++i) x[i] = round_to(x[i], dt);

@@ -31,8 +31,7 @@ double widen(const TensorView& v, std::int64_t i) {
 }
 
 float round_to(double x, DType dt) {
-  const auto f = static_cast<float>(x);
-  return dt == DType::kBF16 ? bf16_to_f32(f32_to_bf16(f)) : f16_to_f32(f32_to_f16(f));
+  return round_to_16bit(static_cast<float>(x), dt == DType::kBF16);
 }
 
 // One key (the whole entry, L + R) of `owner` at a request-local position, as

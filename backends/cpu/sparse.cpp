@@ -26,7 +26,7 @@ using Index = Eigen::Index;
 using MatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 constexpr Index kTile = 64;  // keys per step of the online softmax (FlashMLA's block of top-k)
 
-float to_model(float x, DType dt) { return dt == DType::kBF16 ? bf16_to_f32(f32_to_bf16(x)) : f16_to_f32(f32_to_f16(x)); }
+float to_model(float x, DType dt) { return round_to_16bit(x, dt == DType::kBF16); }
 float from16(std::uint16_t b, DType dt) { return dt == DType::kBF16 ? bf16_to_f32(b) : f16_to_f32(b); }
 
 // One cache entry as D floats, by this backend's own reading of the layouts

@@ -16,8 +16,8 @@
 #include "backends/exec/subprocess.h"
 #include "backends/plugin/abi.h"
 #include "backends/plugin/plugin_backends.h"
-#include "cases/remove_tree.h"
 #include "cases/errors.h"
+#include "cases/remove_tree.h"
 
 namespace mlagate {
 
