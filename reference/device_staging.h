@@ -10,6 +10,10 @@
 
 #include <cstddef>
 #include <memory>
+#include <utility>
+
+#include "cases/case.h"
+#include "cases/tensor.h"
 
 namespace mlagate {
 
@@ -25,6 +29,14 @@ struct DeviceStaging {
   void* (*to_scratch)(int slot, const void* src, std::size_t bytes, bool src_on_device) = nullptr;
   // Frees the scratch slots (the next to_scratch makes them again).
   void (*release)() = nullptr;
+  // The glue's up-projection of latent rows kv [s, L] and rope rows pe [s, R]
+  // (model dtype) made in device memory, K [s, N, P+R] and V [s, N, V] with
+  // the bits up_project_kv writes (glue.h), freed when the last owner goes:
+  // the prefill path's K and V never pass through host memory (2.7 GB a
+  // call at TP 1, a download and an upload). Null: K and V are projected into
+  // host memory and uploaded.
+  std::pair<std::shared_ptr<void>, std::shared_ptr<void>> (*project)(const Case& c, const TensorView& kv,
+                                                                     const TensorView& pe) = nullptr;
 };
 
 void set_device_staging(const DeviceStaging* s);

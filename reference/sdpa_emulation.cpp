@@ -501,6 +501,11 @@ bool emulator_takes_queries(const Case& c) {
          (c.spec.dtype == DType::kBF16 || c.spec.dtype == DType::kF16);
 }
 
+// Whether name_latent names the projection's latent rows.
+bool latent_nameable(const Case& c, const KvProjection& p) {
+  return p.kv().dtype() == c.spec.dtype && p.pe().dtype() == c.spec.dtype && !p.kv().empty();
+}
+
 // K [S, N, P+R] and V [S, N, V] rows of request i, head h, as fp32 (model-dtype values).
 void load_kv_rows(const Case& c, const TensorView& k, const TensorView& v, int i, Index h, float* kd, float* vd) {
   const Dimensions x = dims_of(c);
@@ -520,7 +525,11 @@ void emulate_prefill_form(const Case& c, std::span<const int> req, const KvProje
     own->ensure(req);
     shared = &*own;
   }
-  if (!std::all_of(req.begin(), req.end(), [&](int i) { return shared->has(i); }))
+  // The emulator projects K and V itself from named latent rows: then the
+  // projection need not hold the rows (the glue's device-only K and V offer
+  // none, harness/run/layer.h).
+  const bool reads_latent = emulator_takes_queries(c) && latent_nameable(c, *shared);
+  if (!reads_latent && !std::all_of(req.begin(), req.end(), [&](int i) { return shared->has(i); }))
     throw std::logic_error("sdpa emulation: the shared KvProjection lacks a request's rows");
   const Dimensions x = dims_of(c);
   const Index QW = x.P + x.R;
@@ -532,14 +541,14 @@ void emulate_prefill_form(const Case& c, std::span<const int> req, const KvProje
       const Index s = c.seq_lens[i], kv0 = c.kv_start_loc[i];
       const Index k_w = x.N * QW, v_w = x.N * x.V;
       // A request's rows mostly lie in one piece, one after another: lent as they are.
-      bool contiguous = true;
-      const std::uint16_t* k0 = shared->k_row(kv0);
-      const std::uint16_t* v0 = shared->v_row(kv0);
+      const std::uint16_t* k0 = s > 0 ? shared->k_row(kv0) : nullptr;
+      const std::uint16_t* v0 = s > 0 ? shared->v_row(kv0) : nullptr;
+      bool contiguous = k0 != nullptr;
       for (Index j = 1; j < s && contiguous; ++j)
         contiguous = shared->k_row(kv0 + j) == k0 + j * k_w && shared->v_row(kv0 + j) == v0 + j * v_w;
       if (contiguous) return std::pair{k0, v0};
-      // Named latent rows: the emulator projects K and V itself, no gather.
-      if (a.latent) return std::pair<const std::uint16_t*, const std::uint16_t*>{nullptr, nullptr};
+      // Named latent rows (or no keys): the emulator projects K and V itself, no gather.
+      if (a.latent || s == 0) return std::pair<const std::uint16_t*, const std::uint16_t*>{nullptr, nullptr};
       k_buf.resize(static_cast<std::size_t>(s * k_w));
       v_buf.resize(static_cast<std::size_t>(s * v_w));
 #pragma omp parallel for schedule(static)
@@ -566,6 +575,10 @@ void emulate_prefill_form(const Case& c, std::span<const int> req, const KvProje
 }
 
 }  // namespace
+
+bool prefill_emulation_reads_latent(const Case& c, const KvProjection& p) {
+  return emulator_takes_queries(c) && latent_nameable(c, p);
+}
 
 void set_attention_emulator(AttentionEmulator e) { g_emulator = e; }
 AttentionEmulator attention_emulator() { return g_emulator; }

@@ -144,6 +144,12 @@ using AttentionEmulator = void (*)(std::span<const EmulatedAttention> calls);
 void set_attention_emulator(AttentionEmulator e);
 AttentionEmulator attention_emulator();
 
+// Whether emulate_sdpa_layer's prefill form reads only the latent rows of
+// `p` (an emulator is set and takes the case's queries: it projects K and V
+// itself), so that p need not hold the requests' projected rows. Otherwise
+// it reads them, and p must hold them (KvProjection::ensure).
+bool prefill_emulation_reads_latent(const Case& c, const KvProjection& p);
+
 // Sets an emulator for its lifetime, then puts the previous one back.
 class AttentionEmulatorScope {
  public:

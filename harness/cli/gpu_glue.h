@@ -3,8 +3,8 @@
 // up-projection of latent keys to K and V (reference/glue.h; its bits are the
 // CPU's, cuda_project_rows, so no record changes, only the time); the prefill
 // path's K and V lent in device memory to backends that read them there
-// (reference/device_staging.h: the same bytes, one upload instead of one per
-// backend and call); and the baseline emulation's attention cores (the fixed
+// (reference/device_staging.h: made there from the latent rows, never in host
+// memory); and the baseline emulation's attention cores (the fixed
 // order of reference/sdpa_emulation.h, the same bits on any GPU; not the
 // Eigen path's bits, so err_baseline differs from a CPU run's in its last
 // bits, as the fp64 reference's does). Built only with CUDA.
@@ -24,7 +24,7 @@ class GpuGlue {
  public:
   GpuGlue(bool on, bool emulate)
       : release_{on, on && emulate}, scope_(on ? cuda_project_rows : row_projector()),
-        staging_(on ? cuda_device_staging() : device_staging()),
+        staging_(on ? staging_for_run() : device_staging()),
         emulator_(on && emulate ? cuda_emulate_attention : attention_emulator()) {}
 
   // For a run whose reference is `reference`. MLAGATE_GLUE_DEVICE=cpu keeps
@@ -34,6 +34,19 @@ class GpuGlue {
   static bool on_cpu(const char* var) {
     const char* v = std::getenv(var);
     return v && std::string_view(v) == "cpu";
+  }
+  // The GPU's staging; MLAGATE_KV_DEVICE=upload takes its projector away,
+  // so that the prefill path's K and V are projected into host memory and
+  // uploaded, as before it had one: for measuring what it saves.
+  static const DeviceStaging* staging_for_run() {
+    const char* v = std::getenv("MLAGATE_KV_DEVICE");
+    if (!v || std::string_view(v) != "upload") return cuda_device_staging();
+    static const DeviceStaging upload_only = [] {
+      DeviceStaging s = *cuda_device_staging();
+      s.project = nullptr;
+      return s;
+    }();
+    return &upload_only;
   }
   explicit GpuGlue(std::string_view reference)
       : GpuGlue(reference == "cuda" && !on_cpu("MLAGATE_GLUE_DEVICE"), !on_cpu("MLAGATE_EMULATION_DEVICE")) {}

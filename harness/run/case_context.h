@@ -331,7 +331,11 @@ struct CaseContext {
     // time counted as generate, not baseline).
     auto emulate = [&] {
       const auto t1 = Clock::now();
-      const KvProjection* kv = form == SdpaForm::kPrefill ? &projection(need) : nullptr;
+      // An emulator that projects K and V from the latent rows itself needs
+      // none projected here (on the GPU: none brought to the host).
+      const KvProjection* kv = nullptr;
+      if (form == SdpaForm::kPrefill)
+        kv = prefill_emulation_reads_latent(c, shared_projection()) ? &shared_projection() : &projection(need);
       baseline_ms -= ms_since(t1);
       return emulate_sdpa_layer(c, form, need, kv);
     };

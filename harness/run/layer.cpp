@@ -227,6 +227,38 @@ std::pair<void*, void*> LayerMemo::on_device(const DeviceStaging& s, const Tenso
   return {s.to_scratch(0, k->bytes(), k->nbytes(), false), s.to_scratch(1, v->bytes(), v->nbytes(), false)};
 }
 
+std::pair<void*, void*> LayerMemo::project_on_device(const DeviceStaging& s, const Case& c, const Tensor& kv,
+                                                     const Tensor& pe) {
+  if (!s.project) throw std::logic_error("LayerMemo::project_on_device: the staging has no projector");
+  const std::size_t h = fingerprint(kv) ^ (fingerprint(pe) * 0x9e3779b97f4a7c15ull);
+  DeviceProjection* hit = nullptr;
+  for (const auto& p : device_projections_)
+    if (p->hash == h && same_bytes(p->kv, kv) && same_bytes(p->pe, pe)) hit = p.get();
+  if (!hit) {
+    spare_device_.reset();  // valid until this call only: its device memory serves the new one
+    auto p = std::make_unique<DeviceProjection>();
+    p->hash = h;
+    std::tie(p->k, p->v) = s.project(c, kv.view(), pe.view());
+    const Dims& d = c.spec.dims;
+    const auto rows = static_cast<std::size_t>(kv.dim(0)), N = static_cast<std::size_t>(c.spec.num_heads());
+    p->k_bytes = rows * N * static_cast<std::size_t>(d.nope_dim + d.rope_dim) * 2;
+    p->v_bytes = rows * N * static_cast<std::size_t>(d.v_head_dim) * 2;
+    if (device_bytes_ + p->k_bytes + p->v_bytes > kMaxDeviceBytes) {
+      spare_device_ = std::move(p);
+      hit = spare_device_.get();
+    } else {
+      p->kv = kv;
+      p->pe = pe;
+      bytes_ += kv.nbytes() + pe.nbytes();
+      device_bytes_ += p->k_bytes + p->v_bytes;
+      device_projections_.push_back(std::move(p));
+      hit = device_projections_.back().get();
+    }
+  }
+  // Scratch copies: a backend writing into what it is lent reaches no one.
+  return {s.to_scratch(0, hit->k.get(), hit->k_bytes, true), s.to_scratch(1, hit->v.get(), hit->v_bytes, true)};
+}
+
 std::pair<const Tensor*, const Tensor*> LayerMemo::absorb(const Case& c, const std::vector<int>& tokens) {
   for (const auto& a : absorbed_)
     if (a->tokens == tokens) return {&a->q_lat, &a->q_pe};
@@ -396,6 +428,42 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
     auto call_prefill = [&](const Tensor& q, const Tensor& kv, const Tensor& pe, std::span<const std::int64_t> rows,
                             const std::vector<std::int32_t>& cu_q, const std::vector<std::int32_t>& cu_k, bool causal,
                             const std::string& what, GuardedBuffer& o, GuardedBuffer& l) {
+      PrefillArgs a;
+      a.q = q.view();
+      a.cu_seqlens_q = cu_q;
+      a.cu_seqlens_k = cu_k;
+      a.causal = causal;
+      a.scale = c.spec.softmax_scale();
+      a.o = o.view();
+      a.lse = l.view();
+      const auto call = [&] {
+        const auto t0 = Clock::now();
+        b.prefill(a);
+        run.run_ms += backend_call_done(t0);
+      };
+      if (staging && staging->project) {
+        // K and V made on the device and lent there: they never pass through
+        // host memory. A harness failure here (device memory taken by the
+        // backends, say) is not the backend's: it takes the host path below.
+        bool made = false;
+        try {
+          const Dims& dm = c.spec.dims;
+          const std::int64_t s = kv.dim(0);
+          void* dk = nullptr;
+          void* dv = nullptr;
+          std::tie(dk, dv) = memo->project_on_device(*staging, c, kv, pe);
+          a.k = TensorView{c.spec.dtype, {s, N, dm.nope_dim + dm.rope_dim}, dk};
+          a.v = TensorView{c.spec.dtype, {s, N, V}, dv};
+          a.k.on_device = a.v.on_device = made = true;
+        } catch (const std::exception&) {
+        }
+        if (made) {
+          call();
+          note_guard(run, o, what + " o");
+          note_guard(run, l, what + " lse");
+          return;
+        }
+      }
       Tensor k, v;  // without a memo
       const Tensor* mk = nullptr;
       const Tensor* mv = nullptr;
@@ -404,8 +472,6 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
       } else {
         up_project_kv(c, kv.view(), pe.view(), k, v);
       }
-      PrefillArgs a;
-      a.q = q.view();
       a.k = memo ? mk->view() : k.view();
       a.v = memo ? mv->view() : v.view();
       bool on_device = false;
@@ -421,23 +487,15 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
           a.v.data = const_cast<std::byte*>(mv->bytes());
         }
       }
-      a.cu_seqlens_q = cu_q;
-      a.cu_seqlens_k = cu_k;
-      a.causal = causal;
-      a.scale = c.spec.softmax_scale();
-      a.o = o.view();
-      a.lse = l.view();
       if (memo && !on_device) memo->lending(mk, mv);
-      const auto t0 = Clock::now();
       try {
-        b.prefill(a);
+        call();
       } catch (...) {
         // Checked even so: a backend that wrote into the host tensors it was
         // lent and then threw must not leave them damaged for the next one.
         if (memo && !on_device) memo->returned(mk, mv);
         throw;
       }
-      run.run_ms += backend_call_done(t0);
       if (memo && !on_device) memo->returned(mk, mv);  // lent on the device: the host's copies were not
       note_guard(run, o, what + " o");
       note_guard(run, l, what + " lse");

@@ -90,6 +90,14 @@ class LayerMemo {
   // scratch copies of it, so a backend writing into them changes nothing
   // the next one gets, and nothing needs a fingerprint afterwards.
   std::pair<void*, void*> on_device(const DeviceStaging& s, const Tensor* k, const Tensor* v);
+  // up_project(c, kv, pe)'s K and V made in device memory by the staging's
+  // projector (s.project must be set), never in host memory, for a backend
+  // that reads its prefill inputs there: an entry per input bytes, kept
+  // within kMaxDeviceBytes (beyond, made again per call), and every call lent
+  // the staging's scratch copies of it, valid until the next call. Such an
+  // entry offers no rows to the case's KvProjection: the baseline emulation
+  // on the GPU projects its own from the latent rows (sdpa_emulation.h).
+  std::pair<void*, void*> project_on_device(const DeviceStaging& s, const Case& c, const Tensor& kv, const Tensor& pe);
   // A copy of the case's cache for one backend's call (its cache_write writes
   // into it), made in storage kept from the previous backend's: the pages are
   // faulted in once a case, not once a backend. Valid until the next call.
@@ -119,7 +127,15 @@ class LayerMemo {
     std::vector<int> tokens;
     Tensor q_lat, q_pe;
   };
+  struct DeviceProjection {
+    std::size_t hash;
+    Tensor kv, pe;
+    std::shared_ptr<void> k, v;
+    std::size_t k_bytes = 0, v_bytes = 0;
+  };
   std::vector<std::unique_ptr<Projection>> projections_;
+  std::vector<std::unique_ptr<DeviceProjection>> device_projections_;
+  std::unique_ptr<DeviceProjection> spare_device_;  // past kMaxDeviceBytes: valid until the next call
   std::vector<std::unique_ptr<Absorbed>> absorbed_;
   std::unique_ptr<Projection> spare_;  // a miss over the limit: valid until the next call
   std::unique_ptr<Absorbed> spare_absorbed_;

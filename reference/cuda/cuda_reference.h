@@ -43,6 +43,13 @@ void cuda_reference_mqa(const Case& c, const TensorView& q_lat, std::vector<doub
 // DeviceUnavailableError without a GPU.
 void cuda_project_rows(const Case& c, const TensorView& kv_c, const TensorView& k_pe, std::span<const RowRun> runs);
 
+// Every row of kv_c [s, L] / k_pe [s, R] up-projected into device memory:
+// K [s, N, P+R] at k and V [s, N, V] at v (device pointers of that many
+// model-dtype elements), with cuda_project_rows's kernels and so its bits;
+// nothing comes back to the host. The rows go up in chunks of 8192 latent
+// rows through pinned memory. Finished when it returns.
+void cuda_project_rows_on_device(const Case& c, const TensorView& kv_c, const TensorView& k_pe, void* k, void* v);
+
 // Frees what cuda_project_rows keeps between calls (stream, weights, chunk
 // buffers); the next call makes them again.
 void cuda_release_row_projector();

@@ -7,6 +7,8 @@
 // a copy from pageable memory (which the driver stages through its own small
 // pinned buffer on one thread). Every copy is complete when its call returns,
 // so whatever stream a backend's kernels then use, they read finished bytes.
+// project() makes K and V on the device from their latent rows
+// (cuda_project_rows_on_device): nothing goes through the host.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -101,7 +103,19 @@ void release() {
   g_staging.reset();
 }
 
-const DeviceStaging kStaging{upload, to_scratch, release};
+// K and V made on the device by the row projector's kernels (the glue's bits).
+std::pair<std::shared_ptr<void>, std::shared_ptr<void>> project(const Case& c, const TensorView& kv,
+                                                                const TensorView& pe) {
+  gpu::require_device();
+  const Dims& d = c.spec.dims;
+  const std::int64_t s = kv.shape.empty() ? 0 : kv.shape[0], N = c.spec.num_heads();
+  const auto k = std::make_shared<DeviceBuffer>(static_cast<std::size_t>(s * N * (d.nope_dim + d.rope_dim)) * 2);
+  const auto v = std::make_shared<DeviceBuffer>(static_cast<std::size_t>(s * N * d.v_head_dim) * 2);
+  cuda_project_rows_on_device(c, kv, pe, k->data(), v->data());
+  return {std::shared_ptr<void>(k, k->data()), std::shared_ptr<void>(v, v->data())};
+}
+
+const DeviceStaging kStaging{upload, to_scratch, release, project};
 
 }  // namespace
 

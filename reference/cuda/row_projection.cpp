@@ -11,6 +11,8 @@
 // rope bits (verbatim, or widened and rounded by f32_run_to_16bit, as the CPU
 // does) into pinned memory, the GPU projects them, and while it projects the
 // next chunk the host copies this one's K and V rows out to the runs.
+// cuda_project_rows_on_device runs the same kernels into device memory and
+// brings nothing back.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -93,16 +95,101 @@ struct Segment {
   std::int64_t offset, count, at;
 };
 
-void project(Projector& st, const Case& c, const TensorView& kv_c, const TensorView& k_pe,
-             std::span<const RowRun> runs) {
+// The model dtype and the weights' shapes a projection needs.
+void check_case(const Case& c) {
   const Dims& d = c.spec.dims;
-  const std::int64_t N = c.spec.num_heads(), L = d.kv_lora_rank, P = d.nope_dim, R = d.rope_dim, V = d.v_head_dim;
-  const bool bf16 = c.spec.dtype == DType::kBF16;
+  const std::int64_t N = c.spec.num_heads(), L = d.kv_lora_rank, P = d.nope_dim, V = d.v_head_dim;
   if (c.spec.dtype != DType::kBF16 && c.spec.dtype != DType::kF16)
     throw std::invalid_argument("cuda_project_rows: the model dtype is not bf16 or fp16");
   if (c.w_uk.shape() != Shape{L, N, P} || c.w_uv.shape() != Shape{L, N, V})
     throw std::invalid_argument("cuda_project_rows: W_UK " + shape_str(c.w_uk.shape()) + " / W_UV " +
                                 shape_str(c.w_uv.shape()) + " do not match the case's dimensions");
+}
+
+// Latent rows [j0, j0 + n) widened to float into kv and rope rows prepared
+// into pe (verbatim model-dtype bits, else widened and rounded as the CPU
+// does): the host's part of a chunk, the same for both outputs.
+void prepare_rows(const Case& c, const TensorView& kv_c, const TensorView& k_pe, std::int64_t j0, std::int64_t n,
+                  float* kv, std::uint16_t* pe) {
+  const std::int64_t L = c.spec.dims.kv_lora_rank, R = c.spec.dims.rope_dim;
+  const bool bf16 = c.spec.dtype == DType::kBF16, pe16 = k_pe.dtype == c.spec.dtype;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) {
+    detail::widen_any(kv_c, (j0 + i) * L, L, kv + i * L);
+    std::uint16_t* dst = pe + i * R;
+    if (R == 0) {
+      continue;
+    } else if (pe16) {
+      std::memcpy(dst, static_cast<const std::uint16_t*>(k_pe.data) + (j0 + i) * R, static_cast<std::size_t>(R) * 2);
+    } else {
+      std::vector<float> f(static_cast<std::size_t>(R));
+      detail::widen_any(k_pe, (j0 + i) * R, R, f.data());
+      f32_run_to_16bit(f.data(), R, bf16, dst);
+    }
+  }
+}
+
+// Every row of kv_c / k_pe projected into device memory: K rows at k, V rows
+// at v, the same kernels and so the same bits as project() below, with no
+// trip back to the host. Chunks of kDeviceChunkRows latent rows go up through
+// two pinned buffers in turn: the host widens chunk i + 1 while the GPU
+// uploads and projects chunk i.
+constexpr std::int64_t kDeviceChunkRows = 8192;
+
+void project_to_device(Projector& st, const Case& c, const TensorView& kv_c, const TensorView& k_pe, std::uint16_t* k,
+                       std::uint16_t* v) {
+  check_case(c);
+  const Dims& d = c.spec.dims;
+  const std::int64_t N = c.spec.num_heads(), L = d.kv_lora_rank, P = d.nope_dim, R = d.rope_dim, V = d.v_head_dim;
+  const bool bf16 = c.spec.dtype == DType::kBF16;
+  const std::int64_t rows = kv_c.shape.empty() ? 0 : kv_c.shape[0];
+  if (kv_c.shape != Shape{rows, L} || k_pe.shape != Shape{rows, R})
+    throw std::invalid_argument("cuda_project_rows_on_device: latent " + shape_str(kv_c.shape) + " / rope " +
+                                shape_str(k_pe.shape) + " rows do not match the case's dimensions");
+  if (rows == 0) return;
+  const cudaStream_t s = st.stream.get();
+  st.weights(c, s);
+  const std::int64_t chunk = std::min(rows, kDeviceChunkRows);
+  const std::int64_t k_row = N * (P + R), v_row = N * V;
+  reserve(st.kv, static_cast<std::size_t>(chunk * L) * sizeof(float));
+  reserve(st.pe, static_cast<std::size_t>(std::max<std::int64_t>(chunk * R, 1)) * 2);
+  for (int b = 0; b < 2; ++b) {
+    reserve(st.in_kv[b], static_cast<std::size_t>(chunk * L) * sizeof(float));
+    reserve(st.in_pe[b], static_cast<std::size_t>(std::max<std::int64_t>(chunk * R, 1)) * 2);
+  }
+  bool in_flight[2] = {false, false};
+  for (std::int64_t j0 = 0, i = 0; j0 < rows; j0 += chunk, ++i) {
+    const int b = static_cast<int>(i % 2);
+    const std::int64_t n = std::min(chunk, rows - j0);
+    if (in_flight[b]) st.done[b].synchronize();  // its last chunk has been uploaded
+    prepare_rows(c, kv_c, k_pe, j0, n, st.in_kv[b].as<float>(), st.in_pe[b].as<std::uint16_t>());
+    // The one device chunk buffer is reused in stream order: this upload
+    // follows the last chunk's kernels.
+    MLAGATE_CUDA_CHECK(cudaMemcpyAsync(st.kv.data(), st.in_kv[b].as<float>(),
+                                       static_cast<std::size_t>(n * L) * sizeof(float), cudaMemcpyHostToDevice, s));
+    if (R > 0)
+      MLAGATE_CUDA_CHECK(cudaMemcpyAsync(st.pe.data(), st.in_pe[b].as<std::uint16_t>(),
+                                         static_cast<std::size_t>(n * R) * 2, cudaMemcpyHostToDevice, s));
+    st.done[b].record(s);
+    in_flight[b] = true;
+    const int m = static_cast<int>(n);
+    std::uint16_t* kd = k + j0 * k_row;
+    launch_projection_gemm(st.kv.as<float>(), m, static_cast<int>(L), st.w_uk.as<float>(), static_cast<int>(N * P),
+                           static_cast<int>(P), static_cast<int>(P + R), k_row, bf16, kd, s);
+    launch_pe_broadcast(st.pe.as<std::uint16_t>(), m, static_cast<int>(N), static_cast<int>(R), static_cast<int>(P + R),
+                        static_cast<int>(P), kd, s);
+    launch_projection_gemm(st.kv.as<float>(), m, static_cast<int>(L), st.w_uv.as<float>(), static_cast<int>(N * V),
+                           static_cast<int>(V), static_cast<int>(V), v_row, bf16, v + j0 * v_row, s);
+  }
+  MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void project(Projector& st, const Case& c, const TensorView& kv_c, const TensorView& k_pe,
+             std::span<const RowRun> runs) {
+  check_case(c);
+  const Dims& d = c.spec.dims;
+  const std::int64_t N = c.spec.num_heads(), L = d.kv_lora_rank, P = d.nope_dim, R = d.rope_dim, V = d.v_head_dim;
+  const bool bf16 = c.spec.dtype == DType::kBF16;
   const std::int64_t kv_rows = kv_c.shape.empty() ? 0 : kv_c.shape[0];
   for (const RowRun& r : runs)
     if (r.n < 0 || r.first < 0 || r.first + r.n > kv_rows)
@@ -144,28 +231,11 @@ void project(Projector& st, const Case& c, const TensorView& kv_c, const TensorV
     }
   auto rows_of = [](const std::vector<Segment>& segs) { return segs.back().at + segs.back().count; };
 
-  const bool pe16 = k_pe.dtype == c.spec.dtype;  // model-dtype bits: copied verbatim
   // The host's part before the GPU's: latent rows widened, rope bits prepared.
   auto prepare = [&](const std::vector<Segment>& segs, int b) {
-    float* kv = st.in_kv[b].as<float>();
-    std::uint16_t* pe = st.in_pe[b].as<std::uint16_t>();
-    for (const Segment& g : segs) {
-      const std::int64_t j0 = g.run->first + g.offset;
-#pragma omp parallel for schedule(static)
-      for (std::int64_t i = 0; i < g.count; ++i) {
-        detail::widen_any(kv_c, (j0 + i) * L, L, kv + (g.at + i) * L);
-        std::uint16_t* dst = pe + (g.at + i) * R;
-        if (R == 0) {
-          continue;
-        } else if (pe16) {
-          std::memcpy(dst, static_cast<const std::uint16_t*>(k_pe.data) + (j0 + i) * R, static_cast<std::size_t>(R) * 2);
-        } else {
-          std::vector<float> f(static_cast<std::size_t>(R));
-          detail::widen_any(k_pe, (j0 + i) * R, R, f.data());
-          f32_run_to_16bit(f.data(), R, bf16, dst);
-        }
-      }
-    }
+    for (const Segment& g : segs)
+      prepare_rows(c, kv_c, k_pe, g.run->first + g.offset, g.count, st.in_kv[b].as<float>() + g.at * L,
+                   st.in_pe[b].as<std::uint16_t>() + g.at * R);
   };
   // The GPU's part, queued on the stream: upload, project, download into out_*[b].
   auto enqueue = [&](const std::vector<Segment>& segs, int b) {
@@ -232,6 +302,20 @@ void cuda_project_rows(const Case& c, const TensorView& kv_c, const TensorView& 
   } catch (...) {
     // Nothing queued may outlive the call (it reads the caller's memory and
     // writes pinned buffers): wait for it, then start afresh next time.
+    cudaStreamSynchronize(g_projector->stream.get());
+    g_projector.reset();
+    throw;
+  }
+}
+
+void cuda_project_rows_on_device(const Case& c, const TensorView& kv_c, const TensorView& k_pe, void* k, void* v) {
+  using namespace gpu;
+  require_device();
+  const std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_projector) g_projector = std::make_unique<Projector>();
+  try {
+    project_to_device(*g_projector, c, kv_c, k_pe, static_cast<std::uint16_t*>(k), static_cast<std::uint16_t*>(v));
+  } catch (...) {
     cudaStreamSynchronize(g_projector->stream.get());
     g_projector.reset();
     throw;

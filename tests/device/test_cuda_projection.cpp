@@ -5,6 +5,9 @@
 // subnormals, to zero and to inf, every rounding case of both dtypes, NaN
 // positions, a TP 1 row count in many chunks; and KvProjection, LayerMemo and
 // the baseline emulation give the same bits with the projector as without.
+// The same for the projection made and kept in device memory
+// (cuda_project_rows_on_device, the GPU staging's project).
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -70,10 +73,25 @@ BothProjections project_both(const Case& c, const TensorView& kv, const TensorVi
   return p;
 }
 
+// up_project_kv(c, kv, pe) made in device memory by the GPU staging's
+// projector (cuda_project_rows_on_device), brought back to compare.
+std::pair<Tensor, Tensor> project_on_device(const Case& c, const TensorView& kv, const TensorView& pe) {
+  const std::int64_t s = kv.shape.at(0), N = c.spec.num_heads();
+  const Dims& d = c.spec.dims;
+  Tensor k(c.spec.dtype, {s, N, d.nope_dim + d.rope_dim}), v(c.spec.dtype, {s, N, d.v_head_dim});
+  const auto [dk, dv] = cuda_device_staging()->project(c, kv, pe);
+  EXPECT_EQ(cudaSuccess, cudaMemcpy(k.bytes(), dk.get(), k.nbytes(), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(cudaSuccess, cudaMemcpy(v.bytes(), dv.get(), v.nbytes(), cudaMemcpyDeviceToHost));
+  return {std::move(k), std::move(v)};
+}
+
 void expect_same_projection(const Case& c, const TensorView& kv, const TensorView& pe) {
   const BothProjections p = project_both(c, kv, pe);
   EXPECT_SAME_BITS(p.k_gpu, p.k_cpu);
   EXPECT_SAME_BITS(p.v_gpu, p.v_cpu);
+  const auto [k, v] = project_on_device(c, kv, pe);
+  EXPECT_SAME_BITS(k, p.k_cpu);
+  EXPECT_SAME_BITS(v, p.v_cpu);
 }
 
 std::vector<Case> smoke_cases(KvCacheDtype kv = KvCacheDtype::kAuto) {
@@ -382,6 +400,12 @@ TEST(CudaProjection, TensorParallel1RowCountInChunks) {
     const BothProjections p = project_both(c, c.kv_c.view(), c.k_pe.view());
     EXPECT_SAME_BITS(p.k_gpu, p.k_cpu);
     EXPECT_SAME_BITS(p.v_gpu, p.v_cpu);
+    {
+      // Kept in device memory: four chunks of 8,192 latent rows.
+      const auto [k, v] = project_on_device(c, c.kv_c.view(), c.k_pe.view());
+      EXPECT_SAME_BITS(k, p.k_cpu);
+      EXPECT_SAME_BITS(v, p.v_cpu);
+    }
     const RowProjectorScope on_gpu(cuda_project_rows);
     KvProjection gpu(c);
     std::vector<int> half;

@@ -3,7 +3,9 @@
 // give the same records (status and every metric, bit for bit) whether the
 // glue lends them K and V on the device or on the host, and the device path is
 // the one taken (uploads made, and more scratch copies lent than uploads: the
-// backends after the first took the kept copies).
+// backends after the first took the kept copies); and the same records again
+// when K and V are made on the device (the staging's project, as --reference
+// cuda sets it): no upload from the host at all.
 // Skips without a GPU or without the torch.sdpa.* backends in this build.
 #include <gtest/gtest.h>
 
@@ -32,11 +34,20 @@ void* counting_to_scratch(int slot, const void* src, std::size_t bytes, bool on_
 }
 void counting_release() { cuda_device_staging()->release(); }
 const DeviceStaging kCounting{counting_upload, counting_to_scratch, counting_release};
+int g_projected = 0;
+std::pair<std::shared_ptr<void>, std::shared_ptr<void>> counting_project(const Case& c, const TensorView& kv,
+                                                                         const TensorView& pe) {
+  ++g_projected;
+  return cuda_device_staging()->project(c, kv, pe);
+}
+// The GPU staging as --reference cuda sets it: K and V made on the device.
+const DeviceStaging kCountingProjecting{counting_upload, counting_to_scratch, counting_release, counting_project};
 
 // Equal, or both NaN (a metric an output does not have).
 bool same(double a, double b) { return std::isnan(a) ? std::isnan(b) : a == b; }
 
-TEST(CudaStaging, TorchBackendsGiveTheSameRecordsFromDeviceInputs) {
+// The torch.sdpa.* backends' records under the host path and under `staging`.
+void expect_same_records_with(const DeviceStaging& staging) {
   MLAGATE_REQUIRE_GPU();
   std::vector<std::unique_ptr<Backend>> backends = select_backends("torch.sdpa.*");
   if (backends.empty()) GTEST_SKIP() << "this build has no torch.sdpa.* backends (libtorch >= 2)";
@@ -53,10 +64,10 @@ TEST(CudaStaging, TorchBackendsGiveTheSameRecordsFromDeviceInputs) {
   cfg.policy = make_policy("baseline", 0, 0);
   cfg.exec.prefill_chunk = 256;  // medium_prefill's context in several chunks
   const std::vector<Record> host = run_cases(cfg, backends);
-  g_uploads = g_lent = 0;
+  g_uploads = g_lent = g_projected = 0;
   std::vector<Record> device;
   {
-    const DeviceStagingScope scope(&kCounting);
+    const DeviceStagingScope scope(&staging);
     device = run_cases(cfg, backends);
   }
   ASSERT_EQ(host.size(), device.size());
@@ -78,9 +89,23 @@ TEST(CudaStaging, TorchBackendsGiveTheSameRecordsFromDeviceInputs) {
     }
   }
   EXPECT_GT(ran, 0);
+}
+
+TEST(CudaStaging, TorchBackendsGiveTheSameRecordsFromDeviceInputs) {
+  expect_same_records_with(kCounting);
+  if (HasFatalFailure() || IsSkipped()) return;
   EXPECT_GT(g_uploads, 0);
   // More lending than uploading: the backends after the first took kept copies.
   EXPECT_GT(g_lent, g_uploads);
+  EXPECT_EQ(g_projected, 0);
+}
+
+TEST(CudaStaging, TorchBackendsGiveTheSameRecordsFromKAndVMadeOnTheDevice) {
+  expect_same_records_with(kCountingProjecting);
+  if (HasFatalFailure() || IsSkipped()) return;
+  EXPECT_GT(g_projected, 0);
+  EXPECT_EQ(g_uploads, 0);  // no K and V went up from the host
+  EXPECT_GT(g_lent, 2 * g_projected);  // the backends after the first took kept copies
 }
 
 }  // namespace

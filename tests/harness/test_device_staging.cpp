@@ -8,7 +8,9 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "backends/cpu/cpu_backends.h"
@@ -16,6 +18,8 @@
 #include "harness/run/layer.h"
 #include "harness/run/runner.h"
 #include "reference/device_staging.h"
+#include "reference/glue.h"
+#include "reference/sdpa_emulation.h"
 
 namespace mlagate {
 namespace {
@@ -41,6 +45,22 @@ void* fake_to_scratch(int slot, const void* src, std::size_t bytes, bool src_on_
 }
 void fake_release() { ++g_counts.releases; }
 const DeviceStaging kFake{fake_upload, fake_to_scratch, fake_release};
+
+// A staging that also projects K and V "on the device" (host memory here)
+// with the CPU's row-wise GEMM: the glue's bits, as the GPU's projector.
+int g_projections = 0;
+std::pair<std::shared_ptr<void>, std::shared_ptr<void>> fake_project(const Case& c, const TensorView& kv,
+                                                                     const TensorView& pe) {
+  ++g_projections;
+  const std::int64_t s = kv.shape.at(0), N = c.spec.num_heads();
+  const Dims& d = c.spec.dims;
+  auto k = std::make_shared<std::vector<std::uint16_t>>(static_cast<std::size_t>(s * N * (d.nope_dim + d.rope_dim)) + 1);
+  auto v = std::make_shared<std::vector<std::uint16_t>>(static_cast<std::size_t>(s * N * d.v_head_dim) + 1);
+  const RowRun run{0, s, k->data(), v->data()};
+  project_rows_on_cpu(c, kv, pe, {&run, 1});
+  return {std::shared_ptr<void>(k, k->data()), std::shared_ptr<void>(v, v->data())};
+}
+const DeviceStaging kFakeProjecting{fake_upload, fake_to_scratch, fake_release, fake_project};
 
 // A staging whose device memory is always taken.
 std::shared_ptr<void> full_upload(const void*, std::size_t) { throw std::runtime_error("out of device memory"); }
@@ -161,6 +181,54 @@ TEST(DeviceStaging, OneUploadPerEntryAndTheHostPathsBits) {
   EXPECT_EQ(g_counts.from_device, 2 * 3 * first->calls);
   EXPECT_EQ(g_counts.from_host, 0);
   EXPECT_EQ(g_counts.releases, 1);  // the scope's end
+}
+
+// With a projector in the staging, the prefill path's K and V are made on the
+// "device" and never in host memory: nothing uploaded from the host, one
+// projection per memo entry, every call lent scratch copies (the scribbler
+// reaches no one), host views for the host-only backend, and every record's
+// bits those of the host path. With an emulator that projects from the
+// latent rows itself the baseline needs no host rows either, and its
+// err_baseline is the same.
+TEST(DeviceStaging, KAndVProjectedOnTheDeviceNeverPassThroughTheHost) {
+  for (const bool emulator : {false, true}) {
+    SCOPED_TRACE(emulator ? "fixed-order emulator" : "Eigen emulation");
+    const std::optional<AttentionEmulatorScope> emulation =
+        emulator ? std::optional<AttentionEmulatorScope>(std::in_place, emulate_attention_fixed_order) : std::nullopt;
+    const RunConfig cfg = config();
+    std::vector<std::unique_ptr<Backend>> alone;
+    alone.push_back(make_cpu_paged());
+    const std::vector<Record> want = run_cases(cfg, alone);
+    ASSERT_EQ(want.size(), 1u);
+    ASSERT_EQ(want[0].status, Status::kPassed) << want[0].message;
+
+    g_counts = {};
+    g_projections = 0;
+    std::vector<std::unique_ptr<Backend>> bs;
+    bs.push_back(std::make_unique<OnDevice>(false));
+    bs.push_back(std::make_unique<OnDevice>(true));  // writes into what it is lent
+    bs.push_back(std::make_unique<OnDevice>(false));
+    bs.push_back(std::make_unique<HostOnly>());
+    auto* first = static_cast<OnDevice*>(bs[0].get());
+    auto* third = static_cast<OnDevice*>(bs[2].get());
+    auto* host = static_cast<HostOnly*>(bs[3].get());
+    std::vector<Record> got;
+    {
+      const DeviceStagingScope scope(&kFakeProjecting);
+      got = run_cases(cfg, bs);
+    }
+    ASSERT_EQ(got.size(), 4u);
+    for (const Record& r : got) expect_same_metrics(want[0], r);
+    ASSERT_GE(first->calls, 3);
+    EXPECT_EQ(first->device_calls, first->calls);
+    EXPECT_EQ(third->device_calls, third->calls);
+    EXPECT_EQ(host->device_calls, 0);
+    EXPECT_EQ(host->calls, first->calls);
+    EXPECT_EQ(g_projections, first->calls);  // once per entry, whatever the backends
+    EXPECT_EQ(g_counts.uploads, 0);          // no host K and V went up
+    EXPECT_EQ(g_counts.from_host, 0);
+    EXPECT_EQ(g_counts.from_device, 2 * 3 * first->calls);
+  }
 }
 
 TEST(DeviceStaging, AFailingStagingGivesHostViewsNotACrash) {
