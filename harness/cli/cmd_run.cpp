@@ -343,10 +343,8 @@ class RunCommand {
       // on every device. One worker per device left a device idle while its
       // worker prepared (2 H200s, vllm x 4 seeds: 48.4 s with 1 per device,
       // 29.7 s with 4, against 35.3 s on one GPU with 4); up to 8 a device
-      // where the cores allow (one GPU of 32 cores: 31.8 s against 32.8 s,
-      // the harness alone 13% of the wall against 22%; PERFORMANCE.md).
-      const std::size_t devices = std::max<std::size_t>(1, devices_.size());
-      workers_ = std::clamp<std::size_t>(host_cpus() / (4 * devices), 1, 8);
+      // where the cores allow (auto_workers_per_device says how many).
+      workers_ = auto_workers_per_device(host_cpus(), std::max<std::size_t>(1, devices_.size()));
     }
     if (ra_.threads < 0) throw InputError("--threads must be >= 0 (0: every core)");
     if (!devices_.empty() && isolate_ != "process")

@@ -97,6 +97,12 @@ struct IsolationOptions {
 // taskset's limit), at least 1.
 std::size_t host_cpus();
 
+// `--workers auto` of a GPU run (--reference cuda): workers a device for
+// `cpus` host cores and `devices` GPUs. One device: one worker per 4 cores,
+// at most 8. Several: one per 2 cores in all, at most 16 in all and 8 a
+// device (the measurements behind both: PERFORMANCE.md, harness/cli/SCALE.md).
+std::size_t auto_workers_per_device(std::size_t cpus, std::size_t devices);
+
 // Several workers in all (io.devices x io.workers): unless the run gives
 // --threads (> 0), each worker gets its share of the cores as --threads in
 // io.argv (a --threads 0 there is replaced), and OMP_WAIT_POLICY=passive in

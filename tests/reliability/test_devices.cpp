@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "harness/reliability/isolate.h"
 #include "tests/reliability/run_mlagate.h"
 
 namespace mlagate::rel_test {
@@ -57,6 +58,22 @@ TEST(Devices, OneWorkerStreamPerDeviceAndTheRecordsOfOneDevice) {
 // Workers side by side never spin idle OpenMP threads, also with a --threads
 // of the user's (OMP_WAIT_POLICY=passive in their environment unless set):
 // spinning teams made a 2-GPU run 3.5x slower.
+TEST(Devices, AutoWorkersADevice) {
+  // One GPU: one worker per 4 cores, 1 to 8.
+  EXPECT_EQ(auto_workers_per_device(2, 1), 1u);
+  EXPECT_EQ(auto_workers_per_device(16, 1), 4u);
+  EXPECT_EQ(auto_workers_per_device(32, 1), 8u);
+  EXPECT_EQ(auto_workers_per_device(128, 1), 8u);
+  // Several: one per 2 cores in all, at most 16 in all and 8 a device.
+  EXPECT_EQ(auto_workers_per_device(32, 2), 8u);
+  EXPECT_EQ(auto_workers_per_device(16, 2), 4u);
+  EXPECT_EQ(auto_workers_per_device(64, 4), 4u);
+  EXPECT_EQ(auto_workers_per_device(64, 2), 8u);
+  EXPECT_EQ(auto_workers_per_device(128, 8), 2u);
+  EXPECT_EQ(auto_workers_per_device(4, 8), 1u);
+  EXPECT_EQ(auto_workers_per_device(0, 0), 1u);
+}
+
 TEST(Devices, WorkersSideBySideSleepWhenIdleWithAnyThreadCount) {
   const fs::path d = temp_dir("devices_omp");
   const fs::path log = d / "policy.log";
