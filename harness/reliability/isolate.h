@@ -99,8 +99,9 @@ std::size_t host_cpus();
 
 // `--workers auto` of a GPU run (--reference cuda): workers a device for
 // `cpus` host cores and `devices` GPUs. One device: one worker per 4 cores,
-// at most 8. Several: one per 2 cores in all, at most 16 in all and 8 a
-// device (the measurements behind both: PERFORMANCE.md, harness/cli/SCALE.md).
+// at most 8. Several: one per 2 cores in all up to 16 in all, and never
+// fewer than one per 4 cores in all; at most 8 a device (the measurements
+// behind both: PERFORMANCE.md, harness/cli/SCALE.md).
 std::size_t auto_workers_per_device(std::size_t cpus, std::size_t devices);
 
 // Several workers in all (io.devices x io.workers): unless the run gives

@@ -338,9 +338,11 @@ std::size_t auto_workers_per_device(std::size_t cpus, std::size_t devices) {
   // time-slice, and the host's work per job is what the wall waits for, so
   // more of them side by side pay (2 H200s, 32 cores: 8 a device 20.1 s
   // against 22.4-23.3 s with 4); 16 in all is the most measured (4 H200s,
-  // 64 cores: 4 a device 21.0 s, 3 21.2 s, 2 23.0 s).
+  // 64 cores: 4 a device 21.0 s, 3 21.2 s, 2 23.0 s), and never fewer than
+  // one per 4 cores in all (the rule before, on hosts of more cores).
   if (devices == 1) return std::clamp<std::size_t>(cpus / 4, 1, 8);
-  return std::clamp<std::size_t>(std::min<std::size_t>(cpus / 2, 16) / devices, 1, 8);
+  const std::size_t total = std::max(cpus / 4, std::min<std::size_t>(cpus / 2, 16));
+  return std::clamp<std::size_t>(total / devices, 1, 8);
 }
 
 void share_cores(IsolationOptions& io, int threads) {

@@ -64,12 +64,14 @@ TEST(Devices, AutoWorkersADevice) {
   EXPECT_EQ(auto_workers_per_device(16, 1), 4u);
   EXPECT_EQ(auto_workers_per_device(32, 1), 8u);
   EXPECT_EQ(auto_workers_per_device(128, 1), 8u);
-  // Several: one per 2 cores in all, at most 16 in all and 8 a device.
+  // Several: one per 2 cores in all up to 16, never fewer than one per 4
+  // cores in all, at most 8 a device.
   EXPECT_EQ(auto_workers_per_device(32, 2), 8u);
   EXPECT_EQ(auto_workers_per_device(16, 2), 4u);
   EXPECT_EQ(auto_workers_per_device(64, 4), 4u);
   EXPECT_EQ(auto_workers_per_device(64, 2), 8u);
-  EXPECT_EQ(auto_workers_per_device(128, 8), 2u);
+  EXPECT_EQ(auto_workers_per_device(128, 8), 4u);
+  EXPECT_EQ(auto_workers_per_device(256, 8), 8u);
   EXPECT_EQ(auto_workers_per_device(4, 8), 1u);
   EXPECT_EQ(auto_workers_per_device(0, 0), 1u);
 }
