@@ -66,6 +66,10 @@ const DeviceStaging kFakeProjecting{fake_upload, fake_to_scratch, fake_release, 
 std::shared_ptr<void> full_upload(const void*, std::size_t) { throw std::runtime_error("out of device memory"); }
 void* full_to_scratch(int, const void*, std::size_t, bool) { throw std::runtime_error("out of device memory"); }
 const DeviceStaging kFull{full_upload, full_to_scratch, fake_release};
+std::pair<std::shared_ptr<void>, std::shared_ptr<void>> full_project(const Case&, const TensorView&, const TensorView&) {
+  throw std::runtime_error("out of device memory");
+}
+const DeviceStaging kFullProjecting{full_upload, full_to_scratch, fake_release, full_project};
 
 // cpu.paged that says it reads prefill inputs on the device (the stand-in's
 // "device" is host memory, so it can); it notes what it was lent and may
@@ -145,40 +149,57 @@ void expect_same_metrics(const Record& a, const Record& b) {
   }
 }
 
-TEST(DeviceStaging, OneUploadPerEntryAndTheHostPathsBits) {
-  const RunConfig cfg = config();
+// The records of cpu.paged alone, without a staging (every later run's bits).
+Record host_path_record(const RunConfig& cfg) {
   std::vector<std::unique_ptr<Backend>> alone;
   alone.push_back(make_cpu_paged());
   const std::vector<Record> want = run_cases(cfg, alone);
-  ASSERT_EQ(want.size(), 1u);
-  ASSERT_EQ(want[0].status, Status::kPassed) << want[0].message;
+  EXPECT_EQ(want.size(), 1u);
+  EXPECT_EQ(want.at(0).status, Status::kPassed) << want.at(0).message;
+  return want.at(0);
+}
 
+// Three backends that read prefill inputs on the device (the second writes
+// into what it is lent) and one that reads them on the host, run under a
+// staging.
+struct Lineup {
+  std::vector<std::unique_ptr<Backend>> backends;
+  OnDevice* first = nullptr;
+  OnDevice* third = nullptr;
+  HostOnly* host = nullptr;
+  std::vector<Record> records;
+};
+std::unique_ptr<Lineup> run_lineup(const RunConfig& cfg, const DeviceStaging& staging) {
+  auto l = std::make_unique<Lineup>();
+  l->backends.push_back(std::make_unique<OnDevice>(false));
+  l->backends.push_back(std::make_unique<OnDevice>(true));
+  l->backends.push_back(std::make_unique<OnDevice>(false));
+  l->backends.push_back(std::make_unique<HostOnly>());
+  l->first = static_cast<OnDevice*>(l->backends[0].get());
+  l->third = static_cast<OnDevice*>(l->backends[2].get());
+  l->host = static_cast<HostOnly*>(l->backends[3].get());
+  const DeviceStagingScope scope(&staging);
+  l->records = run_cases(cfg, l->backends);
+  return l;
+}
+
+TEST(DeviceStaging, OneUploadPerEntryAndTheHostPathsBits) {
+  const RunConfig cfg = config();
+  const Record want = host_path_record(cfg);
   g_counts = {};
-  std::vector<std::unique_ptr<Backend>> bs;
-  bs.push_back(std::make_unique<OnDevice>(false));
-  bs.push_back(std::make_unique<OnDevice>(true));  // writes into what it is lent
-  bs.push_back(std::make_unique<OnDevice>(false));
-  bs.push_back(std::make_unique<HostOnly>());
-  auto* first = static_cast<OnDevice*>(bs[0].get());
-  auto* third = static_cast<OnDevice*>(bs[2].get());
-  auto* host = static_cast<HostOnly*>(bs[3].get());
-  std::vector<Record> got;
-  {
-    const DeviceStagingScope scope(&kFake);
-    got = run_cases(cfg, bs);
-  }
-  ASSERT_EQ(got.size(), 4u);
-  for (const Record& r : got) expect_same_metrics(want[0], r);
+  const auto l = run_lineup(cfg, kFake);
+  ASSERT_EQ(l->records.size(), 4u);
+  for (const Record& r : l->records) expect_same_metrics(want, r);
   // A causal call and at least two chunks of context per backend.
-  ASSERT_GE(first->calls, 3);
-  EXPECT_EQ(first->device_calls, first->calls);
-  EXPECT_EQ(third->device_calls, third->calls);
-  EXPECT_EQ(first->other_on_device, 0);  // q and the outputs stay on the host
-  EXPECT_EQ(host->device_calls, 0);
-  EXPECT_EQ(host->calls, first->calls);
+  ASSERT_GE(l->first->calls, 3);
+  EXPECT_EQ(l->first->device_calls, l->first->calls);
+  EXPECT_EQ(l->third->device_calls, l->third->calls);
+  EXPECT_EQ(l->first->other_on_device, 0);  // q and the outputs stay on the host
+  EXPECT_EQ(l->host->device_calls, 0);
+  EXPECT_EQ(l->host->calls, l->first->calls);
   // K and V of each entry uploaded once; every call of the three lent copies of them.
-  EXPECT_EQ(g_counts.uploads, 2 * first->calls);
-  EXPECT_EQ(g_counts.from_device, 2 * 3 * first->calls);
+  EXPECT_EQ(g_counts.uploads, 2 * l->first->calls);
+  EXPECT_EQ(g_counts.from_device, 2 * 3 * l->first->calls);
   EXPECT_EQ(g_counts.from_host, 0);
   EXPECT_EQ(g_counts.releases, 1);  // the scope's end
 }
@@ -196,58 +217,42 @@ TEST(DeviceStaging, KAndVProjectedOnTheDeviceNeverPassThroughTheHost) {
     const std::optional<AttentionEmulatorScope> emulation =
         emulator ? std::optional<AttentionEmulatorScope>(std::in_place, emulate_attention_fixed_order) : std::nullopt;
     const RunConfig cfg = config();
-    std::vector<std::unique_ptr<Backend>> alone;
-    alone.push_back(make_cpu_paged());
-    const std::vector<Record> want = run_cases(cfg, alone);
-    ASSERT_EQ(want.size(), 1u);
-    ASSERT_EQ(want[0].status, Status::kPassed) << want[0].message;
-
+    const Record want = host_path_record(cfg);
     g_counts = {};
     g_projections = 0;
-    std::vector<std::unique_ptr<Backend>> bs;
-    bs.push_back(std::make_unique<OnDevice>(false));
-    bs.push_back(std::make_unique<OnDevice>(true));  // writes into what it is lent
-    bs.push_back(std::make_unique<OnDevice>(false));
-    bs.push_back(std::make_unique<HostOnly>());
-    auto* first = static_cast<OnDevice*>(bs[0].get());
-    auto* third = static_cast<OnDevice*>(bs[2].get());
-    auto* host = static_cast<HostOnly*>(bs[3].get());
-    std::vector<Record> got;
-    {
-      const DeviceStagingScope scope(&kFakeProjecting);
-      got = run_cases(cfg, bs);
-    }
-    ASSERT_EQ(got.size(), 4u);
-    for (const Record& r : got) expect_same_metrics(want[0], r);
-    ASSERT_GE(first->calls, 3);
-    EXPECT_EQ(first->device_calls, first->calls);
-    EXPECT_EQ(third->device_calls, third->calls);
-    EXPECT_EQ(host->device_calls, 0);
-    EXPECT_EQ(host->calls, first->calls);
-    EXPECT_EQ(g_projections, first->calls);  // once per entry, whatever the backends
-    EXPECT_EQ(g_counts.uploads, 0);          // no host K and V went up
+    const auto l = run_lineup(cfg, kFakeProjecting);
+    ASSERT_EQ(l->records.size(), 4u);
+    for (const Record& r : l->records) expect_same_metrics(want, r);
+    ASSERT_GE(l->first->calls, 3);
+    EXPECT_EQ(l->first->device_calls, l->first->calls);
+    EXPECT_EQ(l->third->device_calls, l->third->calls);
+    EXPECT_EQ(l->host->device_calls, 0);
+    EXPECT_EQ(l->host->calls, l->first->calls);
+    EXPECT_EQ(g_projections, l->first->calls);  // once per entry, whatever the backends
+    EXPECT_EQ(g_counts.uploads, 0);             // no host K and V went up
     EXPECT_EQ(g_counts.from_host, 0);
-    EXPECT_EQ(g_counts.from_device, 2 * 3 * first->calls);
+    EXPECT_EQ(g_counts.from_device, 2 * 3 * l->first->calls);
   }
 }
 
 TEST(DeviceStaging, AFailingStagingGivesHostViewsNotACrash) {
   const RunConfig cfg = config();
-  std::vector<std::unique_ptr<Backend>> alone;
-  alone.push_back(make_cpu_paged());
-  const std::vector<Record> want = run_cases(cfg, alone);
-  std::vector<std::unique_ptr<Backend>> bs;
-  bs.push_back(std::make_unique<OnDevice>(false));
-  auto* b = static_cast<OnDevice*>(bs[0].get());
-  std::vector<Record> got;
-  {
-    const DeviceStagingScope scope(&kFull);
-    got = run_cases(cfg, bs);
+  const Record want = host_path_record(cfg);
+  for (const DeviceStaging* staging : {&kFull, &kFullProjecting}) {
+    SCOPED_TRACE(staging->project ? "with a projector" : "uploads");
+    std::vector<std::unique_ptr<Backend>> bs;
+    bs.push_back(std::make_unique<OnDevice>(false));
+    auto* b = static_cast<OnDevice*>(bs[0].get());
+    std::vector<Record> got;
+    {
+      const DeviceStagingScope scope(staging);
+      got = run_cases(cfg, bs);
+    }
+    ASSERT_EQ(got.size(), 1u);
+    expect_same_metrics(want, got[0]);  // PASSED, the harness's failure not blamed on the backend
+    EXPECT_GE(b->calls, 3);
+    EXPECT_EQ(b->device_calls, 0);
   }
-  ASSERT_EQ(got.size(), 1u);
-  expect_same_metrics(want[0], got[0]);  // PASSED, the harness's failure not blamed on the backend
-  EXPECT_GE(b->calls, 3);
-  EXPECT_EQ(b->device_calls, 0);
 }
 
 TEST(DeviceStaging, WithoutAStagingEveryBackendGetsHostViews) {

@@ -59,21 +59,17 @@ TEST(Devices, OneWorkerStreamPerDeviceAndTheRecordsOfOneDevice) {
 // of the user's (OMP_WAIT_POLICY=passive in their environment unless set):
 // spinning teams made a 2-GPU run 3.5x slower.
 TEST(Devices, AutoWorkersADevice) {
-  // One GPU: one worker per 4 cores, 1 to 8.
-  EXPECT_EQ(auto_workers_per_device(2, 1), 1u);
-  EXPECT_EQ(auto_workers_per_device(16, 1), 4u);
-  EXPECT_EQ(auto_workers_per_device(32, 1), 8u);
-  EXPECT_EQ(auto_workers_per_device(128, 1), 8u);
-  // Several: one per 2 cores in all up to 16, never fewer than one per 4
-  // cores in all, at most 8 a device.
-  EXPECT_EQ(auto_workers_per_device(32, 2), 8u);
-  EXPECT_EQ(auto_workers_per_device(16, 2), 4u);
-  EXPECT_EQ(auto_workers_per_device(64, 4), 4u);
-  EXPECT_EQ(auto_workers_per_device(64, 2), 8u);
-  EXPECT_EQ(auto_workers_per_device(128, 8), 4u);
-  EXPECT_EQ(auto_workers_per_device(256, 8), 8u);
-  EXPECT_EQ(auto_workers_per_device(4, 8), 1u);
-  EXPECT_EQ(auto_workers_per_device(0, 0), 1u);
+  struct Want {
+    std::size_t cpus, devices, workers;
+  };
+  for (const Want& w : {
+           // One GPU: one worker per 4 cores, 1 to 8.
+           Want{2, 1, 1}, Want{16, 1, 4}, Want{32, 1, 8}, Want{128, 1, 8},
+           // Several: one per 2 cores in all up to 16, never fewer than one per
+           // 4 cores in all, at most 8 a device.
+           Want{32, 2, 8}, Want{16, 2, 4}, Want{64, 4, 4}, Want{64, 2, 8}, Want{128, 8, 4}, Want{256, 8, 8},
+           Want{4, 8, 1}, Want{0, 0, 1}})
+    EXPECT_EQ(auto_workers_per_device(w.cpus, w.devices), w.workers) << w.cpus << " cores, " << w.devices << " devices";
 }
 
 TEST(Devices, WorkersSideBySideSleepWhenIdleWithAnyThreadCount) {
