@@ -482,12 +482,18 @@ void mha_emulated(const Case& c, std::span<const int> req, Kv16Of&& kv16_of, Sdp
   }
 }
 
+// Whether the projection's latent rows are the model dtype's, so that
+// name_latent names them.
+bool latent_nameable(const Case& c, const KvProjection& p) {
+  return p.kv().dtype() == c.spec.dtype && p.pe().dtype() == c.spec.dtype && !p.kv().empty();
+}
+
 // Names request i's latent rows in `a` where the projection holds them in the
 // model dtype, one after another.
 void name_latent(const Case& c, const KvProjection& p, int i, EmulatedAttention& a) {
   const Tensor& kv = p.kv();
   const Tensor& pe = p.pe();
-  if (kv.dtype() != c.spec.dtype || pe.dtype() != c.spec.dtype || kv.empty()) return;
+  if (!latent_nameable(c, p)) return;
   const Index kv0 = c.kv_start_loc[i];
   a.latent = kv.data<std::uint16_t>() + kv0 * kv.dim(1);
   a.rope = pe.data<std::uint16_t>() + kv0 * pe.dim(1);
@@ -499,11 +505,6 @@ void name_latent(const Case& c, const KvProjection& p, int i, EmulatedAttention&
 bool emulator_takes_queries(const Case& c) {
   return g_emulator && c.q.view().dtype == c.spec.dtype &&
          (c.spec.dtype == DType::kBF16 || c.spec.dtype == DType::kF16);
-}
-
-// Whether name_latent names the projection's latent rows.
-bool latent_nameable(const Case& c, const KvProjection& p) {
-  return p.kv().dtype() == c.spec.dtype && p.pe().dtype() == c.spec.dtype && !p.kv().empty();
 }
 
 // K [S, N, P+R] and V [S, N, V] rows of request i, head h, as fp32 (model-dtype values).
@@ -528,8 +529,7 @@ void emulate_prefill_form(const Case& c, std::span<const int> req, const KvProje
   // The emulator projects K and V itself from named latent rows: then the
   // projection need not hold the rows (the glue's device-only K and V offer
   // none, harness/run/layer.h).
-  const bool reads_latent = emulator_takes_queries(c) && latent_nameable(c, *shared);
-  if (!reads_latent && !std::all_of(req.begin(), req.end(), [&](int i) { return shared->has(i); }))
+  if (!prefill_emulation_reads_latent(c, *shared) && !std::all_of(req.begin(), req.end(), [&](int i) { return shared->has(i); }))
     throw std::logic_error("sdpa emulation: the shared KvProjection lacks a request's rows");
   const Dimensions x = dims_of(c);
   const Index QW = x.P + x.R;

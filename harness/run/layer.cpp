@@ -138,12 +138,29 @@ std::uint64_t fingerprint(const void* data, std::size_t nbytes) {
   return print;
 }
 
+namespace {
+
+// A memo entry's key: its latent and rope rows' prints. fingerprint(): a long
+// context's megabytes on every thread, where std::hash would take one.
+std::size_t input_hash(const Tensor& kv, const Tensor& pe) {
+  return fingerprint(kv) ^ (fingerprint(pe) * 0x9e3779b97f4a7c15ull);
+}
+
+// The entry of `entries` (Projection or DeviceProjection) made from exactly
+// these input bytes, or null.
+template <class Entries>
+auto* find_entry(const Entries& entries, std::size_t h, const Tensor& kv, const Tensor& pe) {
+  for (const auto& p : entries)
+    if (p->hash == h && same_bytes(p->kv, kv) && same_bytes(p->pe, pe)) return p.get();
+  return static_cast<decltype(entries.front().get())>(nullptr);
+}
+
+}  // namespace
+
 std::pair<const Tensor*, const Tensor*> LayerMemo::up_project(const Case& c, const Tensor& kv, const Tensor& pe,
                                                               std::span<const std::int64_t> rows, KvProjection* known) {
-  // fingerprint(): a long context's megabytes on every thread, where std::hash would take one.
-  const std::size_t h = fingerprint(kv) ^ (fingerprint(pe) * 0x9e3779b97f4a7c15ull);
-  for (const auto& p : projections_)
-    if (p->hash == h && same_bytes(p->kv, kv) && same_bytes(p->pe, pe)) return {p->k.get(), p->v.get()};
+  const std::size_t h = input_hash(kv, pe);
+  if (const auto* p = find_entry(projections_, h, kv, pe)) return {p->k.get(), p->v.get()};
   spare_.reset();  // valid until this call only: its memory serves the new one
   auto p = std::make_unique<Projection>();
   p->hash = h;
@@ -230,10 +247,8 @@ std::pair<void*, void*> LayerMemo::on_device(const DeviceStaging& s, const Tenso
 std::pair<void*, void*> LayerMemo::project_on_device(const DeviceStaging& s, const Case& c, const Tensor& kv,
                                                      const Tensor& pe) {
   if (!s.project) throw std::logic_error("LayerMemo::project_on_device: the staging has no projector");
-  const std::size_t h = fingerprint(kv) ^ (fingerprint(pe) * 0x9e3779b97f4a7c15ull);
-  DeviceProjection* hit = nullptr;
-  for (const auto& p : device_projections_)
-    if (p->hash == h && same_bytes(p->kv, kv) && same_bytes(p->pe, pe)) hit = p.get();
+  const std::size_t h = input_hash(kv, pe);
+  DeviceProjection* hit = find_entry(device_projections_, h, kv, pe);
   if (!hit) {
     spare_device_.reset();  // valid until this call only: its device memory serves the new one
     auto p = std::make_unique<DeviceProjection>();
@@ -441,62 +456,59 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
         b.prefill(a);
         run.run_ms += backend_call_done(t0);
       };
-      if (staging && staging->project) {
-        // K and V made on the device and lent there: they never pass through
-        // host memory. A harness failure here (device memory taken by the
-        // backends, say) is not the backend's: it takes the host path below.
-        bool made = false;
+      // K and V made on the device and lent there: they never pass through
+      // host memory. A harness failure here (device memory taken by the
+      // backends, say) is not the backend's: it takes the host path below.
+      const auto made_on_device = [&] {
+        if (!staging || !staging->project) return false;
         try {
-          const Dims& dm = c.spec.dims;
+          const auto [dk, dv] = memo->project_on_device(*staging, c, kv, pe);
           const std::int64_t s = kv.dim(0);
-          void* dk = nullptr;
-          void* dv = nullptr;
-          std::tie(dk, dv) = memo->project_on_device(*staging, c, kv, pe);
-          a.k = TensorView{c.spec.dtype, {s, N, dm.nope_dim + dm.rope_dim}, dk};
+          a.k = TensorView{c.spec.dtype, {s, N, d.nope_dim + d.rope_dim}, dk};
           a.v = TensorView{c.spec.dtype, {s, N, V}, dv};
-          a.k.on_device = a.v.on_device = made = true;
+          a.k.on_device = a.v.on_device = true;
+          return true;
         } catch (const std::exception&) {
+          return false;
         }
-        if (made) {
-          call();
-          note_guard(run, o, what + " o");
-          note_guard(run, l, what + " lse");
-          return;
-        }
-      }
-      Tensor k, v;  // without a memo
-      const Tensor* mk = nullptr;
-      const Tensor* mv = nullptr;
-      if (memo) {
-        std::tie(mk, mv) = memo->up_project(c, kv, pe, rows, known);
-      } else {
-        up_project_kv(c, kv.view(), pe.view(), k, v);
-      }
-      a.k = memo ? mk->view() : k.view();
-      a.v = memo ? mv->view() : v.view();
-      bool on_device = false;
-      if (staging) {
-        // A harness failure here (device memory taken by the backends, say)
-        // is not the backend's: it gets host views, as without a staging,
-        // and uploads them itself.
-        try {
-          std::tie(a.k.data, a.v.data) = memo->on_device(*staging, mk, mv);
-          a.k.on_device = a.v.on_device = on_device = true;
-        } catch (const std::exception&) {
-          a.k.data = const_cast<std::byte*>(mk->bytes());
-          a.v.data = const_cast<std::byte*>(mv->bytes());
-        }
-      }
-      if (memo && !on_device) memo->lending(mk, mv);
-      try {
+      };
+      if (made_on_device()) {
         call();
-      } catch (...) {
-        // Checked even so: a backend that wrote into the host tensors it was
-        // lent and then threw must not leave them damaged for the next one.
-        if (memo && !on_device) memo->returned(mk, mv);
-        throw;
+      } else {
+        Tensor k, v;  // without a memo
+        const Tensor* mk = nullptr;
+        const Tensor* mv = nullptr;
+        if (memo) {
+          std::tie(mk, mv) = memo->up_project(c, kv, pe, rows, known);
+        } else {
+          up_project_kv(c, kv.view(), pe.view(), k, v);
+        }
+        a.k = memo ? mk->view() : k.view();
+        a.v = memo ? mv->view() : v.view();
+        bool on_device = false;
+        if (staging) {
+          // A harness failure here (device memory taken by the backends, say)
+          // is not the backend's: it gets host views, as without a staging,
+          // and uploads them itself.
+          try {
+            std::tie(a.k.data, a.v.data) = memo->on_device(*staging, mk, mv);
+            a.k.on_device = a.v.on_device = on_device = true;
+          } catch (const std::exception&) {
+            a.k.data = const_cast<std::byte*>(mk->bytes());
+            a.v.data = const_cast<std::byte*>(mv->bytes());
+          }
+        }
+        if (memo && !on_device) memo->lending(mk, mv);
+        try {
+          call();
+        } catch (...) {
+          // Checked even so: a backend that wrote into the host tensors it was
+          // lent and then threw must not leave them damaged for the next one.
+          if (memo && !on_device) memo->returned(mk, mv);
+          throw;
+        }
+        if (memo && !on_device) memo->returned(mk, mv);  // lent on the device: the host's copies were not
       }
-      if (memo && !on_device) memo->returned(mk, mv);  // lent on the device: the host's copies were not
       note_guard(run, o, what + " o");
       note_guard(run, l, what + " lse");
     };
