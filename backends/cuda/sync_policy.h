@@ -1,9 +1,11 @@
 // How a process's host threads wait for the GPU (MLAGATE_CUDA_SYNC), set
-// before its CUDA context exists: a measurement knob. CUDA's default (spin
-// while few contexts) stays: blocking, which frees the core a waiting worker
-// spins, made the 4-seed vllm run on one H200 with 8 workers slower (34.2 s
-// against 31.3 s) and two GPUs no faster (PERFORMANCE.md, "Where the time of
-// a second GPU goes"). No CUDA header here: callers need none.
+// before its CUDA context exists: a measurement knob, and for a shared host.
+// CUDA's default (spin while few contexts) stays: blocking, which frees the
+// core a waiting worker spins, made the 4-seed vllm run on one H200 with 8
+// workers slower once (34.2 s against 31.3 s; PERFORMANCE.md, "Where the time
+// of a second GPU goes") and left it and two GPUs as fast another time, with
+// a quarter to a third less user CPU (PERFORMANCE.md, "What a second GPU's
+// workers wait for"). No CUDA header here: callers need none.
 #pragma once
 
 #include <string>

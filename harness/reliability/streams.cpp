@@ -353,6 +353,13 @@ void share_cores(IsolationOptions& io, int threads) {
   // of the user's included: 8 workers of 10 spinning threads on 32 cores took
   // the 4-seed vllm run from 28.8 s to 100.8 s (3058 s of user time; PERFORMANCE.md).
   if (!std::getenv("OMP_WAIT_POLICY")) io.env.push_back("OMP_WAIT_POLICY=passive");
+  // Workers side by side fault in and zero the pages of each case's large
+  // host buffers again and again; glibc's malloc asking for transparent huge
+  // pages (madvise) cut the system time of the 4-seed vllm run on 2 H200s
+  // from 39-54 s to 28-30 s and its 20-21 s wall by 0.5-1 s, the same bits (PERFORMANCE.md,
+  // "What a second GPU's workers wait for"). An older glibc ignores the tunable,
+  // a host without THP too; the user's GLIBC_TUNABLES is left as it is.
+  if (!std::getenv("GLIBC_TUNABLES")) io.env.push_back("GLIBC_TUNABLES=glibc.malloc.hugetlb=1");
   if (threads > 0) return;
   // About one worker per device is in a backend call at a time (waiting on
   // its GPU, one thread), so the others' parallel phases share the cores:
