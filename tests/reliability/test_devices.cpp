@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <set>
 #include <sstream>
+#include <string>
 
 #include "harness/reliability/isolate.h"
 #include "tests/reliability/run_mlagate.h"
@@ -73,6 +75,20 @@ TEST(Devices, AutoWorkersADevice) {
 }
 
 TEST(Devices, WorkersSideBySideSleepWhenIdleWithAnyThreadCount) {
+  // The test presets set OMP_WAIT_POLICY=passive for every test (tests side by
+  // side share the cores); unset here, the workers' passive must be the run's.
+  struct Unset {
+    const char* name;
+    std::string saved;
+    bool had;
+    explicit Unset(const char* n) : name(n), had(std::getenv(n) != nullptr) {
+      if (had) saved = std::getenv(n);
+      ::unsetenv(n);
+    }
+    ~Unset() {
+      if (had) ::setenv(name, saved.c_str(), 1);
+    }
+  } omp("OMP_WAIT_POLICY"), malloc_tunables("GLIBC_TUNABLES");
   const fs::path d = temp_dir("devices_omp");
   const fs::path log = d / "policy.log";
   const std::string exec =
