@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Builds one tests/fuzz target with clang (libFuzzer, ASan, UBSan) and runs it
-# for a bounded time. Prints "SKIPPED: ..." (ctest reports the test skipped,
-# never passed) when clang or libFuzzer is missing.
+# Builds the tests/fuzz targets with clang (libFuzzer, ASan, UBSan) and runs
+# one for a bounded time. Prints "SKIPPED: ..." (ctest reports the test
+# skipped, never passed) when clang or libFuzzer is missing.
+#   run_fuzz.sh SOURCE_DIR BUILD_DIR build
+#       configures BUILD_DIR and builds both targets (ctest's Fuzz.Build, the
+#       fixture of the two runs: one build, so that the sources both targets
+#       share compile once and two runs never build one folder side by side)
 #   run_fuzz.sh SOURCE_DIR BUILD_DIR SECONDS fuzz_suite
 #       seeded with the built-in suite files
 #   run_fuzz.sh SOURCE_DIR BUILD_DIR SECONDS fuzz_golden MLAGATE
 #       seeded with a small golden file that MLAGATE exports
 set -uo pipefail
-src=$1 build=$2 seconds=$3 target=$4 mlagate=${5:-}
+src=$1 build=$2 seconds=$3 target=${4:-} mlagate=${5:-}
 cxx=$(command -v clang++ || true)
 if [ -z "$cxx" ]; then echo "SKIPPED: no clang++ (scripts/bootstrap.sh installs clang)"; exit 0; fi
 # libFuzzer ships with clang's runtime; probe it before building anything.
@@ -17,10 +21,15 @@ if ! "$cxx" -fsanitize=fuzzer "$probe/p.cpp" -o "$probe/p" >/dev/null 2>&1; then
   rm -rf "$probe"; echo "SKIPPED: $cxx has no libFuzzer runtime"; exit 0
 fi
 rm -rf "$probe"
-mkdir -p "$build"
-cmake -S "$src/tests/fuzz" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DMLAGATE_SOURCE_DIR="$src" >"$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
-cmake --build "$build" -j2 --target "$target" >"$build/build-$target.log" 2>&1 || { tail -40 "$build/build-$target.log"; exit 1; }
+if [ "$seconds" = build ]; then
+  mkdir -p "$build"
+  cmake -S "$src/tests/fuzz" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DMLAGATE_SOURCE_DIR="$src" >"$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
+  cmake --build "$build" -j"$(nproc)" >"$build/build.log" 2>&1 || { tail -40 "$build/build.log"; exit 1; }
+  echo "built fuzz_suite and fuzz_golden in $build"
+  exit 0
+fi
+[ -x "$build/$target" ] || { echo "no $build/$target: run_fuzz.sh $src $build build first (ctest: Fuzz.Build)"; exit 1; }
 corpus="$build/corpus-$target"
 rm -rf "$corpus"
 mkdir -p "$corpus"
