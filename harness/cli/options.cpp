@@ -2,6 +2,8 @@
 // validation and their serialization back into flags.
 #include "harness/cli/options.h"
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <filesystem>
 #include <optional>

@@ -4,8 +4,6 @@
 // runs: one serialization, so a printed command reruns exactly what ran.
 #pragma once
 
-#include <CLI/CLI.hpp>
-
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -15,6 +13,12 @@
 #include "cases/paged_cache.h"
 #include "golden/golden_file.h"
 #include "reference/compare.h"
+
+// Only pointers to CLI11's App here: CLI11 is header-only and costs about
+// 10 s of compile in every file that includes it (options.cpp and cli.cpp do).
+namespace CLI {
+class App;
+}  // namespace CLI
 
 namespace mlagate {
 
