@@ -3,6 +3,6 @@
 # compiles them itself with clang's instrumentation. MLAGATE_CASES_DIR must be set.
 set(MLAGATE_CASES_SOURCES)
 foreach(f op.cpp dtype.cpp encoding.cpp fp8.cpp tensor.cpp case_spec.cpp generator.cpp case.cpp paged_cache.cpp
-          sparse.cpp merge.cpp suite.cpp explore_space.cpp input_store.cpp remove_tree.cpp)
+          sparse.cpp merge.cpp suite.cpp explore_space.cpp input_store.cpp process_slot.cpp remove_tree.cpp)
   list(APPEND MLAGATE_CASES_SOURCES ${MLAGATE_CASES_DIR}/${f})
 endforeach()

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cases/errors.h"
+#include "cases/process_slot.h"
 
 namespace mlagate {
 
@@ -22,6 +23,12 @@ std::string CudaDeviceInfo::str() const {
 const CudaDeviceInfo& cuda_device_info() {
   static const CudaDeviceInfo info = [] {
     CudaDeviceInfo d;
+    // Workers side by side start their CUDA a few at a time (cases/process_slot.h):
+    // the driver serializes the start-ups (cuInit, the context) of a host's
+    // processes, and all of them starting together had every worker wait for
+    // the last (PERFORMANCE.md, "The workers' CUDA start-up"). Held to the
+    // end of this initialisation; a stuck holder is waited for 10 s at most.
+    const ProcessSlot slot = ProcessSlot::from_environment(std::chrono::seconds(10));
     // Before the first call that makes the context (cudaMemGetInfo below).
     d.sync_policy = apply_cuda_sync_policy();
     int count = 0;

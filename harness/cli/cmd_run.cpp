@@ -23,6 +23,7 @@
 #include "cases/errors.h"
 #include "cases/generator.h"
 #include "cases/input_store.h"
+#include "cases/process_slot.h"
 #include "harness/cli/cli.h"
 #include "backends/exec/subprocess.h"
 #include "harness/cli/commands.h"
@@ -454,6 +455,11 @@ class RunCommand {
         try {
           input_store_ = InputStoreFolder::create();
           io.env.push_back(input_store_.env());
+#if MLAGATE_HAS_CUDA
+          // And start their CUDA a few at a time, in slots kept in that folder
+          // (cases/process_slot.h, backends/cuda/device.cpp).
+          io.env.push_back(std::string(kProcessSlotFolderVariable) + "=" + input_store_.path());
+#endif
         } catch (const std::exception& e) {
           if (!ra_.quiet) std::fprintf(stderr, "mlagate: %s; each worker draws its own inputs\n", e.what());
         }
