@@ -54,23 +54,51 @@ struct ModeRun {
   }
 };
 
-ModeRun run_with(std::unique_ptr<Backend> backend, ServingMode mode, std::vector<Op> ops, const Policy& policy,
-             std::vector<CaseSpec> cases = serving_cases()) {
+// Several backends in one run: each case is prepared (inputs, caches, the
+// reference, the baseline) once for all of them, as `mlagate run` does; each
+// backend's records are its own (graphs are kept per backend), so the split
+// by backend is what a run of each alone gives.
+std::map<std::string, ModeRun> run_each(std::vector<std::unique_ptr<Backend>> bs, ServingMode mode, std::vector<Op> ops,
+                                        const Policy& policy, std::vector<CaseSpec> cases = serving_cases()) {
   if (mode.cuda_graph) mode.graphs = make_graph_store();  // graphs live as long as the run
   if (mode.steps > 0)
     for (CaseSpec& c : cases) c = decode_loop_spec(c, mode.steps);
-  std::vector<std::unique_ptr<Backend>> bs;
-  bs.push_back(std::move(backend));
+  std::map<std::string, ModeRun> out;
+  for (const auto& b : bs) out[std::string(b->name())];  // a backend without records still has its entry
   RunConfig cfg;
   cfg.cases = std::move(cases);
   cfg.ops = std::move(ops);
   cfg.policy = policy;
   if (mode.active())
     cfg.run_job = [&cfg, mode](CaseContext& ctx, Backend& b, Op op) { return run_serving(ctx, b, op, cfg, mode); };
-  ModeRun r;
-  r.records = run_cases(cfg, bs);
-  for (const Record& rec : r.records) ++r.counts[rec.status];
-  return r;
+  for (Record& rec : run_cases(cfg, bs)) {
+    ModeRun& r = out[rec.backend];
+    ++r.counts[rec.status];
+    r.records.push_back(std::move(rec));
+  }
+  return out;
+}
+
+ModeRun run_with(std::unique_ptr<Backend> backend, ServingMode mode, std::vector<Op> ops, const Policy& policy,
+                 std::vector<CaseSpec> cases = serving_cases()) {
+  const std::string name(backend->name());
+  std::vector<std::unique_ptr<Backend>> bs;
+  bs.push_back(std::move(backend));
+  return run_each(std::move(bs), std::move(mode), std::move(ops), policy, std::move(cases)).at(name);
+}
+
+// The two correct CPU backends (dense, or sparse).
+std::vector<std::unique_ptr<Backend>> correct_dense() {
+  std::vector<std::unique_ptr<Backend>> bs;
+  bs.push_back(make_cpu_paged());
+  bs.push_back(make_cpu_splitkv());
+  return bs;
+}
+std::vector<std::unique_ptr<Backend>> correct_sparse() {
+  std::vector<std::unique_ptr<Backend>> bs;
+  bs.push_back(make_cpu_sparse());
+  bs.push_back(make_cpu_sparse_splitkv());
+  return bs;
 }
 
 // Coarse capture sizes: every batch of the suites is padded (B < 8).
@@ -161,14 +189,16 @@ TEST(Serving, LseBaseHintNamesLog2) {
 // The correct CPU backends pass every mode (no BATCH_VARIANT either: their
 // bits do not depend on the batch).
 TEST(Serving, CorrectBackendsPassEveryMode) {
-  for (auto make : {make_cpu_paged, make_cpu_splitkv})
-    for (const ServingMode& m : {graph(), graph(default_capture_sizes()), bi(), dcp(2), dcp(4, 16), dcp(8, 3), steps(8)}) {
-      const ModeRun r = run_with(make(), m, {Op::kDecode}, baseline());
-      EXPECT_EQ(r.failures(), 0) << make()->name() << " " << m.name() << ": " << r.first_failure();
-      EXPECT_EQ(r.counts.count(Status::kBatchVariant), 0u) << make()->name();
-      EXPECT_GT(r.counts.at(Status::kPassed), 10) << make()->name() << " " << m.name();
+  for (const ServingMode& m : {graph(), graph(default_capture_sizes()), bi(), dcp(2), dcp(4, 16), dcp(8, 3), steps(8)}) {
+    const auto runs = run_each(correct_dense(), m, {Op::kDecode}, baseline());
+    ASSERT_EQ(runs.size(), 2u);
+    for (const auto& [name, r] : runs) {
+      EXPECT_EQ(r.failures(), 0) << name << " " << m.name() << ": " << r.first_failure();
+      EXPECT_EQ(r.counts.count(Status::kBatchVariant), 0u) << name;
+      EXPECT_GT(r.counts.count(Status::kPassed) ? r.counts.at(Status::kPassed) : 0, 10) << name << " " << m.name();
       for (const Record& rec : r.records) EXPECT_EQ(rec.mode, m.name());
     }
+  }
 }
 
 // Each planted serving bug: every plain run passes (decode, layer and
@@ -178,14 +208,29 @@ TEST(Serving, EachPlantedBugIsCaughtByExactlyItsMode) {
   const std::vector<std::pair<std::string, ServingMode>> modes = {
       {"--cuda-graph", graph()}, {"--check batch-invariance", bi()}, {"--dcp 2", dcp(2)}, {"--steps 8", steps(8)}};
   ASSERT_EQ(planted_serving_bugs().size(), 6u);
+  // The bugs judged by one policy run side by side, in one run per mode (the
+  // cases prepared once for all of them; each bug's records are its own).
+  std::map<std::string, ModeRun> plain_runs;
+  std::vector<std::map<std::string, ModeRun>> mode_runs(modes.size());
+  for (const bool log2 : {false, true}) {
+    const auto bugs = [log2] {
+      std::vector<std::unique_ptr<Backend>> bs;
+      for (const PlantedServingBug& sb : planted_serving_bugs())
+        if ((sb.bug.name == "bug.lse_log2") == log2) bs.push_back(sb.bug.make());
+      return bs;
+    };
+    const Policy policy = log2 ? vllm() : baseline();
+    plain_runs.merge(run_each(bugs(), ServingMode{}, {Op::kDecode, Op::kLayer, Op::kCacheWrite}, policy));
+    for (std::size_t i = 0; i < modes.size(); ++i) mode_runs[i].merge(run_each(bugs(), modes[i].second, {Op::kDecode}, policy));
+  }
   for (const PlantedServingBug& sb : planted_serving_bugs()) {
     const PlantedBug& bug = sb.bug;
-    const Policy policy = bug.name == "bug.lse_log2" ? vllm() : baseline();
-    const ModeRun plain = run_with(bug.make(), ServingMode{}, {Op::kDecode, Op::kLayer, Op::kCacheWrite}, policy);
+    const ModeRun& plain = plain_runs.at(bug.name);
     EXPECT_EQ(plain.failures(), 0) << bug.name << " fails a plain run: " << plain.first_failure();
     EXPECT_EQ(plain.counts.count(Status::kBatchVariant), 0u);
-    for (const auto& [flags, mode] : modes) {
-      const ModeRun r = run_with(bug.make(), mode, {Op::kDecode}, policy);
+    for (std::size_t i = 0; i < modes.size(); ++i) {
+      const std::string& flags = modes[i].first;
+      const ModeRun& r = mode_runs[i].at(bug.name);
       if (flags != sb.mode) {
         EXPECT_EQ(r.failures(), 0) << bug.name << " caught by " << flags << ", not its mode: " << r.first_failure();
         continue;
@@ -245,11 +290,12 @@ TEST(Serving, EachPlantedBugIsCaughtByExactlyItsMode) {
 TEST(Serving, SparseDecodeBatchInvariance) {
   std::vector<CaseSpec> cases = load_suite("sparse").cases;
   for (const CaseSpec& c : load_suite("v4").cases) cases.push_back(c);
-  for (auto make : {make_cpu_sparse, make_cpu_sparse_splitkv}) {
-    const ModeRun r = run_with(make(), bi(), {Op::kSparseDecode}, baseline(), cases);
-    EXPECT_EQ(r.failures(), 0) << r.first_failure();
-    EXPECT_EQ(r.counts.count(Status::kBatchVariant), 0u);
-    EXPECT_GT(r.counts.at(Status::kPassed), 20);
+  const auto correct = run_each(correct_sparse(), bi(), {Op::kSparseDecode}, baseline(), cases);
+  ASSERT_EQ(correct.size(), 2u);
+  for (const auto& [name, r] : correct) {
+    EXPECT_EQ(r.failures(), 0) << name << ": " << r.first_failure();
+    EXPECT_EQ(r.counts.count(Status::kBatchVariant), 0u) << name;
+    EXPECT_GT(r.counts.count(Status::kPassed) ? r.counts.at(Status::kPassed) : 0, 20) << name;
   }
   const PlantedServingBug sb = planted_sparse_batch_bug();
   const ModeRun plain = run_with(sb.bug.make(), ServingMode{}, {Op::kSparseDecode, Op::kSparsePrefill}, baseline(), cases);
@@ -273,11 +319,12 @@ TEST(Serving, SparseDecodeBatchInvariance) {
 TEST(Serving, SparseDcpAndDecodeLoops) {
   std::vector<CaseSpec> cases = load_suite("sparse").cases;
   for (const CaseSpec& c : load_suite("v4").cases) cases.push_back(c);
-  for (auto make : {make_cpu_sparse, make_cpu_sparse_splitkv})
-    for (const ServingMode& m : {dcp(2), dcp(4, 16), dcp(8, 3), steps(8)}) {
-      const ModeRun r = run_with(make(), m, {Op::kSparseDecode}, baseline(), cases);
-      EXPECT_EQ(r.failures(), 0) << m.name() << ": " << r.first_failure();
-      EXPECT_GT(r.counts.at(Status::kPassed), 40) << m.name();
+  for (const ServingMode& m : {dcp(2), dcp(4, 16), dcp(8, 3), steps(8)}) {
+    const auto runs = run_each(correct_sparse(), m, {Op::kSparseDecode}, baseline(), cases);
+    ASSERT_EQ(runs.size(), 2u);
+    for (const auto& [name, r] : runs) {
+      EXPECT_EQ(r.failures(), 0) << name << " " << m.name() << ": " << r.first_failure();
+      EXPECT_GT(r.counts.count(Status::kPassed) ? r.counts.at(Status::kPassed) : 0, 40) << name << " " << m.name();
       for (const Record& rec : r.records) {
         if (rec.status != Status::kPassed) continue;
         if (m.steps > 0) {
@@ -288,6 +335,7 @@ TEST(Serving, SparseDcpAndDecodeLoops) {
         }
       }
     }
+  }
   const PlantedServingBug sb = planted_sparse_lse_bug();
   const ModeRun plain = run_with(sb.bug.make(), ServingMode{}, {Op::kSparseDecode}, vllm(), cases);
   EXPECT_EQ(plain.failures(), 0) << plain.first_failure();
@@ -315,13 +363,14 @@ TEST(Serving, SparseGraphMode) {
         x.seed = c.seed + static_cast<std::uint64_t>(seed);
         cases.push_back(x);
       }
-  for (auto make : {make_cpu_sparse, make_cpu_sparse_splitkv}) {
-    const ModeRun r = run_with(make(), graph(), {Op::kSparseDecode}, baseline(), cases);
-    EXPECT_EQ(r.failures(), 0) << r.first_failure();
-    EXPECT_GT(r.counts.at(Status::kPassed), 30);
+  const auto correct = run_each(correct_sparse(), graph(), {Op::kSparseDecode}, baseline(), cases);
+  ASSERT_EQ(correct.size(), 2u);
+  for (const auto& [name, r] : correct) {
+    EXPECT_EQ(r.failures(), 0) << name << ": " << r.first_failure();
+    EXPECT_GT(r.counts.count(Status::kPassed) ? r.counts.at(Status::kPassed) : 0, 30) << name;
     int replayed = 0;
     for (const Record& rec : r.records) replayed += rec.message.find("replayed, captured at") != std::string::npos;
-    EXPECT_GT(replayed, 10);
+    EXPECT_GT(replayed, 10) << name;
   }
   const PlantedServingBug sb = planted_sparse_graph_bug();
   const ModeRun plain = run_with(sb.bug.make(), ServingMode{}, {Op::kSparseDecode}, baseline(), cases);
