@@ -77,9 +77,11 @@ TEST(Detection, EveryPlantedBugFailsWithItsStatus) {
     EXPECT_GT(o.counts[bug.expected], 0) << "never reported " << status_name(bug.expected);
     // No other failure status: the verdict names the bug class correctly.
     const std::vector<Status> ok = allowed(bug);
-    for (const auto& [st, n] : o.counts)
-      if (status_is_failure(st))
+    for (const auto& [st, n] : o.counts) {
+      if (status_is_failure(st)) {
         EXPECT_NE(std::find(ok.begin(), ok.end(), st), ok.end()) << n << " x " << status_name(st) << "; " << o.first_failure;
+      }
+    }
     std::printf("%-26s fixed: %s (%d of %zu cases) %s\n", bug.name.c_str(), std::string(status_name(bug.expected)).c_str(),
                 o.counts[bug.expected], detection_cases().size(), o.first_failure.c_str());
   }
@@ -142,8 +144,14 @@ TEST_P(CorrectBackends, PassEveryCase) {
   // runs as three tests so that ctest spreads it over the CI machine's cores.
   const std::string param = GetParam();
   const std::size_t colon = param.find(':');
+  // fp8_e4m3 caches hold fp8's bytes (one e4m3 encoding and k_scale,
+  // cases/fp8.h; every CPU kernel reads them alike): vllm:fp8 runs TP 1's
+  // shapes, and fp8_e4m3 runs the other TP degrees without them (TP 1 was two
+  // thirds of this test's time on the 2-core CI machine).
+  const bool e4m3 = param == "vllm:fp8_e4m3";
   for (CaseSpec& c : load_suite(param.substr(0, colon)).cases)
-    if (colon == std::string::npos || kv_cache_dtype_name(c.kv_cache_dtype) == param.substr(colon + 1))
+    if ((colon == std::string::npos || kv_cache_dtype_name(c.kv_cache_dtype) == param.substr(colon + 1)) &&
+        !(e4m3 && c.tp == 1))
       cfg.cases.push_back(std::move(c));
   ASSERT_FALSE(cfg.cases.empty()) << param;
   // The fixed policy is strictly tighter than vllm's (same rtol, atol 0.01 < 0.5,
