@@ -16,7 +16,8 @@ namespace mlagate {
 // sets their number (a measurement aid; 0: no slots).
 inline constexpr const char* kProcessSlotFolderVariable = "MLAGATE_DEVICE_START_SLOTS";
 inline constexpr const char* kProcessSlotCountVariable = "MLAGATE_DEVICE_START_SLOT_COUNT";
-inline constexpr int kDefaultProcessSlots = 2;
+// 4: in 3 pairs of runs on 2 H200s 4 slots were ahead of 2 (PERFORMANCE.md).
+inline constexpr int kDefaultProcessSlots = 4;
 
 class ProcessSlot {
  public:
