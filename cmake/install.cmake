@@ -17,6 +17,11 @@ set(MLAGATE_INSTALL_INCLUDEDIR "${CMAKE_INSTALL_INCLUDEDIR}")
 # libtorch) stay on its run path.
 set_target_properties(mlagate PROPERTIES INSTALL_RPATH_USE_LINK_PATH TRUE)
 install(TARGETS mlagate RUNTIME DESTINATION "${MLAGATE_INSTALL_BINDIR}")
+# The libtorch reference module, loaded by the executable on first use from
+# <bindir>/../lib/mlagate/ (reference/torch/torch_reference_loader.cpp).
+if(TARGET mlagate_torch_reference_module)
+  install(TARGETS mlagate_torch_reference_module LIBRARY DESTINATION "lib/mlagate")
+endif()
 # include/mlagate/: the plugin ABI (plugin.h, plain C, self-contained).
 install(DIRECTORY "${CMAKE_CURRENT_LIST_DIR}/../include/mlagate" DESTINATION "${MLAGATE_INSTALL_INCLUDEDIR}"
         FILES_MATCHING PATTERN "*.h")

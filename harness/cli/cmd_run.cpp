@@ -92,7 +92,7 @@ BaselineImpl make_baseline(const std::string& name) {
   }
   if (name == "torch") {
     if (!torch_reference_available())
-      throw InputError("--baseline torch: this build has no libtorch (" + torch_reference_info() + ")");
+      throw InputError("--baseline torch: no libtorch reference (" + torch_reference_info() + ")");
     b.name = "torch";
     const TorchReferenceOptions options{.cuda = torch_cuda_available()};  // the GPU when there is one
     b.layer = [options](const Case& c, SdpaForm form, std::span<const int> requests) {

@@ -12,6 +12,8 @@ zips that into a wheel for this interpreter and platform (e.g. cp311-cp311-linux
     mlagate-X.Y.Z.data/scripts/mlagate   the CLI binary itself: pip puts it on PATH (venv/bin,
                                      ~/.local/bin), so it keeps its exit codes, signals, start-up
                                      time and /proc/self/exe workers (no Python wrapper)
+    mlagate-X.Y.Z.data/data/lib/mlagate/  the libtorch reference module for the CLI (<bin>/../lib/mlagate;
+                                     the package holds one for the Python module), where built
     mlagate-X.Y.Z.dist-info/         METADATA, WHEEL, entry_points.txt (pytest11:
                                      mlagate.pytest_plugin), RECORD (sha256 of every file)
 
@@ -240,6 +242,9 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
             if p.is_file() and "__pycache__" not in p.parts:
                 files.append((p.relative_to(stage).as_posix(), p))
         files.append((f"{data_dir}/scripts/{NAME}", stage / "scripts" / NAME))
+        for p in sorted((stage / "data").rglob("*")):  # the prefix's files (lib/mlagate/: the torch module)
+            if p.is_file():
+                files.append((f"{data_dir}/data/{p.relative_to(stage / 'data').as_posix()}", p))
         record: list = []
         out = Path(wheel_directory) / wheel_name
         tmp_out = out.with_suffix(".tmp")

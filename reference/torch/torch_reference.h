@@ -2,7 +2,8 @@
 // test_mla_backends.py): per request, torch's scaled_dot_product_attention in
 // the model dtype with the boolean mask (context visible, causal on the query
 // part), in both forms of SPEC: The two paths. A plain C++ API: libtorch stays
-// inside reference/torch/; without libtorch this compiles to a stub that says so.
+// inside reference/torch/, in a module loaded at the first call (torch_module.h);
+// without libtorch this compiles to a stub that says so.
 #pragma once
 
 #include <span>
@@ -21,7 +22,8 @@ struct TorchReferenceOptions {
   bool seed_layout = false;
 };
 
-// Whether this build has libtorch; a line naming it ("libtorch 1.13.1, CPU").
+// Whether this build has libtorch and its module loads; a line naming it
+// ("libtorch 1.13.1, CPU"), or saying why not.
 bool torch_reference_available();
 std::string torch_reference_info();
 bool torch_cuda_available();  // libtorch with CUDA and a GPU

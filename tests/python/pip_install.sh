@@ -6,7 +6,9 @@
 #   - `import mlagate` comes from the venv, and a real run goes through it: the numpy example
 #     decode as a Python backend in worker processes (the installed _worker.py), smoke suite;
 #   - the `mlagate` on PATH is the venv's: --version, and `run --suite smoke --backend cpu.paged`;
-#   - neither the module nor the CLI has a run path into the source or build tree;
+#   - with libtorch, `--baseline torch` loads the wheel's libtorch reference module (the CLI's copy
+#     under <venv>/lib/mlagate, the Python module's beside it), not the build tree's;
+#   - neither the modules nor the CLI has a run path into the source or build tree;
 #   - `python -m pytest --mlagate-suite smoke` with no -p and no conftest.py: the pytest11 entry
 #     point loads the plugin, one test per smoke case, each checked against the reference
 #     (and once more with -p mlagate.pytest_plugin, the documented line: loaded once, not twice).
@@ -75,9 +77,30 @@ rc=0
 mlagate run --suite no-such-suite > /dev/null 2>&1 || rc=$?
 [ "$rc" = 2 ] || fail "mlagate run --suite no-such-suite: exit $rc, the CLI's input error is 2"
 
+if [ -f "$build/harness/libmlagate_torch_reference.so" ]; then
+  step "--baseline torch loads the wheel's libtorch reference module, the CLI's and the module's"
+  # The dynamic loader's own log names the file each process opened: the venv's copies, never the
+  # build tree's (which the loader would find last).
+  rc=0
+  LD_DEBUG=files mlagate run --suite smoke --filter tp16/bf16 --backend cpu.paged --baseline torch > torch.log 2>&1 ||
+    rc=$?
+  [ "$rc" = 0 ] || { tail -5 torch.log; fail "mlagate run --baseline torch: exit $rc"; }
+  got=$(grep -o 'file=[^ ]*libmlagate_torch_reference.so' torch.log | sort -u)
+  echo "CLI: $got"
+  [ "$got" = "file=$venv/lib/mlagate/libmlagate_torch_reference.so" ] || fail "the CLI loaded '$got'"
+  LD_DEBUG=files "$venv/bin/python" -c "import mlagate, sys; r = mlagate.run(backend='cpu.paged', suite='smoke', \
+filter='tp16/bf16', baseline='torch', quiet=True); sys.exit(r.exit_code)" > torch_py.log 2>&1 || rc=$?
+  [ "$rc" = 0 ] || { tail -5 torch_py.log; fail "mlagate.run(baseline='torch'): exit $rc"; }
+  got=$(grep -o 'file=[^ ]*libmlagate_torch_reference.so' torch_py.log | sort -u)
+  echo "module: $got"
+  case "$got" in "file=$venv"/lib/python3*/site-packages/mlagate/libmlagate_torch_reference.so) ;;
+    *) fail "the Python module loaded '$got'" ;; esac
+fi
+
 step "no run path into the source or build tree"
 if command -v readelf > /dev/null; then
-  for f in "$venv/bin/mlagate" "$venv"/lib/python3*/site-packages/mlagate/_mlagate*.so; do
+  for f in "$venv/bin/mlagate" "$venv"/lib/python3*/site-packages/mlagate/*.so "$venv"/lib/mlagate/*.so; do
+    [ -e "$f" ] || continue
     rp=$(readelf -d "$f" | grep -E 'R(UN)?PATH' || true)
     echo "$(basename "$f"): ${rp:-no run path}"
     case "$rp" in *"$src"*|*"$build"*) fail "$f has a run path into the source or build tree: $rp" ;; esac

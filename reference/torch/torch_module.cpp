@@ -1,8 +1,10 @@
 // The seed test's SDPA reference with libtorch, on the CPU (Debian's libtorch
-// 1.13) or CUDA (libtorch 2.x). The only version-dependent piece is sdpa():
-// libtorch 1.13 has just the private at::_scaled_dot_product_attention, which
-// takes no scale and divides the logits by sqrt(q.size(-1)).
-#include "reference/torch/torch_reference.h"
+// 1.13) or CUDA (libtorch 2.x): the module libmlagate_torch_reference.so,
+// loaded on first use (torch_module.h says why). The only version-dependent
+// piece is sdpa(): libtorch 1.13 has just the private
+// at::_scaled_dot_product_attention, which takes no scale and divides the
+// logits by sqrt(q.size(-1)).
+#include "reference/torch/torch_module.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -11,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -83,7 +86,8 @@ struct Inputs {
 };
 
 Inputs load_inputs(const Case& c, const TorchReferenceOptions& o) {
-  if (o.cuda && !torch_cuda_available()) throw std::runtime_error("torch reference: no CUDA device (" + torch_reference_info() + ")");
+  if (o.cuda && !torch::cuda::is_available())
+    throw std::runtime_error("torch reference: no CUDA device (libtorch " TORCH_VERSION ", CPU)");
   Inputs in;
   in.dev = o.cuda ? at::Device(at::kCUDA) : at::Device(at::kCPU);
   in.dt = o.fp64 ? at::kDouble : scalar_type(c.spec.dtype);
@@ -157,19 +161,15 @@ at::Tensor prefill_form(const Case& c, const Inputs& in, int i) {
   return at::cat(outs, 1).flatten(-2);
 }
 
-}  // namespace
-
-bool torch_reference_available() { return true; }
-
-std::string torch_reference_info() {
+std::string info() {
   std::string s = "libtorch " TORCH_VERSION;
   s += torch::cuda::is_available() ? ", CUDA (" + std::to_string(torch::cuda::device_count()) + " GPU)" : ", CPU";
   return s;
 }
 
-bool torch_cuda_available() { return torch::cuda::is_available(); }
+bool cuda_available() { return torch::cuda::is_available(); }
 
-SdpaResult torch_sdpa_layer(const Case& c, SdpaForm form, std::span<const int> requests, const TorchReferenceOptions& o) {
+SdpaResult layer(const Case& c, SdpaForm form, std::span<const int> requests, const TorchReferenceOptions& o) {
   const c10::NoGradGuard no_grad;
   const Inputs in = load_inputs(c, o);
   const std::int64_t N = c.spec.num_heads(), V = c.spec.dims.v_head_dim;
@@ -191,7 +191,7 @@ SdpaResult torch_sdpa_layer(const Case& c, SdpaForm form, std::span<const int> r
   return r;
 }
 
-std::string torch_sdpa_kernel(const Case& c, SdpaForm form, const TorchReferenceOptions& o) {
+std::string kernel(const Case& c, SdpaForm form, const TorchReferenceOptions& o) {
 #if TORCH_VERSION_MAJOR >= 2
   const c10::NoGradGuard no_grad;
   const Inputs in = load_inputs(c, o);
@@ -232,4 +232,40 @@ std::string torch_sdpa_kernel(const Case& c, SdpaForm form, const TorchReference
 #endif
 }
 
+// The table's calls: every exception becomes its message (torch_module.h).
+template <typename F>
+std::string catching(F&& f) {
+  try {
+    f();
+    return {};
+  } catch (const std::exception& e) {
+    return e.what()[0] ? e.what() : "torch reference: unnamed error";
+  } catch (...) {
+    return "torch reference: unknown exception";
+  }
+}
+
+const torch_module::Api kApi = {
+    .key = nullptr,  // set at the first call: build_key() is not constexpr
+    .info = [] { return info(); },
+    .cuda_available = [] { return cuda_available(); },
+    .layer = [](const Case& c, SdpaForm f, std::span<const int> r, const TorchReferenceOptions& o, SdpaResult& out) {
+      return catching([&] { out = layer(c, f, r, o); });
+    },
+    .kernel = [](const Case& c, SdpaForm f, const TorchReferenceOptions& o, std::string& out) {
+      return catching([&] { out = kernel(c, f, o); });
+    },
+};
+
+}  // namespace
 }  // namespace mlagate
+
+extern "C" __attribute__((visibility("default"))) const mlagate::torch_module::Api* mlagate_torch_reference_module() {
+  static const std::string key = mlagate::torch_module::build_key();
+  static const mlagate::torch_module::Api api = [] {
+    mlagate::torch_module::Api a = mlagate::kApi;
+    a.key = key.c_str();
+    return a;
+  }();
+  return &api;
+}
