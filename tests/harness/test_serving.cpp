@@ -42,6 +42,7 @@ std::vector<CaseSpec> serving_cases() {
 struct ModeRun {
   std::map<Status, int> counts;
   std::vector<Record> records;
+  int passed() const { return counts.count(Status::kPassed) ? counts.at(Status::kPassed) : 0; }
   int failures() const {
     int n = 0;
     for (const auto& [s, k] : counts) n += status_fails_run(s, true) ? k : 0;
@@ -98,6 +99,12 @@ std::vector<std::unique_ptr<Backend>> correct_sparse() {
   std::vector<std::unique_ptr<Backend>> bs;
   bs.push_back(make_cpu_sparse());
   bs.push_back(make_cpu_sparse_splitkv());
+  return bs;
+}
+// The correct sparse backends and a planted bug, for one run of a mode.
+std::vector<std::unique_ptr<Backend>> correct_sparse_with(const PlantedServingBug& sb) {
+  std::vector<std::unique_ptr<Backend>> bs = correct_sparse();
+  bs.push_back(sb.bug.make());
   return bs;
 }
 
@@ -195,7 +202,7 @@ TEST(Serving, CorrectBackendsPassEveryMode) {
     for (const auto& [name, r] : runs) {
       EXPECT_EQ(r.failures(), 0) << name << " " << m.name() << ": " << r.first_failure();
       EXPECT_EQ(r.counts.count(Status::kBatchVariant), 0u) << name;
-      EXPECT_GT(r.counts.count(Status::kPassed) ? r.counts.at(Status::kPassed) : 0, 10) << name << " " << m.name();
+      EXPECT_GT(r.passed(), 10) << name << " " << m.name();
       for (const Record& rec : r.records) EXPECT_EQ(rec.mode, m.name());
     }
   }
@@ -292,15 +299,13 @@ TEST(Serving, SparseDecodeBatchInvariance) {
   for (const CaseSpec& c : load_suite("v4").cases) cases.push_back(c);
   // The correct backends and the bug in one run of the mode.
   const PlantedServingBug sb = planted_sparse_batch_bug();
-  std::vector<std::unique_ptr<Backend>> bs = correct_sparse();
-  bs.push_back(sb.bug.make());
-  auto runs = run_each(std::move(bs), bi(), {Op::kSparseDecode}, baseline(), cases);
+  auto runs = run_each(correct_sparse_with(sb), bi(), {Op::kSparseDecode}, baseline(), cases);
   ASSERT_EQ(runs.size(), 3u);
   for (const auto& [name, r] : runs) {
     if (name == sb.bug.name) continue;
     EXPECT_EQ(r.failures(), 0) << name << ": " << r.first_failure();
     EXPECT_EQ(r.counts.count(Status::kBatchVariant), 0u) << name;
-    EXPECT_GT(r.counts.count(Status::kPassed) ? r.counts.at(Status::kPassed) : 0, 20) << name;
+    EXPECT_GT(r.passed(), 20) << name;
   }
   const ModeRun plain = run_with(sb.bug.make(), ServingMode{}, {Op::kSparseDecode, Op::kSparsePrefill}, baseline(), cases);
   EXPECT_EQ(plain.failures(), 0) << plain.first_failure();
@@ -328,7 +333,7 @@ TEST(Serving, SparseDcpAndDecodeLoops) {
     ASSERT_EQ(runs.size(), 2u);
     for (const auto& [name, r] : runs) {
       EXPECT_EQ(r.failures(), 0) << name << " " << m.name() << ": " << r.first_failure();
-      EXPECT_GT(r.counts.count(Status::kPassed) ? r.counts.at(Status::kPassed) : 0, 40) << name << " " << m.name();
+      EXPECT_GT(r.passed(), 40) << name << " " << m.name();
       for (const Record& rec : r.records) {
         if (rec.status != Status::kPassed) continue;
         if (m.steps > 0) {
@@ -369,14 +374,12 @@ TEST(Serving, SparseGraphMode) {
       }
   // The correct backends and the bug in one run of the mode (graphs are kept per backend).
   const PlantedServingBug sb = planted_sparse_graph_bug();
-  std::vector<std::unique_ptr<Backend>> bs = correct_sparse();
-  bs.push_back(sb.bug.make());
-  auto runs = run_each(std::move(bs), graph(), {Op::kSparseDecode}, baseline(), cases);
+  auto runs = run_each(correct_sparse_with(sb), graph(), {Op::kSparseDecode}, baseline(), cases);
   ASSERT_EQ(runs.size(), 3u);
   for (const auto& [name, r] : runs) {
     if (name == sb.bug.name) continue;
     EXPECT_EQ(r.failures(), 0) << name << ": " << r.first_failure();
-    EXPECT_GT(r.counts.count(Status::kPassed) ? r.counts.at(Status::kPassed) : 0, 30) << name;
+    EXPECT_GT(r.passed(), 30) << name;
     int replayed = 0;
     for (const Record& rec : r.records) replayed += rec.message.find("replayed, captured at") != std::string::npos;
     EXPECT_GT(replayed, 10) << name;
