@@ -23,6 +23,13 @@ struct NotSupportedError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The run's baseline cannot be computed for this case (`--baseline torch` on
+// an fp16 case with libtorch 1.x on the CPU, which has no fp16 matmul): the
+// record is SKIPPED with the reason, never a failure of the backend's.
+struct BaselineUnavailableError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // The device a backend needs is absent (a CUDA backend on a machine without a
 // GPU): the record is SKIPPED, never a pass and never a crash.
 struct DeviceUnavailableError : std::runtime_error {

@@ -84,6 +84,8 @@ EntryLayout entry_layout(KvCacheDtype dtype, int l, int r) {
       e.rope_offset = l + 4 * e.tiles;
       e.bytes = e.rope_offset + 2 * r;
       break;
+    case KvCacheDtype::kFp8V4:  // the runner never asks (capabilities); the sparse backends read it
+      throw NotSupportedError("fp8_v4 is DeepSeek V4's sparse cache, not read by the dense CPU kernels");
   }
   return e;
 }

@@ -12,6 +12,7 @@
 
 #include "backends/cpu/attention_core.h"
 #include "cases/encoding.h"
+#include "cases/errors.h"
 #include "cases/fp8.h"
 
 namespace mlagate::detail {
@@ -75,6 +76,8 @@ void write_cache(PagedCache& cache, const TensorView& kv_c, const TensorView& k_
       if (l % 128 != 0 || dt != DType::kBF16) throw std::invalid_argument("cache_write: fp8_ds_mla needs L % 128 == 0 and bf16");
       bytes = l + 4 * (l / 128) + 2 * r;
       break;
+    case KvCacheDtype::kFp8V4:  // the runner never asks (capabilities); cases/fp8.h encodes its entries
+      throw NotSupportedError("cache_write: fp8_v4 is DeepSeek V4's sparse cache, not written by the dense writer");
   }
   if (bytes != cache.entry_bytes)
     throw std::invalid_argument("cache_write: entry of " + std::to_string(cache.entry_bytes) + " bytes, expected " +
@@ -109,6 +112,7 @@ void write_cache(PagedCache& cache, const TensorView& kv_c, const TensorView& k_
         }
         std::memcpy(dst + l + 4 * (l / 128), p, static_cast<std::size_t>(r) * 2);
         break;
+      case KvCacheDtype::kFp8V4: break;  // refused above
     }
   }
 }

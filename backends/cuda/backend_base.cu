@@ -109,6 +109,7 @@ KvFormat kv_format_of(const PagedCache& cache, float k_scale) {
     case KvCacheDtype::kFp8:
     case KvCacheDtype::kFp8E4m3: f.kind = KvKind::kFp8E4M3; return f;
     case KvCacheDtype::kFp8DsMla: f.kind = KvKind::kFp8DsMla; return f;
+    case KvCacheDtype::kFp8V4: break;  // DeepSeek V4's sparse cache: the sparse kernels' own reader
   }
   throw NotSupportedError("kv cache dtype " + std::string(kv_cache_dtype_name(cache.kv_dtype)) +
                           " is not read by the CUDA kernels");

@@ -23,6 +23,12 @@ namespace mlagate {
 namespace {
 
 constexpr double kNaNd = std::numeric_limits<double>::quiet_NaN();
+
+// What libtorch cannot compute here (not an error of the case or of libtorch):
+// the loader throws NotSupportedError for it.
+struct Unsupported : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 // The prefill form's up-projected keys are built for a group of heads at a
 // time, at most this many bytes of [k | v] per group.
 constexpr std::int64_t kGroupBytes = std::int64_t{256} << 20;
@@ -87,13 +93,13 @@ struct Inputs {
 
 Inputs load_inputs(const Case& c, const TorchReferenceOptions& o) {
   if (o.cuda && !torch::cuda::is_available())
-    throw std::runtime_error("torch reference: no CUDA device (libtorch " TORCH_VERSION ", CPU)");
+    throw Unsupported("torch reference: no CUDA device (libtorch " TORCH_VERSION ", CPU)");
   Inputs in;
   in.dev = o.cuda ? at::Device(at::kCUDA) : at::Device(at::kCPU);
   in.dt = o.fp64 ? at::kDouble : scalar_type(c.spec.dtype);
 #if TORCH_VERSION_MAJOR < 2
   if (!o.cuda && in.dt == at::kHalf)
-    throw std::runtime_error("torch reference: libtorch " TORCH_VERSION " has no fp16 matmul on the CPU");
+    throw Unsupported("torch reference: libtorch " TORCH_VERSION " has no fp16 matmul on the CPU");
 #endif
   in.q = to_torch(c.q, in.dt, in.dev);
   // fp8 caches: the dequantized values (fp32, exact), in the model dtype as
@@ -234,14 +240,16 @@ std::string kernel(const Case& c, SdpaForm form, const TorchReferenceOptions& o)
 
 // The table's calls: every exception becomes its message (torch_module.h).
 template <typename F>
-std::string catching(F&& f) {
+torch_module::Outcome catching(F&& f) {
   try {
     f();
     return {};
+  } catch (const Unsupported& e) {
+    return {e.what(), true};
   } catch (const std::exception& e) {
-    return e.what()[0] ? e.what() : "torch reference: unnamed error";
+    return {e.what()[0] ? e.what() : "torch reference: unnamed error"};
   } catch (...) {
-    return "torch reference: unknown exception";
+    return {"torch reference: unknown exception"};
   }
 }
 

@@ -39,8 +39,9 @@ bool torch_cuda_available();  // libtorch with CUDA and a GPU
 // keeps the literal layout); the prefill form runs heads in groups to bound
 // memory; a seq_len-0 padding request gets 0 (SDPA over no key gives NaN);
 // fp8 caches read the dequantized cache.
-// Throws std::runtime_error without libtorch, without CUDA when asked, and for
-// fp16 on the CPU with libtorch 1.x (no fp16 matmul there).
+// Throws NotSupportedError (cases/errors.h) for what libtorch cannot compute
+// here: CUDA asked without a GPU, fp16 on the CPU with libtorch 1.x (no fp16
+// matmul there); std::runtime_error without libtorch and for other errors.
 SdpaResult torch_sdpa_layer(const Case& c, SdpaForm form, std::span<const int> requests,
                             const TorchReferenceOptions& o);
 

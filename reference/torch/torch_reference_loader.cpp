@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cases/errors.h"
 #include "reference/torch/torch_module.h"
 
 namespace mlagate {
@@ -107,15 +108,23 @@ std::string torch_reference_info() { return loaded().api ? loaded().api->info() 
 
 bool torch_cuda_available() { return loaded().api && loaded().api->cuda_available(); }
 
+namespace {
+void throw_if_failed(const torch_module::Outcome& o) {
+  if (o.error.empty()) return;
+  if (o.unsupported) throw NotSupportedError(o.error);
+  throw std::runtime_error(o.error);
+}
+}  // namespace
+
 SdpaResult torch_sdpa_layer(const Case& c, SdpaForm form, std::span<const int> requests, const TorchReferenceOptions& o) {
   SdpaResult r;
-  if (std::string e = api().layer(c, form, requests, o, r); !e.empty()) throw std::runtime_error(e);
+  throw_if_failed(api().layer(c, form, requests, o, r));
   return r;
 }
 
 std::string torch_sdpa_kernel(const Case& c, SdpaForm form, const TorchReferenceOptions& o) {
   std::string k;
-  if (std::string e = api().kernel(c, form, o, k); !e.empty()) throw std::runtime_error(e);
+  throw_if_failed(api().kernel(c, form, o, k));
   return k;
 }
 

@@ -16,6 +16,8 @@
 #include "backends/cpu/cpu_backends.h"
 #include "cases/case.h"
 #include "cases/encoding.h"
+#include "cases/errors.h"
+#include "cases/suite.h"
 #include "cases/paged_cache.h"
 #include "reference/fp64_reference.h"
 #include "tests/backends/planted.h"
@@ -565,6 +567,29 @@ bool writes_like_reference(Backend& be, const Case& c, int block_size, std::stri
   const std::string diff = first_cache_difference(got, want, {}, c.query_start_loc);
   if (where) *where = diff;
   return diff.empty();
+}
+
+// DeepSeek V4's fp8_v4 cache is the sparse backends' (the runner never gives
+// it to the dense writer, by capabilities): called directly, the dense writer
+// refuses it by name instead of failing on a byte count.
+TEST(CpuBackendsFp8, TheDenseWriterRefusesTheV4Cache) {
+  const std::vector<CaseSpec> v4 = load_suite("v4").cases;
+  const auto it = std::find_if(v4.begin(), v4.end(), [](const CaseSpec& s) { return s.kv_cache_dtype == KvCacheDtype::kFp8V4; });
+  ASSERT_NE(it, v4.end());
+  const Case c = generate_case(*it);
+  CacheOptions opt;
+  opt.write_new_tokens = false;
+  PagedCache cache = build_paged_cache(c, 64, opt);
+  const std::vector<std::int64_t> slots{cache.slot_of(0, 0)};
+  TensorView kv = c.kv_c.view(), pe = c.k_pe.view();  // the first token's rows
+  kv.shape = {1, kv.shape.at(1)};
+  pe.shape = {1, pe.shape.at(1)};
+  try {
+    make_cpu_paged()->cache_write(cache, kv, pe, slots);
+    ADD_FAILURE() << "the dense writer wrote an fp8_v4 cache";
+  } catch (const NotSupportedError& e) {
+    EXPECT_NE(std::string(e.what()).find("fp8_v4"), std::string::npos) << e.what();
+  }
 }
 
 TEST(CpuBackendsFp8, PagedCacheWriteIsBitExactForEveryFormat) {
