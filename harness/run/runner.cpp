@@ -190,10 +190,6 @@ Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg
         return r;
       }
     }
-  } catch (const BaselineUnavailableError& e) {  // the harness's baseline, computed beside the reference
-    r.status = Status::kSkipped;
-    r.message = e.what();
-    return r;
   } catch (const NotSupportedError& e) {
     r.status = Status::kNotSupported;
     r.message = e.what();

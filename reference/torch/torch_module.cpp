@@ -253,27 +253,22 @@ torch_module::Outcome catching(F&& f) {
   }
 }
 
-const torch_module::Api kApi = {
-    .key = nullptr,  // set at the first call: build_key() is not constexpr
-    .info = [] { return info(); },
-    .cuda_available = [] { return cuda_available(); },
-    .layer = [](const Case& c, SdpaForm f, std::span<const int> r, const TorchReferenceOptions& o, SdpaResult& out) {
-      return catching([&] { out = layer(c, f, r, o); });
-    },
-    .kernel = [](const Case& c, SdpaForm f, const TorchReferenceOptions& o, std::string& out) {
-      return catching([&] { out = kernel(c, f, o); });
-    },
-};
-
 }  // namespace
 }  // namespace mlagate
 
 extern "C" __attribute__((visibility("default"))) const mlagate::torch_module::Api* mlagate_torch_reference_module() {
-  static const std::string key = mlagate::torch_module::build_key();
-  static const mlagate::torch_module::Api api = [] {
-    mlagate::torch_module::Api a = mlagate::kApi;
-    a.key = key.c_str();
-    return a;
-  }();
+  using namespace mlagate;
+  static const std::string key = torch_module::build_key();
+  static const torch_module::Api api = {
+      .key = key.c_str(),
+      .info = &info,
+      .cuda_available = &cuda_available,
+      .layer = [](const Case& c, SdpaForm f, std::span<const int> r, const TorchReferenceOptions& o, SdpaResult& out) {
+        return catching([&] { out = layer(c, f, r, o); });
+      },
+      .kernel = [](const Case& c, SdpaForm f, const TorchReferenceOptions& o, std::string& out) {
+        return catching([&] { out = kernel(c, f, o); });
+      },
+  };
   return &api;
 }

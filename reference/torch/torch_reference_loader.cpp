@@ -55,10 +55,11 @@ std::vector<fs::path> candidates() {
 
 Loaded load() {
   Loaded r;
+  const auto tried = [&r](const std::string& what) { r.why += (r.why.empty() ? "" : "; ") + what; };
   for (const fs::path& p : candidates()) {
     std::error_code ec;
     if (!fs::is_regular_file(p, ec)) {
-      r.why += (r.why.empty() ? "" : "; ") + p.string() + ": not there";
+      tried(p.string() + ": not there");
       continue;
     }
     // Kept loaded for the process's life: its tables and libtorch's static
@@ -68,18 +69,17 @@ Loaded load() {
       const char* e = dlerror();
       std::string msg = e ? e : "dlopen failed";
       if (msg.rfind(p.string() + ": ", 0) != 0) msg = p.string() + ": " + msg;  // glibc names the file itself
-      r.why += (r.why.empty() ? "" : "; ") + msg;
+      tried(msg);
       continue;
     }
     const auto entry = reinterpret_cast<torch_module::EntryFn>(dlsym(h, torch_module::kEntry));
     const torch_module::Api* api = entry ? entry() : nullptr;
     if (!api) {
-      r.why += (r.why.empty() ? "" : "; ") + p.string() + ": no " + torch_module::kEntry;
+      tried(p.string() + ": no " + torch_module::kEntry);
       continue;
     }
     if (torch_module::build_key() != api->key) {
-      r.why += (r.why.empty() ? "" : "; ") + p.string() + ": from another build (" + api->key + ", this one is " +
-               torch_module::build_key() + ")";
+      tried(p.string() + ": from another build (" + api->key + ", this one is " + torch_module::build_key() + ")");
       continue;
     }
     r.api = api;
