@@ -208,13 +208,17 @@ void write_json(std::ostream& os, const RunInfo& run, std::span<const Record> re
   };
   if (!run.profile.empty()) {
     // After the documented keys: {"wall_ms", "phases_ms": {phase: ms, ..., "unaccounted": ms},
-    // "backend_in_flight_ms", "workers_side_by_side"}.
+    // "backend_in_flight_ms", "workers_side_by_side"[, "cases_made_ahead"]}.
     Json phases = Json::object();
     for (const auto& [name, ms] : run.profile) phases[name] = number(ms);
     doc["profile"] = {{"wall_ms", number(run.profile_wall_ms)},
                       {"phases_ms", std::move(phases)},
                       {"backend_in_flight_ms", number(run.profile_backend_in_flight_ms)},
                       {"workers_side_by_side", run.profile_streams}};
+    // Only where workers made cases ahead (CaseAhead): begun, and used by their jobs.
+    if (run.profile_cases_ahead_begun > 0)
+      doc["profile"]["cases_made_ahead"] = {{"begun", run.profile_cases_ahead_begun},
+                                            {"used", run.profile_cases_ahead_used}};
   }
   // Only when set: whole runs keep the documented keys.
   if (!run.interrupted.empty()) doc["run"]["interrupted"] = run.interrupted;

@@ -61,7 +61,7 @@ double RunProfile::backend_in_flight_ms() const {
 }
 
 double RunProfile::worker_domain_ms() const {
-  return worker_spawn_ms + worker_init_ms + jobs.total_ms + ipc_ms + lost_job_ms + record_ms;
+  return worker_spawn_ms + worker_init_ms + jobs.total_ms - ahead_ms + ipc_ms + lost_job_ms + record_ms;
 }
 
 double named_phases_ms(const Timings& t) {
@@ -106,6 +106,7 @@ std::vector<std::pair<std::string, double>> RunProfile::rows(double wall_ms) con
       {"reports", reports_ms},
       {"worker_exit", worker_exit_ms},
   };
+  if (ahead_ms != 0) r.emplace_back("ahead", -ahead_ms);
   if (side_by_side_ms != 0) r.emplace_back("side_by_side", -side_by_side_ms);
   double named = 0;
   for (const auto& [name, ms] : r) named += ms;
@@ -134,6 +135,7 @@ const char* describe(const std::string& key) {
       {"post", "sanitize, save-failures, results file"},
       {"reports", "JSON, JUnit, Markdown"},
       {"worker_exit", "last workers' ends, after the reports"},
+      {"ahead", "less case work made ahead, beside jobs"},
       {"side_by_side", "less worker time beside other workers'"},
       {"unaccounted", "wall less every row above"},
   };
@@ -167,6 +169,11 @@ std::string profile_table(const RunProfile& p, double wall_ms) {
   if (p.streams > 1) {
     std::snprintf(line, sizeof line, "(up to %d workers side by side: the rows above side_by_side sum their time)\n",
                   p.streams);
+    out += line;
+  }
+  if (p.cases_ahead_begun > 0) {
+    std::snprintf(line, sizeof line, "(cases made ahead by the workers: %lld used of %lld begun)\n", p.cases_ahead_used,
+                  p.cases_ahead_begun);
     out += line;
   }
   if (!p.calls.empty() && wall_ms > 0) {

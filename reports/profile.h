@@ -58,6 +58,15 @@ struct RunProfile {
   // the "side_by_side" row takes this off so that the rows still sum to the wall.
   int streams = 1;
   double side_by_side_ms = 0;
+  // Cases made ahead (CaseAhead: a worker makes its next group's case while
+  // the current one's jobs run): the part of that work which ran beside the
+  // worker's jobs. The records' phases hold it, the workers' wall does not:
+  // the "ahead" row takes it off, so that the rows still sum to the wall.
+  double ahead_ms = 0;
+  // Cases workers began to make ahead, and those their jobs then used (the
+  // rest were made for nothing: a worker that ended first, a job that went
+  // elsewhere).
+  long long cases_ahead_begun = 0, cases_ahead_used = 0;
   // Every backend call's interval, from every process of the run.
   std::vector<CallSpan> calls;
   // The wall covered by at least one backend call (the union of `calls`): the

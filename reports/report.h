@@ -38,6 +38,7 @@ struct RunInfo {
   // harness's own), and the most workers that ran side by side.
   double profile_backend_in_flight_ms = 0;
   int profile_streams = 1;
+  long long profile_cases_ahead_begun = 0, profile_cases_ahead_used = 0;  // RunProfile's
   // --require batch-invariance: BATCH_VARIANT records fail the run in every
   // report's counts and verdict (JSON "run.require", read back by merge).
   bool require_batch_invariance = false;

@@ -451,6 +451,19 @@ class RunCommand {
       io.devices = devices_;
       io.workers = workers_;
       io.largest_first = ra_.order == "given";
+      // Cases made ahead where a worker's thread leaves cores to them: a GPU
+      // reference (the jobs wait on the device; one H200 of 16 cores: 2
+      // workers 56.8 -> 45.8 s, 4 workers 33.0 -> 31.9 s) or one worker in all
+      // (2 cores: 72-73 -> 64-68 s). Not CPU workers side by side, which
+      // already keep every core busy (2 cores, 2 workers: 43 -> 62-65 s).
+      // PERFORMANCE.md, "Cases made ahead". MLAGATE_PREPARE_AHEAD=0 or 1 decides.
+      io.prepare_ahead = cfg_.reference.on_device ||
+                         std::max<std::size_t>(1, devices_.size()) * std::max<std::size_t>(1, workers_) == 1;
+      if (const char* a = std::getenv("MLAGATE_PREPARE_AHEAD"); a && (std::string(a) == "0" || std::string(a) == "1"))
+        io.prepare_ahead = std::string(a) == "1";
+      // Where the worker would not (a golden file read, outputs written: one
+      // thread at a time in the HDF5 library), no group is taken ahead for it.
+      if (cfg_.prepare || cfg_.on_outputs) io.prepare_ahead = false;
       io.device_memory = device_memory_;
       share_cores(io, ra_.threads);
       if (std::max<std::size_t>(1, io.devices.size()) * std::max<std::size_t>(1, io.workers) > 1) {
@@ -571,6 +584,8 @@ class RunCommand {
     info.profile = run_profile().rows(info.profile_wall_ms);
     info.profile_backend_in_flight_ms = run_profile().backend_in_flight_ms();
     info.profile_streams = run_profile().streams;
+    info.profile_cases_ahead_begun = run_profile().cases_ahead_begun;
+    info.profile_cases_ahead_used = run_profile().cases_ahead_used;
     const ReportArgs& rep = ra_.reports;
     if (!rep.json.empty()) write_report_file(rep.json, [&](std::ostream& os) { write_json(os, info, records_); });
     if (!rep.junit.empty()) write_report_file(rep.junit, [&](std::ostream& os) { write_junit(os, info, records_); });

@@ -6,9 +6,16 @@
 // the worker points its own fd 1 at stderr before anything can print):
 //   worker -> parent  READY <cases> <backends> <ms>  once, after flags and backends are loaded;
 //                                                   <ms>: its initialisation (process start to here)
+//   parent -> worker  NEXT <case>                   (before a JOB, no answer) the case this worker
+//                                                   takes after the coming job's case: made ahead,
+//                                                   on a thread beside the jobs before it (CaseAhead)
 //   parent -> worker  JOB <case> <backend> <op>     indices into both sides' identical lists
 //   worker -> parent  CALLS <n> <start> <end> ...      the job's backend calls, steady-clock ns (the
 //                                                   profile's wall with a backend call in flight)
+//   worker -> parent  AHEAD <ms> <begun>            before the first RECORD of a case made ahead: the
+//                                                   part of its work (in that record's phases) that ran
+//                                                   beside the worker's jobs, not in the job's wall; and
+//                                                   the cases begun ahead since the last AHEAD line
 //   worker -> parent  RECORD <record_json_line>
 //   worker -> parent  INPUT_ERROR <json string>     bad input met making a case (run --golden's
 //                                                   hash checks); the worker exits, the run ends (exit 2)
@@ -38,6 +45,8 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <system_error>
+#include <utility>
 #include <stdexcept>
 #include <thread>
 
@@ -375,8 +384,10 @@ class IsolatedRun {
   }
 
   // Runs `job` on `worker`; resets `worker` when it died, hung or crashed (a
-  // new one must take the next job). nullopt: stopped by a signal.
-  std::optional<Record> run(std::unique_ptr<WorkerProcess>& worker, const Job& job) {
+  // new one must take the next job). nullopt: stopped by a signal. `ahead`:
+  // the case the worker takes after this job's, which it may make meanwhile.
+  std::optional<Record> run(std::unique_ptr<WorkerProcess>& worker, const Job& job,
+                            std::optional<std::size_t> ahead = std::nullopt) {
     const CaseSpec& spec = cfg_.cases.at(job.case_index);
     const std::string& backend = names_.at(job.backend_index);
     const std::size_t tail_before = worker->stderr_tail().size();
@@ -384,11 +395,21 @@ class IsolatedRun {
     auto wall_ms = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); };
     std::string line;
     WorkerProcess::Wait w = WorkerProcess::Wait::kDied;
-    if (worker->send("JOB " + std::to_string(job.case_index) + " " + std::to_string(job.backend_index) + " " +
+    const std::string next = ahead ? "NEXT " + std::to_string(*ahead) + "\n" : std::string();
+    if (worker->send(next + "JOB " + std::to_string(job.case_index) + " " + std::to_string(job.backend_index) + " " +
                      std::string(op_name(job.op)) + "\n"))
       w = worker->read_line(line, opt_.timeout_s, cfg_.stop);
-    while (w == WorkerProcess::Wait::kLine && line.rfind("CALLS ", 0) == 0) {
-      add_calls(line);
+    double beside_ms = 0;
+    long long begun = 0;
+    bool used = false;
+    while (w == WorkerProcess::Wait::kLine && (line.rfind("CALLS ", 0) == 0 || line.rfind("AHEAD ", 0) == 0)) {
+      if (line[0] == 'C') {
+        add_calls(line);
+      } else if (std::istringstream in(line.substr(6)); (in >> beside_ms >> begun) && beside_ms >= 0 && begun >= 0) {
+        used = true;
+      } else {
+        beside_ms = 0, begun = 0;  // a malformed one only feeds the profile
+      }
       const double left = opt_.timeout_s > 0 ? std::max(1e-3, opt_.timeout_s - wall_ms() / 1e3) : 0;
       w = worker->read_line(line, left, cfg_.stop);
     }
@@ -403,8 +424,13 @@ class IsolatedRun {
       r = record_from_json_line(line.substr(7));
       trace_job(worker->pid(), t0, r);
       {
+        // The work made ahead ran beside this job's wall: the record's phases
+        // hold it, the parent's wall for the job does not.
         const std::lock_guard lock(profile_mutex());
-        run_profile().add_job(r.timings, wall_ms());
+        run_profile().add_job(r.timings, wall_ms() + beside_ms);
+        run_profile().ahead_ms += beside_ms;
+        run_profile().cases_ahead_begun += begun;
+        run_profile().cases_ahead_used += used;
       }
       // An exception inside the worker (a CUDA error among them) may leave its
       // device context unusable: the next job gets a new worker.
@@ -512,7 +538,8 @@ std::vector<Record> run_stream(const RunConfig& cfg, const std::vector<std::stri
   IsolatedRun iso(cfg, backend_names, opt);
   std::vector<Record> records;
   if (opt.pairs) {
-    while (const Job* next = next_job([] {})) {
+    std::optional<std::size_t> unused;  // every job has a new worker here
+    while (const Job* next = next_job([] {}, unused)) {
       const Job job = *next;
       std::optional<Record> r = iso.run_sequence({job});
       if (!r) break;
@@ -542,10 +569,13 @@ std::vector<Record> run_stream(const RunConfig& cfg, const std::vector<std::stri
   std::map<std::size_t, Job> previous;
   std::map<std::size_t, std::size_t> confirmations;  // order checks made, per backend
   while (!(cfg.stop && cfg.stop())) {
-    const Job* next = next_job([&] {
-      worker.reset();
-      previous.clear();
-    });
+    std::optional<std::size_t> ahead;
+    const Job* next = next_job(
+        [&] {
+          worker.reset();
+          previous.clear();
+        },
+        ahead);
     if (!next) break;
     const Job job = *next;
     if (job.fresh_worker) worker.reset();
@@ -553,7 +583,8 @@ std::vector<Record> run_stream(const RunConfig& cfg, const std::vector<std::stri
       previous.clear();
       if (!(worker = iso.start())) break;
     }
-    std::optional<Record> r = iso.run(worker, job);
+    if (!opt.prepare_ahead) ahead.reset();
+    std::optional<Record> r = iso.run(worker, job, ahead);
     if (!r) break;
     // A wrong answer after other cases ran on the same backend instance: does
     // the case fail alone? If not, the failure depends on what ran before it;
@@ -605,11 +636,30 @@ int worker_main(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& bac
   std::fprintf(proto, "READY %zu %zu %.3f\n", cfg.cases.size(), backends.size(), init_ms);
   std::fflush(proto);
 
-  CaseStream stream(cfg);
+  auto stream = std::make_unique<CaseStream>(cfg);
   std::optional<std::size_t> current;
   CaseContext* ctx = nullptr;
   std::string invalid;
   std::string line;
+  // The case named by NEXT, made on a thread of its own while this one runs
+  // the jobs before it. Not where a case is read from a golden file or its
+  // outputs are written to one (one thread at a time in the HDF5 library).
+  std::unique_ptr<CaseAhead> ahead;
+  // A NEXT that came while the case made ahead was still to come (one-case
+  // groups: the parent names the next group's case with the first job of
+  // the current one): made once that one is taken.
+  std::optional<std::size_t> pending_next;
+  const bool may_prepare_ahead = !cfg.prepare && !cfg.on_outputs;
+  long long begun_ahead = 0;  // since the last AHEAD line
+  auto make_ahead = [&](std::size_t ci) {
+    ahead.reset();  // an earlier one never taken: its thread ends first
+    try {
+      ahead = std::make_unique<CaseAhead>(cfg, backends, ci);
+      ++begun_ahead;
+    } catch (const std::system_error&) {
+      // No thread to be had: the case is made when its job comes, as before.
+    }
+  };
   bool device_checked = !device_ready;
   // Bad input met in the worker is the run's error, which the parent reports
   // with exit 2, never a backend's record.
@@ -622,15 +672,40 @@ int worker_main(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& bac
     std::istringstream in(line);
     std::string word, op_s;
     std::size_t ci = 0, bi = 0;
+    if (line.rfind("NEXT ", 0) == 0) {
+      if (!(in >> word >> ci) || ci >= cfg.cases.size()) throw std::runtime_error("worker: bad line '" + line + "'");
+      if (!may_prepare_ahead || current == ci || (ahead && ahead->case_index() == ci)) continue;
+      if (ahead)
+        pending_next = ci;
+      else
+        make_ahead(ci);
+      continue;
+    }
     if (!(in >> word >> ci >> bi >> op_s) || word != "JOB" || ci >= cfg.cases.size() || bi >= backends.size())
       throw std::runtime_error("worker: bad job line '" + line + "'");
     const Op op = parse_op(op_s);
+    double beside_ms = 0;  // of the case made ahead, reported with its first record
+    bool used_ahead = false;
     if (current != ci) {
       current = ci;
       invalid.clear();
       ctx = nullptr;
       try {
-        ctx = &stream.enter(cfg.cases[ci]);
+        std::unique_ptr<CaseAhead> made;
+        if (ahead && ahead->case_index() == ci) made = std::move(ahead), used_ahead = true;
+        // The next one begins once this one is in (the previous case's
+        // memory freed: a worker holds two cases at a time, as planned).
+        const std::optional<std::size_t> next = std::exchange(pending_next, std::nullopt);
+        const auto begin_next = [&] {
+          if (next && *next != ci) make_ahead(*next);
+        };
+        try {
+          ctx = made ? &made->take(stream, beside_ms) : &stream->enter(cfg.cases[ci]);
+        } catch (...) {
+          begin_next();
+          throw;
+        }
+        begin_next();
       } catch (const InvalidCase& e) {
         invalid = e.what();
       } catch (const InputError& e) {
@@ -655,6 +730,7 @@ int worker_main(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& bac
       for (const auto& [a, e] : calls) std::fprintf(proto, " %lld %lld", static_cast<long long>(a), static_cast<long long>(e));
       std::fputc('\n', proto);
     }
+    if (used_ahead) std::fprintf(proto, "AHEAD %.3f %lld\n", beside_ms, std::exchange(begun_ahead, 0));
     std::fprintf(proto, "RECORD %s\n", record_to_json_line(r).c_str());
     std::fflush(proto);
   }

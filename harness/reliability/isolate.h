@@ -75,6 +75,12 @@ struct IsolationOptions {
   // memory estimate times their jobs) rather than in the run's order (--order
   // given: the order is the harness's to choose; reverse and shuffle keep theirs).
   bool largest_first = false;
+  // Each worker makes its next input set's first case (inputs, reference,
+  // caches, err_baseline) on a thread of its own while the case before it
+  // runs its backends (CaseAhead, harness/run/runner.h): the same records,
+  // fewer waits between a worker's backend calls. The CLI's choice: with a
+  // GPU reference or one worker in all (cmd_run.cpp, PERFORMANCE.md).
+  bool prepare_ahead = true;
   // NAME=VALUE for every worker's environment, replacing inherited ones.
   std::vector<std::string> env;
   // Called after each worker has started, before it is given a job: what the
@@ -110,9 +116,13 @@ std::size_t auto_workers_per_device(std::size_t cpus, std::size_t devices);
 // io.env unless the environment sets it.
 void share_cores(IsolationOptions& io, int threads);
 
-// The jobs in groups that one worker runs in order: every job of a run of
-// consecutive cases with equal inputs (inputs_key: another kv cache dtype,
-// block size or k_scale), which a worker hands on instead of generating again.
+// The jobs in groups that one worker runs in order: every job of the cases
+// with equal inputs (inputs_key: another kv cache dtype, block size or
+// k_scale), wherever they are in the list (a suite of several seeds
+// interleaves them), in the list's order within a group, the groups in the
+// order of their first jobs: a worker hands the inputs on from case to case
+// instead of generating them again (and the whole context, references
+// included, between cases of equal cache values).
 std::vector<std::vector<Job>> job_groups(const RunConfig& cfg, const std::vector<Job>& jobs);
 
 // --order given with several streams: the groups (and their memory
@@ -156,6 +166,17 @@ class GroupQueue {
                                   const std::function<void()>& before_wait = {});
   // Without waiting: nullopt when none is left or it does not fit now.
   std::optional<std::size_t> try_take(std::size_t stream);
+  // The stream's next group taken while it still runs its current one (its
+  // worker makes the next group's first case meanwhile: CaseAhead), without
+  // waiting: nullopt when none is left, the stream has one ahead already, or
+  // the group does not fit now beside everything held, the stream's current
+  // group included (host memory: the sum of both; on the device: both, as
+  // the case made ahead computes there while the current one's backends run).
+  std::optional<std::size_t> try_take_ahead(std::size_t stream);
+  // The stream has finished its current group and runs the one it took ahead:
+  // it holds that one's host memory alone from now on, and on the device the
+  // larger of what its worker held and that group's.
+  void advance(std::size_t stream);
   // The stream is done (its worker is gone): it holds nothing.
   void release(std::size_t stream);
   const std::vector<Job>& group(std::size_t g) const { return groups_.at(g); }
@@ -163,6 +184,9 @@ class GroupQueue {
  private:
   std::optional<std::size_t> take_locked(std::size_t stream);
   void drop_locked(std::size_t stream);  // the stream's worker is gone: it holds nothing
+  // The device bytes held beside `stream` on its device: the other working
+  // streams' groups (and those taken ahead) with their workers' own.
+  std::uint64_t device_beside_locked(std::size_t stream) const;
   std::vector<std::vector<Job>> groups_;
   std::vector<std::uint64_t> bytes_;
   std::uint64_t budget_;
@@ -170,6 +194,8 @@ class GroupQueue {
   DeviceBudget device_;
   std::vector<std::uint64_t> held_device_;  // per stream: the largest group's device bytes since its worker started
   std::vector<char> working_;               // per stream: holds a group (its worker has a case)
+  std::vector<std::uint64_t> ahead_, ahead_device_;  // per stream: the bytes of the group taken ahead (0: none)
+  std::vector<char> has_ahead_;
   std::size_t next_ = 0;
   std::mutex mutex_;
   std::condition_variable cv_;

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,8 +16,17 @@ namespace mlagate::isolation_detail {
 
 // The jobs of one stream, one at a time; null: none left (or the run stopped).
 // Before it waits (for memory), the source calls end_worker, which ends the
-// stream's worker and with it the memory of its last case.
-using JobSource = std::function<const Job*(const std::function<void()>& end_worker)>;
+// stream's worker and with it the memory of its last case. With the first job
+// of the last case before another input set, the source may name in `ahead`
+// the case the stream runs after that one's jobs (the first of its next
+// group, already its own), which the worker then makes meanwhile; else it
+// leaves `ahead` empty.
+using JobSource =
+    std::function<const Job*(const std::function<void()>& end_worker, std::optional<std::size_t>& ahead)>;
+
+// A fixed list's `ahead` for its job `i` (JobSource): when job i is the first
+// of its case and the case after it in the list has other inputs, that case.
+std::optional<std::size_t> ahead_in_list(const RunConfig& cfg, const std::vector<Job>& jobs, std::size_t i);
 
 // One stream of workers: the jobs in order, a new worker after a crash, order
 // checks (and --order pairs) on new workers of the stream's device.

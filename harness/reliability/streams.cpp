@@ -8,8 +8,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <map>
+#include <string>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "harness/reliability/isolate.h"
 #include "harness/reliability/memory_estimate.h"
@@ -79,8 +82,10 @@ std::vector<Record> run_per_device(const RunConfig& cfg, const std::vector<std::
   std::vector<std::size_t> next(n, 0);
   return run_streams(cfg, backend_names, opt.devices, opt, on_record,
                      [&](std::size_t d, const std::function<bool()>&) -> JobSource {
-                       return [&, d](const std::function<void()>&) -> const Job* {
-                         return next[d] < dealt[d].size() ? &dealt[d][next[d]++] : nullptr;
+                       return [&, d](const std::function<void()>&, std::optional<std::size_t>& ahead) -> const Job* {
+                         if (next[d] >= dealt[d].size()) return nullptr;
+                         ahead = isolation_detail::ahead_in_list(cfg, dealt[d], next[d]);
+                         return &dealt[d][next[d]++];
                        };
                      });
 }
@@ -112,14 +117,41 @@ void order_groups(std::vector<std::vector<Job>>& groups, std::vector<std::uint64
   }
 }
 
+namespace isolation_detail {
+
+std::optional<std::size_t> ahead_in_list(const RunConfig& cfg, const std::vector<Job>& jobs, std::size_t i) {
+  if (i >= jobs.size() || (i > 0 && jobs[i - 1].case_index == jobs[i].case_index)) return std::nullopt;
+  std::size_t j = i + 1;
+  while (j < jobs.size() && jobs[j].case_index == jobs[i].case_index) ++j;
+  // A job that starts a new worker finds no case made in the old one.
+  if (j >= jobs.size() || jobs[j].fresh_worker) return std::nullopt;
+  // The same inputs: the worker hands the case on instead (CaseStream).
+  if (inputs_key(cfg.cases.at(jobs[j].case_index)) == inputs_key(cfg.cases.at(jobs[i].case_index))) return std::nullopt;
+  return jobs[j].case_index;
+}
+
+}  // namespace isolation_detail
+
 std::vector<std::vector<Job>> job_groups(const RunConfig& cfg, const std::vector<Job>& jobs) {
+  // MLAGATE_GROUP_ADJACENT=1 (a measurement aid): only runs of consecutive
+  // jobs, as before 2026-11-29, when a suite of several seeds, whose cases
+  // interleave the seeds, had one case a group and handed nothing on.
+  const bool adjacent_only = std::getenv("MLAGATE_GROUP_ADJACENT") != nullptr;
   std::vector<std::vector<Job>> groups;
+  std::map<std::string, std::size_t> group_of;  // inputs_key -> its group
+  std::string key;
   for (std::size_t i = 0; i < jobs.size(); ++i) {
-    const bool same = i > 0 && (jobs[i].case_index == jobs[i - 1].case_index ||
-                                inputs_key(cfg.cases.at(jobs[i].case_index)) ==
-                                    inputs_key(cfg.cases.at(jobs[i - 1].case_index)));
-    if (!same) groups.emplace_back();
-    groups.back().push_back(jobs[i]);
+    const bool new_case = i == 0 || jobs[i].case_index != jobs[i - 1].case_index;
+    const std::string previous = key;
+    if (new_case) key = inputs_key(cfg.cases.at(jobs[i].case_index));
+    if (adjacent_only) {
+      if (i == 0 || key != previous) groups.emplace_back();
+      groups.back().push_back(jobs[i]);
+      continue;
+    }
+    const auto [it, added] = group_of.emplace(key, groups.size());
+    if (added) groups.emplace_back();
+    groups[it->second].push_back(jobs[i]);
   }
   return groups;
 }
@@ -127,7 +159,8 @@ std::vector<std::vector<Job>> job_groups(const RunConfig& cfg, const std::vector
 GroupQueue::GroupQueue(std::vector<std::vector<Job>> groups, std::vector<std::uint64_t> bytes, std::uint64_t budget,
                        std::size_t streams, DeviceBudget device)
     : groups_(std::move(groups)), bytes_(std::move(bytes)), budget_(budget), held_(streams, 0),
-      device_(std::move(device)), held_device_(streams, 0), working_(streams, 0) {
+      device_(std::move(device)), held_device_(streams, 0), working_(streams, 0), ahead_(streams, 0),
+      ahead_device_(streams, 0), has_ahead_(streams, 0) {
   if (bytes_.size() != groups_.size()) throw std::logic_error("GroupQueue: one size per group");
   if (device_.active()) {
     if (device_.group_bytes.size() != groups_.size() || device_.stream_device.size() != streams)
@@ -146,7 +179,7 @@ std::optional<std::size_t> GroupQueue::take_locked(std::size_t stream) {
   if (next_ >= groups_.size()) return std::nullopt;
   std::uint64_t others = 0;
   for (std::size_t s = 0; s < held_.size(); ++s)
-    if (s != stream) others += held_[s];
+    if (s != stream) others += held_[s] + ahead_[s];
   // Alone, a group always runs (the run checked every case against the memory
   // there is); beside others, only within the budget. The queue's order is
   // kept: a large group waits for room rather than being overtaken.
@@ -160,9 +193,7 @@ std::optional<std::size_t> GroupQueue::take_locked(std::size_t stream) {
     // blocks), so it holds the larger of those and this group's.
     const std::size_t d = device_.stream_device[stream];
     mine_device = std::max(held_device_[stream], device_.group_bytes[next_]);
-    std::uint64_t beside = 0;
-    for (std::size_t s = 0; s < held_.size(); ++s)
-      if (s != stream && working_[s] && device_.stream_device[s] == d) beside += held_device_[s] + device_.per_worker;
+    const std::uint64_t beside = device_beside_locked(stream);
     const std::uint64_t memory = device_.memory[d];
     if (memory > 0 && beside > 0 && beside + mine_device + device_.per_worker > memory) return std::nullopt;
   }
@@ -172,10 +203,51 @@ std::optional<std::size_t> GroupQueue::take_locked(std::size_t stream) {
   return next_++;
 }
 
+std::uint64_t GroupQueue::device_beside_locked(std::size_t stream) const {
+  std::uint64_t beside = 0;
+  for (std::size_t s = 0; s < held_.size(); ++s)
+    if (s != stream && working_[s] && device_.stream_device[s] == device_.stream_device[stream])
+      beside += held_device_[s] + ahead_device_[s] + device_.per_worker;
+  return beside;
+}
+
+std::optional<std::size_t> GroupQueue::try_take_ahead(std::size_t stream) {
+  const std::lock_guard lock(mutex_);
+  if (next_ >= groups_.size() || has_ahead_[stream] || !working_[stream]) return std::nullopt;
+  std::uint64_t others = 0;
+  for (std::size_t s = 0; s < held_.size(); ++s) others += held_[s] + ahead_[s];
+  if (budget_ > 0 && others + bytes_[next_] > budget_) return std::nullopt;
+  std::uint64_t device_bytes = 0;
+  if (device_.active()) {
+    device_bytes = device_.group_bytes[next_];
+    const std::uint64_t memory = device_.memory[device_.stream_device[stream]];
+    if (memory > 0 && device_beside_locked(stream) + held_device_[stream] + device_bytes + device_.per_worker > memory)
+      return std::nullopt;
+  }
+  ahead_[stream] = bytes_[next_];
+  ahead_device_[stream] = device_bytes;
+  has_ahead_[stream] = 1;
+  return next_++;
+}
+
+void GroupQueue::advance(std::size_t stream) {
+  {
+    const std::lock_guard lock(mutex_);
+    if (!has_ahead_[stream]) throw std::logic_error("GroupQueue::advance: no group taken ahead");
+    held_[stream] = ahead_[stream];
+    held_device_[stream] = std::max(held_device_[stream], ahead_device_[stream]);
+    ahead_[stream] = ahead_device_[stream] = 0;
+    has_ahead_[stream] = 0;
+  }
+  cv_.notify_all();
+}
+
 void GroupQueue::drop_locked(std::size_t stream) {
   held_[stream] = 0;
   held_device_[stream] = 0;
   working_[stream] = 0;
+  ahead_[stream] = ahead_device_[stream] = 0;
+  has_ahead_[stream] = 0;
 }
 
 std::optional<std::size_t> GroupQueue::take(std::size_t stream, const std::function<bool()>& stop,
@@ -234,7 +306,12 @@ std::vector<Record> run_some_streams(const RunConfig& cfg, const std::vector<std
     one.device = stream_device.front();
     std::size_t i = 0;
     return run_stream(
-        cfg, backend_names, [&](const std::function<void()>&) -> const Job* { return i < jobs.size() ? &jobs[i++] : nullptr; },
+        cfg, backend_names,
+        [&](const std::function<void()>&, std::optional<std::size_t>& ahead) -> const Job* {
+          if (i >= jobs.size()) return nullptr;
+          ahead = isolation_detail::ahead_in_list(cfg, jobs, i);
+          return &jobs[i++];
+        },
         one, on_record);
   }
   // Several streams take groups of jobs from one queue as they finish the
@@ -269,20 +346,32 @@ std::vector<Record> run_some_streams(const RunConfig& cfg, const std::vector<std
     }
   }
   GroupQueue queue(std::move(groups), std::move(bytes), available_memory_bytes(), n, std::move(device));
-  // Each stream's source: the jobs of the group it took, then the next group.
+  // Each stream's source: the jobs of the group it took, then the next group,
+  // taken ahead (when it fits) as the current group's last case begins, for
+  // its worker to make that group's first case meanwhile.
   std::vector<const std::vector<Job>*> group(n, nullptr);
+  std::vector<std::optional<std::size_t>> taken_ahead(n);
   std::vector<std::size_t> next(n, 0);
   return run_streams(
       cfg, backend_names, stream_device, opt, on_record,
       [&](std::size_t d, const std::function<bool()>& stop) -> JobSource {
-        return [&, d, stop](const std::function<void()>& end_worker) -> const Job* {
+        return [&, d, stop](const std::function<void()>& end_worker, std::optional<std::size_t>& ahead) -> const Job* {
           while (!group[d] || next[d] >= group[d]->size()) {
-            const std::optional<std::size_t> g = queue.take(d, stop, end_worker);
-            if (!g) return nullptr;
+            std::optional<std::size_t> g = std::exchange(taken_ahead[d], std::nullopt);
+            if (g)
+              queue.advance(d);
+            else if (!(g = queue.take(d, stop, end_worker)))
+              return nullptr;
             group[d] = &queue.group(*g);
             next[d] = 0;
           }
-          return &(*group[d])[next[d]++];
+          const std::vector<Job>& jobs = *group[d];
+          const std::size_t k = next[d]++;
+          const bool last_case_begins = (k == 0 || jobs[k - 1].case_index != jobs[k].case_index) &&
+                                        jobs.back().case_index == jobs[k].case_index;
+          if (last_case_begins && opt.prepare_ahead && !taken_ahead[d])
+            if ((taken_ahead[d] = queue.try_take_ahead(d))) ahead = queue.group(*taken_ahead[d]).front().case_index;
+          return &jobs[k];
         };
       },
       [&](std::size_t d) { queue.release(d); });

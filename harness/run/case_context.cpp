@@ -1,6 +1,12 @@
 // The stream of a run's cases (CaseStream): each case's context made on
-// entry, reusing what the previous case shares with it.
+// entry, reusing what the previous case shares with it; and a case made
+// ahead on a thread of its own (CaseAhead).
 #include "harness/run/case_context.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <utility>
 
 namespace mlagate {
 
@@ -68,6 +74,109 @@ CaseContext& CaseStream::enter(const CaseSpec& spec) {
   ctx->generate_ms += entered;
   last_ = std::move(ctx);
   return *last_;
+}
+
+// What a case's jobs will share, from what the backends declare: the paged
+// caches of their block sizes, the decode op's absorbed queries and reference,
+// and for the layer op the reference and err_baseline on each backend's
+// paths (route_requests: the paths run_layer takes), in the backends' order,
+// so that each (form, request) is computed for the same requests as on first use.
+struct CaseAhead::Plan {
+  std::vector<std::pair<int, bool>> caches;  // (block size, new tokens written)
+  std::vector<std::vector<std::string>> layer_paths;
+  bool layer = false, decode = false;
+  int threads = 0;  // the caller's OpenMP threads (a new thread starts from the process's default)
+};
+
+CaseAhead::CaseAhead(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& backends, std::size_t case_index)
+    : case_index_(case_index), stream_(std::make_unique<CaseStream>(cfg)), plan_(std::make_unique<Plan>()) {
+  const CaseSpec& spec = cfg.cases.at(case_index);
+  Plan& p = *plan_;
+  bool valid = !spec.merge.active();
+  try {
+    spec.validate();
+  } catch (...) {
+    valid = false;  // entering it throws again, on the thread, for its records
+  }
+  const bool baseline = cfg.baseline.always || cfg.policy.kind == Policy::Kind::kBaseline;
+  auto add_cache = [&p](int bs, bool write_new) {
+    if (std::find(p.caches.begin(), p.caches.end(), std::make_pair(bs, write_new)) == p.caches.end())
+      p.caches.emplace_back(bs, write_new);
+  };
+  for (const auto& b : backends)
+    for (Op op : cfg.ops) {
+      if (!valid || (op != Op::kLayer && op != Op::kDecode)) continue;
+      try {
+        if (!b->supports(spec, op).ok) continue;
+        const Capabilities caps = b->capabilities();
+        const int bs = resolve_block_size(caps, spec);
+        if (op == Op::kDecode) {
+          add_cache(bs, true);
+          p.decode = true;
+          continue;
+        }
+        const Routing routing = route_requests(caps, spec);
+        if (!routing.support.ok) continue;
+        add_cache(bs, false);
+        p.layer = true;
+        // A replacement baseline (libtorch) is left to the jobs' thread.
+        if (!baseline || cfg.baseline.layer) continue;
+        std::vector<std::string> paths;
+        for (const bool dec : routing.is_decode) paths.emplace_back(dec ? "decode" : "prefill");
+        if (std::find(p.layer_paths.begin(), p.layer_paths.end(), paths) == p.layer_paths.end())
+          p.layer_paths.push_back(std::move(paths));
+      } catch (...) {
+        // Its job asks again and records the answer.
+      }
+    }
+  p.threads = omp_get_max_threads();
+  thread_ = std::thread([this, &cfg, &spec] {
+    omp_set_num_threads(plan_->threads);
+    const auto t0 = Clock::now();
+    try {
+      ctx_ = &stream_->enter(spec);
+    } catch (...) {
+      error_ = std::current_exception();
+      return;
+    }
+    const double entered = ms_since(t0);
+    CaseContext& ctx = *ctx_;
+    // Whatever fails here is made again by the job that needs it, which
+    // reports the failure as it always did.
+    auto attempt = [](auto&& work) {
+      try {
+        work();
+      } catch (...) {
+      }
+    };
+    for (const auto& [bs, write_new] : plan_->caches)
+      attempt([&, bs = bs, write_new = write_new] { ctx.cache(bs, write_new, cfg.exec, ctx.cache_ms); });
+    if (plan_->decode) attempt([&] { ctx.prepare_decode(); });
+    if (!plan_->layer_paths.empty()) {
+      attempt([&] { ctx.overlap_reference_and_baseline(plan_->layer_paths.front(), cfg.baseline); });
+      for (const auto& paths : plan_->layer_paths) attempt([&] { ctx.layer_baseline(paths, cfg.baseline); });
+    } else if (plan_->layer) {
+      attempt([&] { ctx.get_reference(); });
+    }
+    work_ms_ = ms_since(t0);
+    // The case's first record counts all of it, as it counts an entry's time.
+    ctx.enter_ms += work_ms_ - entered;
+  });
+}
+
+CaseAhead::~CaseAhead() {
+  if (thread_.joinable()) thread_.join();
+}
+
+CaseContext& CaseAhead::take(std::unique_ptr<CaseStream>& stream, double& beside_ms) {
+  const auto t0 = Clock::now();
+  if (thread_.joinable()) thread_.join();
+  beside_ms = 0;
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  if (!ctx_ || !stream_) throw std::logic_error("CaseAhead::take: taken twice");
+  beside_ms = std::max(0.0, work_ms_ - ms_since(t0));
+  stream = std::move(stream_);
+  return *std::exchange(ctx_, nullptr);
 }
 
 }  // namespace mlagate

@@ -51,20 +51,25 @@ struct CaseContext {
   std::optional<ReferenceOutputs> ref_outputs;  // absorbed path: out, lse, o_lat
   // Shared work's milliseconds, accumulated as it happens and handed to the
   // next record run on this context (take_shared): each counted once.
-  double enter_ms = 0;     // CaseStream::enter: generating or retargeting the case (also in generate_ms)
+  // CaseStream::enter: generating or retargeting the case (also in generate_ms);
+  // for a case made ahead (CaseAhead), all the work done there.
+  double enter_ms = 0;
   double generate_ms = 0;  // inputs: the case, the prefill op's up-projected keys and values
   double reference_ms = 0;    // fp64 references
   double baseline_ms = 0;  // err_baseline
+  double cache_ms = 0;     // paged caches made ahead (CaseAhead); a job's own are in its record
   Timings taken;           // what earlier records already took
   // Moves the shared work not yet reported into `t`; returns the enter time among it.
   double take_shared(Timings& t) {
     t.generate_ms += generate_ms - taken.generate_ms;
     t.reference_ms += reference_ms - taken.reference_ms;
     t.baseline_ms += baseline_ms - taken.baseline_ms;
+    t.cache_ms += cache_ms - taken.cache_ms;
     const double entered = enter_ms - taken.total_ms;
     taken.generate_ms = generate_ms;
     taken.reference_ms = reference_ms;
     taken.baseline_ms = baseline_ms;
+    taken.cache_ms = cache_ms;
     taken.total_ms = enter_ms;
     return entered;
   }

@@ -102,6 +102,20 @@ DeviceBudget two_devices(std::vector<std::uint64_t> group_bytes, std::uint64_t m
   return b;
 }
 
+// A group taken ahead (its worker makes the first case while the current
+// group's last one runs) holds its device bytes beside the current group's,
+// on its stream's device only, and is never taken where both do not fit.
+TEST(DeviceMemory, AGroupTakenAheadHoldsItsDeviceBytesToo) {
+  GroupQueue q(groups_of(4), {1, 1, 1, 1}, 0, 4, two_devices({4, 6, 3, 2}));
+  EXPECT_EQ(q.try_take(0), 0u);                  // device 0: 4 + 1
+  EXPECT_EQ(q.try_take_ahead(0), std::nullopt);  // 4 + 6 + 1 > 10, even alone
+  EXPECT_EQ(q.try_take(1), 1u);                  // device 1: 6 + 1
+  EXPECT_EQ(q.try_take_ahead(0), 2u);            // device 0: 4 + 3 + 1
+  EXPECT_EQ(q.try_take(2), std::nullopt);        // 2 + 1 beside 8 > 10: the group ahead counts
+  q.advance(0);                                  // stream 0 runs the 3: its worker keeps the larger, 4
+  EXPECT_EQ(q.try_take(2), 3u);                  // 2 + 1 beside 4 + 1 fits
+}
+
 TEST(DeviceMemory, EachDeviceKeepsItsGroupsWithinItsMemory) {
   // Device bytes 4, 6, 3, 8 (+1 a worker) on devices of 10; no host budget.
   GroupQueue q(groups_of(4), {1, 1, 1, 1}, 0, 4, two_devices({4, 6, 3, 8}));

@@ -8,11 +8,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <set>
 #include <thread>
 
 #include "cases/case.h"
 #include "cases/suite.h"
 #include "harness/reliability/isolate.h"
+#include "harness/reliability/stream.h"
 #include "tests/reliability/drain_queue.h"
 #include "tests/reliability/run_mlagate.h"
 
@@ -87,28 +89,102 @@ TEST(Workers, SideBySideTheyGiveOneWorkersRecords) {
       << slurp(d / "stderr.txt");
 }
 
-TEST(Workers, GroupsAreRunsOfCasesWithTheSameInputs) {
+// Cases made ahead (CaseAhead: a worker makes its next input set's first
+// case on a thread while the case before it runs its backends) give the same
+// records as cases made when their first job comes, and the profile takes the
+// work that ran beside the jobs off in its "ahead" row, the rows still summing
+// to the wall. With one worker, every case here is of other inputs than the
+// one before it, so every NEXT names a case while the one named before it is
+// still to come: a worker that dropped that one for the new one (the first
+// version did) used 1 of the 47 cases it began.
+TEST(Workers, CasesMadeAheadGiveTheSameRecords) {
+  struct Env {
+    const char* name;
+    explicit Env(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
+    ~Env() { ::unsetenv(name); }
+  };
+  const fs::path d = temp_dir("workers_ahead");
+  auto run = [&](const std::string& json, const std::string& workers) {
+    return run_mlagate({"run", "--suite", "vllm", "--seed", "0,1", "--filter", "small_decode|spec_decode_small",
+                        "--backend", "cpu.paged,cpu.splitkv", "--workers", workers, "--profile", "--no-progress", "-q",
+                        "--json", (d / json).string()},
+                       d);
+  };
+  auto phases = [&](const std::string& json) {
+    const Json p = Json::parse(slurp(d / json)).at("profile");
+    double sum = 0;
+    for (const auto& [name, ms] : p.at("phases_ms").items()) sum += ms.get<double>();
+    EXPECT_NEAR(sum, p.at("wall_ms").get<double>(), 1e-6 * p.at("wall_ms").get<double>() + 1e-3) << json;
+    return p.at("phases_ms");
+  };
+  {
+    const Env off("MLAGATE_PREPARE_AHEAD", "0");
+    ASSERT_EQ(run("off.json", "2"), 0) << slurp(d / "stderr.txt");
+  }
+  {
+    const Env on("MLAGATE_PREPARE_AHEAD", "1");
+    ASSERT_EQ(run("on.json", "2"), 0) << slurp(d / "stderr.txt");
+  }
+  ASSERT_EQ(run("one.json", "1"), 0) << slurp(d / "stderr.txt");  // one worker: made ahead by default
+  ASSERT_EQ(run("cpu.json", "2"), 0) << slurp(d / "stderr.txt");  // CPU workers side by side: not by default
+  const auto off = outcomes(d / "off.json");
+  EXPECT_EQ(off.size(), 96u);
+  EXPECT_EQ(outcomes(d / "on.json"), off);
+  EXPECT_EQ(outcomes(d / "one.json"), off);
+  EXPECT_EQ(outcomes(d / "cpu.json"), off);
+  EXPECT_FALSE(phases("off.json").contains("ahead"));
+  EXPECT_FALSE(phases("cpu.json").contains("ahead"));
+  EXPECT_LT(phases("on.json").value("ahead", 0.0), 0.0);
+  EXPECT_LT(phases("one.json").value("ahead", 0.0), 0.0);
+  // Every case begun ahead was used by its jobs. Two workers: 16 input sets
+  // (groups of 3 kv cache dtypes), each made ahead but a worker's first. One
+  // worker: the list's 48 cases, each of other inputs than the one before it
+  // (the seeds interleave), all but the first made ahead.
+  for (const auto& [json, at_least] : {std::pair{"on.json", 14}, std::pair{"one.json", 47}}) {
+    const Json made = Json::parse(slurp(d / json)).at("profile").at("cases_made_ahead");
+    EXPECT_EQ(made.at("begun"), made.at("used")) << json;
+    EXPECT_GE(made.at("used").get<int>(), at_least) << json;
+  }
+  EXPECT_FALSE(Json::parse(slurp(d / "off.json")).at("profile").contains("cases_made_ahead"));
+}
+
+// Groups are the cases of one input set wherever they are in the list: a
+// suite of two seeds lists each kv cache dtype's seeds side by side, so the
+// cases of one input set are never neighbours there (grouping only
+// neighbours, as before, made every case a group of its own and handed
+// nothing on: 10% more time on the CPU, PERFORMANCE.md).
+TEST(Workers, GroupsAreTheCasesOfOneInputSetWhereverTheyAre) {
   RunConfig cfg;
-  cfg.cases = load_suite("vllm").cases;
+  for (const CaseSpec& c : load_suite("vllm").cases)
+    for (std::uint64_t seed : {0, 1}) {
+      cfg.cases.push_back(c);
+      cfg.cases.back().seed = seed;
+    }
   std::vector<Job> jobs;
   for (std::size_t ci = 0; ci < cfg.cases.size(); ++ci)
     for (std::size_t bi = 0; bi < 2; ++bi) jobs.push_back(Job{ci, bi, Op::kLayer});
   const auto groups = job_groups(cfg, jobs);
-  std::vector<Job> joined;
-  for (std::size_t g = 0; g < groups.size(); ++g) {
-    ASSERT_FALSE(groups[g].empty());
-    const std::string key = inputs_key(cfg.cases[groups[g].front().case_index]);
-    for (const Job& j : groups[g]) EXPECT_EQ(inputs_key(cfg.cases[j.case_index]), key);
-    if (g > 0) {
-      EXPECT_NE(inputs_key(cfg.cases[groups[g - 1].back().case_index]), key);
+  std::set<std::string> keys;
+  std::size_t jobs_in_groups = 0;
+  std::size_t last_first = 0;
+  for (const auto& g : groups) {
+    ASSERT_FALSE(g.empty());
+    const std::string key = inputs_key(cfg.cases[g.front().case_index]);
+    EXPECT_TRUE(keys.insert(key).second) << key << ": one group an input set";
+    for (std::size_t k = 0; k < g.size(); ++k) {
+      EXPECT_EQ(inputs_key(cfg.cases[g[k].case_index]), key);
+      if (k > 0)  // the list's order within a group: a case's jobs together, its kv cache dtypes in turn
+        EXPECT_TRUE(g[k - 1].case_index < g[k].case_index ||
+                    (g[k - 1].case_index == g[k].case_index && g[k - 1].backend_index < g[k].backend_index));
     }
-    joined.insert(joined.end(), groups[g].begin(), groups[g].end());
+    EXPECT_GE(g.front().case_index, last_first);  // groups in the order of their first jobs
+    last_first = g.front().case_index;
+    jobs_in_groups += g.size();
   }
-  ASSERT_EQ(joined.size(), jobs.size());  // every job once, in order
-  for (std::size_t i = 0; i < jobs.size(); ++i)
-    EXPECT_TRUE(joined[i].case_index == jobs[i].case_index && joined[i].backend_index == jobs[i].backend_index);
-  EXPECT_GT(groups.size(), 1u);
-  EXPECT_LT(groups.size(), cfg.cases.size());  // the kv cache dtypes of one input set share a group
+  EXPECT_EQ(jobs_in_groups, jobs.size());  // every job once
+  // Each input set's kv cache dtypes in one group: as many groups as input
+  // sets, fewer than cases (the vllm suite has 3 kv cache dtypes an input set).
+  EXPECT_EQ(groups.size() * 3, cfg.cases.size());
 }
 
 TEST(Workers, TheSmallestGroupGoesFirstThenTheLargest) {
@@ -152,6 +228,56 @@ TEST(Workers, GroupsRunSideBySideOnlyWithinTheMemoryBudget) {
   EXPECT_EQ(free.try_take(1), 1u);
   EXPECT_EQ(free.try_take(0), 2u);
   EXPECT_EQ(free.try_take(1), 3u);
+}
+
+// A group taken ahead holds its host memory beside the stream's current
+// one (the worker has both cases for a while), one at a time, only when both
+// fit beside every other stream's; advance leaves the stream holding it alone.
+TEST(Workers, AGroupTakenAheadHoldsItsMemoryBesideTheCurrentOne) {
+  std::vector<std::vector<Job>> groups(4, std::vector<Job>{Job{}});
+  GroupQueue q(groups, {4, 5, 3, 9}, 10, 2);
+  EXPECT_EQ(q.try_take_ahead(0), std::nullopt);  // nothing running: nothing to be ahead of
+  EXPECT_EQ(q.try_take(0), 0u);                  // 4
+  EXPECT_EQ(q.try_take_ahead(0), 1u);            // 4 + 5 fit
+  EXPECT_EQ(q.try_take_ahead(0), std::nullopt);  // one ahead at a time
+  EXPECT_EQ(q.try_take(1), std::nullopt);        // 3 beside 4 + 5 > 10
+  q.advance(0);                                  // stream 0 now runs the 5 alone
+  EXPECT_EQ(q.try_take(1), 2u);                  // 3 beside 5 fits
+  EXPECT_EQ(q.try_take_ahead(1), std::nullopt);  // 9 beside 5 + 3 does not
+  q.release(0);
+  EXPECT_EQ(q.try_take_ahead(1), std::nullopt);  // 3 + 9 > 10: a group ahead is never alone
+  EXPECT_EQ(q.try_take(0), std::nullopt);        // nor does the 9 fit beside the 3 (order kept)
+  EXPECT_THROW(q.advance(0), std::logic_error);  // stream 0 took nothing ahead
+  q.release(1);
+  EXPECT_EQ(q.try_take(0), 3u);  // alone, it runs
+}
+
+// A fixed list's case made ahead: named with the first job of a case when
+// the case after it has other inputs (the same inputs are handed on), and
+// never for a job that starts a new worker.
+TEST(Workers, AListNamesTheNextInputSetsCaseWithTheFirstJobOfTheCaseBeforeIt) {
+  RunConfig cfg;
+  cfg.cases = load_suite("vllm").cases;
+  ASSERT_GT(cfg.cases.size(), 4u);
+  std::size_t a = 0, b = 1;  // two consecutive cases with other inputs, and a third beside b
+  while (b + 1 < cfg.cases.size() && inputs_key(cfg.cases[a]) == inputs_key(cfg.cases[b])) ++a, ++b;
+  ASSERT_NE(inputs_key(cfg.cases[a]), inputs_key(cfg.cases[b]));
+  std::vector<Job> jobs = {Job{a, 0, Op::kLayer}, Job{a, 1, Op::kLayer}, Job{b, 0, Op::kLayer}, Job{b, 1, Op::kLayer}};
+  using isolation_detail::ahead_in_list;
+  EXPECT_EQ(ahead_in_list(cfg, jobs, 0), b);
+  EXPECT_EQ(ahead_in_list(cfg, jobs, 1), std::nullopt);  // not the case's first job
+  EXPECT_EQ(ahead_in_list(cfg, jobs, 2), std::nullopt);  // nothing after it
+  jobs[2].fresh_worker = true;
+  EXPECT_EQ(ahead_in_list(cfg, jobs, 0), std::nullopt);
+  jobs[2].fresh_worker = false;
+  jobs[2].case_index = jobs[3].case_index = a;  // one case throughout
+  EXPECT_EQ(ahead_in_list(cfg, jobs, 0), std::nullopt);
+  std::size_t same = a + 1;  // a case with a's inputs (another kv cache dtype): handed on, not made ahead
+  while (same < cfg.cases.size() && inputs_key(cfg.cases[same]) != inputs_key(cfg.cases[a])) ++same;
+  if (same < cfg.cases.size()) {
+    jobs[2].case_index = jobs[3].case_index = same;
+    EXPECT_EQ(ahead_in_list(cfg, jobs, 0), std::nullopt);
+  }
 }
 
 // Streams that wait hold nothing: two streams that finish groups which leave
