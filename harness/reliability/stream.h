@@ -25,8 +25,10 @@ using JobSource =
     std::function<const Job*(const std::function<void()>& end_worker, std::optional<std::size_t>& ahead)>;
 
 // A fixed list's `ahead` for its job `i` (JobSource): when job i is the first
-// of its case and the case after it in the list has other inputs, that case.
-std::optional<std::size_t> ahead_in_list(const RunConfig& cfg, const std::vector<Job>& jobs, std::size_t i);
+// of its case and the case after it in the list has other inputs, that case,
+// if fits(this case, that case) says both fit in memory at once (none given: they do).
+std::optional<std::size_t> ahead_in_list(const RunConfig& cfg, const std::vector<Job>& jobs, std::size_t i,
+                                         const std::function<bool(std::size_t, std::size_t)>& fits = {});
 
 // One stream of workers: the jobs in order, a new worker after a crash, order
 // checks (and --order pairs) on new workers of the stream's device.

@@ -72,6 +72,23 @@ std::vector<Record> run_streams(const RunConfig& cfg, const std::vector<std::str
   return records;
 }
 
+// Whether a worker may hold cases a and b at once (one made ahead): their host
+// estimates within the memory available now, and with a device plan their
+// device estimates and the worker's own within device d's memory.
+std::function<bool(std::size_t, std::size_t)> two_cases_fit(const RunConfig& cfg, const IsolationOptions& opt,
+                                                             std::size_t d) {
+  const bool prefill_op = std::find(cfg.ops.begin(), cfg.ops.end(), Op::kPrefill) != cfg.ops.end();
+  return [&cfg, &opt, d, prefill_op](std::size_t a, std::size_t b) {
+    const std::uint64_t host = available_memory_bytes();
+    if (host > 0 && estimate_case_bytes(cfg.cases.at(a), prefill_op) + estimate_case_bytes(cfg.cases.at(b), prefill_op) > host)
+      return false;
+    const DeviceMemoryPlan& plan = opt.device_memory;
+    if (!plan.active()) return true;
+    const std::uint64_t memory = plan.device_bytes.at(d % plan.device_bytes.size());
+    return memory == 0 || plan.case_bytes.at(a) + plan.case_bytes.at(b) + plan.worker_bytes <= memory;
+  };
+}
+
 // One worker per device (--devices, --workers 1): case i on device i mod N.
 std::vector<Record> run_per_device(const RunConfig& cfg, const std::vector<std::string>& backend_names,
                                    const std::vector<Job>& jobs, const IsolationOptions& opt,
@@ -84,7 +101,7 @@ std::vector<Record> run_per_device(const RunConfig& cfg, const std::vector<std::
                      [&](std::size_t d, const std::function<bool()>&) -> JobSource {
                        return [&, d](const std::function<void()>&, std::optional<std::size_t>& ahead) -> const Job* {
                          if (next[d] >= dealt[d].size()) return nullptr;
-                         ahead = isolation_detail::ahead_in_list(cfg, dealt[d], next[d]);
+                         ahead = isolation_detail::ahead_in_list(cfg, dealt[d], next[d], two_cases_fit(cfg, opt, d));
                          return &dealt[d][next[d]++];
                        };
                      });
@@ -119,7 +136,8 @@ void order_groups(std::vector<std::vector<Job>>& groups, std::vector<std::uint64
 
 namespace isolation_detail {
 
-std::optional<std::size_t> ahead_in_list(const RunConfig& cfg, const std::vector<Job>& jobs, std::size_t i) {
+std::optional<std::size_t> ahead_in_list(const RunConfig& cfg, const std::vector<Job>& jobs, std::size_t i,
+                                         const std::function<bool(std::size_t, std::size_t)>& fits) {
   if (i >= jobs.size() || (i > 0 && jobs[i - 1].case_index == jobs[i].case_index)) return std::nullopt;
   std::size_t j = i + 1;
   while (j < jobs.size() && jobs[j].case_index == jobs[i].case_index) ++j;
@@ -127,6 +145,7 @@ std::optional<std::size_t> ahead_in_list(const RunConfig& cfg, const std::vector
   if (j >= jobs.size() || jobs[j].fresh_worker) return std::nullopt;
   // The same inputs: the worker hands the case on instead (CaseStream).
   if (inputs_key(cfg.cases.at(jobs[j].case_index)) == inputs_key(cfg.cases.at(jobs[i].case_index))) return std::nullopt;
+  if (fits && !fits(jobs[i].case_index, jobs[j].case_index)) return std::nullopt;
   return jobs[j].case_index;
 }
 
@@ -309,7 +328,7 @@ std::vector<Record> run_some_streams(const RunConfig& cfg, const std::vector<std
         cfg, backend_names,
         [&](const std::function<void()>&, std::optional<std::size_t>& ahead) -> const Job* {
           if (i >= jobs.size()) return nullptr;
-          ahead = isolation_detail::ahead_in_list(cfg, jobs, i);
+          ahead = isolation_detail::ahead_in_list(cfg, jobs, i, two_cases_fit(cfg, opt, 0));
           return &jobs[i++];
         },
         one, on_record);

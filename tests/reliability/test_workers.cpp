@@ -265,6 +265,9 @@ TEST(Workers, AListNamesTheNextInputSetsCaseWithTheFirstJobOfTheCaseBeforeIt) {
   std::vector<Job> jobs = {Job{a, 0, Op::kLayer}, Job{a, 1, Op::kLayer}, Job{b, 0, Op::kLayer}, Job{b, 1, Op::kLayer}};
   using isolation_detail::ahead_in_list;
   EXPECT_EQ(ahead_in_list(cfg, jobs, 0), b);
+  // Not where the two cases do not fit in memory at once.
+  EXPECT_EQ(ahead_in_list(cfg, jobs, 0, [](std::size_t, std::size_t) { return false; }), std::nullopt);
+  EXPECT_EQ(ahead_in_list(cfg, jobs, 0, [&](std::size_t x, std::size_t y) { return x == a && y == b; }), b);
   EXPECT_EQ(ahead_in_list(cfg, jobs, 1), std::nullopt);  // not the case's first job
   EXPECT_EQ(ahead_in_list(cfg, jobs, 2), std::nullopt);  // nothing after it
   jobs[2].fresh_worker = true;
