@@ -121,8 +121,7 @@ CaseAhead::CaseAhead(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>
         p.layer = true;
         // A replacement baseline (libtorch) is left to the jobs' thread.
         if (!baseline || cfg.baseline.layer) continue;
-        std::vector<std::string> paths;
-        for (const bool dec : routing.is_decode) paths.emplace_back(dec ? "decode" : "prefill");
+        std::vector<std::string> paths = routing.paths();
         if (std::find(p.layer_paths.begin(), p.layer_paths.end(), paths) == p.layer_paths.end())
           p.layer_paths.push_back(std::move(paths));
       } catch (...) {

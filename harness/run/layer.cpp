@@ -369,7 +369,7 @@ OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const E
   Tensor lse(DType::kF32, {T, N});
   std::vector<int> dec_req, pre_req;
   for (int i = 0; i < c.num_requests; ++i) (routing.is_decode[i] ? dec_req : pre_req).push_back(i);
-  for (int i = 0; i < c.num_requests; ++i) run.paths.push_back(routing.is_decode[i] ? "decode" : "prefill");
+  run.paths = routing.paths();
 
   // 2. Decodes first (vLLM reorders the batch), absorbed into latent space.
   if (!dec_req.empty()) {

@@ -34,6 +34,12 @@ struct ExecOptions {
 struct Routing {
   Support support;
   std::vector<bool> is_decode;  // [B]
+  // Each request's path as the layer op's records name it (OpRun::paths).
+  std::vector<std::string> paths() const {
+    std::vector<std::string> p;
+    for (const bool dec : is_decode) p.emplace_back(dec ? "decode" : "prefill");
+    return p;
+  }
 };
 Routing route_requests(const Capabilities& caps, const CaseSpec& spec);
 
