@@ -133,6 +133,12 @@ std::string inputs_key(const CaseSpec& spec) {
   return k.id();
 }
 
+std::string shape_key(const CaseSpec& spec) {
+  CaseSpec k = spec;
+  k.seed = 0;
+  return inputs_key(k);
+}
+
 std::string cache_values_key(const CaseSpec& spec) {
   std::string k = inputs_key(spec) + "|";
   switch (spec.kv_cache_dtype) {

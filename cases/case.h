@@ -68,6 +68,11 @@ std::string inputs_key(const CaseSpec& spec);
 // k_pe_cache), hence equal references: fp8 and fp8_e4m3 are the same format,
 // and k_scale only matters to fp8 and fp8_e4m3.
 std::string cache_values_key(const CaseSpec& spec);
+// Cases with equal keys differ at most in their seed and what inputs_key
+// leaves out: every backend call gets tensors of the same shapes and dtypes,
+// so what a backend sets up once per shape in a process (cuDNN's compiled
+// SDPA kernels, plans, workspaces) serves all of them (GroupQueue's families).
+std::string shape_key(const CaseSpec& spec);
 // Turns a generated case into the case of `spec`, whose inputs_key must be the
 // same: the spec and the cache values change, the drawn inputs are kept.
 void retarget_case(Case& c, const CaseSpec& spec);

@@ -104,10 +104,9 @@ struct IsolationOptions {
 std::size_t host_cpus();
 
 // `--workers auto` of a GPU run (--reference cuda): workers a device for
-// `cpus` host cores and `devices` GPUs. One device: one worker per 4 cores,
-// at most 8. Several: one per 2 cores in all up to 16 in all, and never
-// fewer than one per 4 cores in all; at most 8 a device (the measurements
-// behind both: PERFORMANCE.md, harness/cli/SCALE.md).
+// `cpus` host cores and `devices` GPUs: one per 2 cores in all up to 16 in
+// all, and never fewer than one per 4 cores in all; at most 8 a device (the
+// measurements behind it: PERFORMANCE.md, harness/cli/SCALE.md).
 std::size_t auto_workers_per_device(std::size_t cpus, std::size_t devices);
 
 // Several workers in all (io.devices x io.workers): unless the run gives
@@ -152,11 +151,22 @@ struct DeviceBudget {
 // count, and are not held up by it); on the device a stream holds the largest
 // group its worker took (what a worker keeps between cases, caches and
 // libtorch's reserve, is bounded by its largest case), until the worker ends.
-// Alone on its device a group always runs. Thread-safe.
+// Alone on its device a group always runs.
+//
+// Families (optional: one id per group, e.g. the groups' shape_key): what a
+// worker process sets up once per shape (cuDNN compiles its SDPA kernels for
+// each shape it meets, about 0.1 s each on an H200) is paid again by every
+// worker that meets the shape. So the groups of a small family (its work,
+// bytes times jobs summed, at most a 2 x streams-th of all) go to one stream
+// in turn: a stream takes the next group of the family of the last group it
+// took while one is left; else the first group in order whose small family
+// no other working stream is on; else the first in order (no stream idles
+// for a family). Large families are spread as before, so that none runs
+// alone at the end. Thread-safe.
 class GroupQueue {
  public:
   GroupQueue(std::vector<std::vector<Job>> groups, std::vector<std::uint64_t> bytes, std::uint64_t budget_bytes,
-             std::size_t streams, DeviceBudget device = {});
+             std::size_t streams, DeviceBudget device = {}, std::vector<std::size_t> families = {});
   // The next group's index for `stream`, waiting for room; nullopt when none
   // is left (the stream then holds nothing) or stop() turned true. Before it
   // waits, a stream that holds memory calls before_wait (which must free it:
@@ -183,6 +193,10 @@ class GroupQueue {
 
  private:
   std::optional<std::size_t> take_locked(std::size_t stream);
+  // The group `stream` would take now (the families' rule above); nullopt
+  // when none is left.
+  std::optional<std::size_t> candidate_locked(std::size_t stream) const;
+  void mark_taken_locked(std::size_t stream, std::size_t g);
   void drop_locked(std::size_t stream);  // the stream's worker is gone: it holds nothing
   // The device bytes held beside `stream` on its device: the other working
   // streams' groups (and those taken ahead) with their workers' own.
@@ -196,7 +210,13 @@ class GroupQueue {
   std::vector<char> working_;               // per stream: holds a group (its worker has a case)
   std::vector<std::uint64_t> ahead_, ahead_device_;  // per stream: the bytes of the group taken ahead (0: none)
   std::vector<char> has_ahead_;
-  std::size_t next_ = 0;
+  std::vector<char> taken_;          // per group
+  std::size_t first_ = 0;            // every group before it is taken
+  std::size_t left_ = 0;             // groups not taken
+  std::vector<std::size_t> family_;  // per group (each its own without families)
+  std::vector<char> small_;          // per family: its groups go to one stream in turn
+  std::vector<std::size_t> family_left_;                  // per family: groups not taken
+  std::vector<std::optional<std::size_t>> stream_family_;  // per stream: the family of its last group
   std::mutex mutex_;
   std::condition_variable cv_;
 };

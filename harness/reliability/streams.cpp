@@ -176,11 +176,31 @@ std::vector<std::vector<Job>> job_groups(const RunConfig& cfg, const std::vector
 }
 
 GroupQueue::GroupQueue(std::vector<std::vector<Job>> groups, std::vector<std::uint64_t> bytes, std::uint64_t budget,
-                       std::size_t streams, DeviceBudget device)
+                       std::size_t streams, DeviceBudget device, std::vector<std::size_t> families)
     : groups_(std::move(groups)), bytes_(std::move(bytes)), budget_(budget), held_(streams, 0),
       device_(std::move(device)), held_device_(streams, 0), working_(streams, 0), ahead_(streams, 0),
-      ahead_device_(streams, 0), has_ahead_(streams, 0) {
+      ahead_device_(streams, 0), has_ahead_(streams, 0), taken_(groups_.size(), 0), left_(groups_.size()),
+      family_(std::move(families)), stream_family_(streams) {
   if (bytes_.size() != groups_.size()) throw std::logic_error("GroupQueue: one size per group");
+  if (family_.empty())
+    for (std::size_t g = 0; g < groups_.size(); ++g) family_.push_back(g);
+  if (family_.size() != groups_.size()) throw std::logic_error("GroupQueue: one family per group");
+  // A family is small when its work (bytes times jobs, the order's measure)
+  // is at most a 2 x streams-th of the whole: one stream running all of its
+  // groups in turn then holds at most half a stream's share of the run.
+  const std::size_t families_n = family_.empty() ? 0 : *std::max_element(family_.begin(), family_.end()) + 1;
+  std::vector<long double> work(families_n, 0);
+  long double total = 0;
+  family_left_.assign(families_n, 0);
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const long double w = static_cast<long double>(bytes_[g]) * static_cast<long double>(groups_[g].size());
+    work[family_[g]] += w;
+    total += w;
+    ++family_left_[family_[g]];
+  }
+  small_.assign(families_n, 0);
+  for (std::size_t f = 0; f < families_n; ++f)
+    small_[f] = family_left_[f] > 1 && work[f] * 2 * static_cast<long double>(std::max<std::size_t>(1, streams)) <= total;
   if (device_.active()) {
     if (device_.group_bytes.size() != groups_.size() || device_.stream_device.size() != streams)
       throw std::logic_error("GroupQueue: one device size per group and one device per stream");
@@ -194,15 +214,41 @@ std::optional<std::size_t> GroupQueue::try_take(std::size_t stream) {
   return take_locked(stream);
 }
 
+std::optional<std::size_t> GroupQueue::candidate_locked(std::size_t stream) const {
+  if (left_ == 0) return std::nullopt;
+  const std::optional<std::size_t> mine = stream_family_[stream];
+  if (mine && small_[*mine] && family_left_[*mine] > 0)
+    for (std::size_t g = first_; g < groups_.size(); ++g)
+      if (!taken_[g] && family_[g] == *mine) return g;
+  const auto others_on = [&](std::size_t f) {
+    for (std::size_t s = 0; s < stream_family_.size(); ++s)
+      if (s != stream && working_[s] && stream_family_[s] == f) return true;
+    return false;
+  };
+  for (std::size_t g = first_; g < groups_.size(); ++g)
+    if (!taken_[g] && (!small_[family_[g]] || !others_on(family_[g]))) return g;
+  return first_;  // every group left is on another stream's family: take one rather than idle
+}
+
+void GroupQueue::mark_taken_locked(std::size_t stream, std::size_t g) {
+  taken_[g] = 1;
+  --left_;
+  --family_left_[family_[g]];
+  stream_family_[stream] = family_[g];
+  while (first_ < groups_.size() && taken_[first_]) ++first_;
+}
+
 std::optional<std::size_t> GroupQueue::take_locked(std::size_t stream) {
-  if (next_ >= groups_.size()) return std::nullopt;
+  const std::optional<std::size_t> next = candidate_locked(stream);
+  if (!next) return std::nullopt;
+  const std::size_t g = *next;
   std::uint64_t others = 0;
   for (std::size_t s = 0; s < held_.size(); ++s)
     if (s != stream) others += held_[s] + ahead_[s];
   // Alone, a group always runs (the run checked every case against the memory
   // there is); beside others, only within the budget. The queue's order is
   // kept: a large group waits for room rather than being overtaken.
-  if (budget_ > 0 && others > 0 && others + bytes_[next_] > budget_) return std::nullopt;
+  if (budget_ > 0 && others > 0 && others + bytes_[g] > budget_) return std::nullopt;
   std::uint64_t mine_device = 0;
   if (device_.active()) {
     // The same on the stream's device, among the streams of that device
@@ -211,15 +257,16 @@ std::optional<std::size_t> GroupQueue::take_locked(std::size_t stream) {
     // earlier groups left there (cached device caches, scratch, libtorch's
     // blocks), so it holds the larger of those and this group's.
     const std::size_t d = device_.stream_device[stream];
-    mine_device = std::max(held_device_[stream], device_.group_bytes[next_]);
+    mine_device = std::max(held_device_[stream], device_.group_bytes[g]);
     const std::uint64_t beside = device_beside_locked(stream);
     const std::uint64_t memory = device_.memory[d];
     if (memory > 0 && beside > 0 && beside + mine_device + device_.per_worker > memory) return std::nullopt;
   }
-  held_[stream] = bytes_[next_];
+  held_[stream] = bytes_[g];
   held_device_[stream] = mine_device;
   working_[stream] = 1;
-  return next_++;
+  mark_taken_locked(stream, g);
+  return g;
 }
 
 std::uint64_t GroupQueue::device_beside_locked(std::size_t stream) const {
@@ -232,21 +279,25 @@ std::uint64_t GroupQueue::device_beside_locked(std::size_t stream) const {
 
 std::optional<std::size_t> GroupQueue::try_take_ahead(std::size_t stream) {
   const std::lock_guard lock(mutex_);
-  if (next_ >= groups_.size() || has_ahead_[stream] || !working_[stream]) return std::nullopt;
+  if (has_ahead_[stream] || !working_[stream]) return std::nullopt;
+  const std::optional<std::size_t> next = candidate_locked(stream);
+  if (!next) return std::nullopt;
+  const std::size_t g = *next;
   std::uint64_t others = 0;
   for (std::size_t s = 0; s < held_.size(); ++s) others += held_[s] + ahead_[s];
-  if (budget_ > 0 && others + bytes_[next_] > budget_) return std::nullopt;
+  if (budget_ > 0 && others + bytes_[g] > budget_) return std::nullopt;
   std::uint64_t device_bytes = 0;
   if (device_.active()) {
-    device_bytes = device_.group_bytes[next_];
+    device_bytes = device_.group_bytes[g];
     const std::uint64_t memory = device_.memory[device_.stream_device[stream]];
     if (memory > 0 && device_beside_locked(stream) + held_device_[stream] + device_bytes + device_.per_worker > memory)
       return std::nullopt;
   }
-  ahead_[stream] = bytes_[next_];
+  ahead_[stream] = bytes_[g];
   ahead_device_[stream] = device_bytes;
   has_ahead_[stream] = 1;
-  return next_++;
+  mark_taken_locked(stream, g);
+  return g;
 }
 
 void GroupQueue::advance(std::size_t stream) {
@@ -267,6 +318,7 @@ void GroupQueue::drop_locked(std::size_t stream) {
   working_[stream] = 0;
   ahead_[stream] = ahead_device_[stream] = 0;
   has_ahead_[stream] = 0;
+  stream_family_[stream].reset();  // a new worker has set nothing up
 }
 
 std::optional<std::size_t> GroupQueue::take(std::size_t stream, const std::function<bool()>& stop,
@@ -274,7 +326,7 @@ std::optional<std::size_t> GroupQueue::take(std::size_t stream, const std::funct
   std::unique_lock lock(mutex_);
   for (;;) {
     if (stop && stop()) return std::nullopt;
-    if (next_ >= groups_.size()) {
+    if (left_ == 0) {
       drop_locked(stream);
       cv_.notify_all();
       return std::nullopt;
@@ -334,10 +386,10 @@ std::vector<Record> run_some_streams(const RunConfig& cfg, const std::vector<std
         one, on_record);
   }
   // Several streams take groups of jobs from one queue as they finish the
-  // last: a group is every job of a run of consecutive cases with the same
-  // inputs (another kv cache dtype), which one worker hands on from case to
-  // case instead of generating them again. Which stream runs a group depends
-  // on timing; its records do not (each case is made from its seed).
+  // last: a group is every job of the cases with the same inputs (another kv
+  // cache dtype), which one worker hands on from case to case instead of
+  // generating them again. Which stream runs a group depends on timing; its
+  // records do not (each case is made from its seed).
   const std::size_t n = stream_device.size();
   std::vector<std::vector<Job>> groups = job_groups(cfg, jobs);
   // Host memory: each worker holds one case at a time (its context is freed
@@ -364,7 +416,20 @@ std::vector<Record> run_some_streams(const RunConfig& cfg, const std::vector<std
       device.group_bytes.push_back(most);
     }
   }
-  GroupQueue queue(std::move(groups), std::move(bytes), available_memory_bytes(), n, std::move(device));
+  // Where the order is the harness's, the groups of one shape (other seeds)
+  // go to one worker in turn where they are small (GroupQueue: families), so
+  // that each worker meets fewer shapes. MLAGATE_GROUP_FAMILIES=0 (a
+  // measurement aid) hands them out in order only.
+  std::vector<std::size_t> families;
+  const char* families_env = std::getenv("MLAGATE_GROUP_FAMILIES");
+  if (opt.largest_first && !(families_env && std::string(families_env) == "0")) {
+    std::map<std::string, std::size_t> family_of;
+    for (const auto& g : groups)
+      families.push_back(
+          family_of.emplace(shape_key(cfg.cases.at(g.front().case_index)), family_of.size()).first->second);
+  }
+  GroupQueue queue(std::move(groups), std::move(bytes), available_memory_bytes(), n, std::move(device),
+                   std::move(families));
   // Each stream's source: the jobs of the group it took, then the next group,
   // taken ahead (when it fits) as the current group's last case begins, for
   // its worker to make that group's first case meanwhile.
@@ -440,15 +505,16 @@ std::size_t host_cpus() {
 
 std::size_t auto_workers_per_device(std::size_t cpus, std::size_t devices) {
   devices = std::max<std::size_t>(1, devices);
-  // One GPU: the workers' kernels time-slice it, so more than one per 4
-  // cores bought nothing (32 cores: 12 workers 28.9 s, 8 workers 28.4 s;
-  // 2026-11-28). Several: each device's workers are fewer contexts to
-  // time-slice, and the host's work per job is what the wall waits for, so
-  // more of them side by side pay (2 H200s, 32 cores: 8 a device 20.1 s
-  // against 22.4-23.3 s with 4); 16 in all is the most measured (4 H200s,
-  // 64 cores: 4 a device 21.0 s, 3 21.2 s, 2 23.0 s), and never fewer than
-  // one per 4 cores in all (the rule before, on hosts of more cores).
-  if (devices == 1) return std::clamp<std::size_t>(cpus / 4, 1, 8);
+  // One per 2 cores in all up to 16 in all, never fewer than one per 4 cores
+  // in all (the rule before, on hosts of more cores), at most 8 a device. With
+  // several devices each device's workers are fewer contexts to time-slice,
+  // and the host's work per job is what the wall waits for, so more of them
+  // side by side pay (2 H200s, 32 cores: 8 a device 20.1 s against 22.4-23.3
+  // s with 4); 16 in all is the most measured (4 H200s, 64 cores: 4 a device
+  // 21.0 s, 3 21.2 s, 2 23.0 s). One GPU was one per 4 cores until its
+  // workers made their next cases ahead and met fewer shapes (GroupQueue's
+  // families): one H200 of 16 cores then took 20.6-21.5 s with 8 workers
+  // against 24.7-25.0 s with 4 (12: 20.3 s; 2026-11-29, PERFORMANCE.md).
   const std::size_t total = std::max(cpus / 4, std::min<std::size_t>(cpus / 2, 16));
   return std::clamp<std::size_t>(total / devices, 1, 8);
 }

@@ -58,23 +58,24 @@ TEST(Devices, OneWorkerStreamPerDeviceAndTheRecordsOfOneDevice) {
   EXPECT_EQ(run("bad.json", {"--devices", "0,1", "--isolate", "none"}), 2);
 }
 
-// Workers side by side never spin idle OpenMP threads, also with a --threads
-// of the user's (OMP_WAIT_POLICY=passive in their environment unless set):
-// spinning teams made a 2-GPU run 3.5x slower.
+// `--workers auto` of a GPU run, one device or several.
 TEST(Devices, AutoWorkersADevice) {
   struct Want {
     std::size_t cpus, devices, workers;
   };
   for (const Want& w : {
-           // One GPU: one worker per 4 cores, 1 to 8.
-           Want{2, 1, 1}, Want{16, 1, 4}, Want{32, 1, 8}, Want{128, 1, 8},
-           // Several: one per 2 cores in all up to 16, never fewer than one per
-           // 4 cores in all, at most 8 a device.
+           // One GPU: one worker per 2 cores, 1 to 8.
+           Want{2, 1, 1}, Want{8, 1, 4}, Want{16, 1, 8}, Want{32, 1, 8}, Want{128, 1, 8},
+           // Several: the same in all up to 16, never fewer than one per 4
+           // cores in all, at most 8 a device.
            Want{32, 2, 8}, Want{16, 2, 4}, Want{64, 4, 4}, Want{64, 2, 8}, Want{128, 8, 4}, Want{256, 8, 8},
            Want{4, 8, 1}, Want{0, 0, 1}})
     EXPECT_EQ(auto_workers_per_device(w.cpus, w.devices), w.workers) << w.cpus << " cores, " << w.devices << " devices";
 }
 
+// Workers side by side never spin idle OpenMP threads, also with a --threads
+// of the user's (OMP_WAIT_POLICY=passive in their environment unless set):
+// spinning teams made a 2-GPU run 3.5x slower.
 TEST(Devices, WorkersSideBySideSleepWhenIdleWithAnyThreadCount) {
   // The test presets set OMP_WAIT_POLICY=passive for every test (tests side by
   // side share the cores); unset here, the workers' passive must be the run's.

@@ -173,9 +173,10 @@ TEST(Workers, GroupsAreTheCasesOfOneInputSetWhereverTheyAre) {
     EXPECT_TRUE(keys.insert(key).second) << key << ": one group an input set";
     for (std::size_t k = 0; k < g.size(); ++k) {
       EXPECT_EQ(inputs_key(cfg.cases[g[k].case_index]), key);
-      if (k > 0)  // the list's order within a group: a case's jobs together, its kv cache dtypes in turn
+      if (k > 0) {  // the list's order within a group: a case's jobs together, its kv cache dtypes in turn
         EXPECT_TRUE(g[k - 1].case_index < g[k].case_index ||
                     (g[k - 1].case_index == g[k].case_index && g[k - 1].backend_index < g[k].backend_index));
+      }
     }
     EXPECT_GE(g.front().case_index, last_first);  // groups in the order of their first jobs
     last_first = g.front().case_index;
@@ -228,6 +229,47 @@ TEST(Workers, GroupsRunSideBySideOnlyWithinTheMemoryBudget) {
   EXPECT_EQ(free.try_take(1), 1u);
   EXPECT_EQ(free.try_take(0), 2u);
   EXPECT_EQ(free.try_take(1), 3u);
+}
+
+// The groups of a small family (one shape, other seeds) go to one stream in
+// turn, so that each worker sets a shape up once (cuDNN's compiles); a large
+// family is spread, and a stream takes another's family rather than idle.
+TEST(Workers, AStreamTakesTheGroupsOfItsSmallFamilyInTurn) {
+  std::vector<std::vector<Job>> groups(8, std::vector<Job>{Job{}});
+  // A0 A1 B0 B1 C0 C1 B2 B3: A holds 200 of 206 (not small with 2 streams:
+  // more than 206 / 4), B 4 and C 2 (small).
+  const std::vector<std::uint64_t> bytes = {100, 100, 1, 1, 1, 1, 1, 1};
+  GroupQueue q(groups, bytes, 0, 2, {}, {0, 0, 1, 1, 2, 2, 1, 1});
+  EXPECT_EQ(q.try_take(0), 0u);        // A0
+  EXPECT_EQ(q.try_take(1), 1u);        // A1: a large family is spread
+  EXPECT_EQ(q.try_take(0), 2u);        // B0
+  EXPECT_EQ(q.try_take(1), 4u);        // C0, not B1: B is stream 0's
+  EXPECT_EQ(q.try_take_ahead(0), 3u);  // B1: its own family, ahead too
+  EXPECT_EQ(q.try_take(1), 5u);        // C1
+  EXPECT_EQ(q.try_take(1), 6u);        // no C left, every group left is B's: it takes one rather than idle
+  q.advance(0);
+  EXPECT_EQ(q.try_take(0), 7u);  // B3
+  EXPECT_EQ(q.try_take(0), std::nullopt);
+  // Without families: the order as given.
+  GroupQueue plain(groups, bytes, 0, 2);
+  for (std::size_t g = 0; g < 4; ++g) EXPECT_EQ(plain.try_take(g % 2), g);
+  // A stream whose worker ended has set nothing up: its family is free to others.
+  GroupQueue again(groups, bytes, 0, 2, {}, {0, 0, 1, 1, 2, 2, 1, 1});
+  EXPECT_EQ(again.try_take(0), 0u);
+  EXPECT_EQ(again.try_take(0), 1u);
+  EXPECT_EQ(again.try_take(0), 2u);  // B0 on stream 0
+  again.release(0);
+  EXPECT_EQ(again.try_take(1), 3u);  // B1: no working stream is on B
+  // The run's families are the cases' shapes: other seeds and kv cache dtypes
+  // share one, other batch specs or TP degrees do not.
+  Sweep seeds;
+  seeds.seeds = {0, 1};
+  const std::vector<CaseSpec> cases = apply_sweep(seeds, load_suite("vllm"));
+  ASSERT_GE(cases.size(), 4u);
+  EXPECT_NE(inputs_key(cases[0]), inputs_key(cases[1]));  // seed 0 and 1 of one spec
+  EXPECT_EQ(shape_key(cases[0]), shape_key(cases[1]));
+  EXPECT_EQ(shape_key(cases[0]), shape_key(cases[2]));  // another kv cache dtype
+  EXPECT_NE(shape_key(cases[0]), shape_key(cases.back()));
 }
 
 // A group taken ahead holds its host memory beside the stream's current
