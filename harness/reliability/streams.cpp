@@ -246,8 +246,9 @@ std::optional<std::size_t> GroupQueue::take_locked(std::size_t stream) {
   for (std::size_t s = 0; s < held_.size(); ++s)
     if (s != stream) others += held_[s] + ahead_[s];
   // Alone, a group always runs (the run checked every case against the memory
-  // there is); beside others, only within the budget. The queue's order is
-  // kept: a large group waits for room rather than being overtaken.
+  // there is); beside others, only within the budget. The stream's choice is
+  // kept: a large group waits for room rather than being overtaken by a
+  // smaller one of this stream's (another stream may take its own family's).
   if (budget_ > 0 && others > 0 && others + bytes_[g] > budget_) return std::nullopt;
   std::uint64_t mine_device = 0;
   if (device_.active()) {
