@@ -451,14 +451,14 @@ class RunCommand {
       io.devices = devices_;
       io.workers = workers_;
       io.largest_first = ra_.order == "given";
+      const std::size_t workers_in_all = std::max<std::size_t>(1, devices_.size()) * std::max<std::size_t>(1, workers_);
       // Cases made ahead where a worker's thread leaves cores to them: a GPU
       // reference (the jobs wait on the device; one H200 of 16 cores: 2
       // workers 56.8 -> 45.8 s, 4 workers 33.0 -> 31.9 s) or one worker in all
       // (2 cores: 72-73 -> 64-68 s). Not CPU workers side by side, which
       // already keep every core busy (2 cores, 2 workers: 43 -> 62-65 s).
       // PERFORMANCE.md, "Cases made ahead". MLAGATE_PREPARE_AHEAD=0 or 1 decides.
-      io.prepare_ahead = cfg_.reference.on_device ||
-                         std::max<std::size_t>(1, devices_.size()) * std::max<std::size_t>(1, workers_) == 1;
+      io.prepare_ahead = cfg_.reference.on_device || workers_in_all == 1;
       if (const char* a = std::getenv("MLAGATE_PREPARE_AHEAD"); a && (std::string(a) == "0" || std::string(a) == "1"))
         io.prepare_ahead = std::string(a) == "1";
       // Where the worker would not (a golden file read, outputs written: one
@@ -466,7 +466,7 @@ class RunCommand {
       if (cfg_.prepare || cfg_.on_outputs) io.prepare_ahead = false;
       io.device_memory = device_memory_;
       share_cores(io, ra_.threads);
-      if (std::max<std::size_t>(1, io.devices.size()) * std::max<std::size_t>(1, io.workers) > 1) {
+      if (workers_in_all > 1) {
         // Workers side by side draw each large input once between them
         // (cases/input_store.h); without a folder each draws its own.
         try {

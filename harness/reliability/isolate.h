@@ -211,11 +211,9 @@ class GroupQueue {
   std::vector<std::uint64_t> ahead_, ahead_device_;  // per stream: the bytes of the group taken ahead (0: none)
   std::vector<char> has_ahead_;
   std::vector<char> taken_;          // per group
-  std::size_t first_ = 0;            // every group before it is taken
-  std::size_t left_ = 0;             // groups not taken
+  std::size_t first_ = 0;            // the first group not taken (every one before it is)
   std::vector<std::size_t> family_;  // per group (each its own without families)
   std::vector<char> small_;          // per family: its groups go to one stream in turn
-  std::vector<std::size_t> family_left_;                  // per family: groups not taken
   std::vector<std::optional<std::size_t>> stream_family_;  // per stream: the family of its last group
   std::mutex mutex_;
   std::condition_variable cv_;

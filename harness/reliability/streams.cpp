@@ -179,8 +179,8 @@ GroupQueue::GroupQueue(std::vector<std::vector<Job>> groups, std::vector<std::ui
                        std::size_t streams, DeviceBudget device, std::vector<std::size_t> families)
     : groups_(std::move(groups)), bytes_(std::move(bytes)), budget_(budget), held_(streams, 0),
       device_(std::move(device)), held_device_(streams, 0), working_(streams, 0), ahead_(streams, 0),
-      ahead_device_(streams, 0), has_ahead_(streams, 0), taken_(groups_.size(), 0), left_(groups_.size()),
-      family_(std::move(families)), stream_family_(streams) {
+      ahead_device_(streams, 0), has_ahead_(streams, 0), taken_(groups_.size(), 0), family_(std::move(families)),
+      stream_family_(streams) {
   if (bytes_.size() != groups_.size()) throw std::logic_error("GroupQueue: one size per group");
   if (family_.empty())
     for (std::size_t g = 0; g < groups_.size(); ++g) family_.push_back(g);
@@ -190,17 +190,17 @@ GroupQueue::GroupQueue(std::vector<std::vector<Job>> groups, std::vector<std::ui
   // groups in turn then holds at most half a stream's share of the run.
   const std::size_t families_n = family_.empty() ? 0 : *std::max_element(family_.begin(), family_.end()) + 1;
   std::vector<long double> work(families_n, 0);
+  std::vector<std::size_t> members(families_n, 0);
   long double total = 0;
-  family_left_.assign(families_n, 0);
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     const long double w = static_cast<long double>(bytes_[g]) * static_cast<long double>(groups_[g].size());
     work[family_[g]] += w;
     total += w;
-    ++family_left_[family_[g]];
+    ++members[family_[g]];
   }
   small_.assign(families_n, 0);
   for (std::size_t f = 0; f < families_n; ++f)
-    small_[f] = family_left_[f] > 1 && work[f] * 2 * static_cast<long double>(std::max<std::size_t>(1, streams)) <= total;
+    small_[f] = members[f] > 1 && work[f] * 2 * static_cast<long double>(std::max<std::size_t>(1, streams)) <= total;
   if (device_.active()) {
     if (device_.group_bytes.size() != groups_.size() || device_.stream_device.size() != streams)
       throw std::logic_error("GroupQueue: one device size per group and one device per stream");
@@ -215,9 +215,9 @@ std::optional<std::size_t> GroupQueue::try_take(std::size_t stream) {
 }
 
 std::optional<std::size_t> GroupQueue::candidate_locked(std::size_t stream) const {
-  if (left_ == 0) return std::nullopt;
+  if (first_ >= groups_.size()) return std::nullopt;  // every group taken
   const std::optional<std::size_t> mine = stream_family_[stream];
-  if (mine && small_[*mine] && family_left_[*mine] > 0)
+  if (mine && small_[*mine])
     for (std::size_t g = first_; g < groups_.size(); ++g)
       if (!taken_[g] && family_[g] == *mine) return g;
   const auto others_on = [&](std::size_t f) {
@@ -232,8 +232,6 @@ std::optional<std::size_t> GroupQueue::candidate_locked(std::size_t stream) cons
 
 void GroupQueue::mark_taken_locked(std::size_t stream, std::size_t g) {
   taken_[g] = 1;
-  --left_;
-  --family_left_[family_[g]];
   stream_family_[stream] = family_[g];
   while (first_ < groups_.size() && taken_[first_]) ++first_;
 }
@@ -327,7 +325,7 @@ std::optional<std::size_t> GroupQueue::take(std::size_t stream, const std::funct
   std::unique_lock lock(mutex_);
   for (;;) {
     if (stop && stop()) return std::nullopt;
-    if (left_ == 0) {
+    if (first_ >= groups_.size()) {  // every group taken
       drop_locked(stream);
       cv_.notify_all();
       return std::nullopt;
