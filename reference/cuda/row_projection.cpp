@@ -129,6 +129,34 @@ void prepare_rows(const Case& c, const TensorView& kv_c, const TensorView& k_pe,
   }
 }
 
+// Queues the upload of a chunk's prepared rows (pinned buffers b) into the
+// one device chunk buffer, which is reused in stream order: the upload
+// follows the last chunk's kernels.
+void upload_chunk(Projector& st, int b, std::int64_t rows, std::int64_t L, std::int64_t R, cudaStream_t s) {
+  MLAGATE_CUDA_CHECK(cudaMemcpyAsync(st.kv.data(), st.in_kv[b].as<float>(),
+                                     static_cast<std::size_t>(rows * L) * sizeof(float), cudaMemcpyHostToDevice, s));
+  if (R > 0)
+    MLAGATE_CUDA_CHECK(cudaMemcpyAsync(st.pe.data(), st.in_pe[b].as<std::uint16_t>(),
+                                       static_cast<std::size_t>(rows * R) * 2, cudaMemcpyHostToDevice, s));
+}
+
+// Queues the projections of the uploaded chunk: K rows (W_UK's nope part,
+// then the rope part broadcast to every head) into k, V rows (W_UV) into v,
+// both on the device.
+void project_chunk(Projector& st, const Case& c, std::int64_t rows, std::uint16_t* k, std::uint16_t* v,
+                   cudaStream_t s) {
+  const Dims& d = c.spec.dims;
+  const int N = static_cast<int>(c.spec.num_heads()), L = static_cast<int>(d.kv_lora_rank);
+  const int P = static_cast<int>(d.nope_dim), R = static_cast<int>(d.rope_dim), V = static_cast<int>(d.v_head_dim);
+  const bool bf16 = c.spec.dtype == DType::kBF16;
+  const int m = static_cast<int>(rows);
+  launch_projection_gemm(st.kv.as<float>(), m, L, st.w_uk.as<float>(), N * P, P, P + R,
+                         static_cast<long long>(N) * (P + R), bf16, k, s);
+  launch_pe_broadcast(st.pe.as<std::uint16_t>(), m, N, R, P + R, P, k, s);
+  launch_projection_gemm(st.kv.as<float>(), m, L, st.w_uv.as<float>(), N * V, V, V, static_cast<long long>(N) * V,
+                         bf16, v, s);
+}
+
 // Every row of kv_c / k_pe projected into device memory: K rows at k, V rows
 // at v, the same kernels and so the same bits as project() below, with no
 // trip back to the host. Chunks of kDeviceChunkRows latent rows go up through
@@ -141,7 +169,6 @@ void project_to_device(Projector& st, const Case& c, const TensorView& kv_c, con
   check_case(c);
   const Dims& d = c.spec.dims;
   const std::int64_t N = c.spec.num_heads(), L = d.kv_lora_rank, P = d.nope_dim, R = d.rope_dim, V = d.v_head_dim;
-  const bool bf16 = c.spec.dtype == DType::kBF16;
   const std::int64_t rows = kv_c.shape.empty() ? 0 : kv_c.shape[0];
   if (kv_c.shape != Shape{rows, L} || k_pe.shape != Shape{rows, R})
     throw std::invalid_argument("cuda_project_rows_on_device: latent " + shape_str(kv_c.shape) + " / rope " +
@@ -163,23 +190,10 @@ void project_to_device(Projector& st, const Case& c, const TensorView& kv_c, con
     const std::int64_t n = std::min(chunk, rows - j0);
     if (in_flight[b]) st.done[b].synchronize();  // its last chunk has been uploaded
     prepare_rows(c, kv_c, k_pe, j0, n, st.in_kv[b].as<float>(), st.in_pe[b].as<std::uint16_t>());
-    // The one device chunk buffer is reused in stream order: this upload
-    // follows the last chunk's kernels.
-    MLAGATE_CUDA_CHECK(cudaMemcpyAsync(st.kv.data(), st.in_kv[b].as<float>(),
-                                       static_cast<std::size_t>(n * L) * sizeof(float), cudaMemcpyHostToDevice, s));
-    if (R > 0)
-      MLAGATE_CUDA_CHECK(cudaMemcpyAsync(st.pe.data(), st.in_pe[b].as<std::uint16_t>(),
-                                         static_cast<std::size_t>(n * R) * 2, cudaMemcpyHostToDevice, s));
+    upload_chunk(st, b, n, L, R, s);
     st.done[b].record(s);
     in_flight[b] = true;
-    const int m = static_cast<int>(n);
-    std::uint16_t* kd = k + j0 * k_row;
-    launch_projection_gemm(st.kv.as<float>(), m, static_cast<int>(L), st.w_uk.as<float>(), static_cast<int>(N * P),
-                           static_cast<int>(P), static_cast<int>(P + R), k_row, bf16, kd, s);
-    launch_pe_broadcast(st.pe.as<std::uint16_t>(), m, static_cast<int>(N), static_cast<int>(R), static_cast<int>(P + R),
-                        static_cast<int>(P), kd, s);
-    launch_projection_gemm(st.kv.as<float>(), m, static_cast<int>(L), st.w_uv.as<float>(), static_cast<int>(N * V),
-                           static_cast<int>(V), static_cast<int>(V), v_row, bf16, v + j0 * v_row, s);
+    project_chunk(st, c, n, k + j0 * k_row, v + j0 * v_row, s);
   }
   MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));
 }
@@ -189,7 +203,6 @@ void project(Projector& st, const Case& c, const TensorView& kv_c, const TensorV
   check_case(c);
   const Dims& d = c.spec.dims;
   const std::int64_t N = c.spec.num_heads(), L = d.kv_lora_rank, P = d.nope_dim, R = d.rope_dim, V = d.v_head_dim;
-  const bool bf16 = c.spec.dtype == DType::kBF16;
   const std::int64_t kv_rows = kv_c.shape.empty() ? 0 : kv_c.shape[0];
   for (const RowRun& r : runs)
     if (r.n < 0 || r.first < 0 || r.first + r.n > kv_rows)
@@ -240,18 +253,8 @@ void project(Projector& st, const Case& c, const TensorView& kv_c, const TensorV
   // The GPU's part, queued on the stream: upload, project, download into out_*[b].
   auto enqueue = [&](const std::vector<Segment>& segs, int b) {
     const std::int64_t rows = rows_of(segs);
-    MLAGATE_CUDA_CHECK(cudaMemcpyAsync(st.kv.data(), st.in_kv[b].as<float>(),
-                                       static_cast<std::size_t>(rows * L) * sizeof(float), cudaMemcpyHostToDevice, s));
-    if (R > 0)
-      MLAGATE_CUDA_CHECK(cudaMemcpyAsync(st.pe.data(), st.in_pe[b].as<std::uint16_t>(),
-                                         static_cast<std::size_t>(rows * R) * 2, cudaMemcpyHostToDevice, s));
-    const int m = static_cast<int>(rows);
-    launch_projection_gemm(st.kv.as<float>(), m, static_cast<int>(L), st.w_uk.as<float>(), static_cast<int>(N * P),
-                           static_cast<int>(P), static_cast<int>(P + R), k_row, bf16, st.k.as<std::uint16_t>(), s);
-    launch_pe_broadcast(st.pe.as<std::uint16_t>(), m, static_cast<int>(N), static_cast<int>(R), static_cast<int>(P + R),
-                        static_cast<int>(P), st.k.as<std::uint16_t>(), s);
-    launch_projection_gemm(st.kv.as<float>(), m, static_cast<int>(L), st.w_uv.as<float>(), static_cast<int>(N * V),
-                           static_cast<int>(V), static_cast<int>(V), v_row, bf16, st.v.as<std::uint16_t>(), s);
+    upload_chunk(st, b, rows, L, R, s);
+    project_chunk(st, c, rows, st.k.as<std::uint16_t>(), st.v.as<std::uint16_t>(), s);
     MLAGATE_CUDA_CHECK(cudaMemcpyAsync(st.out_k[b].as<std::uint16_t>(), st.k.data(),
                                        static_cast<std::size_t>(rows * k_row) * 2, cudaMemcpyDeviceToHost, s));
     MLAGATE_CUDA_CHECK(cudaMemcpyAsync(st.out_v[b].as<std::uint16_t>(), st.v.data(),
