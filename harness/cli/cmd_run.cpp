@@ -315,11 +315,14 @@ class RunCommand {
     };
   }
 
+  // A case beyond its device's memory is refused before anything runs; workers get the devices' budgets.
+  void plan_devices_memory() {
+    device_memory_ = plan_device_memory(cfg_, backends_, devices_, ra_.splits, !from_file_, ra_.device_memory_gib);
+  }
+
   // The parent's choices: isolation, reliability options, the journal.
   void plan_parent() {
     devices_ = resolve_devices(ra_.devices);
-    // A case beyond its device's memory is refused before anything runs; workers get the devices' budgets.
-    device_memory_ = plan_device_memory(cfg_, backends_, devices_, ra_.splits, !from_file_, ra_.device_memory_gib);
     isolate_ = ra_.isolate;
     if (isolate_.empty()) isolate_ = !worker_command().empty() && ra_.save_results.empty() ? "process" : "none";
     if (isolate_ != "process" && isolate_ != "none") throw InputError("--isolate '" + isolate_ + "' (expected process or none)");
@@ -412,8 +415,6 @@ class RunCommand {
       if (progress) progress(r, done_count_, total_);
       run_profile().record_ms += ms_since(t0);
     };
-    run_profile().setup_ms = ms_since(process_start_time());
-
     StopSignals stop_signals;
     cfg_.stop = [] { return g_stop_signal != 0; };
     if (isolate_ == "none") {
@@ -432,6 +433,8 @@ class RunCommand {
       cfg_.on_record = [this, record_done](const Record& r, std::size_t, std::size_t) {
         if (!finished_.count(Journal::key(r))) record_done(r);
       };
+      plan_devices_memory();
+      run_profile().setup_ms = ms_since(process_start_time());
       run_cases(cfg_, backends_);
     } else {
       std::vector<std::string> names;
@@ -464,7 +467,6 @@ class RunCommand {
       // Where the worker would not (a golden file read, outputs written: one
       // thread at a time in the HDF5 library), no group is taken ahead for it.
       if (cfg_.prepare || cfg_.on_outputs) io.prepare_ahead = false;
-      io.device_memory = device_memory_;
       share_cores(io, ra_.threads);
       if (workers_in_all > 1) {
         // Workers side by side draw each large input once between them
@@ -483,6 +485,12 @@ class RunCommand {
       }
       if (device_check_.valid()) io.after_start = [this] { device_check_.get(); };
       io.reap_later = true;  // finish() waits for the last workers' ends after the reports
+      // The first workers load while this process starts its CUDA to plan the
+      // devices' memory (isolate.h); a case refused there ends the run first.
+      io.prestarted = prestart_workers(cfg_, jobs, io);
+      plan_devices_memory();
+      io.device_memory = device_memory_;
+      run_profile().setup_ms = ms_since(process_start_time());
       run_isolated(cfg_, names, jobs, io, record_done);
     }
     stop_signal_ = g_stop_signal;

@@ -319,6 +319,47 @@ std::string trimmed_tail(const std::string& tail, std::size_t limit) {
 
 void reap_retired_workers() { WorkerProcess::reap_retired(); }
 
+// Workers started ahead of the run, by device (isolate.h, prestart_workers).
+class PrestartedWorkers {
+ public:
+  void add(const std::string& device, std::unique_ptr<WorkerProcess> w) {
+    const std::lock_guard lock(mutex_);
+    by_device_[device].push_back(std::move(w));
+  }
+  std::unique_ptr<WorkerProcess> take(const std::string& device) {
+    const std::lock_guard lock(mutex_);
+    auto it = by_device_.find(device);
+    if (it == by_device_.end() || it->second.empty()) return nullptr;
+    std::unique_ptr<WorkerProcess> w = std::move(it->second.back());
+    it->second.pop_back();
+    return w;
+  }
+  // One never taken (a stream found no group left) is ended, not waited for.
+  ~PrestartedWorkers() {
+    for (auto& [device, ws] : by_device_)
+      for (auto& w : ws) w->retire();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::string, std::vector<std::unique_ptr<WorkerProcess>>> by_device_;
+};
+
+std::shared_ptr<PrestartedWorkers> prestart_workers(const RunConfig& cfg, const std::vector<Job>& jobs,
+                                                    const IsolationOptions& opt) {
+  if (opt.pairs || jobs.empty()) return nullptr;
+  const std::vector<std::string> devices = opt.devices.empty() ? std::vector<std::string>{""} : opt.devices;
+  const std::size_t streams = devices.size() * std::max<std::size_t>(1, opt.workers);
+  const std::size_t count = streams == 1 ? 1 : std::min(streams, job_groups(cfg, jobs).size());
+  auto pool = std::make_shared<PrestartedWorkers>();
+  for (std::size_t s = 0; s < count; ++s) {
+    IsolationOptions mine = opt;
+    mine.device = devices[s % devices.size()];  // stream s's device, as run_isolated deals them
+    pool->add(mine.device, std::make_unique<WorkerProcess>(mine));
+  }
+  return pool;
+}
+
 void set_worker_executable(std::string path) {
   worker_cmd().clear();
   if (!path.empty()) worker_cmd().push_back(std::move(path));
@@ -352,7 +393,9 @@ class IsolatedRun {
     const auto t0 = Clock::now();
     // A spare spawned earlier has been loading while the stream ran its jobs:
     // only what is left of its start is waited for (and counted) here.
-    std::unique_ptr<WorkerProcess> worker = spare_ ? std::move(spare_) : std::make_unique<WorkerProcess>(opt_);
+    std::unique_ptr<WorkerProcess> worker = std::move(spare_);
+    if (!worker && opt_.prestarted) worker = opt_.prestarted->take(opt_.device);
+    if (!worker) worker = std::make_unique<WorkerProcess>(opt_);
     std::string line;
     const auto w = worker->read_line(line, 600, cfg_.stop);
     if (w == WorkerProcess::Wait::kStopped) return nullptr;

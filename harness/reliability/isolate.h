@@ -93,6 +93,9 @@ struct IsolationOptions {
   bool reap_later = false;
   // Set per stream by run_isolated: the device of this stream's workers.
   std::string device;
+  // Workers started before the run (prestart_workers), which the streams'
+  // first starts take, a worker of their device each, before starting any.
+  std::shared_ptr<class PrestartedWorkers> prestarted;
   // --reference cuda: each case's device estimate, each device's memory (in
   // `devices`' order; one entry without) and each worker's own, so that the
   // groups side by side on a device fit in it (GroupQueue). Empty: no budget.
@@ -225,6 +228,17 @@ class GroupQueue {
 std::vector<Record> run_isolated(const RunConfig& cfg, const std::vector<std::string>& backend_names,
                                  const std::vector<Job>& jobs, const IsolationOptions& opt,
                                  const std::function<void(const Record&)>& on_record);
+
+// Starts now the workers run_isolated(cfg, ..., jobs, opt) would start first
+// (one a stream that has a group to take: at most streams, at most groups),
+// for opt.prestarted: they load (libtorch, their CUDA) while the caller still
+// plans. The caller's own CUDA start-up (the devices' memory, --reference
+// cuda) held their start back by 0.1-0.2 s on one GPU and by about 1 s where
+// several GPUs are visible (PERFORMANCE.md). Those not taken are ended, and
+// reaped with reap_retired_workers, when the last reference goes. Null where
+// the run starts none (--order pairs starts one a job).
+std::shared_ptr<PrestartedWorkers> prestart_workers(const RunConfig& cfg, const std::vector<Job>& jobs,
+                                                    const IsolationOptions& opt);
 
 // Waits for the workers ended with IsolationOptions::reap_later (a no-op
 // when there are none).

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 
 #include <cerrno>
+#include <fstream>
 
 #include "cases/errors.h"
 #include "cases/suite.h"
@@ -56,6 +57,16 @@ Children children() {
   return info.si_pid != 0 ? Children::kUnreaped : Children::kRunning;
 }
 
+// How many children this process has now (every thread's, from /proc).
+std::size_t live_children() {
+  std::size_t n = 0;
+  for (const auto& t : fs::directory_iterator("/proc/self/task")) {
+    std::ifstream in(t.path() / "children");
+    for (long pid = 0; in >> pid;) ++n;
+  }
+  return n;
+}
+
 TEST(StartAndEnd, LastWorkersAreKilledAtOnceAndReapedLater) {
   ASSERT_EQ(children(), Children::kNone);
   RunConfig cfg;
@@ -100,6 +111,50 @@ TEST(StartAndEnd, AnAfterStartFailureEndsTheRunBeforeAnyJob) {
     EXPECT_EQ(seen, 0u);
     EXPECT_EQ(children(), Children::kNone);  // its workers ended and reaped
   }
+}
+
+// Workers started before the run (while the parent plans: prestart_workers)
+// are the ones its streams run on: one a stream with a group to take, no
+// more. rel.segv crashes unless its worker's environment names a case for its
+// fault other than these: only the started ones get that, so a job run on a
+// worker started later is CRASHED. What is never taken is ended with the
+// pool, and reaped.
+TEST(StartAndEnd, PrestartedWorkersAreTheOnesThatRun) {
+  ASSERT_EQ(children(), Children::kNone);
+  RunConfig cfg;
+  cfg.cases = load_suite("smoke").cases;
+  IsolationOptions io;
+  io.argv = {kBin, "run", "--plugin", kPlugin, "--suite", "smoke", "--backend", "rel.segv", "--worker"};
+  io.workers = 4;
+  // Two input sets (two groups) whose layer op calls the decode kernel.
+  const std::vector<Job> jobs = {Job{0, 0, Op::kLayer}, Job{3, 0, Op::kLayer}};
+  auto statuses = [&](const IsolationOptions& opt) {
+    std::vector<Status> st;
+    for (const Record& r : run_isolated(cfg, {"rel.segv"}, jobs, opt, {})) st.push_back(r.status);
+    return st;
+  };
+  const std::vector<Status> crashed = {Status::kCrashed, Status::kCrashed};
+  ASSERT_EQ(statuses(io), crashed);  // the workers the run starts itself
+  IsolationOptions spared = io;
+  spared.env.push_back("MLAGATE_TEST_FAULT_ON=no such case");
+  io.prestarted = prestart_workers(cfg, jobs, spared);
+  ASSERT_NE(io.prestarted, nullptr);
+  EXPECT_EQ(live_children(), 2u);  // 4 streams, 2 groups
+  EXPECT_EQ(statuses(io), (std::vector<Status>{Status::kPassed, Status::kPassed}));
+  // One stream may have taken both groups (the second ahead, before another
+  // stream asked): the worker left is ended with the pool.
+  io.prestarted.reset();
+  reap_retired_workers();
+  EXPECT_EQ(children(), Children::kNone);
+  // A run that ends before its streams (a case its device cannot hold):
+  // the pool's workers are ended with it and reaped later.
+  io.prestarted = prestart_workers(cfg, jobs, spared);
+  io.prestarted.reset();
+  reap_retired_workers();
+  EXPECT_EQ(children(), Children::kNone);
+  // --order pairs starts a worker a job: none ahead.
+  io.pairs = true;
+  EXPECT_EQ(prestart_workers(cfg, jobs, io), nullptr);
 }
 
 }  // namespace
