@@ -51,6 +51,9 @@ struct CudaDeviceInfo {
 // Queried once per process (free memory at that moment).
 const CudaDeviceInfo& cuda_device_info();
 
+// The devices this process sees (CUDA_VISIBLE_DEVICES applied), counted
+// without making a context; 0 with `why` saying why where there are none.
+int cuda_visible_device_count(std::string& why);
 // Total memory of the device of this ordinal (CUDA_VISIBLE_DEVICES applied)
 // from its properties, which need no CUDA context: the parent of a run's
 // workers sizes their devices without holding one on each. 0 when it cannot

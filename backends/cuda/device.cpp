@@ -66,6 +66,17 @@ const CudaDeviceInfo& cuda_device_info() {
   return info;
 }
 
+int cuda_visible_device_count(std::string& why) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    cudaGetLastError();  // leave no error behind for the next checked call
+    why = std::string("no CUDA device: ") + (e != cudaSuccess ? cudaGetErrorString(e) : "device count is 0");
+    return 0;
+  }
+  return count;
+}
+
 std::uint64_t cuda_device_total_bytes(int ordinal) {
   int count = 0;
   cudaDeviceProp p{};

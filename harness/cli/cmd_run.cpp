@@ -155,10 +155,11 @@ void configure_computation(const RunArgs& ra, RunConfig& cfg, bool check_device)
 namespace {
 
 // --reference cuda's device, checked on a thread of its own: making its
-// context takes about 0.2 s, which the parent spends starting its workers
-// (each waits for it before its first job: IsolationOptions::after_start) and
-// a worker spends making its first case (worker_main's device_ready). get()
-// throws the InputError make_reference would have thrown.
+// context takes about 0.2 s (on a host of several GPUs, its cuInit about 1 s),
+// which a worker spends making its first case (worker_main's device_ready)
+// and the run in this process planning. A parent of workers checks nothing:
+// its workers' checks are the run's (PERFORMANCE.md, "Workers started before
+// the parent's CUDA"). get() throws the InputError make_reference would have thrown.
 std::shared_future<void> start_device_check() {
   auto check = [] {
 #if MLAGATE_HAS_CUDA
@@ -187,9 +188,9 @@ class RunCommand {
     if (ra_.worker) return worker_main(cfg_, backends_, device_check_.valid() ? [this] { device_check_.get(); }
                                                                                : std::function<void()>());
     plan_parent();
-    // In this process, the device is waited for before anything runs; with
-    // workers, before each is given its first job.
-    if (device_check_.valid() && isolate_ != "process") device_check_.get();
+    // In this process, the device is checked before anything runs; workers
+    // check their own, before their first record.
+    if (device_check_.valid()) device_check_.get();
     execute();
     const auto post0 = Clock::now();
     collect_records();
@@ -231,8 +232,12 @@ class RunCommand {
     // A case beyond this machine's memory is refused before anything is allocated.
     const bool prefill_op = std::find(cfg_.ops.begin(), cfg_.ops.end(), Op::kPrefill) != cfg_.ops.end();
     if (!from_file_) refuse_cases_beyond_host(cfg_.cases, prefill_op, available_memory_bytes());
-    if (ra_.reference == "cuda" && MLAGATE_HAS_CUDA) device_check_ = start_device_check();
-    configure_computation(ra_, cfg_, !device_check_.valid());
+    // --reference cuda's device: a worker checks its own while it makes its
+    // first case (worker_main's device_ready), the run in this process before
+    // anything runs (plan_parent); a parent of workers makes no CUDA context.
+    const bool device_checked_later = ra_.reference == "cuda" && MLAGATE_HAS_CUDA;
+    if (device_checked_later && ra_.worker) device_check_ = start_device_check();
+    configure_computation(ra_, cfg_, !device_checked_later);
     extra_entries_ = ra_.extra.entries();
     backends_ = select_backends(ra_.backends, BackendOptions{ra_.splits}, extra_entries_);
     ra_.reports.check_paths();
@@ -354,6 +359,7 @@ class RunCommand {
       // where the cores allow (auto_workers_per_device says how many).
       workers_ = auto_workers_per_device(host_cpus(), std::max<std::size_t>(1, devices_.size()));
     }
+    if (ra_.reference == "cuda" && MLAGATE_HAS_CUDA && isolate_ != "process") device_check_ = start_device_check();
     if (ra_.threads < 0) throw InputError("--threads must be >= 0 (0: every core)");
     if (!devices_.empty() && isolate_ != "process")
       throw InputError("--devices needs --isolate process (a worker per device)");
@@ -483,7 +489,6 @@ class RunCommand {
           if (!ra_.quiet) std::fprintf(stderr, "mlagate: %s; each worker draws its own inputs\n", e.what());
         }
       }
-      if (device_check_.valid()) io.after_start = [this] { device_check_.get(); };
       io.reap_later = true;  // finish() waits for the last workers' ends after the reports
       // The first workers load while this process starts its CUDA to plan the
       // devices' memory (isolate.h); a case refused there ends the run first.

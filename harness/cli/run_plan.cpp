@@ -102,15 +102,17 @@ std::vector<std::string> resolve_devices(const std::vector<std::string>& flag) {
     devices.clear();
 #if MLAGATE_HAS_CUDA
     // A worker gets one of these as its own CUDA_VISIBLE_DEVICES.
-    const CudaDeviceInfo& info = cuda_device_info();
-    if (info.count == 0) throw InputError("--devices all: " + info.error);
+    // Counted without a context (cuInit only): this process makes none.
+    std::string why;
+    const int count = cuda_visible_device_count(why);
+    if (count == 0) throw InputError("--devices all: " + why);
     std::vector<std::string> visible;
     if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && *v) {
       std::stringstream ss(v);
       for (std::string id; std::getline(ss, id, ',');)
         if (!id.empty()) visible.push_back(id);
     }
-    for (int i = 0; i < info.count; ++i)
+    for (int i = 0; i < count; ++i)
       devices.push_back(static_cast<std::size_t>(i) < visible.size() ? visible[static_cast<std::size_t>(i)]
                                                                      : std::to_string(i));
 #else
@@ -174,11 +176,6 @@ DeviceMemoryPlan plan_device_memory(const RunConfig& cfg, const std::vector<std:
     refuse_cases_beyond_device(cfg.cases, plan.case_bytes, plan.worker_bytes, plan.device_bytes[smallest],
                                "device " + (named[smallest].empty() ? std::string("0") : named[smallest]) +
                                    (cap_gib > 0 ? " as --device-memory plans it" : ""));
-  // This process's own context (the --reference cuda check made it) is on
-  // its first visible device, beside that device's workers.
-  const std::uint64_t own = worker_device_overhead_bytes(false);
-  for (std::size_t d = 0; d < named.size(); ++d)
-    if (device_ordinal(named[d]) == 0) plan.device_bytes[d] -= std::min(plan.device_bytes[d], own);
 #else
   (void)cfg, (void)backends, (void)devices, (void)splits, (void)refuse, (void)cap_gib;
 #endif

@@ -84,9 +84,8 @@ struct IsolationOptions {
   // NAME=VALUE for every worker's environment, replacing inherited ones.
   std::vector<std::string> env;
   // Called after each worker has started, before it is given a job: what the
-  // parent checks while its workers start (the device a GPU reference needs,
-  // about 0.2 s); an exception ends the run before any job, as a worker that
-  // cannot start does.
+  // caller must know first; an exception ends the run before any job, as a
+  // worker that cannot start does.
   std::function<void()> after_start;
   // A stream's last worker is killed but not waited for when it has no job
   // left: the caller reaps it (reap_retired_workers) after its own end work.

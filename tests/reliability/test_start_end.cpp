@@ -1,7 +1,7 @@
 // A run's start and end around its workers: --reference cuda's device is
-// checked while the workers start (or, in a worker, while its first case is
-// made) and is still an input error (exit 2, its own message) wherever it
-// fails; the last workers are killed when their streams end but waited for
+// checked by each worker while it makes its first case (or, in one process,
+// before anything runs) and is an input error (exit 2, its own message)
+// wherever it fails; the last workers are killed when their streams end but waited for
 // only after the reports (IsolationOptions::reap_later), never left behind.
 #include <gtest/gtest.h>
 
@@ -29,8 +29,8 @@ TEST(StartAndEnd, ReferenceDeviceIsAnInputErrorWhereverItIsChecked) {
   };
   const int rc = run({});
   if (rc == 2) {
-    // No usable device here: the parent's check, beside its workers' start
-    // (one, two) or before anything runs (in this process).
+    // No usable device here: the workers' checks (one, two; the parent
+    // makes no context), or this process's before anything runs.
     for (const std::vector<std::string>& extra :
          {std::vector<std::string>{}, {"--workers", "2"}, {"--isolate", "none"}}) {
       ASSERT_EQ(run(extra), 2) << slurp(d / "stderr.txt");
@@ -40,8 +40,8 @@ TEST(StartAndEnd, ReferenceDeviceIsAnInputErrorWhereverItIsChecked) {
     }
     return;
   }
-  // A device here: the parent's check passes, and a worker given a device
-  // that does not exist fails its own check, which is the run's input error.
+  // A device here: a worker given a device that does not exist fails its
+  // own check, which is the run's input error.
   ASSERT_TRUE(rc == 0 || rc == 1) << rc << slurp(d / "stderr.txt");
   ASSERT_EQ(run({"--devices", "97"}), 2) << slurp(d / "stderr.txt");
   EXPECT_NE(slurp(d / "stderr.txt").find("--reference cuda: no CUDA device"), std::string::npos)
