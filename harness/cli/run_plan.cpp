@@ -1,20 +1,28 @@
 // The run's plan from its flags (run_plan.h): --order, --op, --shard,
-// --devices (moved out of cmd_run.cpp as they were) and the devices' memory.
+// --devices (moved out of cmd_run.cpp as they were), the devices' memory, and
+// what computes beside the backends: --baseline, --reference and the check of
+// the reference's device (configure_computation, start_device_check).
 #include "harness/cli/run_plan.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <future>
+#include <span>
 #include <stdexcept>
 #include <set>
 #include <sstream>
+#include <system_error>
 #include <utility>
 
 #include "cases/errors.h"
+#include "harness/cli/commands.h"
 #include "mlagate/config.h"
+#include "reference/torch/torch_reference.h"
 #if MLAGATE_HAS_CUDA
 #include "backends/cuda/cuda_backends.h"
+#include "reference/cuda/cuda_reference.h"
 #endif
 
 namespace mlagate {
@@ -180,6 +188,98 @@ DeviceMemoryPlan plan_device_memory(const RunConfig& cfg, const std::vector<std:
   (void)cfg, (void)backends, (void)devices, (void)splits, (void)refuse, (void)cap_gib;
 #endif
   return plan;
+}
+
+namespace {
+
+// --baseline: where err_baseline comes from.
+BaselineImpl make_baseline(const std::string& name) {
+  BaselineImpl b;
+  b.always = true;  // min_fudge in every verdict, whatever the policy
+  if (name == "emulated") return b;
+  if (name == "none") {
+    b.name = "none";
+    b.always = false;
+    return b;
+  }
+  if (name == "torch") {
+    if (!torch_reference_available())
+      throw InputError("--baseline torch: no libtorch reference (" + torch_reference_info() + ")");
+    b.name = "torch";
+    const TorchReferenceOptions options{.cuda = torch_cuda_available()};  // the GPU when there is one
+    b.layer = [options](const Case& c, SdpaForm form, std::span<const int> requests) {
+      try {
+        return torch_sdpa_layer(c, form, requests, options);
+      } catch (const NotSupportedError& e) {  // this case only (fp16 on a CPU libtorch 1.x): SKIPPED
+        throw BaselineUnavailableError(std::string("--baseline torch cannot compute this case: ") + e.what());
+      }
+    };
+    return b;
+  }
+  throw InputError("--baseline '" + name + "' (expected emulated, torch or none)");
+}
+
+#if MLAGATE_HAS_CUDA
+// The device --reference cuda computes on, or an InputError saying why not.
+void require_reference_device() {
+  if (!cuda_device_info().available) throw InputError("--reference cuda: " + cuda_device_info().error);
+}
+#endif
+
+// --reference: the fp64 reference on the CPU (Eigen) or on the GPU; the
+// device is checked here unless the caller checks it (start_device_check).
+ReferenceImpl make_reference(const std::string& name, bool check_device) {
+  ReferenceImpl r;
+  if (name == "eigen") return r;
+  if (name == "cuda") {
+#if MLAGATE_HAS_CUDA
+    if (check_device) require_reference_device();
+    r.name = "cuda";
+    r.absorbed = cuda_reference_absorbed;
+    r.mqa = cuda_reference_mqa;
+    r.on_device = true;  // a stream of its own, no host threads: safe beside the emulation
+    return r;
+#else
+    throw InputError("--reference cuda: this build has no CUDA");
+#endif
+  }
+  throw InputError("--reference '" + name + "' (expected eigen or cuda)");
+}
+
+}  // namespace
+
+void configure_computation(const RunArgs& ra, RunConfig& cfg, bool check_device) {
+  cfg.policy = ra.policy.make();
+  cfg.baseline = make_baseline(ra.baseline);
+  if (cfg.baseline.name == "none" && cfg.policy.kind == Policy::Kind::kBaseline)
+    throw InputError("--baseline none: the baseline policy needs err_baseline (choose --policy vllm or fixed)");
+  const CacheOptions cache = ra.poison.cache_options();
+  cfg.exec.poison = cache.poison;
+  cfg.exec.poison_block_table = cache.poison_block_table;
+  cfg.exec.reuse_buffers = ra.reuse_buffers;
+  if (ra.prefill_chunk < 1) throw InputError("--prefill-chunk must be >= 1");
+  cfg.exec.prefill_chunk = ra.prefill_chunk;
+  if (ra.splits < 0) throw InputError("--splits must be >= 1 (or 0: chosen from the work)");
+  cfg.reference = make_reference(ra.reference, check_device);
+}
+
+// --reference cuda's device, checked on a thread of its own: making its
+// context takes about 0.2 s (on a host of several GPUs, its cuInit about 1 s),
+// which a worker spends making its first case (worker_main's device_ready)
+// and the run in this process planning. A parent of workers checks nothing:
+// its workers' checks are the run's (PERFORMANCE.md, "Workers started before
+// the parent's CUDA"). get() throws the InputError make_reference would have thrown.
+std::shared_future<void> start_device_check() {
+  auto check = [] {
+#if MLAGATE_HAS_CUDA
+    require_reference_device();
+#endif
+  };
+  try {
+    return std::async(std::launch::async, check).share();
+  } catch (const std::system_error&) {
+    return std::async(std::launch::deferred, check).share();  // no thread to be had: checked when waited for
+  }
 }
 
 }  // namespace mlagate

@@ -3,6 +3,7 @@
 // flag or a case too big for the machine.
 #pragma once
 
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,13 +35,17 @@ std::optional<Shard> resolve_shard(const std::string& flag);
 // --reference cuda in a CUDA build: each case's device estimate (for the
 // run's ops, --splits and backends), the memory of each device the streams
 // run on (`devices`, resolved --devices: CUDA_VISIBLE_DEVICES values; none:
-// the first visible device; the first visible one less the context this
-// process holds there) and each worker's own. A case that does not fit the
+// the first visible device; this process holds no context on any) and each
+// worker's own. A case that does not fit the
 // smallest of those devices alone is refused here (InputError) unless
 // !refuse. An empty plan (no device budget) otherwise. cap_gib > 0
 // (--device-memory): no device is planned with more than that.
 DeviceMemoryPlan plan_device_memory(const RunConfig& cfg, const std::vector<std::unique_ptr<Backend>>& backends,
                                     const std::vector<std::string>& devices, int splits, bool refuse,
                                     double cap_gib = 0);
+
+// --reference cuda's device (an InputError from get() where it cannot be
+// used), checked on a thread of its own from now.
+std::shared_future<void> start_device_check();
 
 }  // namespace mlagate
