@@ -1,6 +1,7 @@
 // The HTML report: one self-contained file (inline CSS and JS, no network) that a kernel
 // developer opens in a browser: the verdict and run info, backend x status counts, every
-// record (failures first, filterable) with its repro command, and per record its metrics,
+// record (failures first, filterable) with its repro command and, with --expect, its XFAIL /
+// XPASS badge with the entry's reason and link, and per record its metrics,
 // error maps (token x head, request x position) drawn by the inline script from embedded
 // JSON, and its worst elements. Everything else is rendered here, so the page reads without
 // JavaScript; only the maps need it.
@@ -17,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "reports/float_base64.h"
+#include "reports/html_assets.h"
 #include "reports/report.h"
 #include "reports/text.h"
 
@@ -67,6 +69,49 @@ std::string status_class(Status s) {
   return "other";
 }
 
+// A record's badge class: "fail" for whatever fails the run (a strict XPASS included), "xfail"
+// and "xpass" for what an --expect entry excused or noticed, else by status.
+std::string record_class(const Record& r, bool require_bi) {
+  if (record_fails_run(r, require_bi)) return "fail";
+  if (r.expected.outcome == Expected::kXfail) return "xfail";
+  if (r.expected.outcome == Expected::kXpass) return "xpass";
+  return status_class(r.status);
+}
+
+// A record's badge text: its status, "XFAIL (NONFINITE)", "XPASS(strict)" or "XPASS".
+std::string record_badge(const Record& r) {
+  switch (r.expected.outcome) {
+    case Expected::kXfail: return "XFAIL (" + std::string(status_name(r.status)) + ")";
+    case Expected::kXpass: return r.expected.strict ? "XPASS(strict)" : "XPASS";
+    case Expected::kNone: break;
+  }
+  return std::string(status_name(r.status));
+}
+
+// Failures first (strict XPASS among them), then XFAIL, then non-strict XPASS, then the rest.
+int page_rank(const Record& r, bool require_bi) {
+  if (record_fails_run(r, require_bi)) return 0;
+  if (r.expected.outcome == Expected::kXfail) return 1;
+  if (r.expected.outcome == Expected::kXpass) return 2;
+  return 3;
+}
+
+// An entry's link: a link to follow when it is an http(s) URL (never another scheme, such
+// as javascript:), else text.
+std::string link_html(const std::string& link) {
+  if (link.empty()) return "";
+  if (link.rfind("https://", 0) == 0 || link.rfind("http://", 0) == 0)
+    return "<a class=\"xlink\" href=\"" + esc(link) + "\" rel=\"noopener noreferrer\">" + esc(link) + "</a>";
+  return "<code>" + esc(link) + "</code>";
+}
+
+// "entry: reason (link)", the words an --expect outcome is shown with.
+std::string expectation_html(const Expectation& e, std::size_t max_reason) {
+  std::string out = "<code>" + esc(e.entry) + "</code>: " + esc(e.reason, max_reason);
+  if (!e.link.empty()) out += " (" + link_html(e.link) + ")";
+  return out;
+}
+
 // The output a record's row reports: the first that failed (the message is about it), else the first.
 const Metrics* headline_metrics(const Record& r) {
   if (r.metrics.empty()) return nullptr;
@@ -74,303 +119,6 @@ const Metrics* headline_metrics(const Record& r) {
   return it != r.metrics.end() ? &*it : &r.metrics.front();
 }
 
-constexpr const char* kStyle = R"css(
-:root { --fail: #b3261e; --pass: #1e7b34; --other: #6b6b6b; --line: #d8d8d8; --bg2: #f6f6f6; }
-body { font: 14px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.5em; color: #1b1b1b; }
-h1 { font-size: 1.6em; margin: 0 0 .4em; }
-h2 { font-size: 1.25em; margin: 1.4em 0 .5em; border-bottom: 1px solid var(--line); }
-h4 { margin: .8em 0 .3em; }
-code, pre { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 12.5px; }
-pre { background: var(--bg2); padding: .5em; overflow-x: auto; white-space: pre-wrap; }
-table { border-collapse: collapse; margin: .3em 0; }
-th, td { border: 1px solid var(--line); padding: 2px 6px; text-align: left; vertical-align: top; }
-th { background: var(--bg2); }
-td.n { text-align: right; font-variant-numeric: tabular-nums; }
-.verdict { padding: 0 .3em; border-radius: 3px; color: white; }
-.verdict.pass { background: var(--pass); } .verdict.fail { background: var(--fail); }
-.verdict.other { background: var(--other); }
-.st.pass { color: var(--pass); } .st.fail { color: var(--fail); font-weight: bold; } .st.other { color: var(--other); }
-.banner { background: #fff3cd; border: 1px solid #e0c060; padding: .4em .6em; }
-table.info th { width: 9em; }
-tr.total td { font-weight: bold; }
-td.zero { color: #b0b0b0; }
-#controls { margin: .4em 0; display: flex; gap: 1em; align-items: center; flex-wrap: wrap; }
-#filter { width: 32em; max-width: 90vw; padding: 3px 5px; }
-code.repro { user-select: all; word-break: break-all; }
-button.copy { font-size: 11px; margin-left: .4em; cursor: pointer; }
-td.msg { max-width: 40em; word-break: break-word; }
-td.id { word-break: break-all; max-width: 28em; }
-details.rec { border: 1px solid var(--line); border-radius: 4px; margin: .4em 0; padding: .2em .6em; }
-details.rec > summary { cursor: pointer; padding: .2em 0; }
-details.rec[open] > summary { border-bottom: 1px solid var(--line); margin-bottom: .4em; }
-details.out { margin: .3em 0 .3em 1em; }
-.maps { display: flex; gap: 2em; flex-wrap: wrap; align-items: flex-start; }
-.map figcaption { font-size: 12px; color: #444; max-width: 52em; }
-.map canvas { image-rendering: pixelated; border: 1px solid var(--line); display: block; }
-.hover { font-family: ui-monospace, monospace; font-size: 12px; min-height: 1.4em; color: #333; }
-.legend { display: flex; align-items: center; gap: .4em; font-size: 12px; margin: .3em 0; }
-.swatch { display: inline-block; width: 12px; height: 12px; border: 1px solid #999; vertical-align: middle; }
-.note { color: #555; font-size: 12px; }
-)css";
-
-// The maps: decoded from the embedded JSON and drawn on canvases when a record's section is
-// first opened (and at load for the sections open by default). body[data-rendered="1"] is
-// set last, so a headless browser's DOM shows the script ran to the end without an error.
-constexpr const char* kScript = R"js(
-(function () {
-  'use strict';
-  var data = JSON.parse(document.getElementById('mlagate-data').textContent);
-
-  function decodeFloats(b64) {
-    var bin = atob(b64), bytes = new Uint8Array(bin.length);
-    for (var i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
-    var view = new DataView(bytes.buffer), out = new Float32Array(bytes.length >> 2);
-    for (var j = 0; j < out.length; j++) out[j] = view.getFloat32(4 * j, true);
-    return out;
-  }
-
-  // Log-scale colours from a perceptual ramp (dark blue, low, to yellow, high); exact zero
-  // is light grey and a non-finite mismatch magenta, outside the ramp.
-  var STOPS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
-  var ZERO = 'rgb(236,236,236)', NONFINITE = 'rgb(255,0,200)', BLANK = 'rgb(255,255,255)';
-  function ramp(t) {
-    t = Math.min(1, Math.max(0, t)) * (STOPS.length - 1);
-    var k = Math.min(STOPS.length - 2, Math.floor(t)), f = t - k, a = STOPS[k], b = STOPS[k + 1];
-    return 'rgb(' + [0, 1, 2].map(function (c) { return Math.round(a[c] + f * (b[c] - a[c])); }).join(',') + ')';
-  }
-  function makeScale(values) {
-    var hi = 0, lo = Infinity;
-    for (var i = 0; i < values.length; i++) {
-      var v = values[i];
-      if (v > 0 && v < Infinity) { hi = Math.max(hi, v); lo = Math.min(lo, v); }
-    }
-    var empty = !(hi > 0);
-    if (empty) { hi = 1; lo = 1; }
-    lo = Math.max(lo, hi * 1e-8);  // eight decades at most: below that it is noise
-    var span = Math.log(hi) - Math.log(lo);
-    return {
-      lo: lo, hi: hi, empty: empty,
-      color: function (v) {
-        if (v === null || v === undefined) return BLANK;
-        if (Number.isNaN(v)) return NONFINITE;
-        if (v === 0) return ZERO;
-        if (v === Infinity) return ramp(1);
-        return ramp(span > 0 ? (Math.log(v) - Math.log(lo)) / span : 1);
-      }
-    };
-  }
-  function fmt(v) {
-    if (v === null || v === undefined) return '';
-    if (Number.isNaN(v)) return 'non-finite mismatch';
-    return v === 0 ? '0' : Number(v).toPrecision(3);
-  }
-
-  function el(tag, attrs, text) {
-    var e = document.createElement(tag);
-    for (var k in attrs) e.setAttribute(k, attrs[k]);
-    if (text !== undefined) e.textContent = text;
-    return e;
-  }
-
-  // A rows x cols grid, value(r, c) per cell (null: no cell), with axis ticks and a hover line.
-  function drawGrid(parent, spec, scale) {
-    var fig = el('figure', { 'class': 'map' });
-    fig.appendChild(el('figcaption', {}, spec.caption));
-    var cw = Math.max(1, Math.min(16, Math.floor(720 / spec.cols)));
-    var ch = Math.max(1, Math.min(14, Math.floor(448 / spec.rows)));
-    var left = 44, top = 18;
-    var canvas = el('canvas', { width: left + spec.cols * cw + 4, height: top + spec.rows * ch + 4 });
-    var g = canvas.getContext('2d');
-    g.fillStyle = '#fff';
-    g.fillRect(0, 0, canvas.width, canvas.height);
-    for (var r = 0; r < spec.rows; r++) {
-      for (var c = 0; c < spec.cols; c++) {
-        g.fillStyle = scale.color(spec.value(r, c));
-        g.fillRect(left + c * cw, top + r * ch, cw, ch);
-      }
-    }
-    g.fillStyle = '#333';
-    g.font = '10px sans-serif';
-    g.textBaseline = 'middle';
-    var rstep = Math.max(1, Math.ceil(12 / ch)), cstep = Math.max(1, Math.ceil(28 / cw));
-    g.textAlign = 'right';
-    for (var rr = 0; rr < spec.rows; rr += rstep) g.fillText(spec.rowTick(rr), left - 3, top + rr * ch + ch / 2);
-    g.textAlign = 'center';
-    for (var cc = 0; cc < spec.cols; cc += cstep) g.fillText(spec.colTick(cc), left + cc * cw + cw / 2, top / 2);
-    canvas.setAttribute('data-drawn', '1');
-    fig.appendChild(canvas);
-    var hover = el('div', { 'class': 'hover' }, '\u00a0');
-    canvas.addEventListener('mousemove', function (ev) {
-      var box = canvas.getBoundingClientRect();
-      var c = Math.floor((ev.clientX - box.left - left) / cw), r = Math.floor((ev.clientY - box.top - top) / ch);
-      if (r < 0 || c < 0 || r >= spec.rows || c >= spec.cols || spec.value(r, c) === null) {
-        hover.textContent = '\u00a0';
-        return;
-      }
-      hover.textContent = spec.describe(r, c) + ': max abs err ' + fmt(spec.value(r, c));
-    });
-    canvas.addEventListener('mouseleave', function () { hover.textContent = '\u00a0'; });
-    fig.appendChild(hover);
-    parent.appendChild(fig);
-  }
-
-  function legend(parent, scale, hasNonfinite) {
-    var box = el('div', { 'class': 'legend' });
-    if (scale.empty) {
-      box.appendChild(el('span', {}, 'no non-zero finite error'));
-    } else {
-      box.appendChild(el('span', {}, fmt(scale.lo)));
-      var bar = el('canvas', { width: 160, height: 12 });
-      var g = bar.getContext('2d');
-      for (var x = 0; x < 160; x++) { g.fillStyle = ramp(x / 159); g.fillRect(x, 0, 1, 12); }
-      box.appendChild(bar);
-      box.appendChild(el('span', {}, fmt(scale.hi) + ' (log scale)'));
-    }
-    var z = el('span', { 'class': 'swatch' }); z.style.background = ZERO;
-    box.appendChild(z); box.appendChild(el('span', {}, '0'));
-    if (hasNonfinite) {
-      var n = el('span', { 'class': 'swatch' }); n.style.background = NONFINITE;
-      box.appendChild(n); box.appendChild(el('span', {}, 'non-finite mismatch'));
-    }
-    parent.appendChild(box);
-  }
-
-  function range(first, bin, total) {
-    var a = first * bin, b = Math.min(total, a + bin) - 1;
-    return a === b ? String(a) : a + '-' + b;
-  }
-
-  function drawOutput(box, o) {
-    var map = decodeFloats(o.map), rows = o.rows, cols = o.cols;
-    var at = function (r, c) { return map[r * cols + c]; };
-    var scale = makeScale(map), hasNonfinite = false;
-    for (var i = 0; i < map.length; i++) if (Number.isNaN(map[i])) hasNonfinite = true;
-    // Request of each token, for hover text; tokens past the requests are padding.
-    var starts = [], s = 0;
-    for (var q = 0; q < o.query_lens.length; q++) { starts.push(s); s += o.query_lens[q]; }
-    function requestOf(t) {
-      for (var k = starts.length - 1; k >= 0; k--) if (t >= starts[k]) return t < starts[k] + o.query_lens[k] ? k : -1;
-      return -1;
-    }
-    function tokenText(r) {
-      var t = range(r, o.token_bin, o.tokens);
-      if (o.token_bin !== 1 || !starts.length) return 'token ' + t;
-      var k = requestOf(r * o.token_bin);
-      return 'token ' + t + (k < 0 ? ' (padding)' : ' (request ' + k + ', position ' + (r - starts[k]) + ')');
-    }
-    legend(box, scale, hasNonfinite);
-    var maps = el('div', { 'class': 'maps' });
-    box.appendChild(maps);
-    drawGrid(maps, {
-      rows: rows, cols: cols,
-      caption: 'max abs error by token (rows' + (o.token_bin > 1 ? ', ' + o.token_bin + ' tokens a row' : '') +
-               ') and head (columns' + (o.head_bin > 1 ? ', ' + o.head_bin + ' heads a column' : '') + '), over ' +
-               o.dim + ' dim' + (o.dim === 1 ? '' : 's'),
-      value: at,
-      rowTick: function (r) { return String(r * o.token_bin); },
-      colTick: function (c) { return String(c * o.head_bin); },
-      describe: function (r, c) { return tokenText(r) + ', head ' + range(c, o.head_bin, o.heads); }
-    }, scale);
-    if (!starts.length) return;
-    // By request: the max over heads of each token row.
-    var rowMax = new Float32Array(rows);
-    for (var r = 0; r < rows; r++) {
-      var m = 0;
-      for (var c = 0; c < cols; c++) { var v = at(r, c); if (Number.isNaN(v) || Number.isNaN(m)) m = NaN; else m = Math.max(m, v); }
-      rowMax[r] = m;
-    }
-    if (o.token_bin === 1) {
-      var width = Math.max.apply(null, o.query_lens.concat([1]));
-      drawGrid(maps, {
-        rows: starts.length, cols: width,
-        caption: 'max abs error over heads by request (rows) and position in its query tokens (columns)',
-        value: function (k, p) { return p < o.query_lens[k] ? rowMax[starts[k] + p] : null; },
-        rowTick: function (k) { return String(k); },
-        colTick: function (p) { return String(p); },
-        describe: function (k, p) { return 'request ' + k + ', position ' + p + ' (token ' + (starts[k] + p) + ')'; }
-      }, scale);
-    } else {
-      // Binned tokens: one cell per request, the max over the rows its tokens touch (a row
-      // shared with a neighbouring request counts for both).
-      var perRequest = starts.map(function (a, k) {
-        var n = o.query_lens[k];
-        if (n === 0) return null;
-        var m = 0;
-        for (var r = Math.floor(a / o.token_bin); r <= Math.floor((a + n - 1) / o.token_bin); r++)
-          m = Number.isNaN(rowMax[r]) || Number.isNaN(m) ? NaN : Math.max(m, rowMax[r]);
-        return m;
-      });
-      drawGrid(maps, {
-        rows: 1, cols: starts.length,
-        caption: 'max abs error by request (columns; tokens are binned, so a row shared by two requests counts for both)',
-        value: function (r, k) { return perRequest[k]; },
-        rowTick: function () { return ''; },
-        colTick: function (k) { return String(k); },
-        describe: function (r, k) { return 'request ' + k + ' (' + o.query_lens[k] + ' tokens from token ' + starts[k] + ')'; }
-      }, scale);
-    }
-  }
-
-  function render(details) {
-    var boxes = details.querySelectorAll(':scope > .outputs > details.out[open] > .mapbox');
-    boxes.forEach(function (box) {
-      if (box.getAttribute('data-done') === '1') return;
-      var rec = data.records[box.getAttribute('data-rec')];
-      var o = rec && rec[Number(box.getAttribute('data-out'))];
-      if (o) drawOutput(box, o);
-      box.setAttribute('data-done', '1');
-    });
-  }
-  // Drawn on first open: 'toggle' does not bubble, hence the capturing listener. An output's
-  // section fires it at load too (it is open in the markup): drawn only if its record is open.
-  document.addEventListener('toggle', function (ev) {
-    var t = ev.target, rec = t.closest && t.closest('details.rec');
-    if (t.open && rec && rec.open) render(rec);
-  }, true);
-  document.querySelectorAll('details.rec[open]').forEach(render);
-
-  // The filter: a case-insensitive substring of a row's text, and optionally failures only.
-  var filter = document.getElementById('filter'), failuresOnly = document.getElementById('failures-only');
-  var rows = Array.prototype.slice.call(document.querySelectorAll('#record-table tbody tr'));
-  var shown = document.getElementById('shown');
-  function applyFilter() {
-    var q = filter.value.trim().toLowerCase(), n = 0;
-    rows.forEach(function (tr) {
-      var ok = (!failuresOnly.checked || tr.getAttribute('data-failure') === '1') &&
-               (q === '' || tr.textContent.toLowerCase().indexOf(q) >= 0);
-      tr.hidden = !ok;
-      var sec = document.getElementById('rec-' + tr.getAttribute('data-index'));
-      if (sec) sec.hidden = !ok;
-      if (ok) n++;
-    });
-    shown.textContent = n + ' of ' + rows.length + ' records shown';
-  }
-  filter.addEventListener('input', applyFilter);
-  failuresOnly.addEventListener('change', applyFilter);
-  applyFilter();
-
-  // Copy buttons: the clipboard API where the page may use it, else the text is selected.
-  document.querySelectorAll('button.copy').forEach(function (b) {
-    b.addEventListener('click', function () {
-      var code = b.parentNode.querySelector('code.repro');
-      var select = function () {
-        var range = document.createRange();
-        range.selectNodeContents(code);
-        var sel = window.getSelection();
-        sel.removeAllRanges();
-        sel.addRange(range);
-        b.textContent = 'selected';
-      };
-      if (navigator.clipboard && window.isSecureContext) {
-        navigator.clipboard.writeText(code.textContent).then(function () { b.textContent = 'copied'; }, select);
-      } else {
-        select();
-      }
-    });
-  });
-  document.body.setAttribute('data-rendered', '1');
-})();
-)js";
 
 void write_info(std::ostream& os, const RunInfo& run, const StatusCounts& counts) {
   const auto row = [&](const char* name, const std::string& value, bool code) {
@@ -389,23 +137,35 @@ void write_info(std::ostream& os, const RunInfo& run, const StatusCounts& counts
   row("wall time", detail::format_fixed(run.wall_seconds, 1) + " s", false);
   // (std::string("v") + ..., not "v" + ...: GCC 12 warns falsely (-Wrestrict) on the latter.)
   row("generator", std::string("v").append(std::to_string(run.generator_version)), false);
-  row("records", std::to_string(counts.total) + " records, " + std::to_string(counts.failures) + " failures", false);
+  std::string records = std::to_string(counts.total) + " records, " + std::to_string(counts.failures) + " failures";
+  if (counts.xfail + counts.xpass > 0)
+    records += ", " + std::to_string(counts.xfail) + " expected failures (XFAIL), " + std::to_string(counts.xpass) +
+               " unexpected passes (XPASS, " + std::to_string(counts.xpass_strict) + " strict)";
+  row("records", records, false);
   os << "</table>\n";
 }
 
 void write_counts(std::ostream& os, std::span<const Record> records) {
   const std::vector<BackendSummary> rows = summarize_by_backend(records);
+  const StatusCounts all = count_statuses(records);
+  // XFAIL and XPASS columns only when an --expect entry made something of a record.
+  const bool expectations = all.xfail + all.xpass > 0;
   os << "<table class=\"counts\">\n<thead><tr><th>backend</th>";
   for (Status s : kAllStatuses) os << "<th>" << status_name(s) << "</th>";
+  if (expectations) os << "<th>XFAIL</th><th>XPASS</th>";
   os << "<th>time</th></tr></thead>\n<tbody>\n";
+  const auto cell = [&](std::int64_t n, const std::string& cls) {
+    os << "<td class=\"n" << (n == 0 ? " zero" : "") << "\">";
+    if (n > 0) os << "<span class=\"st " << cls << "\">" << n << "</span>";
+    else os << 0;
+    os << "</td>";
+  };
   const auto row = [&](const std::string& name, const StatusCounts& c, double ms, bool total) {
     os << (total ? "<tr class=\"total\">" : "<tr>") << "<td>" << esc(name) << "</td>";
-    for (Status s : kAllStatuses) {
-      const std::int64_t n = c[s];
-      os << "<td class=\"n" << (n == 0 ? " zero" : "") << "\">";
-      if (n > 0) os << "<span class=\"st " << status_class(s) << "\">" << n << "</span>";
-      else os << 0;
-      os << "</td>";
+    for (Status s : kAllStatuses) cell(c[s], status_class(s));
+    if (expectations) {
+      cell(c.xfail, "xfail");
+      cell(c.xpass, c.xpass_strict > 0 ? "fail" : "xpass");  // a strict XPASS fails the run
     }
     os << "<td class=\"n\">" << detail::format_fixed(ms / 1000.0, 3) << " s</td></tr>\n";
   };
@@ -414,7 +174,7 @@ void write_counts(std::ostream& os, std::span<const Record> records) {
     row(b.backend, b.counts, b.total_ms, false);
     total_ms += b.total_ms;
   }
-  row("TOTAL", count_statuses(records), total_ms, true);
+  row("TOTAL", all, total_ms, true);
   os << "</tbody>\n</table>\n";
 }
 
@@ -423,15 +183,20 @@ void write_repro(std::ostream& os, const Record& r) {
   os << "<code class=\"repro\">" << esc(r.repro) << "</code><button class=\"copy\" type=\"button\">copy</button>";
 }
 
-// Index i's row of the records table.
-void write_row(std::ostream& os, const Record& r, std::size_t i) {
+// Index i's row of the records table. data-failure: it fails the run (record_fails_run);
+// data-expected: XFAIL / XPASS, for the filter.
+void write_row(std::ostream& os, const Record& r, std::size_t i, bool require_bi) {
   const Metrics* m = headline_metrics(r);
-  os << "<tr data-index=\"" << i << "\" data-failure=\"" << (status_is_failure(r.status) ? 1 : 0) << "\">"
-     << "<td class=\"n\">" << i << "</td><td class=\"id\"><a href=\"#rec-" << i << "\">" << esc(r.case_id) << "</a></td>"
+  const bool expected = r.expected.outcome != Expected::kNone;
+  os << "<tr data-index=\"" << i << "\" data-failure=\"" << (record_fails_run(r, require_bi) ? 1 : 0) << "\"";
+  if (expected) os << " data-expected=\"" << expected_name(r.expected.outcome) << "\"";
+  os << "><td class=\"n\">" << i << "</td><td class=\"id\"><a href=\"#rec-" << i << "\">" << esc(r.case_id) << "</a></td>"
      << "<td>" << esc(r.backend) << "</td><td>" << esc(r.op) << "</td>"
-     << "<td class=\"st " << status_class(r.status) << "\">" << status_name(r.status) << "</td>"
-     << "<td class=\"n\">" << (m ? num(m->max_abs) + " (" + esc(m->output) + ")" : "") << "</td>"
-     << "<td class=\"msg\">" << esc(r.message, kMaxCellMessage) << "</td><td>";
+     << "<td class=\"st " << record_class(r, require_bi) << "\">" << record_badge(r) << "</td>"
+     << "<td class=\"n\">" << (m ? num(m->max_abs) + " (" + esc(m->output) + ")" : "") << "</td><td class=\"msg\">";
+  if (expected)
+    os << "<div class=\"expect\">" << expectation_html(r.expected, kMaxCellMessage) << "</div>";
+  os << esc(r.message, kMaxCellMessage) << "</td><td>";
   write_repro(os, r);
   os << "</td></tr>\n";
 }
@@ -504,13 +269,29 @@ void write_step_curve(std::ostream& os, const Record& r) {
 }
 
 // Index i's section; `maps` collects the embedded data of the maps it shows.
-void write_section(std::ostream& os, const Record& r, std::size_t i, bool open, bool embed_maps, Json& maps) {
+void write_section(std::ostream& os, const Record& r, std::size_t i, bool open, bool embed_maps, Json& maps,
+                   bool require_bi) {
   const Metrics* hm = headline_metrics(r);
   os << "<details class=\"rec\" id=\"rec-" << i << "\"" << (open ? " open" : "") << "><summary><span class=\"st "
-     << status_class(r.status) << "\">" << status_name(r.status) << "</span> <code>" << esc(r.case_id)
+     << record_class(r, require_bi) << "\">" << record_badge(r) << "</span> <code>" << esc(r.case_id)
      << "</code> &middot; " << esc(r.backend) << " &middot; " << esc(r.op);
   if (hm) os << " &middot; max abs err " << num(hm->max_abs) << " (" << esc(hm->output) << ")";
   os << "</summary>\n";
+  // --expect: what the entry made of the record, in its words.
+  const Expectation& e = r.expected;
+  if (e.outcome != Expected::kNone) {
+    os << "<p class=\"expect\"><span class=\"st " << record_class(r, require_bi) << "\">" << record_badge(r)
+       << "</span> expectations entry " << expectation_html(e, kMaxDetailsText) << ". ";
+    if (e.outcome == Expected::kXfail)
+      os << "It failed as the entry says it does: not a failure of the run.";
+    else if (e.strict)
+      os << "The entry says this record fails, and it did not (" << status_name(r.status)
+         << "): a failure of the run, as the entry is strict. If the fix landed, remove the entry.";
+    else
+      os << "The entry says this record fails, and it did not (" << status_name(r.status)
+         << "); the entry is not strict: a notice.";
+    os << "</p>\n";
+  }
   if (!r.message.empty()) os << "<p class=\"msg\">" << esc(r.message, kMaxDetailsText) << "</p>\n";
   if (!r.details.empty()) os << "<pre>" << esc(r.details, kMaxDetailsText) << "</pre>\n";
   os << "<p>";
@@ -523,6 +304,11 @@ void write_section(std::ostream& os, const Record& r, std::size_t i, bool open, 
     os << " &middot; paths " << esc(paths);
   }
   os << "</p>\n";
+  if (!r.facts.empty()) {
+    std::string facts;
+    for (const auto& [k, v] : r.facts) facts += (facts.empty() ? "" : " ") + k + "=" + v;
+    os << "<p class=\"facts\">facts: " << esc(facts) << "</p>\n";
+  }
   if (!r.repro.empty()) {
     os << "<p>repro: ";
     write_repro(os, r);
@@ -585,14 +371,18 @@ void write_html(std::ostream& os, const RunInfo& run, const std::vector<Record>&
   const std::string verdict = run.interrupted.empty() ? std::string(overall_verdict(counts)) : "INTERRUPTED";
   const std::string verdict_class = verdict == "PASS" ? "pass" : (verdict == "FAIL" ? "fail" : "other");
 
-  // Failures first, each group in run order; indices in the page are positions in `records`.
+  // Failures first (strict XPASS among them), then XFAIL, then non-strict XPASS, then the
+  // rest, each group in run order; indices in the page are positions in `records`.
+  const bool require_bi = run.require_batch_invariance;
   std::vector<std::size_t> order(records.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_partition(order.begin(), order.end(), [&](std::size_t i) { return status_is_failure(records[i].status); });
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return page_rank(records[a], require_bi) < page_rank(records[b], require_bi);
+  });
 
   os << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
      << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-     << "<title>mlagate: " << verdict << "</title>\n<style>" << kStyle << "</style>\n</head>\n<body>\n";
+     << "<title>mlagate: " << verdict << "</title>\n<style>" << detail::kHtmlStyle << "</style>\n</head>\n<body>\n";
   os << "<h1>mlagate: <span class=\"verdict " << verdict_class << "\">" << verdict << "</span></h1>\n";
   if (!run.interrupted.empty())
     os << "<p class=\"banner\">Interrupted (" << esc(run.interrupted) << "): partial results.</p>\n";
@@ -603,10 +393,14 @@ void write_html(std::ostream& os, const RunInfo& run, const std::vector<Record>&
 
   os << "<h2>Records</h2>\n<div id=\"controls\"><input id=\"filter\" type=\"search\" "
         "placeholder=\"filter: any part of id, backend, op, status or message\" aria-label=\"filter records\">"
-        "<label><input id=\"failures-only\" type=\"checkbox\"> failures only</label><span id=\"shown\"></span></div>\n"
+        "<label><input id=\"failures-only\" type=\"checkbox\"> failures only</label>";
+  if (counts.xfail + counts.xpass > 0)
+    os << "<label>expectations <select id=\"expected-filter\"><option value=\"\">any</option>"
+          "<option value=\"XFAIL\">XFAIL only</option><option value=\"XPASS\">XPASS only</option></select></label>";
+  os << "<span id=\"shown\"></span></div>\n"
      << "<table id=\"record-table\"><thead><tr><th>#</th><th>case</th><th>backend</th><th>op</th><th>status</th>"
         "<th>max abs err</th><th>message</th><th>repro</th></tr></thead>\n<tbody>\n";
-  for (std::size_t i : order) write_row(os, records[i], i);
+  for (std::size_t i : order) write_row(os, records[i], i, require_bi);
   os << "</tbody></table>\n";
 
   os << "<h2>Per record</h2>\n<p class=\"note\">Error maps: max abs error per cell over the output's head dim, "
@@ -620,13 +414,13 @@ void write_html(std::ostream& os, const RunInfo& run, const std::vector<Record>&
     const bool embed = map_bytes + bytes <= kMaxMapBytes;
     if (embed) map_bytes += bytes;
     // The first few failures open at load, so their maps are on screen without a click.
-    const bool open = status_is_failure(r.status) && opened < 3;
+    const bool open = record_fails_run(r, require_bi) && opened < 3;
     opened += open ? 1 : 0;
-    write_section(os, r, i, open, embed, maps);
+    write_section(os, r, i, open, embed, maps, require_bi);
   }
 
   os << "<script type=\"application/json\" id=\"mlagate-data\">" << script_json(Json{{"records", std::move(maps)}})
-     << "</script>\n<script>" << kScript << "</script>\n</body>\n</html>\n";
+     << "</script>\n<script>" << detail::kHtmlScript << "</script>\n</body>\n</html>\n";
 }
 
 }  // namespace mlagate

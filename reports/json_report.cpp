@@ -124,6 +124,14 @@ Json record_with_details(const Record& r) {
   if (!r.details.empty()) j["details"] = r.details;
   // Serving modes (harness/run/SERVING.md) only.
   if (!r.mode.empty()) j["mode"] = r.mode;
+  // The case's facts (harness/verdicts/facts.h) and an --expect outcome, where there are any.
+  if (!r.facts.empty()) j["facts"] = r.facts;
+  if (r.expected.outcome != Expected::kNone)
+    j["expected"] = {{"outcome", expected_name(r.expected.outcome)},
+                     {"entry", r.expected.entry},
+                     {"reason", r.expected.reason},
+                     {"link", r.expected.link},
+                     {"strict", r.expected.strict}};
   if (!r.steps.empty()) {
     Json steps = Json::array();
     for (const StepResult& s : r.steps)
@@ -140,6 +148,9 @@ Json record_with_details(const Record& r) {
 Json summary(const StatusCounts& counts) {
   Json j = Json::object();
   for (Status s : kAllStatuses) j[std::string(status_name(s))] = counts[s];
+  // --expect: the records an entry turned into XFAIL / XPASS (not in their status's count).
+  j["XFAIL"] = counts.xfail;
+  j["XPASS"] = counts.xpass;
   j["total"] = counts.total;
   j["failures"] = counts.failures;
   j["verdict"] = overall_verdict(counts);
@@ -398,6 +409,26 @@ class Reader {
     r.repro = str(j, "repro", w);
     if (j.contains("details")) r.details = str(j, "details", w);
     if (j.contains("mode")) r.mode = str(j, "mode", w);
+    if (j.contains("facts")) {
+      const Json& f = j["facts"];
+      if (!f.is_object()) bad(w + ".facts", "expected an object of strings");
+      for (const auto& [k, v] : f.items()) {
+        if (!v.is_string()) bad(w + ".facts." + k, "expected a string");
+        r.facts[k] = v.get<std::string>();
+      }
+    }
+    if (j.contains("expected")) {
+      const Json& e = j["expected"];
+      const std::string we = w + ".expected";
+      const std::string outcome = str(e, "outcome", we);
+      if (outcome == "XFAIL") r.expected.outcome = Expected::kXfail;
+      else if (outcome == "XPASS") r.expected.outcome = Expected::kXpass;
+      else bad(we + ".outcome", "expected \"XFAIL\" or \"XPASS\"");
+      r.expected.entry = str(e, "entry", we);
+      r.expected.reason = str(e, "reason", we);
+      r.expected.link = str(e, "link", we);
+      r.expected.strict = boolean(e, "strict", we);
+    }
     if (j.contains("steps")) {
       const Json& steps = at(j, "steps", w);
       if (!steps.is_array()) bad(w + ".steps", "expected an array");

@@ -1,5 +1,7 @@
 // The JUnit XML report, for CI test views (GitHub, GitLab, Jenkins): backends are suites,
-// records are test cases, and the status picks <failure>, <error> or <skipped>.
+// records are test cases, and the status picks <failure>, <error> or <skipped>. With --expect,
+// as pytest writes xfail: an XFAIL record is <skipped> ("XFAIL (STATUS): entry: reason"), a
+// strict XPASS a <failure type="XPASS">, a non-strict XPASS a pass with a note in <system-out>.
 #include <sstream>
 #include <unordered_map>
 
@@ -52,7 +54,7 @@ enum class Outcome { kPass, kFailure, kError, kSkipped };
 
 // JUnit separates a wrong answer (failure) from a test that could not produce one (error).
 // require_bi (--require batch-invariance): BATCH_VARIANT is a failure.
-Outcome outcome(Status s, bool require_bi) {
+Outcome status_outcome(Status s, bool require_bi) {
   switch (s) {
     case Status::kPassed: return Outcome::kPass;
     case Status::kBatchVariant: return require_bi ? Outcome::kFailure : Outcome::kPass;  // else the variance is in the message
@@ -68,6 +70,23 @@ Outcome outcome(Status s, bool require_bi) {
   return Outcome::kError;  // an out-of-range value is a bug upstream: never a pass
 }
 
+// A record's element, --expect outcomes first: XFAIL is skipped (as pytest shows xfail), a
+// strict XPASS a failure, a non-strict XPASS a pass. So failures + errors are exactly the
+// records that record_fails_run.
+Outcome outcome(const Record& r, bool require_bi) {
+  switch (r.expected.outcome) {
+    case Expected::kXfail: return Outcome::kSkipped;
+    case Expected::kXpass: return r.expected.strict ? Outcome::kFailure : Outcome::kPass;
+    case Expected::kNone: break;
+  }
+  return status_outcome(r.status, require_bi);
+}
+
+// "entry: reason", the words an --expect outcome is reported with.
+std::string entry_and_reason(const Expectation& e) {
+  return e.reason.empty() ? e.entry : e.entry + ": " + e.reason;
+}
+
 struct SuiteCounts {
   std::int64_t tests = 0, failures = 0, errors = 0, skipped = 0;
   double run_ms = 0;
@@ -75,7 +94,7 @@ struct SuiteCounts {
   bool require_bi = false;
   void add(const Record& r) {
     ++tests;
-    switch (outcome(r.status, require_bi)) {
+    switch (outcome(r, require_bi)) {
       case Outcome::kPass: break;
       case Outcome::kFailure: ++failures; break;
       case Outcome::kError: ++errors; break;
@@ -121,7 +140,10 @@ std::string describe(const Metrics& m) {
 }
 
 std::string body(const Record& r, bool with_metrics) {
-  std::string out = std::string(status_name(r.status)) + ": " + r.message + '\n';
+  // A passing record (a strict XPASS) has no message: its status line would say nothing.
+  std::string out = r.message.empty() && r.status == Status::kPassed
+                        ? std::string()
+                        : std::string(status_name(r.status)) + ": " + r.message + '\n';
   if (with_metrics) {
     for (const Metrics& m : r.metrics) out += describe(m);
   }
@@ -130,11 +152,28 @@ std::string body(const Record& r, bool with_metrics) {
   return out;
 }
 
+// The --expect lines of a body: what the entry made of the record, its reason and link.
+std::string expectation_body(const Record& r) {
+  const Expectation& e = r.expected;
+  const std::string status(status_name(r.status));
+  std::string out;
+  if (e.outcome == Expected::kXfail) {
+    out = "XFAIL: expectations entry " + e.entry + " expects this failure (" + status + "): " + e.reason + '\n';
+  } else {
+    out = std::string(e.strict ? "XPASS(strict)" : "XPASS") + ": expectations entry " + e.entry +
+          " expects this record to fail and it did not (" + status + "); if the fix landed, remove the entry. Reason: " +
+          e.reason + '\n';
+  }
+  if (!e.link.empty()) out += "link: " + e.link + '\n';
+  return out;
+}
+
 void write_testcase(std::ostream& os, const Record& r, bool require_bi) {
   os << "    <testcase classname=\"" << xml_attr(r.backend + "." + r.op) << "\" name=\""
      << xml_attr(r.case_id) << "\" time=\"" << seconds(r.timings.run_ms) << "\">\n";
 
   constexpr std::string_view kIndent = "        ";
+  const Expectation& e = r.expected;
   os << "      <properties>\n";
   write_property(os, kIndent, "backend", r.backend);
   write_property(os, kIndent, "op", r.op);
@@ -148,21 +187,45 @@ void write_testcase(std::ostream& os, const Record& r, bool require_bi) {
     write_property(os, kIndent, prefix + "min_fudge", detail::format_g(m.min_fudge));
   }
   write_property(os, kIndent, "repro", r.repro);
+  // --expect: what the entry made of the record, and its words.
+  if (e.outcome != Expected::kNone) {
+    write_property(os, kIndent, "expected", expected_name(e.outcome));
+    write_property(os, kIndent, "expected.entry", e.entry);
+    write_property(os, kIndent, "expected.reason", e.reason);
+    if (!e.link.empty()) write_property(os, kIndent, "expected.link", e.link);
+    write_property(os, kIndent, "expected.strict", e.strict ? "true" : "false");
+  }
   os << "      </properties>\n";
 
   const std::string type = std::string(status_name(r.status));
-  switch (outcome(r.status, require_bi)) {
-    case Outcome::kPass: break;
+  // The element follows outcome(), as the suite's counts do.
+  switch (outcome(r, require_bi)) {
+    case Outcome::kPass:
+      if (e.outcome == Expected::kXpass)  // not strict: a notice, the test passes
+        os << "      <system-out>" << xml_text(expectation_body(r)) << "</system-out>\n";
+      break;
     case Outcome::kFailure:
-      os << "      <failure message=\"" << xml_attr(r.message) << "\" type=\"" << type << "\">"
-         << xml_text(body(r, true)) << "</failure>\n";
+      if (e.outcome == Expected::kXpass) {
+        os << "      <failure message=\"" << xml_attr("XPASS(strict): " + entry_and_reason(e))
+           << "\" type=\"XPASS\">" << xml_text(expectation_body(r) + body(r, true)) << "</failure>\n";
+      } else {
+        os << "      <failure message=\"" << xml_attr(r.message) << "\" type=\"" << type << "\">"
+           << xml_text(body(r, true)) << "</failure>\n";
+      }
       break;
     case Outcome::kError:
       os << "      <error message=\"" << xml_attr(r.message) << "\" type=\"" << type << "\">"
          << xml_text(body(r, !r.metrics.empty())) << "</error>\n";
       break;
     case Outcome::kSkipped:
-      os << "      <skipped message=\"" << xml_attr(type + ": " + r.message) << "\"/>\n";
+      if (e.outcome == Expected::kXfail) {
+        // pytest's xfail: skipped, with the status it failed with and the entry's reason; the
+        // body keeps the evidence (metrics, repro) for a reader who wonders whether it still holds.
+        os << "      <skipped message=\"" << xml_attr("XFAIL (" + type + "): " + entry_and_reason(e))
+           << "\" type=\"XFAIL\">" << xml_text(expectation_body(r) + body(r, !r.metrics.empty())) << "</skipped>\n";
+      } else {
+        os << "      <skipped message=\"" << xml_attr(type + ": " + r.message) << "\"/>\n";
+      }
       break;
   }
   os << "    </testcase>\n";

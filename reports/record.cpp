@@ -31,6 +31,24 @@ bool status_fails_run(Status s, bool require_batch_invariance) {
   return status_is_failure(s) || (require_batch_invariance && s == Status::kBatchVariant);
 }
 
+std::string_view expected_name(Expected e) {
+  switch (e) {
+    case Expected::kNone: return "";
+    case Expected::kXfail: return "XFAIL";
+    case Expected::kXpass: return "XPASS";
+  }
+  return "?";
+}
+
+bool record_fails_run(const Record& r, bool require_batch_invariance) {
+  switch (r.expected.outcome) {
+    case Expected::kXfail: return false;
+    case Expected::kXpass: return r.expected.strict;
+    case Expected::kNone: break;
+  }
+  return status_fails_run(r.status, require_batch_invariance);
+}
+
 std::string Location::str() const {
   if (flat < 0) return "(none)";
   // Unknown coordinates (-1) are left out rather than printed as -1.

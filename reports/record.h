@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -137,6 +138,21 @@ struct StepResult {
   double max_abs_o = kNaN, max_abs_lse = kNaN;  // over this step's rows (NaN: a non-finite mismatch)
 };
 
+// --expect (harness/verdicts/VERDICTS.md): what an expectations entry made of
+// a record. The record keeps the status it got; this says how a run counts it.
+enum class Expected : std::uint8_t {
+  kNone,   // no entry matched it (or it did not run)
+  kXfail,  // it failed as an entry says it does: reported with the entry's reason, not a failure
+  kXpass,  // an entry says it fails and it passed: a failure of the run when the entry is strict
+};
+std::string_view expected_name(Expected e);  // "", "XFAIL", "XPASS"
+struct Expectation {
+  Expected outcome = Expected::kNone;
+  std::string entry;         // the entry's id
+  std::string reason, link;  // the entry's words, for every report
+  bool strict = true;        // an XPASS fails the run
+};
+
 struct Record {
   std::string case_id;
   std::string backend;
@@ -156,7 +172,17 @@ struct Record {
   // for a plain call: "batch-invariance", "dcp=2,interleave=1", "steps=64".
   std::string mode;
   std::vector<StepResult> steps;  // --steps: every step in order
+  // What --expect entries select on and reports group by (harness/verdicts/facts.h):
+  // the case's parameters and the run's settings as words ("kv" -> "fp8",
+  // "query_kind" -> "decode"). Filled by the process that ran the cases; empty
+  // in a worker's records and in reports that predate them.
+  std::map<std::string, std::string> facts;
+  Expectation expected;  // --expect: XFAIL / XPASS, or kNone
 };
+
+// Whether a record fails its run: an unexpected failure (status_fails_run and
+// no XFAIL) or a strict XPASS. Every count, verdict and exit code goes through it.
+bool record_fails_run(const Record& r, bool require_batch_invariance);
 
 // The shortest text that reads back as the same double (std::to_string would
 // print 1e-8 as 0.000000): numbers in repro commands, journals' fingerprints

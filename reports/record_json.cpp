@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -118,6 +119,10 @@ std::string record_to_json_line(const Record& r) {
       steps.push_back(Json::array({s.step, s.requests, status_name(s.status), num(s.max_abs_o), num(s.max_abs_lse)}));
     j["steps"] = std::move(steps);
   }
+  if (!r.facts.empty()) j["facts"] = r.facts;
+  if (r.expected.outcome != Expected::kNone)
+    j["expected"] = Json::array({static_cast<int>(r.expected.outcome), r.expected.entry, r.expected.reason,
+                                 r.expected.link, r.expected.strict});
   // Backend messages may hold arbitrary bytes: replaced, never a throw.
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
@@ -185,6 +190,14 @@ Record record_from_json_line(const std::string& line) {
       for (const Json& sj : j.at("steps"))
         r.steps.push_back({sj.at(0).get<int>(), sj.at(1).get<int>(), status_of(sj.at(2).get<std::string>()),
                            get_num(sj.at(3)), get_num(sj.at(4))});
+    if (j.contains("facts")) r.facts = j.at("facts").get<std::map<std::string, std::string>>();
+    if (j.contains("expected")) {
+      const Json& e = j.at("expected");
+      const int outcome = e.at(0).get<int>();
+      if (outcome < 0 || outcome > static_cast<int>(Expected::kXpass)) throw std::runtime_error("malformed record line: bad expected outcome");
+      r.expected = {static_cast<Expected>(outcome), e.at(1).get<std::string>(), e.at(2).get<std::string>(),
+                    e.at(3).get<std::string>(), e.at(4).get<bool>()};
+    }
     return r;
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(std::string("malformed record line: ") + e.what());

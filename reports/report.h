@@ -44,13 +44,19 @@ struct RunInfo {
   bool require_batch_invariance = false;
 };
 
+// Records by status. With --expect, the records an entry made XFAIL or XPASS
+// are counted there and not under their status, so the columns partition the
+// records (a run's NONFINITE column holds the unexpected ones only).
 struct StatusCounts {
   std::array<std::int64_t, kAllStatuses.size()> by_status{};  // indexed by the Status value
+  std::int64_t xfail = 0, xpass = 0;
+  std::int64_t xpass_strict = 0;  // of xpass: those whose entry is strict (counted in failures)
   std::int64_t total = 0;
-  std::int64_t failures = 0;  // records whose status_is_failure()
+  std::int64_t failures = 0;  // records that fail the run (record_fails_run)
 
   std::int64_t operator[](Status s) const { return by_status[static_cast<std::size_t>(s)]; }
-  void add(Status s);
+  void add(const Record& r, bool require_batch_invariance = false);
+  void add(const StatusCounts& other);
 };
 
 // Counts and the sum of every timing phase for one backend, in milliseconds.
@@ -68,8 +74,9 @@ StatusCounts count_statuses(std::span<const Record> records, const RunInfo& run)
 // (the runner's order, which follows the registry).
 std::vector<BackendSummary> summarize_by_backend(std::span<const Record> records);
 
-// "FAIL" when any record failed, "PASS" when none failed and at least one passed,
-// "NOTHING RAN" when every record was skipped or unsupported: never report "not run" as a pass.
+// "FAIL" when any record failed, "PASS" when none failed and at least one ran
+// (passed, batch-variant, or failed as expected), "NOTHING RAN" when every record was
+// skipped or unsupported: never report "not run" as a pass.
 std::string_view overall_verdict(const StatusCounts& counts);
 
 // {"schema": "mlagate.report", "schema_version": 1, "run", "summary", "records"}: every field

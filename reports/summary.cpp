@@ -28,21 +28,37 @@ std::string_view short_status_name(Status s) {
 
 }  // namespace
 
-void StatusCounts::add(Status s) {
-  ++by_status[static_cast<std::size_t>(s)];
+void StatusCounts::add(const Record& r, bool require_batch_invariance) {
+  switch (r.expected.outcome) {
+    case Expected::kXfail: ++xfail; break;
+    case Expected::kXpass:
+      ++xpass;
+      xpass_strict += r.expected.strict ? 1 : 0;
+      break;
+    case Expected::kNone: ++by_status[static_cast<std::size_t>(r.status)]; break;
+  }
   ++total;
-  failures += status_is_failure(s) ? 1 : 0;
+  failures += record_fails_run(r, require_batch_invariance) ? 1 : 0;
+}
+
+void StatusCounts::add(const StatusCounts& o) {
+  for (std::size_t i = 0; i < by_status.size(); ++i) by_status[i] += o.by_status[i];
+  xfail += o.xfail;
+  xpass += o.xpass;
+  xpass_strict += o.xpass_strict;
+  total += o.total;
+  failures += o.failures;
 }
 
 StatusCounts count_statuses(std::span<const Record> records) {
   StatusCounts counts;
-  for (const Record& r : records) counts.add(r.status);
+  for (const Record& r : records) counts.add(r);
   return counts;
 }
 
 StatusCounts count_statuses(std::span<const Record> records, const RunInfo& run) {
-  StatusCounts counts = count_statuses(records);
-  if (run.require_batch_invariance) counts.failures += counts[Status::kBatchVariant];
+  StatusCounts counts;
+  for (const Record& r : records) counts.add(r, run.require_batch_invariance);
   return counts;
 }
 
@@ -56,7 +72,7 @@ std::vector<BackendSummary> summarize_by_backend(std::span<const Record> records
       out.back().backend = r.backend;
     }
     BackendSummary& b = out[it->second];
-    b.counts.add(r.status);
+    b.counts.add(r);
     b.total_ms += record_total_ms(r);
   }
   return out;
@@ -64,7 +80,7 @@ std::vector<BackendSummary> summarize_by_backend(std::span<const Record> records
 
 std::string_view overall_verdict(const StatusCounts& counts) {
   if (counts.failures > 0) return "FAIL";
-  if (counts[Status::kPassed] + counts[Status::kBatchVariant] > 0) return "PASS";
+  if (counts[Status::kPassed] + counts[Status::kBatchVariant] + counts.xfail + counts.xpass > 0) return "PASS";
   return "NOTHING RAN";
 }
 
@@ -72,13 +88,11 @@ std::string summary_table(std::span<const Record> records) {
   std::vector<BackendSummary> rows = summarize_by_backend(records);
   BackendSummary total;
   total.backend = "TOTAL";
+  bool expectations = false;  // XFAIL and XPASS columns only in runs with --expect outcomes
   for (const BackendSummary& b : rows) {
-    for (Status s : kAllStatuses) {
-      total.counts.by_status[static_cast<std::size_t>(s)] += b.counts[s];
-    }
-    total.counts.total += b.counts.total;
-    total.counts.failures += b.counts.failures;
+    total.counts.add(b.counts);
     total.total_ms += b.total_ms;
+    expectations = expectations || b.counts.xfail + b.counts.xpass > 0;
   }
   rows.push_back(std::move(total));
 
@@ -86,11 +100,13 @@ std::string summary_table(std::span<const Record> records) {
   std::vector<std::vector<std::string>> cells;
   std::vector<std::string> header{"backend"};
   for (Status s : kAllStatuses) header.emplace_back(short_status_name(s));
+  if (expectations) header.insert(header.end(), {"XFAIL", "XPASS"});
   header.emplace_back("time");
   cells.push_back(std::move(header));
   for (const BackendSummary& b : rows) {
     std::vector<std::string> row{detail::printable_text(b.backend)};
     for (Status s : kAllStatuses) row.push_back(std::to_string(b.counts[s]));
+    if (expectations) row.insert(row.end(), {std::to_string(b.counts.xfail), std::to_string(b.counts.xpass)});
     row.push_back(detail::format_fixed(b.total_ms / 1000.0, 3) + " s");
     cells.push_back(std::move(row));
   }

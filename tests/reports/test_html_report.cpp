@@ -63,13 +63,20 @@ TEST(HtmlReport, SummaryTableAndEveryRecordWithItsRepro) {
 
 TEST(HtmlReport, FailuresComeFirst) {
   const std::string html = render_html(test::sample_records());
-  // Records 1 (INCORRECT), 2 (NONFINITE) and 3 (CRASHED) before 0 (PASSED) and 4 (NOT_SUPPORTED).
+  // Records 1 (INCORRECT), 2 (NONFINITE), 3 (CRASHED) and 7 (strict XPASS), then 5 and 6
+  // (XFAIL), then 8 (non-strict XPASS), then 0 (PASSED) and 4 (NOT_SUPPORTED).
   std::vector<std::size_t> at;
-  for (int i : {1, 2, 3, 0, 4}) at.push_back(html.find("<tr data-index=\"" + std::to_string(i) + "\""));
+  for (int i : {1, 2, 3, 7, 5, 6, 8, 0, 4}) at.push_back(html.find("<tr data-index=\"" + std::to_string(i) + "\""));
   for (std::size_t k = 0; k < at.size(); ++k) ASSERT_NE(at[k], std::string::npos) << k;
   for (std::size_t k = 1; k < at.size(); ++k) EXPECT_LT(at[k - 1], at[k]) << k;
   EXPECT_NE(html.find("<tr data-index=\"1\" data-failure=\"1\">"), std::string::npos);
   EXPECT_NE(html.find("<tr data-index=\"0\" data-failure=\"0\">"), std::string::npos);
+  EXPECT_NE(html.find("<tr data-index=\"7\" data-failure=\"1\" data-expected=\"XPASS\">"), std::string::npos);
+  EXPECT_NE(html.find("<tr data-index=\"5\" data-failure=\"0\" data-expected=\"XFAIL\">"), std::string::npos);
+  EXPECT_NE(html.find("<tr data-index=\"8\" data-failure=\"0\" data-expected=\"XPASS\">"), std::string::npos);
+  // The sections follow the rows' order.
+  EXPECT_LT(html.find("id=\"rec-7\""), html.find("id=\"rec-5\""));
+  EXPECT_LT(html.find("id=\"rec-6\""), html.find("id=\"rec-0\""));
   // The first failures' sections are open, so their maps are drawn at load.
   EXPECT_NE(html.find("<details class=\"rec\" id=\"rec-1\" open>"), std::string::npos);
   EXPECT_NE(html.find("<details class=\"rec\" id=\"rec-0\">"), std::string::npos);
@@ -128,7 +135,13 @@ TEST(HtmlReport, HostileMessageStaysText) {
 }
 
 TEST(HtmlReport, LoadsNothingFromTheNetwork) {
-  const std::string html = render_html(test::sample_records());
+  std::string html = render_html(test::sample_records());
+  // The XFAIL entry's link is the one URL in the page: an <a> to follow, which loads nothing.
+  const std::string anchor = "<a class=\"xlink\" href=\"" + test::kXfailLink + "\" rel=\"noopener noreferrer\">" +
+                             test::kXfailLink + "</a>";
+  ASSERT_NE(html.find(anchor), std::string::npos);
+  for (std::size_t at = html.find(test::kXfailLink); at != std::string::npos; at = html.find(test::kXfailLink))
+    html.erase(at, test::kXfailLink.size());
   for (const char* bad : {"src=\"http", "href=\"http", "@import", "url(http", "src='http", "href='http", "<link",
                           "<iframe", "http://", "https://"})
     EXPECT_EQ(html.find(bad), std::string::npos) << bad;
@@ -155,6 +168,111 @@ TEST(HtmlReport, EmbedsTheErrorMaps) {
                       "<td class=\"n\">0.0123</td>"),
             std::string::npos);
   EXPECT_NE(html.find("data-rendered"), std::string::npos);  // the script marks the page when it is done
+}
+
+TEST(HtmlReport, BadgesShowExpectationsWithTheirReason) {
+  const std::vector<Record> records = test::sample_records();
+  const std::string html = render_html(records);
+  const std::string reason = "fp8 dequant overflows when |k| &gt; 448: &lt;Inf&gt; becomes NaN &amp; spreads";
+  const std::string link = "<a class=\"xlink\" href=\"" + test::kXfailLink + "\" rel=\"noopener noreferrer\">" +
+                           test::kXfailLink + "</a>";
+  // The records table: the badge, and the entry, reason and link above the message.
+  EXPECT_NE(html.find("<td class=\"st xfail\">XFAIL (NONFINITE)</td>"), std::string::npos);
+  EXPECT_NE(html.find("<td class=\"st xfail\">XFAIL (INCORRECT)</td>"), std::string::npos);
+  EXPECT_NE(html.find("<td class=\"st fail\">XPASS(strict)</td>"), std::string::npos);
+  EXPECT_NE(html.find("<td class=\"st xpass\">XPASS</td>"), std::string::npos);
+  EXPECT_NE(html.find("<td class=\"msg\"><div class=\"expect\"><code>flashmla-fp8-long-context</code>: " + reason +
+                      " (" + link + ")</div>out: 12 NaN/Inf"),
+            std::string::npos);
+  EXPECT_NE(html.find("<div class=\"expect\"><code>flashmla-prefill-streams</code>: mismatches now and then under "
+                      "concurrent streams (<code>FLASHMLA-17</code>)</div>"),
+            std::string::npos)
+      << "a link that is no URL is text";
+  // The sections: the badge in the summary, and what the entry made of the record.
+  EXPECT_NE(html.find("<summary><span class=\"st xfail\">XFAIL (NONFINITE)</span> <code>" +
+                      records[test::kXfailNan].case_id + "</code>"),
+            std::string::npos);
+  EXPECT_NE(html.find("<p class=\"expect\"><span class=\"st xfail\">XFAIL (NONFINITE)</span> expectations entry "
+                      "<code>flashmla-fp8-long-context</code>: " + reason + " (" + link +
+                      "). It failed as the entry says it does: not a failure of the run.</p>"),
+            std::string::npos);
+  EXPECT_NE(html.find("<summary><span class=\"st fail\">XPASS(strict)</span>"), std::string::npos);
+  EXPECT_NE(html.find("and it did not (PASSED): a failure of the run, as the entry is strict."), std::string::npos);
+  EXPECT_NE(html.find("<p class=\"facts\">facts: kv=fp8 query_kind=decode requests=1 seq_len_max=8192 suite=smoke</p>"),
+            std::string::npos);
+  // The first three failures open at load (records 1, 2 and 3): the strict XPASS is the
+  // fourth failure and stays closed, and an XFAIL is no failure.
+  EXPECT_NE(html.find("<details class=\"rec\" id=\"rec-5\">"), std::string::npos);
+  EXPECT_NE(html.find("<details class=\"rec\" id=\"rec-7\">"), std::string::npos);
+}
+
+TEST(HtmlReport, CountsAndVerdictWithExpectations) {
+  const std::vector<Record> records = test::sample_records();
+  const std::string html = render_html(records);
+  EXPECT_NE(html.find("<th>BATCH_VARIANT</th><th>XFAIL</th><th>XPASS</th><th>time</th>"), std::string::npos);
+  // cuda_flashmla: 2 XFAIL; 2 XPASS, one strict, so the count is a failure's colour.
+  EXPECT_NE(html.find("<td class=\"n\"><span class=\"st xfail\">2</span></td><td class=\"n\"><span class=\"st "
+                      "fail\">2</span></td>"),
+            std::string::npos);
+  EXPECT_NE(html.find("<tr><th>records</th><td>9 records, 4 failures, 2 expected failures (XFAIL), 2 unexpected "
+                      "passes (XPASS, 1 strict)</td></tr>"),
+            std::string::npos);
+  // The filter can select XFAIL or XPASS records.
+  EXPECT_NE(html.find("<select id=\"expected-filter\">"), std::string::npos);
+  EXPECT_NE(html.find("<option value=\"XFAIL\">"), std::string::npos);
+  EXPECT_NE(html.find("<option value=\"XPASS\">"), std::string::npos);
+  EXPECT_NE(html.find("tr.getAttribute('data-expected') === expected.value"), std::string::npos);
+
+  // Without outcomes: no columns, no filter, no badges.
+  const std::string plain = render_html(std::vector<Record>(records.begin(), records.begin() + 5));
+  EXPECT_EQ(plain.find("<th>XFAIL</th>"), std::string::npos);
+  EXPECT_EQ(plain.find("id=\"expected-filter\""), std::string::npos);
+  EXPECT_EQ(plain.find("data-expected=\""), std::string::npos);
+  EXPECT_EQ(plain.find("class=\"st xfail\""), std::string::npos);
+
+  // Verdicts: only XFAIL or a non-strict XPASS pass; a strict XPASS fails.
+  const std::vector<Record> xfails{records[test::kXfailNan], records[test::kXfailIncorrect]};
+  EXPECT_NE(render_html(xfails).find("<title>mlagate: PASS</title>"), std::string::npos);
+  EXPECT_NE(render_html({records[test::kXpassNotice]}).find("<title>mlagate: PASS</title>"), std::string::npos);
+  EXPECT_NE(render_html({records[test::kXpassStrict]}).find("<title>mlagate: FAIL</title>"), std::string::npos);
+}
+
+TEST(HtmlReport, ExpectationTextIsEscapedAndOnlyWebLinksAreLinks) {
+  std::vector<Record> records = test::sample_records();
+  records[test::kXfailNan].expected.entry = "<b>entry</b>";
+  records[test::kXfailNan].expected.reason = "<script>alert(4)</script>";
+  records[test::kXfailNan].expected.link = "javascript:alert(5)";
+  records[test::kXfailIncorrect].expected.link = "https://x.example/\"><script>alert(6)</script>";
+  const std::string html = render_html(records);
+  EXPECT_EQ(html.find("alert(4)</script>"), std::string::npos);
+  EXPECT_EQ(html.find("<b>entry"), std::string::npos);
+  EXPECT_NE(html.find("<code>&lt;b&gt;entry&lt;/b&gt;</code>: &lt;script&gt;alert(4)&lt;/script&gt;"), std::string::npos);
+  EXPECT_EQ(html.find("href=\"javascript"), std::string::npos) << "only http(s) links are followed";
+  EXPECT_NE(html.find("<code>javascript:alert(5)</code>"), std::string::npos);
+  EXPECT_EQ(html.find("alert(6)</script>"), std::string::npos);
+  EXPECT_NE(html.find("href=\"https://x.example/&quot;&gt;&lt;script&gt;alert(6)&lt;/script&gt;\""), std::string::npos);
+  EXPECT_EQ(count(html, "<script"), 2u);
+}
+
+// Failures are what record_fails_run says, as in every other report: BATCH_VARIANT is one
+// under --require batch-invariance (row first, marked a failure, section open), else not.
+TEST(HtmlReport, RequiredBatchInvarianceIsAFailure) {
+  std::vector<Record> records = test::sample_records();
+  records.resize(1);
+  records.push_back(records[0]);
+  records[1].case_id += " variant";
+  records[1].status = Status::kBatchVariant;
+  RunInfo run = test::sample_run();
+  std::string html = render_html(records, run);
+  EXPECT_NE(html.find("<tr data-index=\"1\" data-failure=\"0\">"), std::string::npos);
+  EXPECT_LT(html.find("<tr data-index=\"0\""), html.find("<tr data-index=\"1\""));
+  run.require_batch_invariance = true;
+  html = render_html(records, run);
+  EXPECT_NE(html.find("<title>mlagate: FAIL</title>"), std::string::npos);
+  EXPECT_NE(html.find("<tr data-index=\"1\" data-failure=\"1\">"), std::string::npos);
+  EXPECT_LT(html.find("<tr data-index=\"1\""), html.find("<tr data-index=\"0\""));
+  EXPECT_NE(html.find("<td class=\"st fail\">BATCH_VARIANT</td>"), std::string::npos);
+  EXPECT_NE(html.find("<details class=\"rec\" id=\"rec-1\" open>"), std::string::npos);
 }
 
 TEST(HtmlReport, VerdictsMatchTheOtherReports) {

@@ -47,8 +47,10 @@ TEST(JsonReport, RunAndSummary) {
   EXPECT_EQ(summary["NOT_SUPPORTED"], 1);
   EXPECT_EQ(summary["SKIPPED"], 0);
   EXPECT_EQ(summary["INVALID_CASE"], 0);
-  EXPECT_EQ(summary["total"], 5);
-  EXPECT_EQ(summary["failures"], 3);
+  EXPECT_EQ(summary["XFAIL"], 2);
+  EXPECT_EQ(summary["XPASS"], 2);
+  EXPECT_EQ(summary["total"], 9);
+  EXPECT_EQ(summary["failures"], 4);  // INCORRECT, NONFINITE, CRASHED, the strict XPASS
   EXPECT_EQ(summary["verdict"], "FAIL");
 }
 
@@ -92,6 +94,28 @@ TEST(JsonReport, RecordFields) {
   EXPECT_EQ(nonfinite["nonfinite_mismatches"], 3);
   EXPECT_EQ(nonfinite["first_nonfinite"]["dim"], 17);
   EXPECT_TRUE(nonfinite["worst"]["flat"].is_null());
+}
+
+TEST(JsonReport, FactsAndExpectations) {
+  const std::vector<Record> records = test::sample_records();
+  const json doc = json::parse(render_json(records));
+  // Only records with facts or an outcome carry the keys.
+  for (std::size_t i = 0; i < 5; ++i) {
+    EXPECT_FALSE(doc["records"][i].contains("facts")) << i;
+    EXPECT_FALSE(doc["records"][i].contains("expected")) << i;
+  }
+  const json& xfail = doc["records"][test::kXfailNan];
+  EXPECT_EQ(xfail["status"], "NONFINITE") << "an XFAIL keeps its status";
+  EXPECT_EQ(xfail["facts"]["kv"], "fp8");
+  EXPECT_EQ(xfail["facts"].size(), records[test::kXfailNan].facts.size());
+  EXPECT_EQ(xfail["expected"], json({{"outcome", "XFAIL"},
+                                     {"entry", "flashmla-fp8-long-context"},
+                                     {"reason", test::kXfailReason},
+                                     {"link", test::kXfailLink},
+                                     {"strict", true}}));
+  EXPECT_EQ(doc["records"][test::kXpassStrict]["expected"]["outcome"], "XPASS");
+  EXPECT_EQ(doc["records"][test::kXpassStrict]["expected"]["strict"], true);
+  EXPECT_EQ(doc["records"][test::kXpassNotice]["expected"]["strict"], false);
 }
 
 TEST(JsonReport, NegativeInfinityIsAString) {
@@ -167,6 +191,46 @@ TEST(JsonReport, ReadsBackAsTheSameRecords) {
   ASSERT_EQ(m.worst_elements.size(), want.worst_elements.size());
   EXPECT_EQ(m.worst_elements[0].where.flat, want.worst_elements[0].where.flat);
   EXPECT_EQ(m.worst_elements[0].err, want.worst_elements[0].err);
+  // Facts and --expect outcomes come back field by field (merge reports them again).
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    const Record& got = back.records[i];
+    const Record& r = records[i];
+    EXPECT_EQ(got.facts, r.facts) << i;
+    EXPECT_EQ(got.expected.outcome, r.expected.outcome) << i;
+    EXPECT_EQ(got.expected.entry, r.expected.entry) << i;
+    EXPECT_EQ(got.expected.reason, r.expected.reason) << i;
+    EXPECT_EQ(got.expected.link, r.expected.link) << i;
+    EXPECT_EQ(got.expected.strict, r.expected.strict) << i;
+    EXPECT_EQ(record_fails_run(got, false), record_fails_run(r, false)) << i;
+  }
+  EXPECT_EQ(back.records[test::kXpassNotice].expected.strict, false);
+  EXPECT_EQ(back.records[test::kXfailNan].facts.at("kv"), "fp8");
+  const StatusCounts counts = count_statuses(back.records);
+  EXPECT_EQ(counts.xfail, 2);
+  EXPECT_EQ(counts.xpass, 2);
+  EXPECT_EQ(counts.xpass_strict, 1);
+}
+
+TEST(JsonReport, ReaderRejectsABadExpectation) {
+  const auto expect_error = [](json doc, const std::string& name, const std::string& what) {
+    const std::string path = write_file(name, doc.dump());
+    try {
+      read_json_report(path);
+      ADD_FAILURE() << name << ": no error";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  const json doc = json::parse(render_json(test::sample_records()));
+  json bad = doc;
+  bad["records"][test::kXfailNan]["expected"]["outcome"] = "MAYBE";
+  expect_error(bad, "outcome.json", "records[5].expected.outcome");
+  bad = doc;
+  bad["records"][test::kXfailNan]["expected"].erase("strict");
+  expect_error(bad, "strict.json", "records[5].expected");
+  bad = doc;
+  bad["records"][test::kXfailNan]["facts"]["kv"] = 8;
+  expect_error(bad, "facts.json", "records[5].facts.kv");
 }
 
 TEST(JsonReport, ReaderRejectsAMapThatDisagreesWithItsGeometry) {

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <pugixml.hpp>
 #include <sstream>
+#include <string_view>
 
 #include "tests/reports/snapshot.h"
 #include "tests/reports/sample_records.h"
@@ -43,10 +44,10 @@ TEST(JunitReport, SuitesPerBackendWithCounts) {
   const pugi::xml_document doc = parse(render_junit(test::sample_records()));
   const pugi::xml_node root = doc.child("testsuites");
   ASSERT_TRUE(root);
-  EXPECT_EQ(root.attribute("tests").as_int(), 5);
-  EXPECT_EQ(root.attribute("failures").as_int(), 2);  // INCORRECT, NONFINITE
+  EXPECT_EQ(root.attribute("tests").as_int(), 9);
+  EXPECT_EQ(root.attribute("failures").as_int(), 3);  // INCORRECT, NONFINITE, the strict XPASS
   EXPECT_EQ(root.attribute("errors").as_int(), 1);    // CRASHED
-  EXPECT_EQ(root.attribute("skipped").as_int(), 1);   // NOT_SUPPORTED
+  EXPECT_EQ(root.attribute("skipped").as_int(), 3);   // NOT_SUPPORTED and the two XFAIL
 
   std::vector<pugi::xml_node> suites;
   for (pugi::xml_node s : root.children("testsuite")) suites.push_back(s);
@@ -58,10 +59,10 @@ TEST(JunitReport, SuitesPerBackendWithCounts) {
   EXPECT_EQ(suites[0].attribute("skipped").as_int(), 0);
   EXPECT_DOUBLE_EQ(suites[0].attribute("time").as_double(), (2.125 + 4.5) / 1000);
   EXPECT_STREQ(suites[1].attribute("name").value(), "cuda_flashmla");
-  EXPECT_EQ(suites[1].attribute("tests").as_int(), 3);
-  EXPECT_EQ(suites[1].attribute("failures").as_int(), 1);
+  EXPECT_EQ(suites[1].attribute("tests").as_int(), 7);
+  EXPECT_EQ(suites[1].attribute("failures").as_int(), 2);  // NONFINITE, the strict XPASS
   EXPECT_EQ(suites[1].attribute("errors").as_int(), 1);
-  EXPECT_EQ(suites[1].attribute("skipped").as_int(), 1);
+  EXPECT_EQ(suites[1].attribute("skipped").as_int(), 3);   // NOT_SUPPORTED, the two XFAIL
   EXPECT_STREQ(suites[1]
                    .child("properties")
                    .find_child_by_attribute("property", "name", "git_commit")
@@ -84,7 +85,7 @@ TEST(JunitReport, OneElementPerOutcome) {
   for (pugi::xml_node s : doc.child("testsuites").children("testsuite")) {
     for (pugi::xml_node c : s.children("testcase")) cases.push_back(c);
   }
-  ASSERT_EQ(cases.size(), 5u);
+  ASSERT_EQ(cases.size(), 9u);
 
   const pugi::xml_node pass = cases[0];
   EXPECT_STREQ(pass.attribute("classname").value(), "cpu.decode");
@@ -124,6 +125,129 @@ TEST(JunitReport, OneElementPerOutcome) {
   ASSERT_TRUE(skipped);
   EXPECT_STREQ(skipped.attribute("message").value(),
                "NOT_SUPPORTED: block_size 16 not supported (needs 64)");
+}
+
+// The testcase of the record named `case_id`.
+pugi::xml_node testcase(const pugi::xml_document& doc, const std::string& case_id) {
+  for (pugi::xml_node s : doc.child("testsuites").children("testsuite"))
+    for (pugi::xml_node c : s.children("testcase"))
+      if (case_id == c.attribute("name").value()) return c;
+  return {};
+}
+
+// Children of a testcase other than <properties>.
+int outcome_elements(const pugi::xml_node& c) {
+  int n = 0;
+  for (pugi::xml_node e : c.children())
+    if (std::string_view(e.name()) != "properties") ++n;
+  return n;
+}
+
+// As pytest writes xfail: an XFAIL is <skipped> with the status and the entry's reason, never
+// a failure or an error; its properties carry the entry, reason and link.
+TEST(JunitReport, XfailIsSkippedWithItsReason) {
+  const std::vector<Record> records = test::sample_records();
+  const pugi::xml_document doc = parse(render_junit(records));
+  for (const std::size_t i : {test::kXfailNan, test::kXfailIncorrect}) {
+    const Record& r = records[i];
+    ASSERT_EQ(r.expected.outcome, Expected::kXfail);
+    const pugi::xml_node c = testcase(doc, r.case_id);
+    ASSERT_TRUE(c) << r.case_id;
+    EXPECT_FALSE(c.child("failure")) << r.case_id;
+    EXPECT_FALSE(c.child("error")) << r.case_id;
+    EXPECT_EQ(outcome_elements(c), 1) << r.case_id;
+    const pugi::xml_node skipped = c.child("skipped");
+    ASSERT_TRUE(skipped) << r.case_id;
+    EXPECT_EQ(skipped.attribute("message").value(), "XFAIL (" + std::string(status_name(r.status)) +
+                                                         "): flashmla-fp8-long-context: " + test::kXfailReason);
+    EXPECT_STREQ(skipped.attribute("type").value(), "XFAIL");
+    // The evidence stays in the body: the status's message, the link and the repro.
+    const std::string body = skipped.text().get();
+    EXPECT_NE(body.find(r.message), std::string::npos) << body;
+    EXPECT_NE(body.find("link: " + test::kXfailLink), std::string::npos) << body;
+    EXPECT_NE(body.find("repro: " + r.repro), std::string::npos) << body;
+    EXPECT_EQ(property(c, "expected"), "XFAIL");
+    EXPECT_EQ(property(c, "expected.entry"), "flashmla-fp8-long-context");
+    EXPECT_EQ(property(c, "expected.reason"), test::kXfailReason);
+    EXPECT_EQ(property(c, "expected.link"), test::kXfailLink);
+  }
+  EXPECT_STREQ(testcase(doc, records[test::kXfailNan].case_id).child("skipped").attribute("message").value(),
+               ("XFAIL (NONFINITE): flashmla-fp8-long-context: " + test::kXfailReason).c_str());
+}
+
+TEST(JunitReport, StrictXpassIsAFailureAndANonStrictOnePasses) {
+  const std::vector<Record> records = test::sample_records();
+  const pugi::xml_document doc = parse(render_junit(records));
+
+  const Record& strict = records[test::kXpassStrict];
+  const pugi::xml_node sc = testcase(doc, strict.case_id);
+  ASSERT_TRUE(sc);
+  const pugi::xml_node failure = sc.child("failure");
+  ASSERT_TRUE(failure);
+  EXPECT_EQ(outcome_elements(sc), 1);
+  EXPECT_STREQ(failure.attribute("type").value(), "XPASS");
+  EXPECT_EQ(std::string(failure.attribute("message").value()),
+            "XPASS(strict): flashmla-h128-splitkv: " + strict.expected.reason);
+  EXPECT_NE(std::string(failure.text().get()).find("remove the entry"), std::string::npos);
+  EXPECT_EQ(property(sc, "expected"), "XPASS");
+  EXPECT_EQ(property(sc, "expected.strict"), "true");
+  EXPECT_FALSE(sc.child("properties").find_child_by_attribute("property", "name", "expected.link"))
+      << "no link property for an entry without a link";
+
+  const Record& notice = records[test::kXpassNotice];
+  const pugi::xml_node nc = testcase(doc, notice.case_id);
+  ASSERT_TRUE(nc);
+  EXPECT_FALSE(nc.child("failure") || nc.child("error") || nc.child("skipped")) << "a non-strict XPASS passes";
+  const std::string out = nc.child("system-out").text().get();
+  EXPECT_EQ(out.rfind("XPASS: expectations entry flashmla-prefill-streams", 0), 0u) << out;
+  EXPECT_NE(out.find(notice.expected.reason), std::string::npos) << out;
+  EXPECT_NE(out.find("link: FLASHMLA-17"), std::string::npos) << out;
+  EXPECT_EQ(property(nc, "expected"), "XPASS");
+  EXPECT_EQ(property(nc, "expected.strict"), "false");
+  EXPECT_EQ(property(nc, "expected.link"), "FLASHMLA-17");
+}
+
+// The suites' failures + errors are the records that fail the run (record_fails_run), with
+// and without --require batch-invariance, so CI's red/green agrees with the exit code.
+TEST(JunitReport, CountsAgreeWithRecordFailsRun) {
+  std::vector<Record> records = test::sample_records();
+  Record variant = records[0];
+  variant.case_id += " variant";
+  variant.status = Status::kBatchVariant;
+  records.push_back(variant);
+  Record xfail_variant = variant;  // an entry that expects BATCH_VARIANT
+  xfail_variant.case_id += " xfail";
+  xfail_variant.expected = records[test::kXfailNan].expected;
+  records.push_back(xfail_variant);
+  for (const bool require : {false, true}) {
+    RunInfo run = test::sample_run();
+    run.require_batch_invariance = require;
+    std::ostringstream os;
+    write_junit(os, run, records);
+    const pugi::xml_document doc = parse(os.str());
+    const pugi::xml_node root = doc.child("testsuites");
+    const StatusCounts counts = count_statuses(records, run);
+    EXPECT_EQ(root.attribute("failures").as_int() + root.attribute("errors").as_int(), counts.failures) << require;
+    EXPECT_EQ(root.attribute("tests").as_int(), counts.total);
+    // Skipped: the records that did not run and every XFAIL.
+    EXPECT_EQ(root.attribute("skipped").as_int(),
+              counts[Status::kNotSupported] + counts[Status::kSkipped] + counts.xfail) << require;
+    // Per record: an element that fails exactly when record_fails_run.
+    for (const Record& r : records) {
+      const pugi::xml_node c = testcase(doc, r.case_id);
+      ASSERT_TRUE(c) << r.case_id;
+      EXPECT_EQ(static_cast<bool>(c.child("failure") || c.child("error")), record_fails_run(r, require))
+          << r.case_id << " require=" << require;
+    }
+  }
+}
+
+TEST(JunitReport, RecordsWithoutExpectationsHaveNoExpectedProperty) {
+  const std::vector<Record> records = test::sample_records();
+  const std::string xml = render_junit(std::span(records).first(5));
+  EXPECT_EQ(xml.find("expected"), std::string::npos);
+  EXPECT_EQ(xml.find("XFAIL"), std::string::npos);
+  EXPECT_EQ(xml.find("XPASS"), std::string::npos);
 }
 
 TEST(JunitReport, EscapedTextRoundTrips) {
