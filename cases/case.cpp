@@ -95,6 +95,10 @@ void fill_cache_values(Case& c) {
   }
   const Dims& d = c.spec.dims;
   const EntryFormat f = make_entry_format(c.spec.kv_format(), c.spec.dtype, d.kv_lora_rank, d.rope_dim, c.spec.k_scale);
+  // The triage what-if: the same bytes read back with the scale a kernel
+  // rounds to the model dtype (CaseSpec::reference_k_scale_rounded).
+  EntryFormat read_f = f;
+  if (c.spec.reference_k_scale_rounded) read_f.k_scale = round_to_16bit(c.spec.k_scale, c.spec.dtype == DType::kBF16);
   const std::int64_t S = c.num_kv_tokens, L = d.kv_lora_rank, R = d.rope_dim;
   c.kv_c_cache = Tensor(DType::kF32, {S, L});
   c.k_pe_cache = Tensor(DType::kF32, {S, R});
@@ -116,7 +120,7 @@ void fill_cache_values(Case& c) {
 #pragma omp for schedule(static)
     for (std::int64_t j = 0; j < S; ++j) {
       encode_entry(f, kv + j * L, pe + j * R, entry.data());
-      decode_entry(f, entry.data(), kv_out + j * L, pe_out + j * R);
+      decode_entry(read_f, entry.data(), kv_out + j * L, pe_out + j * R);
       if (all_exact) all_exact = exact(kv_out + j * L, L) && exact(pe_out + j * R, R);
     }
   }
@@ -129,6 +133,7 @@ std::string inputs_key(const CaseSpec& spec) {
   k.kv_cache_dtype = KvCacheDtype::kAuto;
   k.scale_rule = ScaleRule::kPow2;
   k.k_scale = 1.0f;
+  k.reference_k_scale_rounded = false;
   k.block_size = 0;
   return k.id();
 }
@@ -147,7 +152,7 @@ std::string cache_values_key(const CaseSpec& spec) {
     case KvCacheDtype::kFp8E4m3: {
       char buf[32];
       std::snprintf(buf, sizeof buf, "%a", static_cast<double>(spec.k_scale));
-      return k + "e4m3/k_scale=" + buf;
+      return k + "e4m3/k_scale=" + buf + (spec.reference_k_scale_rounded ? "/read_rounded" : "");
     }
     case KvCacheDtype::kFp8DsMla:
     case KvCacheDtype::kFp8V4: return k + kv_cache_format_name(spec.kv_format());

@@ -62,6 +62,7 @@ std::string CaseSpec::id() const {
   if (q_magnitude != 1.0) s += "/qmag=" + fmt_double(q_magnitude);
   if (scale) s += "/scale=" + fmt_double(*scale);
   if (k_scale != 1.0f) s += "/kscale=" + fmt_double(k_scale);
+  if (reference_k_scale_rounded) s += "/refkscale=model";
   if (sparse.topk > 0) s += "/topk=" + std::to_string(sparse.topk);
   if (sparse.window > 0) s += "/win=" + std::to_string(sparse.window);
   if (sparse.compress > 0) s += "/cmp=" + std::to_string(sparse.compress) + "x" + std::to_string(sparse.extra_topk);
@@ -158,6 +159,8 @@ void CaseSpec::validate() const {
   if (!(q_magnitude > 0) || !std::isfinite(q_magnitude)) fail("q magnitude must be positive and finite");
   if (scale && (!(*scale > 0) || !std::isfinite(*scale))) fail("scale must be positive and finite");
   if (!(k_scale > 0) || !std::isfinite(k_scale)) fail("k_scale must be positive and finite");
+  if (reference_k_scale_rounded && kv_cache_dtype != KvCacheDtype::kFp8 && kv_cache_dtype != KvCacheDtype::kFp8E4m3)
+    fail("reference_k_scale model_dtype applies to fp8 and fp8_e4m3 caches (their per-tensor k_scale)");
   if (scale_rule != ScaleRule::kPow2 && kv_cache_dtype != KvCacheDtype::kFp8DsMla)
     fail("scale rule " + std::string(scale_rule_name(scale_rule)) + " applies to fp8_ds_mla caches only");
   if (kv_cache_dtype == KvCacheDtype::kFp8DsMla) {

@@ -105,6 +105,11 @@ struct CaseSpec {
   std::optional<double> scale;   // softmax scale; default 1/sqrt(L+R)
   float k_scale = 1.0f;          // per-tensor cache scale: fp8 and fp8_e4m3 store x / k_scale
                                  // (auto ignores it; fp8_ds_mla must ignore it, its scales are per tile)
+  // A what-if of `mlagate triage` (harness/verdicts/VERDICTS.md): the harness
+  // reads the fp8 / fp8_e4m3 cache (reference, emulation, layer glue) with
+  // k_scale rounded to the model dtype, as a kernel that converts the scale to
+  // bf16 sees it; the cache's bytes and the k_scale backends get are unchanged.
+  bool reference_k_scale_rounded = false;
 
   SparseSpec sparse;             // sparse ops only (cases/sparse.h)
   MergeSpec merge;               // the merge_states op only (cases/merge.h)

@@ -292,6 +292,7 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
 
   static const std::set<std::string> kKeys = {"specs", "spec_tags", "tp", "dtype", "kv_cache_dtype", "block_size",
                                               "seed", "dims", "q_magnitude", "scale", "total_heads", "k_scale", "note",
+                                              "reference_k_scale",
                                               // sparse ops (cases/sparse.h)
                                               "topk", "window", "compressed", "sink", "index_pattern",
                                               // the merge_states op (cases/merge.h): a group with head_dim
@@ -382,6 +383,14 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
     const std::vector<double> qmags = doubles("q_magnitude", {1.0});
     const std::vector<double> scales = doubles("scale", {0.0});  // 0: the default 1/sqrt(D)
     const std::vector<double> kscales = doubles("k_scale", {1.0});
+    // reference_k_scale: model_dtype (triage's what-if, CaseSpec::reference_k_scale_rounded) or exact.
+    bool ref_kscale_rounded = false;
+    if (g["reference_k_scale"]) {
+      const std::string v = g["reference_k_scale"].IsScalar() ? g["reference_k_scale"].Scalar() : std::string();
+      if (v != "model_dtype" && v != "exact")
+        fail_at(source, g["reference_k_scale"], "reference_k_scale must be model_dtype or exact");
+      ref_kscale_rounded = v == "model_dtype";
+    }
     // Sparse axes: topk (V3.2), window (V4 SWA), compressed ("RATIOxTOPK" or
     // "none": V4's compressed cache), sink (bools), index_pattern.
     std::vector<SparseSpec> sparses{SparseSpec{}};
@@ -465,6 +474,7 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
             c.q_magnitude = qm;
             if (sc != 0.0) c.scale = sc;
             c.k_scale = static_cast<float>(ks);
+            c.reference_k_scale_rounded = ref_kscale_rounded;
             try {
               c.validate();
             } catch (const InvalidCase& e) {

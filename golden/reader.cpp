@@ -143,6 +143,10 @@ struct GoldenReader::Impl {
     const double ks = io::read_double(g, "k_scale", w);
     if (!(std::fabs(ks) <= std::numeric_limits<float>::max())) bad(w, "k_scale out of range");
     s.k_scale = static_cast<float>(ks);
+    if (io::has_attr(g, "reference_k_scale", w)) {
+      if (io::read_string(g, "reference_k_scale", w) != "model_dtype") bad(w, "reference_k_scale must be model_dtype");
+      s.reference_k_scale_rounded = true;
+    }
     s.dims.kv_lora_rank = static_cast<int>(io::read_int(g, "kv_lora_rank", w, kIntMin, kIntMax));
     s.dims.rope_dim = static_cast<int>(io::read_int(g, "rope_dim", w, kIntMin, kIntMax));
     s.dims.nope_dim = static_cast<int>(io::read_int(g, "nope_dim", w, kIntMin, kIntMax));

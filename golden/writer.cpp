@@ -198,6 +198,8 @@ void write_case_header(hid_t g, const CaseSpec& spec, const InputHashes* hashes,
   io::write_attr(g, "scale", spec.softmax_scale(), w);
   io::write_attr(g, "scale_is_default", spec.scale ? 0 : 1, w);
   io::write_attr(g, "k_scale", static_cast<double>(spec.k_scale), w);
+  // Only where set (triage's what-if): files of ordinary cases keep their attributes.
+  if (spec.reference_k_scale_rounded) io::write_attr(g, "reference_k_scale", std::string("model_dtype"), w);
   io::write_attr(g, "kv_lora_rank", spec.dims.kv_lora_rank, w);
   io::write_attr(g, "rope_dim", spec.dims.rope_dim, w);
   io::write_attr(g, "nope_dim", spec.dims.nope_dim, w);
