@@ -4,6 +4,7 @@
 #include "tests/backends/planted.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -13,6 +14,8 @@
 
 #include "backends/cpu/attention_core.h"
 #include "cases/encoding.h"
+#include "cases/fp8.h"
+#include "cases/paged_cache.h"
 
 namespace mlagate {
 namespace {
@@ -20,8 +23,50 @@ namespace {
 enum class Bug {
   kCausalOffByOne, kScale1Pct, kNullBlockLastToken, kHeadsSwapped, kOneNaN, kLseWrongAxis, kSoftmaxWithoutMax,
   kBlockStride16, kEmptyRowsNaN, kNondeterministic,
-  kFp8ReaderPow2Scales, kFp8WriterTruncates, kFp8ReaderIgnoresKScale, kFp8WriterSaturates240
+  kFp8ReaderPow2Scales, kFp8WriterTruncates, kFp8ReaderIgnoresKScale, kFp8WriterSaturates240,
+  kFp8ScaleModelDtypeMultiply
 };
+
+// An fp8/fp8_e4m3 cache of well-formed L + R byte entries (anything else goes
+// to cpu.paged as it is, which reports what is wrong with it).
+bool is_per_tensor_fp8(const PagedCache& c) {
+  return (c.kv_dtype == KvCacheDtype::kFp8 || c.kv_dtype == KvCacheDtype::kFp8E4m3) && !c.split_pages() &&
+         c.entry_bytes == c.kv_lora_rank + c.rope_dim &&
+         c.data.nbytes() == static_cast<std::size_t>(c.num_blocks) * c.block_size * c.entry_bytes;
+}
+
+// FlashInfer's MLA kernels (FA2 and FA3) on fp8 caches: k_scale converted to
+// the model dtype (`packed2_t{DTypeQ(ckv_scale)}`) and each dequantized pair
+// multiplied by it in the model dtype (`__hmul2`). Emulated by reading the
+// whole fp8 cache into an `auto` cache of model-dtype entries, each
+// round(round(e4m3) * round(k_scale)): the e4m3 value is exact in bf16 and
+// fp16, the fp32 product of two 16-bit values is exact (at most 15
+// significant bits), so rounding it once to nearest even is __hmul2's
+// correctly rounded product. cpu.paged then attends over those keys unchanged.
+void read_fp8_cache_in_model_dtype(const PagedCache& fp8, float k_scale, DType model, PagedCache& out) {
+  const bool bf16 = model == DType::kBF16;
+  const float scale = round_to_16bit(k_scale, bf16);
+  // Each of the 256 e4m3 codes as the kernel dequantizes it, in model-dtype
+  // bits (NaN codes stay NaN: the poisoned slots read as before).
+  std::array<std::uint16_t, 256> value{};
+  for (int code = 0; code < 256; ++code) {
+    const float product = round_to_16bit(e4m3_to_f32(static_cast<std::uint8_t>(code)), bf16) * scale;
+    value[code] = bf16 ? f32_to_bf16(product) : f32_to_f16(product);
+  }
+  out = fp8;  // block table, slot mapping, shape; the data is replaced below
+  out.kv_dtype = KvCacheDtype::kAuto;
+  out.k_scale = 1.f;
+  out.entry_bytes = 2 * (fp8.kv_lora_rank + fp8.rope_dim);
+  out.block_bytes = static_cast<std::int64_t>(fp8.block_size) * out.entry_bytes;
+  out.data = Tensor::for_overwrite(DType::kU8, {fp8.num_blocks, fp8.block_size, out.entry_bytes});
+  // An fp8 entry is L + R e4m3 bytes (kv_c, then k_pe), an auto entry the
+  // same L + R elements in the model dtype: element i of the one is element i
+  // of the other over the whole cache.
+  const auto* src = reinterpret_cast<const std::uint8_t*>(fp8.data.bytes());
+  auto* dst = reinterpret_cast<std::uint16_t*>(out.data.bytes());
+  const std::int64_t n = static_cast<std::int64_t>(fp8.num_blocks) * fp8.block_size * (fp8.kv_lora_rank + fp8.rope_dim);
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = value[src[i]];
+}
 
 detail::KernelFaults faults_for(Bug bug) {
   detail::KernelFaults f;
@@ -50,6 +95,11 @@ class PlantedBackend final : public Backend {
   void decode(const DecodeArgs& args) override {
     DecodeArgs a = args;
     if (bug_ == Bug::kScale1Pct) a.scale *= 1.01;
+    if (bug_ == Bug::kFp8ScaleModelDtypeMultiply && a.cache != nullptr && is_per_tensor_fp8(*a.cache)) {
+      read_fp8_cache_in_model_dtype(*a.cache, a.k_scale, a.q_lat.dtype, model_dtype_cache_);
+      a.cache = &model_dtype_cache_;
+      a.k_scale = 1.f;
+    }
     inner_->decode(a);
     corrupt(a.o_lat, a.lse);
   }
@@ -109,6 +159,7 @@ class PlantedBackend final : public Backend {
   Bug bug_;
   mutable std::uint64_t calls_ = 0;
   std::unique_ptr<Backend> inner_;
+  PagedCache model_dtype_cache_;  // bug.fp8_scale_model_dtype_multiply: the fp8 cache as its kernel reads it
 };
 
 // One planted bug: its backend is made fresh for each use.
@@ -181,6 +232,15 @@ const std::vector<PlantedBug>& planted_fp8_bugs() {
     add("bug.fp8_reader_ignores_k_scale", "decode reads fp8/fp8_e4m3 entries as e4m3 without multiplying by k_scale",
         Bug::kFp8ReaderIgnoresKScale, [](const CaseSpec& c) {
           return (c.kv_cache_dtype == KvCacheDtype::kFp8 || c.kv_cache_dtype == KvCacheDtype::kFp8E4m3) && c.k_scale != 1.f;
+        });
+    add("bug.fp8_scale_model_dtype_multiply",
+        "decode dequantizes fp8/fp8_e4m3 entries in the model dtype, as FlashInfer's MLA kernels (FA2, FA3) did: "
+        "k_scale rounded to bf16/fp16 and e4m3 * k_scale rounded to it again (__hmul2); exact where k_scale is "
+        "(1, 3), every key and value scaled by round(k_scale) / k_scale elsewhere (bf16(0.01): +0.098%): in MLA "
+        "the keys are the values, so the bias does not cancel",
+        Bug::kFp8ScaleModelDtypeMultiply, [](const CaseSpec& c) {
+          return (c.kv_cache_dtype == KvCacheDtype::kFp8 || c.kv_cache_dtype == KvCacheDtype::kFp8E4m3) &&
+                 round_to_16bit(c.k_scale, c.dtype == DType::kBF16) != c.k_scale;
         });
     add("bug.fp8_writer_saturates_240",
         "cache_write clamps e4m3 to +-240 (the e4m3fnuz range) instead of +-448: every fp8_ds_mla tile's "

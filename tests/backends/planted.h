@@ -31,13 +31,17 @@ const std::vector<PlantedBug>& planted_bugs();
 // fp8 cache bugs (SPEC: KV cache dtypes and Bug classes: writers and readers disagreeing
 // about scales and rounding), a separate list because only fp8 cases expose
 // them: bug.fp8_reader_pow2_scales, bug.fp8_writer_truncates,
-// bug.fp8_reader_ignores_k_scale, bug.fp8_writer_saturates_240. The writer
-// bugs live in cpu.paged's cache_write, which the planted backends keep.
+// bug.fp8_reader_ignores_k_scale, bug.fp8_writer_saturates_240 and
+// bug.fp8_scale_model_dtype_multiply (FlashInfer's MLA kernels: k_scale rounded
+// to the model dtype and multiplied in it; exposed where k_scale is not exact
+// there, e.g. 0.01). The writer bugs live in cpu.paged's cache_write, which
+// the planted backends keep.
 const std::vector<PlantedBug>& planted_fp8_bugs();
 
 // What the vllm suite lets through and the gate suite catches, each on at
 // least 3 records (with bug.softmax_without_max above and the fp8 readers
-// bug.fp8_reader_ignores_k_scale and bug.fp8_reader_pow2_scales):
+// bug.fp8_reader_ignores_k_scale, bug.fp8_reader_pow2_scales and
+// bug.fp8_scale_model_dtype_multiply):
 // bug.block_stride_16, bug.empty_rows_nan, bug.nondeterministic.
 const std::vector<PlantedBug>& planted_gate_bugs();
 

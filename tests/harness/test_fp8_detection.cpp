@@ -45,6 +45,14 @@ TEST(Fp8Detection, EveryFp8BugFailsOnTheCasesThatExposeItOnly) {
   for (const PlantedBug& bug : planted_fp8_bugs()) {
     SCOPED_TRACE(bug.name);
     const bool writer = bug.name.find("writer") != std::string::npos;
+    // k_scale multiplied in the model dtype (FlashInfer's MLA kernels) scales
+    // every key and value by bf16(0.01) / 0.01 = 1.00098: far below
+    // fixed(0.05, 0.01), and the one case here that exposes it (mixed_small
+    // at k_scale 0.01, 32 to 56 keys) is too short for the baseline policy
+    // too (min_fudge 1.2). The gate suite's k_scale 0.01 group catches it
+    // (Gate.CatchesWhatTheVllmSuiteMisses); here it must pass wherever
+    // k_scale is exact in the model dtype (1, 3: the same bits as cpu.paged).
+    const bool below_flat_tolerances = bug.name == "bug.fp8_scale_model_dtype_multiply";
     std::vector<std::unique_ptr<Backend>> bs;
     bs.push_back(bug.make());
     RunConfig cfg;
@@ -75,12 +83,17 @@ TEST(Fp8Detection, EveryFp8BugFailsOnTheCasesThatExposeItOnly) {
       EXPECT_TRUE(r.status == Status::kIncorrect || r.status == Status::kPassed) << status_name(r.status);
       layer_caught += r.status == Status::kIncorrect;
       // cpu.paged routes q_len 1 requests to its decode kernel, the reader under test.
-      if (!writer) EXPECT_EQ(r.status, Status::kIncorrect) << "every case here has a decode-path request";
+      if (!writer && !below_flat_tolerances)
+        EXPECT_EQ(r.status, Status::kIncorrect) << "every case here has a decode-path request";
     }
-    EXPECT_GE(exposing, 4);
+    if (below_flat_tolerances) {
+      EXPECT_GE(exposing, 1);
+    } else {
+      EXPECT_GE(exposing, 4);
+      EXPECT_GT(layer_caught, 0) << "the layer op never caught it";
+    }
     if (writer) EXPECT_EQ(cache_write_caught, exposing);
-    EXPECT_GT(layer_caught, 0) << "the layer op never caught it";
-    std::printf("%-30s exposed by %2d of %zu cases: cache_write caught %2d, layer caught %2d\n", bug.name.c_str(),
+    std::printf("%-34s exposed by %2d of %zu cases: cache_write caught %2d, layer caught %2d\n", bug.name.c_str(),
                 exposing, cases.size(), cache_write_caught, layer_caught);
   }
 }
