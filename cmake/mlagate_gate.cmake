@@ -125,7 +125,7 @@ set_property(GLOBAL PROPERTY MLAGATE_GATE_SCRIPT "${CMAKE_CURRENT_LIST_FILE}")
 function(mlagate_add_gate)
   cmake_parse_arguments(PARSE_ARGV 0 G ""
     "NAME;SUITE;BACKEND;OP;POLICY;ATOL;RTOL;FUDGE;JUNIT;TIMEOUT;WORKING_DIRECTORY;EXEC;EXEC_NAME;EXEC_CAPS;EXEC_TIMEOUT"
-    "PLUGIN;ARGS;LABELS")
+    "PLUGIN;ARGS;LABELS;EXPECT")
   if(G_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "mlagate_add_gate: unknown arguments ${G_UNPARSED_ARGUMENTS}")
   endif()
@@ -180,6 +180,15 @@ function(mlagate_add_gate)
     get_filename_component(junit "${G_JUNIT}" ABSOLUTE BASE_DIR "${CMAKE_CURRENT_BINARY_DIR}")
     list(APPEND args --junit "${junit}")
   endif()
+  # Expectations files (harness/verdicts/VERDICTS.md): known failures are XFAIL,
+  # a strict entry that passes fails the test. Relative paths are the source dir's.
+  foreach(e IN LISTS G_EXPECT)
+    get_filename_component(e "${e}" ABSOLUTE BASE_DIR "${CMAKE_CURRENT_SOURCE_DIR}")
+    if(NOT EXISTS "${e}")
+      message(FATAL_ERROR "mlagate_add_gate(${G_NAME}): EXPECT ${e} does not exist")
+    endif()
+    list(APPEND args --expect "${e}")
+  endforeach()
   list(APPEND args ${G_ARGS})
 
   if(G_BACKEND OR NOT G_PLUGIN)

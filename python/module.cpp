@@ -25,6 +25,8 @@
 #include "harness/cli/options.h"
 #include "harness/reliability/isolate.h"
 #include "harness/run/runner.h"
+#include "harness/verdicts/expectations.h"
+#include "harness/verdicts/facts.h"
 #include "mlagate/config.h"
 #include "python/dlpack.h"
 #include "python/py_backend.h"
@@ -144,6 +146,34 @@ class PyCase {
 
   std::string id() const { return spec_.id(); }
   pyb::dict spec() const { return spec_dict(spec_); }
+
+  // The first entry of these expectations files that selects this case run by
+  // `backend` in `op` (harness/verdicts/VERDICTS.md), or None: the pytest
+  // plugin marks the test xfail with it.
+  pyb::object expected(const std::vector<std::string>& paths, const std::string& backend, const std::string& op_word,
+                       int block_size) const {
+    const ExpectationSet set = ExpectationSet::load(paths);
+    Record r;
+    r.case_id = spec_.id();
+    r.backend = backend;
+    r.op = std::string(op_name(parse_op(op_word)));
+    r.block_size = effective_block_size(block_size);
+    r.status = Status::kPassed;
+    r.facts = record_facts(spec_, r, RunFacts{});
+    for (const ExpectEntry& e : set.entries()) {
+      if (!e.selects(r)) continue;
+      pyb::dict d;
+      d["id"] = e.id;
+      d["reason"] = e.reason;
+      d["link"] = e.link;
+      d["strict"] = e.strict;
+      std::vector<std::string> st;
+      for (Status s : e.statuses) st.emplace_back(status_name(s));
+      d["statuses"] = st;
+      return std::move(d);
+    }
+    return pyb::none();
+  }
 
   // The op's arguments as a backend gets them, with the block size given (0:
   // the case's, else 64). Copies, kept until release().
@@ -347,6 +377,8 @@ PYBIND11_MODULE(_mlagate, m) {
       .def("inputs", &PyCase::inputs, pyb::arg("op"), pyb::arg("block_size") = 0)
       .def("check", &PyCase::check, pyb::arg("op"), pyb::arg("outputs"), pyb::arg("block_size") = 0,
            pyb::arg("name") = "python")
+      .def("expected", &PyCase::expected, pyb::arg("paths"), pyb::arg("backend") = "python", pyb::arg("op") = "decode",
+           pyb::arg("block_size") = 0)
       .def("release", &PyCase::release);
 
   m.def("cases", &cases, pyb::arg("argv"));

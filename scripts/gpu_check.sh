@@ -29,7 +29,9 @@
 # checkout> build the kernel-library adapters (checkouts the user already has;
 # nothing is fetched; MLAGATE_GPU_FLASH_ATTN_KERNELS=<libmlagate_flash_attn_kernels.a>
 # reuses FA3's kernels from an earlier build of the same checkout); MLAGATE_GPU_JOBS sets the build parallelism (default nproc);
-# MLAGATE_GPU_BUILD the build folder (default build/gpu); MLAGATE_GPU_CTEST_ARGS
+# MLAGATE_GPU_BUILD the build folder (default build/gpu); MLAGATE_GPU_CMAKE_ARGS more
+# configure arguments, e.g. -DMLAGATE_FLASHINFER_VERSION=fb28d72 for checkouts without .git
+# (the bug reports of mlagate triage name the libraries' commits); MLAGATE_GPU_CTEST_ARGS
 # extra ctest arguments (e.g. -E CudaSuites to leave the long suite tests out).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -81,7 +83,7 @@ if want configure; then
     bench_args=("-DMLAGATE_BENCHMARK_SOURCE_DIR=$root/third_party_local/benchmark")
   t0=$SECONDS
   if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAGATE_BUILD_TESTS=ON -DMLAGATE_BUILD_BENCH=OFF \
-      -DCMAKE_CUDA_ARCHITECTURES=90a "${torch_args[@]}" "${lib_args[@]}" "${bench_args[@]}" >>"$log" 2>&1; then
+      -DCMAKE_CUDA_ARCHITECTURES=90a "${torch_args[@]}" "${lib_args[@]}" "${bench_args[@]}" ${MLAGATE_GPU_CMAKE_ARGS:-} >>"$log" 2>&1; then
     say "configure FAILED (tail of the log:)"; tail -30 "$log" | tee -a "$summary"; exit 2
   fi
   say "configure: $((SECONDS - t0)) s; $(grep -E '^-- mlagate ' "$log" | tail -1)"

@@ -79,6 +79,9 @@ int cli_main(int argc, char** argv) {
   merge->add_option("--results", ma.results, "write the merged results file here (from the *.h5 inputs)");
   merge->add_flag("--quiet,-q", ma.quiet, "print only errors");
   merge->add_flag("--allow-nothing-ran", ma.allow_nothing_ran, "exit 0 when no record of any input ran");
+  merge->add_option("--expect", ma.expect,
+                    "expectations file (repeatable): the merged records are judged by its entries instead of the "
+                    "inputs' (harness/verdicts/VERDICTS.md)");
 
   // `mlagate bench` (harness/bench/bench.h): decode speed side by side on the GPU.
   BenchOptions bench_opt;
@@ -119,12 +122,28 @@ int cli_main(int argc, char** argv) {
   shrink->add_option("--dcp", sa.dcp, "the failing record's DCP ranks (shrunk toward 2)");
   shrink->add_option("--dcp-interleave", sa.dcp_interleave, "the failing record's DCP interleave (shrunk toward 1)");
   shrink->add_option("--steps", sa.steps, "the failing record's decode-loop steps (shrunk toward 1)");
+  shrink->add_option("--expect", sa.expect,
+                     "expectations file (repeatable): say whether the shrunk failure is one an entry expects");
   shrink->add_option("--max-runs", sa.max_runs, "runs at most before the final one (the first run counts)")->capture_default_str();
 
   ExploreArgs xa;
   CLI::App* explore = app.add_subcommand(
       "explore", "search the case space at random for failures no suite names; shrink and save each kind found");
   xa.add_options(explore);
+
+  TriageArgs ta;
+  CLI::App* triage = app.add_subcommand(
+      "triage", "run a failing record's what-if variants, name the class of its cause and write a bug report");
+  ta.add_options(triage);
+  ExpectArgs xe;
+  CLI::App* expect = app.add_subcommand(
+      "expect", "expectations files: write one from a run's failures (one entry per cause), check one, list the facts");
+  xe.add_options(expect);
+
+  MatrixArgs xm;
+  CLI::App* matrix = app.add_subcommand(
+      "matrix", "the measured support matrix of runs' JSON reports: backends x op, dtype, kv cache, block size, queries, mode");
+  xm.add_options(matrix);
 
   std::string command_line;
   for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + exec::shell_word(argv[i]);
@@ -145,6 +164,9 @@ int cli_main(int argc, char** argv) {
     if (bench->parsed()) return run_bench(bench_opt, stdout);
     if (shrink->parsed()) return cmd_shrink(shrink_sel, sa);
     if (explore->parsed()) return cmd_explore(xa);
+    if (triage->parsed()) return cmd_triage(ta);
+    if (expect->parsed()) return cmd_expect(xe);
+    if (matrix->parsed()) return cmd_matrix(xm);
   } catch (const InputError& e) {
     std::fprintf(stderr, "mlagate: error: %s\n", e.what());
     return kExitUsage;

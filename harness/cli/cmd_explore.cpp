@@ -11,6 +11,7 @@
 #include "harness/cli/commands.h"
 #include "harness/explore/explore.h"
 #include "harness/reliability/memory_estimate.h"
+#include "harness/verdicts/expectations.h"
 
 namespace mlagate {
 
@@ -42,6 +43,12 @@ void ExploreArgs::add_options(CLI::App* app) {
   app->add_flag("--resume", resume, "continue the search saved in --out (after a kill or an interrupt)");
   app->add_option("--round", round, "cases per `mlagate run` of the search")->capture_default_str();
   app->add_flag("--no-shrink", no_shrink, "do not shrink the first case of each failure signature");
+  app->add_flag("--no-triage", no_triage,
+                "do not triage new failures (their what-if variants) nor group signatures by cause beyond backend, "
+                "status and failing outputs");
+  app->add_option("--expect", expect,
+                  "expectations file (repeatable): failures its entries expect are counted as known, not findings, "
+                  "and are not shrunk or triaged (harness/verdicts/VERDICTS.md)");
   app->add_option("--shrink-runs", shrink_runs, "candidate runs per shrink")->capture_default_str();
   app->add_option("--max-work", max_work, "multiply-adds of one case's fp64 reference at most (default 1e9; the explore block's max_work wins)");
   app->add_option("--json", json, "a copy of the JSON report (always in --out/report.json)");
@@ -80,6 +87,9 @@ int cmd_explore(const ExploreArgs& a) {
   o.html = a.html;
   o.resume = a.resume;
   o.shrink = !a.no_shrink;
+  o.triage = !a.no_triage;
+  (void)ExpectationSet::load(a.expect);  // a malformed file is an input error before anything runs
+  o.environment = run_environment();
   o.shrink_runs = a.shrink_runs;
   o.quiet = a.quiet;
   if (a.shrink_runs < 1) throw InputError("--shrink-runs must be >= 1");
@@ -103,6 +113,7 @@ int cmd_explore(const ExploreArgs& a) {
   if (a.threads > 0) common.insert(common.end(), {"--threads", std::to_string(a.threads)});
   o.shrink_flags = common;
   o.run_flags = common;
+  for (const std::string& e : a.expect) o.run_flags.insert(o.run_flags.end(), {"--expect", e});
   if (!a.devices.empty()) {
     std::string d;
     for (const auto& x : a.devices) d += (d.empty() ? "" : ",") + x;

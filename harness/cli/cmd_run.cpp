@@ -37,6 +37,8 @@
 #include "harness/run/golden_run.h"
 #include "harness/run/layer.h"
 #include "harness/run/runner.h"
+#include "harness/verdicts/expectations.h"
+#include "harness/verdicts/facts.h"
 #include "mlagate/config.h"
 #include "reports/profile.h"
 #include "reports/report.h"
@@ -144,6 +146,8 @@ class RunCommand {
     extra_entries_ = ra_.extra.entries();
     backends_ = select_backends(ra_.backends, BackendOptions{ra_.splits}, extra_entries_);
     ra_.reports.check_paths();
+    // Expectations files are inputs: a malformed one ends the run before anything runs.
+    if (!ra_.worker) expect_ = ExpectationSet::load(ra_.expect);
     // A golden file is validated whole here, in the parent, before any worker
     // starts: a bad file is exit 2 with one message, never a backend's record.
     if (golden_ && !ra_.worker) golden_->validate(cfg_.cases, cfg_.exec);
@@ -205,7 +209,21 @@ class RunCommand {
   void install_console() {
     tty_ = isatty(STDERR_FILENO) && !ra_.no_progress && !ra_.quiet;
     cfg_.on_record = [this](const Record& r, std::size_t done, std::size_t total) {
-      if (status_is_failure(r.status)) {
+      if (r.expected.outcome != Expected::kNone) {
+        // Known failures in one line each; a strict XPASS is a failure and says so. A
+        // non-strict XPASS is counted in the summary only (its entry expects some passes).
+        const bool fails = record_fails_run(r, ra_.require_batch_invariance());
+        failed_so_far_ += fails ? 1 : 0;
+        const bool quiet_xpass = r.expected.outcome == Expected::kXpass && !r.expected.strict;
+        if ((!ra_.quiet && !quiet_xpass) || fails) {
+          if (tty_) std::fprintf(stderr, "\r\033[K");
+          std::printf("%-10s %-12s %-7s %s  (%s, %s%s)\n", std::string(expected_name(r.expected.outcome)).c_str(),
+                      r.backend.c_str(), r.op.c_str(), r.case_id.c_str(), std::string(status_name(r.status)).c_str(),
+                      r.expected.entry.c_str(),
+                      r.expected.outcome == Expected::kXpass ? (r.expected.strict ? ": passed, strict" : ": passed") : "");
+          std::fflush(stdout);
+        }
+      } else if (status_is_failure(r.status)) {
         ++failed_so_far_;
         if (tty_) std::fprintf(stderr, "\r\033[K");
         std::printf("%-10s %-12s %-7s %s\n  %s\n  repro: %s\n", std::string(status_name(r.status)).c_str(),
@@ -319,8 +337,10 @@ class RunCommand {
   // Every record not already in the journal, in worker processes or here.
   void execute() {
     const auto progress = cfg_.on_record;
-    auto record_done = [this, progress](const Record& r) {
+    auto record_done = [this, progress](const Record& done) {
       const auto t0 = Clock::now();
+      Record r = done;
+      annotate(r);
       if (journal_) journal_->append(r);
       fresh_[Journal::key(r)] = r;
       ++done_count_;
@@ -407,15 +427,34 @@ class RunCommand {
     stop_signal_ = g_stop_signal;
   }
 
-  // Records in run order: journaled ones where this run did not redo them.
+  // Records in run order: journaled ones where this run did not redo them
+  // (annotated again: the expectations may have changed since).
   void collect_records() {
     for (std::size_t ci = 0; ci < all_cases_.size(); ++ci)
       for (std::size_t bi = 0; bi < backends_.size(); ++bi)
         for (Op op : cfg_.ops) {
           const std::string k = job_key(ci, bi, op);
           if (auto it = fresh_.find(k); it != fresh_.end()) records_.push_back(it->second);
-          else if (auto jt = finished_.find(k); jt != finished_.end()) records_.push_back(jt->second);
+          else if (auto jt = finished_.find(k); jt != finished_.end()) {
+            records_.push_back(jt->second);
+            annotate(records_.back());
+          }
         }
+  }
+
+  // A record's facts (its case and this run's settings) and its --expect outcome.
+  void annotate(Record& r) {
+    if (case_by_id_.empty())
+      for (const CaseSpec& c : all_cases_) case_by_id_.emplace(c.id(), &c);
+    const auto it = case_by_id_.find(r.case_id);
+    if (it == case_by_id_.end()) return;
+    RunFacts rf;
+    rf.poison = ra_.poison.poison;
+    rf.reference = from_file_ || !ra_.golden.empty() ? "golden" : ra_.reference;
+    rf.splits = ra_.splits;
+    rf.repeat = ra_.repeat;
+    r.facts = record_facts(*it->second, r, rf);
+    expect_.apply(r);
   }
 
   // --sanitize: failing records (or every selected one) rerun under compute-sanitizer.
@@ -528,10 +567,17 @@ class RunCommand {
     const std::int64_t required_variant = info.require_batch_invariance ? counts[Status::kBatchVariant] : 0;
     if (!ra_.quiet) {
       std::printf("\n%s", summary_table(records_).c_str());
-      std::printf("%s: %lld records, %lld failed, policy %s, %.1f s\n",
+      std::printf("%s", expectations_summary(expect_, records_).c_str());
+      const std::string expected_counts =
+          counts.xfail + counts.xpass == 0
+              ? std::string()
+              : ", " + std::to_string(counts.xfail) + " expected (XFAIL), " + std::to_string(counts.xpass) +
+                    " unexpectedly passed (XPASS" +
+                    (counts.xpass_strict ? ", " + std::to_string(counts.xpass_strict) + " strict" : std::string()) + ")";
+      std::printf("%s: %lld records, %lld failed%s, policy %s, %.1f s\n",
                   stop_signal_ != 0 ? "INTERRUPTED" : std::string(overall_verdict(counts)).c_str(),
-                  static_cast<long long>(counts.total), static_cast<long long>(counts.failures), info.policy.c_str(),
-                  info.wall_seconds);
+                  static_cast<long long>(counts.total), static_cast<long long>(counts.failures),
+                  expected_counts.c_str(), info.policy.c_str(), info.wall_seconds);
       if (!results_file.empty()) std::printf("results: %s\n", results_file.c_str());
     }
     if (ra_.profile)
@@ -553,7 +599,8 @@ class RunCommand {
       if (!ra_.quiet) std::printf("shard %s: no case of the selection falls in it\n", shard_->str().c_str());
       return kExitPassed;
     }
-    if (counts[Status::kPassed] + counts[Status::kBatchVariant] == 0 && !ra_.allow_nothing_ran) {
+    if (counts[Status::kPassed] + counts[Status::kBatchVariant] + counts.xfail + counts.xpass == 0 &&
+        !ra_.allow_nothing_ran) {
       std::fprintf(stderr,
                    "mlagate: nothing ran: %lld records, none executed (skipped or not supported); exit %d "
                    "(--allow-nothing-ran accepts this)\n",
@@ -596,6 +643,8 @@ class RunCommand {
   std::optional<Journal> journal_;
   std::map<std::string, Record> finished_, fresh_;
   std::vector<CaseSpec> all_cases_;
+  std::map<std::string, const CaseSpec*> case_by_id_;  // annotate()'s index of all_cases_
+  ExpectationSet expect_;                              // --expect
   std::size_t total_ = 0, done_count_ = 0;
   int stop_signal_ = 0;
   std::vector<Record> records_;

@@ -13,6 +13,7 @@
 #include "golden/golden_file.h"
 #include "harness/cli/cli.h"
 #include "harness/cli/commands.h"
+#include "harness/verdicts/expectations.h"
 #include "harness/reliability/shrink.h"
 #include "harness/run/layer.h"
 #include "reports/report.h"
@@ -95,6 +96,10 @@ int cmd_list(const std::string& what, const Selection& sel, const std::string& b
 // mlagate shrink: the selection resolves to the failing case (the last --case;
 // earlier --case ids are its predecessors, as an order-dependent record's
 // repro gives them); every candidate run gets the backend flags given here.
+Op failing_op_default(const CaseSpec& c, bool serving) {
+  return serving ? Op::kDecode : c.merge.active() ? Op::kMergeStates : c.sparse.active() ? Op::kSparseDecode : Op::kLayer;
+}
+
 int cmd_shrink(const Selection& sel, const ShrinkArgs& sa) {
   std::vector<CaseSpec> cases = sa.case_ids.empty() ? sel.resolve() : sel.resolve_ids(sa.case_ids);
   if (sa.case_ids.empty() && cases.size() != 1) {
@@ -106,13 +111,11 @@ int cmd_shrink(const Selection& sel, const ShrinkArgs& sa) {
   o.before.assign(cases.begin(), cases.end() - 1);
   o.backend = sa.backend;
   const bool serving = sa.cuda_graph || !sa.checks.empty() || sa.dcp != 0 || sa.steps != 0;
-  o.op = sa.op == "auto" ? (serving                        ? Op::kDecode
-                          : o.target.merge.active()      ? Op::kMergeStates
-                          : o.target.sparse.active()     ? Op::kSparseDecode
-                                                         : Op::kLayer)
-                         : parse_op(sa.op);
+  o.op = sa.op == "auto" ? failing_op_default(o.target, serving) : parse_op(sa.op);
   o.out_dir = sa.out;
   o.max_runs = sa.max_runs;
+  (void)ExpectationSet::load(sa.expect);  // a malformed file is an input error before any run
+  o.expect = sa.expect;
   if (sa.max_runs < 1) throw InputError("--max-runs must be >= 1");
   // The backend must exist (a plugin or exec backend is loaded here to check).
   bool found = false;
@@ -261,6 +264,10 @@ int cmd_merge(const MergeArgs& ma, const std::string& command_line) {
     if (!ma.quiet) std::printf("results: %s (%zu cases from %zu files)\n", ma.results.c_str(), n, results.size());
   }
   if (!merged) return kExitPassed;
+  // --expect: the merged records judged again by these entries (their facts came with them).
+  const ExpectationSet expect = ExpectationSet::load(ma.expect);
+  if (!expect.empty())
+    for (Record& r : merged->records) expect.apply(r);
   const RunInfo& info = merged->run;
   const std::vector<Record>& records = merged->records;
   const ReportArgs& rep = ma.reports;
@@ -271,6 +278,7 @@ int cmd_merge(const MergeArgs& ma, const std::string& command_line) {
   const StatusCounts counts = count_statuses(records, info);
   if (!ma.quiet) {
     std::printf("%s", summary_table(records).c_str());
+    std::printf("%s", expectations_summary(expect, records).c_str());
     std::printf("%s: %lld records from %zu reports, %lld failed, policy %s\n",
                 info.interrupted.empty() ? std::string(overall_verdict(counts)).c_str() : "INTERRUPTED",
                 static_cast<long long>(counts.total), reports.size(), static_cast<long long>(counts.failures),
@@ -281,7 +289,7 @@ int cmd_merge(const MergeArgs& ma, const std::string& command_line) {
     return kExitFailed;
   }
   if (counts.failures > 0) return kExitFailed;
-  if (counts[Status::kPassed] + counts[Status::kBatchVariant] == 0 && !ma.allow_nothing_ran) {
+  if (counts[Status::kPassed] + counts[Status::kBatchVariant] + counts.xfail + counts.xpass == 0 && !ma.allow_nothing_ran) {
     std::fprintf(stderr, "mlagate merge: nothing ran in any input; exit %d (--allow-nothing-ran accepts this)\n",
                  kExitNothingRan);
     return kExitNothingRan;

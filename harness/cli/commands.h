@@ -42,9 +42,14 @@ struct MergeArgs {
   std::vector<std::string> inputs;  // *.json reports, *.h5 results files
   ReportArgs reports;               // from the JSON inputs
   std::string results;              // from the results-file inputs
+  std::vector<std::string> expect;  // --expect: the merged records judged by these entries
   bool quiet = false, allow_nothing_ran = false;
 };
 int cmd_merge(const MergeArgs& ma, const std::string& command_line);
+
+// The op `--op auto` names for one failing record (shrink, triage): decode for a
+// serving mode, merge_states for a merge case, sparse_decode for a sparse one, else layer.
+Op failing_op_default(const CaseSpec& c, bool serving);
 
 struct ShrinkArgs {
   std::string backend, op = "auto", out = "shrunk";
@@ -52,6 +57,7 @@ struct ShrinkArgs {
   PolicyArgs policy;
   PoisonArgs poison;
   int max_runs = 200, splits = 0;
+  std::vector<std::string> expect;  // --expect: say whether the shrunk failure is a known one
   OutOfTree extra;
   // A serving mode's record (harness/run/SERVING.md): shrunk with the case.
   bool cuda_graph = false;
@@ -61,6 +67,42 @@ struct ShrinkArgs {
 };
 int cmd_shrink(const Selection& sel, const ShrinkArgs& sa);
 
+// mlagate triage (harness/verdicts/VERDICTS.md): one failing record's what-if
+// variants, its class, and a bug report.
+struct TriageArgs {
+  std::string bundle, finding, backend, op = "auto", out = "triage", reference = "eigen";
+  Selection sel;
+  std::vector<std::string> case_ids;
+  int splits = 0, dcp = 0, steps = 0;
+  bool cuda_graph = false, no_bundle = false;
+  PolicyArgs policy;
+  PoisonArgs poison;
+  OutOfTree extra;
+  void add_options(CLI::App* app);
+};
+int cmd_triage(const TriageArgs& a);
+
+// mlagate expect: expectations files written from a run's failures, checked, their facts listed.
+struct ExpectArgs {
+  std::vector<std::string> from, check;
+  std::string out;
+  bool keys = false;
+  void add_options(CLI::App* app);
+};
+int cmd_expect(const ExpectArgs& a);
+
+// mlagate matrix: the measured support matrix of runs' reports.
+struct MatrixArgs {
+  std::vector<std::string> reports, expect;
+  std::string markdown, html;
+  void add_options(CLI::App* app);
+};
+int cmd_matrix(const MatrixArgs& a);
+
+// Lines saying where this process runs (mlagate's build, the kernel
+// libraries' commits, the GPU and driver, the host), for bug reports.
+std::vector<std::string> run_environment();
+
 // mlagate explore (harness/explore/EXPLORE.md).
 struct ExploreArgs {
   std::string backends, budget, suite, out = "explore", json, html, reference = "eigen", workers;
@@ -68,7 +110,8 @@ struct ExploreArgs {
   std::uint64_t cases = 0, seed = 0;
   int round = 16, shrink_runs = 60, threads = 0;
   double max_work = 0, timeout = 120;
-  bool resume = false, no_shrink = false, quiet = false;
+  bool resume = false, no_shrink = false, quiet = false, no_triage = false;
+  std::vector<std::string> expect;  // --expect: findings these entries expect are counted known, not shrunk
   PolicyArgs policy;
   PoisonArgs poison;
   OutOfTree extra;

@@ -339,6 +339,9 @@ void RunArgs::add_options(CLI::App* app, bool for_replay) {
   app->add_option("--steps", steps,
                   "decode loops: each case becomes N decode steps, each writing its token with the backend's "
                   "cache_write, requests joining and finishing; every step checked. Decode op");
+  app->add_option("--expect", expect,
+                  "an expectations file (repeatable): failures it names are XFAIL (reported with their reason, not "
+                  "failed), a strict entry whose records pass is XPASS and fails the run (harness/verdicts/VERDICTS.md)");
   app->add_option("--save-failures", save_failures,
                   "write each failing record's case to DIR as a golden file (inputs, caches, references) that "
                   "`mlagate replay` runs");

@@ -121,6 +121,9 @@ struct RunArgs {
   std::string sanitizer;    // its path (default: default_sanitizer())
   int sanitize_launch_count = 50;
   std::string save_failures;  // a directory: each failing record's case as a golden file that replay runs
+  // --expect FILE (repeatable): expected failures (harness/verdicts/VERDICTS.md).
+  // Not a computation flag: repro commands rerun the record without it.
+  std::vector<std::string> expect;
   int order_checks = 10;       // --order-checks: failures rerun alone to tell order dependence, per backend
   bool reuse_buffers = false;  // kernel outputs from a pool of earlier cases' buffers instead of fresh ones
   // Serving-engine modes (harness/run/SERVING.md): one at a time, on the decode op.

@@ -20,9 +20,13 @@
 #include "cases/errors.h"
 #include "harness/explore/explore_report.h"
 #include "harness/explore/signature.h"
+#include "harness/explore/state.h"
 #include "harness/reliability/isolate.h"
 #include "harness/reliability/shrink.h"
 #include "harness/reliability/spawn.h"
+#include "harness/verdicts/facts.h"
+#include "harness/verdicts/triage.h"
+#include "cases/suite.h"
 #include "reports/report.h"
 
 namespace mlagate {
@@ -129,11 +133,19 @@ class Search {
                 {"record_ms", 0.0},
                 {"coverage", Json::object()},
                 {"findings", Json::array()},
+                {"causes", Json::array()},
+                {"known", Json::object()},
+                {"xpass", Json::object()},
+                {"triage_s", 0.0},
                 {"harness_errors", Json::array()},
                 {"slowest", {{"ms", 0.0}, {"case", ""}}},
                 {"done", false}};
     }
     state_["space_source"] = opt_.space_source;
+    // States saved before causes and --expect: the same search with nothing in them yet.
+    for (const char* k : {"causes"}) if (!state_.contains(k)) state_[k] = Json::array();
+    for (const char* k : {"known", "xpass"}) if (!state_.contains(k)) state_[k] = Json::object();
+    if (!state_.contains("triage_s")) state_["triage_s"] = 0.0;
     for (const Json& f : state_["findings"]) known_.insert(f.at("backend").get<std::string>() + " | " + f.at("signature").get<std::string>());
     // Backends to draw within (capabilities, supports()).
     BackendOptions bo;
@@ -183,6 +195,7 @@ class Search {
       return 128 + g_stop_signal;
     }
     summary();
+    // Findings are new failures (known ones, XFAIL under --expect, are not findings).
     if (!state_["findings"].empty() || !state_["harness_errors"].empty()) return 1;
     return state_["cases"]["ran"].get<long long>() > 0 ? 0 : 4;
   }
@@ -195,6 +208,7 @@ class Search {
     } catch (const std::exception& e) {
       throw InputError("explore: " + p.string() + " is not a search state: " + e.what());
     }
+    validate_explore_state(state_, p.string());  // every key, before anything is written or run (state.h)
     if (state_.value("schema", "") != "mlagate-explore/1" || !state_.contains("fingerprint"))
       throw InputError("explore: " + p.string() + " is not a search state of this mlagate");
     if (state_["fingerprint"] != fingerprint_)
@@ -269,12 +283,33 @@ class Search {
         if (ran(r.status)) {
           if (ran_cases.insert(r.case_id).second) cover(state_["coverage"], it->second->spec, op, r.block_size);
         }
-        if (status_is_failure(r.status)) failure(r, *it->second, budget_left_s);
+        if (r.expected.outcome == Expected::kXfail) known(r, *it->second);
+        else if (r.expected.outcome == Expected::kXpass) {
+          // A drawn case an entry selects that passed: counted, never a failure
+          // of the search (the entry's trigger is narrower than its selector).
+          Json& x = state_["xpass"][r.expected.entry];
+          x["count"] = x.value("count", 0LL) + 1;
+        } else if (status_is_failure(r.status)) failure(r, *it->second, budget_left_s);
       }
       for (const auto& [id, ms] : case_ms)
         if (ms > state_["slowest"]["ms"].get<double>()) state_["slowest"] = {{"ms", ms}, {"case", id}};
     }
     state_["cases"]["ran"] = state_["cases"]["ran"].get<long long>() + static_cast<long long>(ran_cases.size());
+  }
+
+  // A failure an --expect entry names: counted under its entry, never shrunk or triaged again.
+  void known(const Record& r, const DrawnCase& d) {
+    Json& k = state_["known"][r.expected.entry];
+    if (!k.is_object()) k = {{"count", 0}, {"reason", r.expected.reason}, {"link", r.expected.link},
+                             {"backends", Json::array()}, {"signatures", Json::array()}};
+    k["count"] = k["count"].get<long long>() + 1;
+    auto add_unique = [](Json& arr, const std::string& v, std::size_t cap) {
+      for (const Json& x : arr)
+        if (x == v) return;
+      if (arr.size() < cap) arr.push_back(v);
+    };
+    add_unique(k["backends"], r.backend, 64);
+    add_unique(k["signatures"], failure_signature(r, d.spec), 32);
   }
 
   void failure(const Record& r, const DrawnCase& d, double budget_left_s) {
@@ -287,6 +322,8 @@ class Search {
         if (f["signature"] == sig && f["backend"] == r.backend) {
           f["count"] = f["count"].get<long long>() + 1;
           if (f["examples"].size() < 5) f["examples"].push_back(r.case_id + " " + r.backend);
+          for (Json& c : state_["causes"])
+            if (f.contains("cause") && c["name"] == f["cause"]) c["count"] = c["count"].get<long long>() + 1;
         }
       return;
     }
@@ -346,7 +383,187 @@ class Search {
                                                                               : "the budget was nearly spent"}};
     }
     std::fflush(stdout);
+    {
+      // What `mlagate triage --finding DIR` needs.
+      const Json fj = {{"backend", r.backend}, {"op", r.op}, {"case_file", (fdir / "case.yaml").string()},
+                       {"case", r.case_id}, {"signature", sig}, {"flags", opt_.shrink_flags}};
+      write_report_file((fdir / "finding.json").string(), [&](std::ostream& os) { os << fj.dump(1) << "\n"; });
+    }
+    if (r.mode.empty()) assign_cause(f, r, d, fdir, time_left);
+    else f["cause"] = new_cause(f, r, "not triaged", "serving modes are triaged with mlagate triage", Json::object(), d.spec);
+    std::fflush(stdout);
     findings.push_back(std::move(f));
+  }
+
+  // The cause-grouping key of a record: backend, status, which outputs fail, mode and scale class.
+  static std::string cause_key(const Record& r) {
+    return r.backend + "|" + std::string(status_name(r.status)) + "|" + failing_outputs_kind(r) + "|" + r.mode + "|" +
+           scale_class(r.facts);
+  }
+
+  TriageOptions triage_options(const Record& r, const fs::path& out) const {
+    TriageOptions to;
+    to.backend = r.backend;
+    to.op = parse_op(r.op);
+    for (const auto& b : backends_)
+      if (b->name() == r.backend) to.caps = b->capabilities();
+    to.run_args = opt_.shrink_flags;
+    to.out_dir = out.string();
+    to.environment = opt_.environment;
+    to.log = nullptr;
+    return to;
+  }
+
+  std::string new_cause(Json& f, const Record& r, const std::string& cls, const std::string& why, const Json& triage,
+                        const CaseSpec& rep) {
+    Json& causes = state_["causes"];
+    const std::string name = "c" + std::to_string(causes.size() + 1);
+    const fs::path file = dir_ / "findings" / f["name"].get<std::string>() / "cause_case.yaml";
+    {
+      CaseSpec c = rep;
+      c.suite = "explore";
+      std::ofstream(file) << cases_as_suite_yaml({c}, "explore");
+    }
+    causes.push_back({{"name", name},
+                      {"class", cls},
+                      {"explanation", why},
+                      {"status", status_name(r.status)},
+                      {"outputs", failing_outputs_kind(r)},
+                      {"backends", Json::array({r.backend})},
+                      {"findings", Json::array({f["name"]})},
+                      {"signatures", Json::array({f["signature"]})},
+                      {"keys", Json::array({cause_key(r)})},
+                      {"count", 1},
+                      {"triage", triage},
+                      {"representative", {{"backend", r.backend}, {"op", r.op}, {"case_file", file.string()}}}});
+    if (!opt_.quiet) {
+      std::printf("    cause %s: %s%s\n", name.c_str(), cls.c_str(), why.empty() ? "" : (": " + why).c_str());
+      std::fflush(stdout);
+    }
+    return name;
+  }
+
+  void attach(Json& cause, Json& f, const Record& r, const std::string& how) {
+    cause["findings"].push_back(f["name"]);
+    cause["signatures"].push_back(f["signature"]);
+    cause["count"] = cause["count"].get<long long>() + 1;
+    bool has_backend = false, has_key = false;
+    for (const Json& b : cause["backends"]) has_backend = has_backend || b == r.backend;
+    for (const Json& k : cause["keys"]) has_key = has_key || k == cause_key(r);
+    if (!has_backend) cause["backends"].push_back(r.backend);
+    if (!has_key) cause["keys"].push_back(cause_key(r));
+    f["cause"] = cause["name"];
+    f["cause_by"] = how;
+    if (!opt_.quiet) {
+      std::printf("    same cause as %s (%s): %s\n", cause["name"].get<std::string>().c_str(),
+                  cause["class"].get<std::string>().c_str(), how.c_str());
+      std::fflush(stdout);
+    }
+  }
+
+  // One finding per cause: a new signature joins a cause that has a finding
+  // of the same backend, status, failing outputs, mode and scale class when
+  // its own decisive variants confirm that cause's class; else it is
+  // triaged, and joins a cause of the same class and status on another
+  // backend when each one's case fails the other's backend the same way (an
+  // adapter and its cudagraph variant, FA2 and FA3 with a common cause);
+  // else it is a new cause.
+  void assign_cause(Json& f, const Record& r, const DrawnCase& d, const fs::path& fdir, bool time_left) {
+    const auto t0 = std::chrono::steady_clock::now();
+    struct Timer {
+      std::chrono::steady_clock::time_point t0;
+      Json& s;
+      double& last;
+      ~Timer() {
+        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        s["triage_s"] = s["triage_s"].get<double>() + dt;
+        last += dt;
+      }
+    } timer{t0, state_, last_shrink_s_};
+    Json& causes = state_["causes"];
+    const std::string key = cause_key(r);
+    const std::string status(status_name(r.status));
+    for (Json& c : causes) {
+      bool same_key = false;
+      for (const Json& k : c["keys"]) same_key = same_key || k == key;
+      if (!same_key) continue;
+      const std::string cls = c["class"].get<std::string>();
+      if (!opt_.triage || cls == kClassUnexplained || cls == "not triaged") {
+        attach(c, f, r, "the same backend, status and failing outputs");
+        return;
+      }
+      TriageOptions to = triage_options(r, fdir / "confirm");
+      to.spec = d.spec;
+      to.bundle = false;
+      try {
+        if (confirm_class(to, r, cls) == cls) {
+          attach(c, f, r, "its own variants confirm " + cls);
+          return;
+        }
+      } catch (const std::exception&) {
+      }
+    }
+    if (!opt_.triage || !time_left) {
+      f["cause"] = new_cause(f, r, "not triaged", !opt_.triage ? "--no-triage" : "the budget was nearly spent", Json::object(), d.spec);
+      return;
+    }
+    // The case to triage: the shrunk one where it failed the same way.
+    CaseSpec tcase = d.spec;
+    if (f.contains("shrunk") && f["shrunk"].value("same", false) && f["shrunk"].contains("suite_file")) {
+      try {
+        const Suite s = load_suite(f["shrunk"]["suite_file"].get<std::string>());
+        if (!s.cases.empty()) tcase = s.cases.back();
+      } catch (const std::exception&) {
+      }
+    }
+    TriageOptions to = triage_options(r, fdir / "triage");
+    to.spec = tcase;
+    TriageResult t;
+    try {
+      t = triage(to);
+    } catch (const std::exception& e) {
+      f["cause"] = new_cause(f, r, "not triaged", std::string("triage failed: ") + e.what(), Json::object(), tcase);
+      return;
+    }
+    Json tj = {{"dir", t.dir}, {"report", t.report_md}, {"repro_py", t.repro_py}, {"bundle", t.bundle}, {"variants", Json::array()}};
+    for (const TriageVariant& v : t.variants) tj["variants"].push_back({{"name", v.name}, {"status", v.status}, {"verdict", v.verdict}});
+    f["triage"] = {{"class", t.cls}, {"report", t.report_md}};
+    const bool explained = t.cls != kClassUnexplained && t.cls != kClassNotReproduced && t.cls != "not triaged";
+    for (Json& c : causes) {
+      // Unexplained ones are compared too where the same outputs fail: the
+      // cross runs are the evidence then (an adapter and its variant share a
+      // kernel whatever its bug is).
+      const bool comparable =
+          explained || (t.cls == kClassUnexplained && c.value("outputs", "") == failing_outputs_kind(r));
+      if (!comparable || c["class"] != t.cls || c["status"] != status) continue;
+      bool same_backend = false;
+      for (const Json& b : c["backends"]) same_backend = same_backend || b == r.backend;
+      if (same_backend) {
+        // The same backend, status and class (and failing outputs): nothing tells them apart.
+        attach(c, f, r, "the same backend, status and class (" + t.cls + ")");
+        return;
+      }
+      // Each one's case on the other's backend, the same way.
+      try {
+        const Json& rep = c["representative"];
+        const Suite rs = load_suite(rep["case_file"].get<std::string>());
+        TriageOptions here = triage_options(r, fdir / "cross");
+        here.op = parse_op(rep["op"].get<std::string>());
+        here.bundle = false;
+        Record theirs_here = rerun(here, rs.cases.back());
+        Record other;
+        other.backend = rep["backend"].get<std::string>();
+        other.op = r.op;
+        TriageOptions there = triage_options(other, fdir / "cross");
+        Record ours_there = rerun(there, tcase);
+        if (c["status"] == std::string(status_name(theirs_here.status)) && std::string(status_name(ours_there.status)) == status) {
+          attach(c, f, r, "each one's case fails the other's backend " + status);
+          return;
+        }
+      } catch (const std::exception&) {
+      }
+    }
+    f["cause"] = new_cause(f, r, t.cls, t.explanation, tj, tcase);
   }
 
   void progress() const {

@@ -33,12 +33,18 @@ struct ExploreOptions {
   std::string out_dir = "explore";
   std::string json, html;       // report copies beside out_dir/report.json
   bool resume = false, shrink = true, quiet = false;
+  // Each new failure is triaged (harness/verdicts/triage.h) and grouped by
+  // cause: a signature joins a cause whose class its own variants confirm,
+  // or whose backend fails its case the same way and the reverse.
+  bool triage = true;
+  std::vector<std::string> environment;  // for the triage reports (run_environment())
   int shrink_runs = 60;         // candidate runs per shrink
   DrawLimits limits;
 };
 
-// Returns the exit code: 1 when anything failed, 0 when records ran and none
-// failed, 4 when nothing ran (every record SKIPPED or NOT_SUPPORTED).
+// Returns the exit code: 1 when a new failure was found (one no --expect entry
+// expects) or a run of the search failed, 0 when records ran and every
+// failure was expected, 4 when nothing ran (every record SKIPPED or NOT_SUPPORTED).
 // Throws InputError for bad options or a state file of another search.
 int explore_main(const ExploreOptions& opt);
 

@@ -36,7 +36,10 @@ Json explore_report(const Json& state) {
                   {"wall_ms_per_case", ran > 0 ? 1000.0 * search_s / ran : 0.0},
                   {"record_ms_per_record", records > 0 ? state.value("record_ms", 0.0) / records : 0.0},
                   {"records", records},
-                  {"failed_records", failed}};
+                  {"failed_records", failed},
+                  {"causes", state.contains("causes") ? state["causes"].size() : 0},
+                  {"signatures", state["findings"].size()},
+                  {"known_entries", state.contains("known") ? state["known"].size() : 0}};
   const bool any_failure = !state["findings"].empty() || !state["harness_errors"].empty();
   r["verdict"] = any_failure ? "FAIL" : ran > 0 ? "PASS" : "NOTHING_RAN";
   return r;
@@ -45,17 +48,40 @@ Json explore_report(const Json& state) {
 std::string explore_summary_text(const Json& r) {
   std::ostringstream o;
   const Json& f = r["figures"];
-  char line[256];
-  std::snprintf(line, sizeof line, "%s: %lld cases ran (%lld drawn), %lld records, %.2f cases/s, %zu distinct failures, %.1f s\n",
+  const Json causes = r.contains("causes") ? r["causes"] : Json::array();
+  const Json known = r.contains("known") ? r["known"] : Json::object();
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "%s: %lld cases ran (%lld drawn), %lld records, %.2f cases/s, %zu cause(s) of %zu failure signature(s), "
+                "%zu known (--expect), %.1f s\n",
                 r["verdict"].get<std::string>().c_str(), r["cases"].value("ran", 0LL), r["cases"].value("drawn", 0LL),
-                f.value("records", 0LL), f.value("cases_per_s", 0.0), r["findings"].size(), r.value("elapsed_s", 0.0));
+                f.value("records", 0LL), f.value("cases_per_s", 0.0), causes.size(), r["findings"].size(), known.size(),
+                r.value("elapsed_s", 0.0));
   o << line;
-  for (const Json& x : r["findings"]) {
-    o << "  " << str(x, "name") << " x" << str(x, "count") << "  " << str(x, "signature") << "  (" << str(x, "backend") << ")\n";
+  auto finding_lines = [&](const Json& x, const char* indent) {
+    o << indent << str(x, "name") << " x" << str(x, "count") << "  " << str(x, "signature") << "  (" << str(x, "backend") << ")\n";
     const Json& s = x.contains("shrunk") ? x["shrunk"] : Json::object();
-    if (s.contains("shape")) o << "     shrunk: " << str(s, "shape") << "\n     repro:  " << str(s, "repro") << "\n";
-    else o << "     first: " << str(x, "case") << " (" << str(x, "shape") << ")\n";
+    if (s.contains("shape")) o << indent << "   shrunk: " << str(s, "shape") << "\n" << indent << "   repro:  " << str(s, "repro") << "\n";
+    else o << indent << "   first: " << str(x, "case") << " (" << str(x, "shape") << ")\n";
+  };
+  for (const Json& c : causes) {
+    std::string backends;
+    for (const Json& b : c["backends"]) backends += (backends.empty() ? "" : ", ") + b.get<std::string>();
+    o << "  cause " << str(c, "name") << ": " << str(c, "status") << ", " << str(c, "class") << " [" << backends << "], "
+      << str(c, "count") << " record(s), " << c["findings"].size() << " signature(s)\n";
+    if (!str(c, "explanation").empty()) o << "     " << str(c, "explanation") << "\n";
+    if (c.contains("triage") && c["triage"].contains("report") && !str(c["triage"], "report").empty())
+      o << "     triage report: " << str(c["triage"], "report") << "\n";
+    for (const Json& x : r["findings"])
+      if (x.contains("cause") && x["cause"] == c["name"]) finding_lines(x, "     ");
   }
+  for (const Json& x : r["findings"])
+    if (!x.contains("cause")) finding_lines(x, "  ");
+  for (const auto& [entry, k] : known.items())
+    o << "  known: " << entry << " x" << str(k, "count") << " (" << str(k, "reason") << ")\n";
+  if (r.contains("xpass"))
+    for (const auto& [entry, x] : r["xpass"].items())
+      o << "  passed although expected to fail: " << entry << " x" << str(x, "count") << " (drawn cases its entry selects)\n";
   for (const Json& e : r["harness_errors"])
     o << "  harness error: a run of op " << str(e, "op") << " exited " << str(e, "exit_code") << "\n";
   return o.str();
@@ -81,12 +107,46 @@ void write_explore_html(std::ostream& os, const Json& r) {
      << r.value("shrink_s", 0.0) << " s); " << f.value("cases_per_s", 0.0) << " cases/s, " << f.value("wall_ms_per_case", 0.0)
      << " ms per case; slowest case " << esc(str(r["slowest"], "case")) << " (" << r["slowest"].value("ms", 0.0)
      << " ms)</td></tr></table>";
-  os << "<h2>Distinct failures (" << r["findings"].size() << ")</h2>";
+  const Json causes = r.contains("causes") ? r["causes"] : Json::array();
+  os << "<h2>Causes (" << causes.size() << ")</h2>";
+  if (!causes.empty()) {
+    os << "<table><tr><th>#</th><th>status</th><th>class</th><th>backends</th><th>records</th><th>signatures</th>"
+          "<th>triage</th></tr>";
+    for (const Json& c : causes) {
+      std::string backends, sigs;
+      for (const Json& b : c["backends"]) backends += (backends.empty() ? "" : ", ") + b.get<std::string>();
+      for (std::size_t i = 0; i < c["findings"].size(); ++i)
+        sigs += (i ? "<br>" : "") + esc(c["findings"][i].get<std::string>() + ": " + c["signatures"][i].get<std::string>());
+      os << "<tr><td>" << esc(str(c, "name")) << "</td><td>" << esc(str(c, "status")) << "</td><td><b>" << esc(str(c, "class"))
+         << "</b><br>" << esc(str(c, "explanation")) << "</td><td>" << esc(backends) << "</td><td>" << esc(str(c, "count"))
+         << "</td><td>" << sigs << "</td><td>";
+      if (c.contains("triage") && c["triage"].contains("variants")) {
+        for (const Json& v : c["triage"]["variants"]) os << esc(str(v, "name")) << ": " << esc(str(v, "verdict")) << "<br>";
+        os << "report: <code>" << esc(str(c["triage"], "report")) << "</code>";
+      }
+      os << "</td></tr>";
+    }
+    os << "</table>";
+  }
+  if (r.contains("known") && !r["known"].empty()) {
+    os << "<h2>Known failures (--expect)</h2><table><tr><th>entry</th><th>records</th><th>reason</th><th>backends</th>"
+          "<th>signatures</th></tr>";
+    for (const auto& [entry, k] : r["known"].items()) {
+      std::string backends, sigs;
+      for (const Json& b : k["backends"]) backends += (backends.empty() ? "" : ", ") + b.get<std::string>();
+      for (const Json& g : k["signatures"]) sigs += (sigs.empty() ? "" : "<br>") + esc(g.get<std::string>());
+      os << "<tr><td>" << esc(entry) << "</td><td>" << esc(str(k, "count")) << "</td><td>" << esc(str(k, "reason"))
+         << (str(k, "link").empty() ? "" : "<br>" + esc(str(k, "link"))) << "</td><td>" << esc(backends) << "</td><td>" << sigs
+         << "</td></tr>";
+    }
+    os << "</table>";
+  }
+  os << "<h2>Failure signatures (" << r["findings"].size() << ")</h2>";
   if (!r["findings"].empty()) {
-    os << "<table><tr><th>#</th><th>signature</th><th>backend</th><th>count</th><th>first case</th><th>shrunk to</th></tr>";
+    os << "<table><tr><th>#</th><th>cause</th><th>signature</th><th>backend</th><th>count</th><th>first case</th><th>shrunk to</th></tr>";
     for (const Json& x : r["findings"]) {
       const Json& s = x.contains("shrunk") ? x["shrunk"] : Json::object();
-      os << "<tr><td>" << esc(str(x, "name")) << "</td><td>" << esc(str(x, "signature")) << "<br><code>"
+      os << "<tr><td>" << esc(str(x, "name")) << "</td><td>" << esc(str(x, "cause")) << "</td><td>" << esc(str(x, "signature")) << "<br><code>"
          << esc(str(x, "message")) << "</code></td><td>" << esc(str(x, "backend")) << " " << esc(str(x, "op")) << "</td><td>"
          << esc(str(x, "count")) << "</td><td><code>" << esc(str(x, "case")) << "</code><br>" << esc(str(x, "shape"))
          << "</td><td>";

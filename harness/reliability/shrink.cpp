@@ -39,6 +39,7 @@ std::string ints(const std::vector<int>& v) {
 struct Outcome {
   bool ran = false;  // the run produced a record for the target
   std::string status, message;
+  std::string expected, expected_entry, expected_reason;  // the record's --expect outcome, if any
 };
 
 std::string quote(const std::string& s) { return exec::shell_word(s); }
@@ -96,6 +97,11 @@ class Shrinker {
         o.ran = true;
         o.status = r.value("status", "");
         o.message = r.value("message", "");
+        if (const auto e = r.find("expected"); e != r.end() && e->is_object()) {
+          o.expected = e->value("outcome", "");
+          o.expected_entry = e->value("entry", "");
+          o.expected_reason = e->value("reason", "");
+        }
       }
     return o;
   }
@@ -360,6 +366,7 @@ std::string cases_as_suite_yaml(const std::vector<CaseSpec>& cases, const std::s
       << "    dims: [\"" << dims_label(c.dims) << "\"]\n"  // a preset's name, or L.R.P.V
       << "    q_magnitude: [" << exact_number(c.q_magnitude) << "]\n"
       << "    k_scale: [" << exact_number(c.k_scale) << "]\n";
+    if (c.reference_k_scale_rounded) y << "    reference_k_scale: model_dtype\n";
     if (c.scale) y << "    scale: [" << exact_number(*c.scale) << "]\n";
     const SparseSpec& sp = c.sparse;
     if (sp.topk) y << "    topk: [" << sp.topk << "]\n";
@@ -443,12 +450,16 @@ ShrinkResult shrink_case(const ShrinkOptions& in) {
   if (!remove_tree(bundle.string())) throw std::runtime_error("shrink: cannot remove the old " + bundle.string());
   std::vector<std::string> final_flags = flags;
   final_flags.insert(final_flags.end(), {"--save-failures", bundle.string()});
+  for (const std::string& e : opt.expect) final_flags.insert(final_flags.end(), {"--expect", e});
   sh.isolate(true);  // the last run as the repro command runs it
   const Outcome last = sh.run(cur, final_flags);
   res.runs = sh.runs();
   res.status = last.status;
   res.message = last.message;
   res.same = sh.same(want, last);
+  res.expected = last.expected;
+  res.expected_entry = last.expected_entry;
+  res.expected_reason = last.expected_reason;
   res.repro = "mlagate";
   for (const auto& a : sh.run_args(res.yaml, cases, flags)) res.repro += " " + quote(a);
   std::string flags_str;
@@ -470,6 +481,13 @@ int shrink_main(const ShrinkOptions& opt) {
   if (!r.bundle.empty()) std::printf("  golden bundle: %s\n  replay: %s\n", r.bundle.c_str(), r.replay.c_str());
   std::printf("  repro: %s\n", r.repro.c_str());
   if (!r.same) std::printf("  note: the last run gave %s, not the first run's status (a flaky failure?)\n", r.status.c_str());
+  if (!opt.expect.empty()) {
+    if (r.expected == "XFAIL")
+      std::printf("  known: expected by %s: %s\n", r.expected_entry.c_str(), r.expected_reason.c_str());
+    else
+      std::printf("  new: no --expect entry expects this failure%s\n",
+                  r.expected == "XPASS" ? " (an entry selects the case but the last run passed)" : "");
+  }
   return 0;
 }
 

@@ -35,6 +35,9 @@ struct ShrinkOptions {
   // batch-invariance): the candidates start from them and shrink the numbers.
   std::vector<std::string> mode_flags;
   std::string out_dir = "shrunk";  // shrunk.yaml, the runs' scratch, the golden bundle
+  // --expect files: the final run is judged by them too, so the result says
+  // whether the shrunk failure is a known one (the candidates run without them).
+  std::vector<std::string> expect;
   int max_runs = 200;              // candidate runs at most
   std::FILE* log = stdout;         // progress and result lines; nullptr: silent (mlagate explore)
 };
@@ -49,6 +52,9 @@ struct ShrinkResult {
   std::string bundle;           // its golden bundle (a file in out_dir/bundle; empty when none was written)
   std::string repro;            // the mlagate run command of the shrunk case
   std::string replay;           // the mlagate replay command of the bundle (empty without one)
+  // With ShrinkOptions::expect: the final record's outcome ("XFAIL", "XPASS" or
+  // empty: no entry selects it) and the entry's id and reason.
+  std::string expected, expected_entry, expected_reason;
 };
 
 // A case's size in words: "2 requests, 3 query tokens, 40 keys, 8 heads, block size 16".

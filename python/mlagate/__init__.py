@@ -532,6 +532,12 @@ class Case:
         host = {k: _host(v, f"output '{k}'") for k, v in outputs.items()}
         return CheckResult(json.loads(self._core.check(op, host, block_size))["records"][0])
 
+    def expected(self, expect: Iterable[str], backend: str = "python", op: str = "decode", *,
+                 block_size: int = 0) -> dict | None:
+        """The first entry of these expectations files (harness/verdicts/VERDICTS.md) that selects this
+        case run by `backend` in `op`: {id, reason, link, strict, statuses}, or None."""
+        return self._core.expected(list(expect), backend, op, block_size)
+
     def release(self) -> None:
         """Frees the inputs, caches and references held for this case."""
         self._core.release()

@@ -236,6 +236,41 @@ def test_pytest_plugin_parametrizes_by_case_and_k_selects_one(tmp_path):
     assert p.returncode == 0 and "1 passed" in p.stdout, p.stdout + p.stderr
 
 
+def test_pytest_plugin_marks_expected_failures_xfail_and_a_strict_pass_fails(tmp_path):
+    # A kernel that fails on fp8 caches (not fp8_e4m3), known by an expectations file: xfail, the
+    # run green; an entry that also selects the fp8_e4m3 cases (which pass) is XPASS, a failure under strict.
+    t = tmp_path / "test_kernel.py"
+    t.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {os.path.join(HERE, '..', 'examples')!r})\n"
+        "import numpy_mla\n"
+        "def test_decode(mlagate_case):\n"
+        "    a = mlagate_case.inputs('decode', framework='numpy')\n"
+        "    out = numpy_mla.decode(a)\n"
+        "    if mlagate_case.spec['kv_cache_dtype'] == 'fp8':\n"
+        "        out['o_lat'] = out['o_lat'] * 1.5\n"
+        "    r = mlagate_case.check(out)\n"
+        "    assert r, r.message\n")
+    def expect(where, strict):
+        f = tmp_path / "e.yaml"
+        f.write_text("schema: mlagate.expect/1\nexpect:\n  - id: k\n    backend: mine\n    op: decode\n"
+                     f"    where: {where}\n    reason: scaled fp8 output\n    strict: {strict}\n")
+        return str(f)
+    only = "small_decode/tp16/bf16/kv=fp8(_e4m3)?/"  # the caches numpy_mla reads
+    base = [sys.executable, "-m", "pytest", "-p", "mlagate.pytest_plugin", "--mlagate-suite", "fp8", "--mlagate-filter",
+            only, str(t), "-q", "-p", "no:cacheprovider", "--mlagate-backend", "mine", "-rxX"]
+    n_fp8 = len([c for c in mlagate.cases(suite="fp8", filter=only) if c.spec["kv_cache_dtype"] == "fp8"])
+    assert n_fp8 > 0
+    p = subprocess.run(base, capture_output=True, text=True, cwd=tmp_path)
+    assert p.returncode == 1, p.stdout  # unexpected failures without the file
+    p = subprocess.run(base + ["--mlagate-expect", expect("{kv: fp8}", "true")],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert p.returncode == 0 and f"{n_fp8} xfailed" in p.stdout and "k: scaled fp8 output" in p.stdout, p.stdout + p.stderr
+    p = subprocess.run(base + ["--mlagate-expect", expect("{kv: [fp8, fp8_e4m3]}", "true")], capture_output=True, text=True,
+                       cwd=tmp_path)
+    assert p.returncode == 1 and "XPASS(strict)" in p.stdout, p.stdout + p.stderr
+
+
 # ------------------------------------------------------------------ repeat, poison
 
 def noisy_decode(a):

@@ -4,7 +4,8 @@
 # installed binary must run from there), examples/gate_package configured
 # against it with CMAKE_PREFIX_PATH alone, built, and its ctest run: the gate
 # test (mlagate_add_gate, smoke suite) passes on the example plugin and fails
-# on the same plugin with a planted 1% output error (MLAGATE_EXAMPLE_PLANT_BUG).
+# on the same plugin with a planted 1% output error (MLAGATE_EXAMPLE_PLANT_BUG), and passes
+# again when an expectations file names that failure (MLAGATE_EXAMPLE_EXPECT, EXPECT).
 # usage: package_gate.sh BUILD_DIR SOURCE_DIR CMAKE CTEST GENERATOR WORK_DIR
 set -euo pipefail
 build=$1 src=$2 cmake=$3 ctest=$4 generator=$5 work=$6
@@ -55,4 +56,19 @@ grep -q "Test *#1: $test_name \.*\*\*\*Failed" "$work/bad.ctest.log" ||
   { echo "package_gate: $test_name did not fail" >&2; exit 1; }
 grep -q "mlagate exited 1 (failures)" "$work/bad.ctest.log" ||
   { echo "package_gate: the gate failed for another reason than failing records" >&2; exit 1; }
-echo "package_gate: passed (the gate passes the example plugin and fails the planted bug)"
+
+echo "== the planted bug made known by an expectations file (EXPECT): the gate passes, the records XFAIL"
+cat > "$work/known.yaml" <<'EOT'
+schema: mlagate.expect/1
+expect:
+  - id: planted-scale
+    backend: "*"
+    status: INCORRECT
+    reason: outputs scaled by 1.01 (planted_scale.c)
+    strict: false  # a 1% scale shows on some cases only
+EOT
+gate known -DMLAGATE_EXAMPLE_PLANT_BUG=ON -DMLAGATE_EXAMPLE_EXPECT="$work/known.yaml" ||
+  { echo "package_gate: the gate failed on a failure its expectations file names" >&2; exit 1; }
+grep -q 'message="XFAIL' "$work/known/mlagate_gate.xml" ||
+  { echo "package_gate: no XFAIL in the JUnit report" >&2; exit 1; }
+echo "package_gate: passed (the gate passes the example plugin, fails the planted bug, passes it when known)"

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The HTML report of real runs, opened in headless Chromium: the smoke suite on the CPU
-# backends (every record passes) and the same run under a policy nothing meets (every record
-# INCORRECT, so error maps are drawn at load). Fails when the browser logs a console message
+# backends (every record passes), the same run under a policy nothing meets (every record
+# INCORRECT, so error maps are drawn at load), and both again with --expect: every failure
+# XFAIL (an entry with markup in its reason and a link), and every pass XPASS (a strict entry
+# and a non-strict one), so the badges, their reasons and the XFAIL/XPASS filter are rendered
+# too. Fails when the browser logs a console message
 # (the report's script logs nothing, so any message, an uncaught exception included, is an
 # error) or when the dumped DOM lacks what the script sets when it has run to its end
 # (body[data-rendered="1"]) or, for the failing run, the canvases it draws (data-drawn="1").
@@ -41,6 +44,35 @@ rc=$?
 "$mlagate" "${common[@]}" --policy fixed --atol 1e-9 --rtol 0 --html fail.html >fail.log 2>&1
 rc=$?
 [ "$rc" -eq 1 ] || { cat fail.log; fail "planted-failure run exited $rc, expected 1"; }
+# --expect: the failing run with every failure expected (XFAIL: exit 0), and the passing run
+# with entries that expect failures (XPASS: a strict entry's fails the run, exit 1).
+cat >xfail.yaml <<'YAML'
+schema: mlagate.expect/1
+expect:
+  - id: cpu-tight-atol
+    backend: "cpu.*"
+    status: INCORRECT
+    reason: "atol 1e-9 is below bf16's resolution: <every> record & 'each' output misses it"
+    link: "https://example.invalid/mlagate/issues/1?a=1&b=<2>"
+YAML
+cat >xpass.yaml <<'YAML'
+schema: mlagate.expect/1
+expect:
+  - id: splitkv-strict
+    backend: cpu.splitkv
+    reason: "split-KV merge was wrong before the fix"
+  - id: paged-notice
+    backend: cpu.paged
+    reason: "flaky under load </script><script>alert(1)</script>"
+    link: "javascript:alert(2)"
+    strict: false
+YAML
+"$mlagate" "${common[@]}" --policy fixed --atol 1e-9 --rtol 0 --expect xfail.yaml --html xfail.html >xfail.log 2>&1
+rc=$?
+[ "$rc" -eq 0 ] || { cat xfail.log; fail "run with every failure expected exited $rc, expected 0"; }
+"$mlagate" "${common[@]}" --expect xpass.yaml --html xpass.html >xpass.log 2>&1
+rc=$?
+[ "$rc" -eq 1 ] || { cat xpass.log; fail "run with strict XPASS records exited $rc, expected 1"; }
 
 # Debian's chromium 156 wants --headless=new; older ones took plain --headless.
 headless=--headless=new
@@ -64,4 +96,17 @@ drawn=$(grep -o '<canvas[^>]*data-drawn="1"' fail.dom | wc -l)
 [ "$drawn" -ge 1 ] || fail "fail.html: no error map drawn at load"
 grep -q 'INCORRECT' fail.dom || fail "fail.html: no INCORRECT record"
 
-echo "ok: pass.html $(wc -c <pass.html) bytes, fail.html $(wc -c <fail.html) bytes, $drawn maps drawn at load"
+render xfail
+render xpass
+grep -q '<title>mlagate: PASS</title>' xfail.dom || fail "xfail.html: only XFAIL records, and the verdict is not PASS"
+grep -q 'class="st xfail">XFAIL (INCORRECT)<' xfail.dom || fail "xfail.html: no XFAIL (INCORRECT) badge"
+grep -q 'href="https://example.invalid/mlagate/issues/1?a=1&amp;b=&lt;2&gt;"' xfail.dom || fail "xfail.html: no link to the entry's issue"
+grep -q 'id="expected-filter"' xfail.dom || fail "xfail.html: no XFAIL/XPASS filter"
+grep -q '<title>mlagate: FAIL</title>' xpass.dom || fail "xpass.html: a strict XPASS, and the verdict is not FAIL"
+grep -q 'class="st fail">XPASS(strict)<' xpass.dom || fail "xpass.html: no XPASS(strict) badge"
+grep -q 'class="st xpass">XPASS<' xpass.dom || fail "xpass.html: no (non-strict) XPASS badge"
+grep -q 'href="javascript' xpass.dom && fail "xpass.html: a javascript: link became a link"
+grep -q '<script>alert' xpass.dom && fail "xpass.html: an entry's reason opened a script"
+
+echo "ok: pass.html $(wc -c <pass.html) bytes, fail.html $(wc -c <fail.html) bytes, $drawn maps drawn at load;" \
+  "xfail.html $(grep -c 'data-expected="XFAIL"' xfail.dom) XFAIL rows, xpass.html $(grep -c 'data-expected="XPASS"' xpass.dom) XPASS rows"
