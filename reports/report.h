@@ -78,6 +78,9 @@ std::vector<BackendSummary> summarize_by_backend(std::span<const Record> records
 // (passed, batch-variant, or failed as expected), "NOTHING RAN" when every record was
 // skipped or unsupported: never report "not run" as a pass.
 std::string_view overall_verdict(const StatusCounts& counts);
+// ", 5 expected (XFAIL), 1 unexpectedly passed (XPASS, 1 strict)" for a verdict
+// line, empty when no record has an --expect outcome.
+std::string expected_counts_text(const StatusCounts& counts);
 
 // {"schema": "mlagate.report", "schema_version": 1, "run", "summary", "records"}: every field
 // of every Record. Pretty-printed with 2-space indentation; invalid UTF-8 becomes U+FFFD.

@@ -84,6 +84,12 @@ std::string_view overall_verdict(const StatusCounts& counts) {
   return "NOTHING RAN";
 }
 
+std::string expected_counts_text(const StatusCounts& c) {
+  if (c.xfail + c.xpass == 0) return "";
+  return ", " + std::to_string(c.xfail) + " expected (XFAIL), " + std::to_string(c.xpass) + " unexpectedly passed (XPASS" +
+         (c.xpass_strict ? ", " + std::to_string(c.xpass_strict) + " strict" : std::string()) + ")";
+}
+
 std::string summary_table(std::span<const Record> records) {
   std::vector<BackendSummary> rows = summarize_by_backend(records);
   BackendSummary total;

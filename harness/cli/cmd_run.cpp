@@ -568,12 +568,7 @@ class RunCommand {
     if (!ra_.quiet) {
       std::printf("\n%s", summary_table(records_).c_str());
       std::printf("%s", expectations_summary(expect_, records_).c_str());
-      const std::string expected_counts =
-          counts.xfail + counts.xpass == 0
-              ? std::string()
-              : ", " + std::to_string(counts.xfail) + " expected (XFAIL), " + std::to_string(counts.xpass) +
-                    " unexpectedly passed (XPASS" +
-                    (counts.xpass_strict ? ", " + std::to_string(counts.xpass_strict) + " strict" : std::string()) + ")";
+      const std::string expected_counts = expected_counts_text(counts);
       std::printf("%s: %lld records, %lld failed%s, policy %s, %.1f s\n",
                   stop_signal_ != 0 ? "INTERRUPTED" : std::string(overall_verdict(counts)).c_str(),
                   static_cast<long long>(counts.total), static_cast<long long>(counts.failures),

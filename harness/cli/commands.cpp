@@ -279,10 +279,10 @@ int cmd_merge(const MergeArgs& ma, const std::string& command_line) {
   if (!ma.quiet) {
     std::printf("%s", summary_table(records).c_str());
     std::printf("%s", expectations_summary(expect, records).c_str());
-    std::printf("%s: %lld records from %zu reports, %lld failed, policy %s\n",
+    std::printf("%s: %lld records from %zu reports, %lld failed%s, policy %s\n",
                 info.interrupted.empty() ? std::string(overall_verdict(counts)).c_str() : "INTERRUPTED",
                 static_cast<long long>(counts.total), reports.size(), static_cast<long long>(counts.failures),
-                info.policy.c_str());
+                expected_counts_text(counts).c_str(), info.policy.c_str());
   }
   if (!info.interrupted.empty()) {
     std::fprintf(stderr, "mlagate merge: interrupted inputs (%s): the merged run is incomplete\n", info.interrupted.c_str());
