@@ -16,7 +16,6 @@
 #include "golden/golden_file.h"
 #include "harness/cli/cli.h"
 #include "harness/cli/commands.h"
-#include "harness/reliability/shrink.h"
 #include "harness/verdicts/expect_from.h"
 #include "harness/verdicts/facts.h"
 #include "harness/verdicts/matrix.h"
