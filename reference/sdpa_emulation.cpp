@@ -16,6 +16,7 @@
 
 #include "cases/encoding.h"
 #include "reference/glue.h"
+#include "reference/kv_projection.h"
 #include "reference/detail/emulation_math.h"
 #include "reference/detail/softmax.h"
 #include "reference/detail/widen.h"

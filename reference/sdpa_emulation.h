@@ -63,7 +63,7 @@ struct SdpaResult {
 // in bf16; false for fp8_ds_mla:raw and k_scale 0.01.
 bool cache_values_exact(const Case& c);
 
-class KvProjection;  // reference/glue.h
+class KvProjection;  // reference/kv_projection.h
 
 // The layer reference for the given requests through one form; rows of the
 // other requests are NaN. The prefill form's up-projected keys and values come

@@ -1,181 +1,132 @@
-// The stream of a run's cases (CaseStream): each case's context made on
-// entry, reusing what the previous case shares with it; and a case made
-// ahead on a thread of its own (CaseAhead).
+// The case context's shared parts: timings handed to records, the absorbed
+// reference, paged caches (built, or a golden file's with the new tokens
+// written by the reference writer), the unquantized reference, and the op
+// modules' slots handed on between cases.
 #include "harness/run/case_context.h"
 
-#include <omp.h>
-
 #include <algorithm>
-#include <utility>
+
+#include "cases/encoding.h"
+#include "reports/profile.h"
 
 namespace mlagate {
 
-using run_detail::Clock;
-using run_detail::ms_since;
-
-const CaseSpec& context_spec(const CaseContext& ctx) { return ctx.c.spec; }
-
-CaseStream::CaseStream(const RunConfig& cfg) : cfg_(cfg) {}
-CaseStream::~CaseStream() = default;
-
-// Consecutive cases share what they can (the inputs depend on neither the kv
-// cache dtype, its scale rule, k_scale nor the block size):
-// - equal cache values (cache_values_key: fp8 and fp8_e4m3 are one format;
-//   fp8_ds_mla ignores k_scale): the whole context moves on, golden,
-//   references and caches included; only the spec and the caches' dtype tags change;
-// - equal inputs (inputs_key): the generated case moves on and is retargeted,
-//   and so do the unquantized references (an auto case's golden is exactly
-//   that) for the fp8 cases' quantization error.
-CaseContext& CaseStream::enter(const CaseSpec& spec) {
-  auto ctx = std::make_unique<CaseContext>();
-  ctx->reference = &cfg_.reference;
-  std::unique_ptr<CaseContext> prev = std::move(last_);
-  const auto t0 = Clock::now();
-  const bool same_values = prev && cache_values_key(prev->c.spec) == cache_values_key(spec);
-  if (cfg_.prepare && !(same_values && cfg_.prepared_same && cfg_.prepared_same(prev->c.spec, spec))) {
-    // A prepared case (golden file) is handed on whole only when its
-    // references are the same; its inputs whenever they are.
-    // The previous context is freed before the next is made (peak memory):
-    // only its case's tensors are kept, when they are this one's.
-    std::optional<Case> previous;
-    if (prev && inputs_key(prev->c.spec) == inputs_key(spec)) previous.emplace(std::move(prev->c));
-    prev.reset();
-    ctx->adopt(cfg_.prepare(spec, previous ? &*previous : nullptr));
-  } else if (same_values) {
-    spec.validate();
-    ctx = std::move(prev);
-    ctx->c.spec = spec;
-    auto retag = [&](auto& caches) {
-      for (auto& [key, pc] : caches) {
-        pc.kv_dtype = spec.kv_cache_dtype;
-        pc.k_scale = spec.k_scale;
-      }
-    };
-    retag(ctx->caches);
-    retag(ctx->extra_caches);
-    retag(ctx->given_caches);
-  } else if (prev && inputs_key(prev->c.spec) == inputs_key(spec)) {
-    if (!is_fp8(prev->c.spec.kv_cache_dtype)) {
-      if (prev->ref_outputs) prev->unquantized = std::move(prev->ref_outputs);
-      if (!prev->mqa_o_lat.empty()) prev->unquantized_mqa = std::move(prev->mqa_o_lat);
-    }
-    ctx->c = std::move(prev->c);
-    ctx->unquantized = std::move(prev->unquantized);
-    ctx->unquantized_mqa = std::move(prev->unquantized_mqa);
-    prev.reset();
-    retarget_case(ctx->c, spec);
-  } else {
-    prev.reset();
-    ctx->c = generate_case(spec);
-  }
-  // A context handed on keeps its counters: what is new is added.
-  const double entered = ms_since(t0);
-  ctx->enter_ms += entered;
-  ctx->generate_ms += entered;
-  last_ = std::move(ctx);
-  return *last_;
+double CaseContext::take_shared(Timings& t) {
+  t.generate_ms += generate_ms - taken.generate_ms;
+  t.reference_ms += reference_ms - taken.reference_ms;
+  t.baseline_ms += baseline_ms - taken.baseline_ms;
+  t.cache_ms += cache_ms - taken.cache_ms;
+  const double entered = enter_ms - taken.total_ms;
+  taken.generate_ms = generate_ms;
+  taken.reference_ms = reference_ms;
+  taken.baseline_ms = baseline_ms;
+  taken.cache_ms = cache_ms;
+  taken.total_ms = enter_ms;
+  return entered;
 }
 
-// What a case's jobs will share, from what the backends declare: the paged
-// caches of their block sizes, the decode op's absorbed queries and reference,
-// and for the layer op the reference and err_baseline on each backend's
-// paths (route_requests: the paths run_layer takes), in the backends' order,
-// so that each (form, request) is computed for the same requests as on first use.
-struct CaseAhead::Plan {
-  std::vector<std::pair<int, bool>> caches;  // (block size, new tokens written)
-  std::vector<std::vector<std::string>> layer_paths;
-  bool layer = false, decode = false;
-  int threads = 0;  // the caller's OpenMP threads (a new thread starts from the process's default)
-};
+void CaseContext::close_timings(Timings& t, double wall_ms) {
+  t.total_ms = wall_ms + take_shared(t);
+  t.glue_ms = std::max(0.0, t.total_ms - (t.generate_ms + t.reference_ms + t.baseline_ms + t.cache_ms + t.run_ms +
+                                          t.compare_ms));
+  run_profile().add_job(t);  // in a worker this process's profile is not shown: the parent adds the record
+}
 
-CaseAhead::CaseAhead(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& backends, std::size_t case_index)
-    : case_index_(case_index), stream_(std::make_unique<CaseStream>(cfg)), plan_(std::make_unique<Plan>()) {
-  const CaseSpec& spec = cfg.cases.at(case_index);
-  Plan& p = *plan_;
-  bool valid = !spec.merge.active();
-  try {
-    spec.validate();
-  } catch (...) {
-    valid = false;  // entering it throws again, on the thread, for its records
-  }
-  const bool baseline = cfg.baseline.always || cfg.policy.kind == Policy::Kind::kBaseline;
-  auto add_cache = [&p](int bs, bool write_new) {
-    if (std::find(p.caches.begin(), p.caches.end(), std::make_pair(bs, write_new)) == p.caches.end())
-      p.caches.emplace_back(bs, write_new);
-  };
-  for (const auto& b : backends)
-    for (Op op : cfg.ops) {
-      if (!valid || (op != Op::kLayer && op != Op::kDecode)) continue;
-      try {
-        if (!b->supports(spec, op).ok) continue;
-        const Capabilities caps = b->capabilities();
-        const int bs = resolve_block_size(caps, spec);
-        if (op == Op::kDecode) {
-          add_cache(bs, true);
-          p.decode = true;
-          continue;
-        }
-        const Routing routing = route_requests(caps, spec);
-        if (!routing.support.ok) continue;
-        add_cache(bs, false);
-        p.layer = true;
-        // A replacement baseline (libtorch) is left to the jobs' thread.
-        if (!baseline || cfg.baseline.layer) continue;
-        std::vector<std::string> paths = routing.paths();
-        if (std::find(p.layer_paths.begin(), p.layer_paths.end(), paths) == p.layer_paths.end())
-          p.layer_paths.push_back(std::move(paths));
-      } catch (...) {
-        // Its job asks again and records the answer.
-      }
-    }
-  p.threads = omp_get_max_threads();
-  thread_ = std::thread([this, &cfg, &spec] {
-    omp_set_num_threads(plan_->threads);
+const ReferenceOutputs& CaseContext::get_reference() {
+  if (!ref_outputs) {
     const auto t0 = Clock::now();
-    try {
-      ctx_ = &stream_->enter(spec);
-    } catch (...) {
-      error_ = std::current_exception();
-      return;
-    }
-    const double entered = ms_since(t0);
-    CaseContext& ctx = *ctx_;
-    // Whatever fails here is made again by the job that needs it, which
-    // reports the failure as it always did.
-    auto attempt = [](auto&& work) {
-      try {
-        work();
-      } catch (...) {
-      }
-    };
-    for (const auto& [bs, write_new] : plan_->caches)
-      attempt([&, bs = bs, write_new = write_new] { ctx.cache(bs, write_new, cfg.exec, ctx.cache_ms); });
-    if (plan_->decode) attempt([&] { ctx.prepare_decode(); });
-    if (!plan_->layer_paths.empty()) {
-      attempt([&] { ctx.overlap_reference_and_baseline(plan_->layer_paths.front(), cfg.baseline); });
-      for (const auto& paths : plan_->layer_paths) attempt([&] { ctx.layer_baseline(paths, cfg.baseline); });
-    } else if (plan_->layer) {
-      attempt([&] { ctx.get_reference(); });
-    }
-    work_ms_ = ms_since(t0);
-    // The case's first record counts all of it, as it counts an entry's time.
-    ctx.enter_ms += work_ms_ - entered;
-  });
+    ref_outputs = reference && reference->absorbed ? reference->absorbed(c) : reference_absorbed(c);
+    reference_ms += ms_since(t0);
+  }
+  return *ref_outputs;
 }
 
-CaseAhead::~CaseAhead() {
-  if (thread_.joinable()) thread_.join();
+std::string CaseContext::missing_cache(int bs) const {
+  if (build_missing_caches || given_caches.count(bs)) return {};
+  std::string have;
+  for (const auto& [b, unused] : given_caches) have += (have.empty() ? "" : ", ") + std::to_string(b);
+  return "no stored cache for block size " + std::to_string(bs) + " (the file holds " +
+         (have.empty() ? std::string("none") : have) + ")";
 }
 
-CaseContext& CaseAhead::take(std::unique_ptr<CaseStream>& stream, double& beside_ms) {
+const PagedCache& CaseContext::cache(int bs, bool write_new, const ExecOptions& opt, double& ms) {
+  auto key = std::make_pair(bs, write_new);
+  auto it = caches.find(key);
+  if (it == caches.end()) {
+    const auto t0 = Clock::now();
+    CacheOptions co;
+    co.poison = opt.poison;
+    co.poison_block_table = opt.poison_block_table;
+    co.write_new_tokens = write_new;
+    if (auto g = given_caches.find(bs); g != given_caches.end()) {
+      // A given cache (golden file): the new tokens go in through the reference writer.
+      PagedCache pc = g->second;
+      if (write_new) write_new_tokens(pc);
+      it = caches.emplace(key, std::move(pc)).first;
+    } else {
+      it = caches.emplace(key, build_paged_cache(c, bs, co)).first;
+    }
+    ms += ms_since(t0);
+  }
+  return it->second;
+}
+
+void CaseContext::write_new_tokens(PagedCache& pc) const {
+  const std::int64_t L = c.spec.dims.kv_lora_rank, R = c.spec.dims.rope_dim;
+  const std::size_t esz = dtype_size(c.kv_c.dtype());
+  const std::int64_t* sm = pc.slot_mapping.data<std::int64_t>();
+  for (int i = 0; i < c.num_requests; ++i) {
+    const int q = c.query_lens[static_cast<std::size_t>(i)];
+    if (c.seq_lens[static_cast<std::size_t>(i)] == 0 || q == 0) continue;
+    const std::int64_t row = c.kv_start_loc[static_cast<std::size_t>(i)] + c.context_lens[static_cast<std::size_t>(i)];
+    TensorView kv{c.kv_c.dtype(), {q, L}, const_cast<std::byte*>(c.kv_c.bytes()) + row * L * esz};
+    TensorView pe{c.k_pe.dtype(), {q, R}, const_cast<std::byte*>(c.k_pe.bytes()) + row * R * esz};
+    reference_cache_write(pc, kv, pe, {sm + c.query_start_loc[static_cast<std::size_t>(i)], static_cast<std::size_t>(q)});
+  }
+}
+
+void CaseContext::without_cache_values(const std::function<void()>& work) {
   const auto t0 = Clock::now();
-  if (thread_.joinable()) thread_.join();
-  beside_ms = 0;
-  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-  if (!ctx_ || !stream_) throw std::logic_error("CaseAhead::take: taken twice");
-  beside_ms = std::max(0.0, work_ms_ - ms_since(t0));
-  stream = std::move(stream_);
-  return *std::exchange(ctx_, nullptr);
+  Tensor kv = std::move(c.kv_c_cache), pe = std::move(c.k_pe_cache);
+  c.kv_c_cache = Tensor();
+  c.k_pe_cache = Tensor();
+  struct Restore {
+    CaseContext& ctx;
+    Tensor &kv, &pe;
+    double& ms;
+    Clock::time_point t0;
+    ~Restore() {
+      ctx.c.kv_c_cache = std::move(kv);
+      ctx.c.k_pe_cache = std::move(pe);
+      ms += ms_since(t0);
+    }
+  } restore{*this, kv, pe, reference_ms, t0};
+  work();
+}
+
+const std::vector<double>& CaseContext::unquantized_absorbed() {
+  without_cache_values([&] {
+    if (!unquantized) unquantized = reference && reference->absorbed ? reference->absorbed(c) : reference_absorbed(c);
+  });
+  return unquantized->out;
+}
+
+void CaseContext::adopt(PreparedCase&& p) {
+  for (const OpDriver* d : op_drivers()) d->adopt(p, *this);  // before the case moves: they read p.c
+  c = std::move(p.c);
+  ref_outputs = std::move(p.reference);
+  given_caches = std::move(p.caches);
+  build_missing_caches = p.build_missing_caches;
+  if (p.unquantized) unquantized = ReferenceOutputs{std::move(*p.unquantized), {}, {}};
+}
+
+void CaseContext::retag_slots(const CaseSpec& spec) {
+  for (auto& [type, s] : slots_) s->retag(spec);
+}
+
+void CaseContext::keep_slots_from(CaseContext& prev, bool was_fp8) {
+  for (auto& [type, s] : prev.slots_)
+    if (std::unique_ptr<OpState> kept = s->keep_for_inputs(was_fp8)) slots_[type] = std::move(kept);
 }
 
 }  // namespace mlagate

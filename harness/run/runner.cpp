@@ -15,15 +15,9 @@
 #include "cases/case.h"
 #include "cases/encoding.h"
 #include "cases/errors.h"
-#include "cases/sparse.h"
-#include "harness/run/cache_write.h"
-#include "reference/glue.h"
+#include "harness/run/ops/driver.h"
+#include "reference/compare.h"
 #include "reports/profile.h"
-#include "harness/run/serving.h"
-#include "harness/run/sparse_op.h"
-#include "harness/run/merge_op.h"
-#include "reference/sparse_reference.h"
-#include "reference/fp64_reference.h"
 
 namespace mlagate {
 
@@ -39,7 +33,9 @@ namespace {
 // the reference over the unquantized inputs, as the metrics of "quant_error".
 // Every backend's record of a (case, op) carries the same values (neither
 // reference depends on the backend): computed once per context and op.
-Metrics quantization_metrics(CaseContext& ctx, Op op, const ProducedOutput& main, const std::vector<double>& ref_outputs) {
+std::optional<Metrics> quantization_metrics(CaseContext& ctx, const OpDriver& driver, const ProducedOutput& main,
+                                            const std::vector<double>& ref_outputs) {
+  const Op op = driver.op();
   const std::string key = std::string(op_name(op)) + "/" + main.name + "/" + shape_str(main.buf.view().shape) + "/" +
                           std::to_string(main.heads) + "/" + std::to_string(main.dim);
   const std::string message = "for information: reference over the dequantized " +
@@ -50,13 +46,14 @@ Metrics quantization_metrics(CaseContext& ctx, Op op, const ProducedOutput& main
     m.message = message;
     return m;
   }
-  const std::vector<double>& unquantized = ctx.unquantized_main(op);
+  const std::vector<double>* unquantized = driver.unquantized_main(ctx);
+  if (!unquantized) return std::nullopt;  // the op reports none
   OutputCheck chk;
   chk.name = "quant_error";
   chk.got = TensorView{DType::kF64, main.buf.view().shape, const_cast<double*>(ref_outputs.data())};
   chk.expected_shape = chk.got.shape;
   chk.expected_dtype = DType::kF64;
-  chk.reference = &unquantized;
+  chk.reference = unquantized;
   chk.layout = Layout{ctx.c.query_start_loc, main.heads, main.dim};
   Metrics m;
   compare_output(chk, make_policy("fixed", INFINITY, 0), m);
@@ -69,7 +66,168 @@ Metrics quantization_metrics(CaseContext& ctx, Op op, const ProducedOutput& main
 }  // namespace
 
 namespace {
-Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg);
+
+// A record's identity: case, backend, op, policy and repro line.
+Record record_of(const RunConfig& cfg, const CaseSpec& spec, const std::string& backend, Op op) {
+  Record r;
+  r.case_id = spec.id();
+  r.backend = backend;
+  r.op = std::string(op_name(op));
+  r.policy = cfg.policy.describe();
+  if (cfg.repro) r.repro = cfg.repro(spec, r.backend, op);
+  return r;
+}
+
+// Admit: whether (case, backend, op) runs at all; false with the record's
+// status and message set when not. The block size the backend takes is set.
+bool admit(CaseContext& ctx, Backend& b, const OpDriver& op, Record& r) {
+  const CaseSpec& spec = ctx.c.spec;
+  Support s;
+  Capabilities caps;
+  try {
+    // Out-of-tree backends answer through foreign code: a throw is a record, not the end of the run.
+    s = b.supports(spec, op.op());
+    caps = b.capabilities();
+  } catch (const std::exception& e) {
+    r.status = Status::kCrashed;
+    r.message = std::string("supports() threw: ") + e.what();
+    return false;
+  }
+  if (s.ok) s = op.admit(caps, spec);
+  // A supports() of a backend's own that says yes across case kinds: a merge
+  // case has no attention inputs.
+  if (s.ok && spec.merge.active() && !op.runs_merge_cases()) s = Support::no("a merge case: run it with --op merge_states");
+  if (!s.ok) {
+    r.status = Status::kNotSupported;
+    r.message = s.reason;
+    return false;
+  }
+  r.block_size = resolve_block_size(caps, spec);
+  if (const std::string why = op.reads_cache() ? ctx.missing_cache(r.block_size) : std::string(); !why.empty()) {
+    r.status = Status::kSkipped;
+    r.message = why;
+    return false;
+  }
+  return true;
+}
+
+// Run: the op's inputs, the backend's call and the reference its outputs are
+// judged against; false with the record's status set when any of it failed
+// (or the backend declined) in a way that is the verdict.
+bool run_backend(CaseContext& ctx, Backend& b, const OpDriver& op, const RunConfig& cfg, Record& r, OpRun& run,
+                 JudgedAgainst& ref) {
+  try {
+    run = op.run(ctx, b, cfg, r);
+    if (!run.verdict) ref = op.reference(ctx);
+    return true;
+  } catch (const NotSupportedError& e) {
+    r.status = Status::kNotSupported;
+    r.message = e.what();
+  } catch (const DeviceUnavailableError& e) {
+    r.status = Status::kSkipped;
+    r.message = e.what();
+  } catch (const OutOfBoundsWriteError& e) {
+    // Found by the backend's own device-side guard bands (SPEC: Pass rules, rule 2).
+    r.status = Status::kIncorrect;
+    r.message = e.what();
+  } catch (const WrongOutputError& e) {
+    // Found by the backend's own output checks (SPEC: Pass rules, rule 1: shape and dtype).
+    r.status = Status::kIncorrect;
+    r.message = e.what();
+  } catch (const BackendTimeoutError& e) {
+    r.status = Status::kTimeout;
+    r.message = e.what();
+  } catch (const std::exception& e) {
+    r.status = Status::kCrashed;
+    r.message = std::string("backend threw: ") + e.what();
+  }
+  return false;
+}
+
+// The verdicts of the outputs, in SPEC: Pass rules order: guard bands, then
+// non-finite values, then tolerance.
+struct OutputVerdicts {
+  std::optional<Status> nonfinite, incorrect;
+  std::string nonfinite_msg, incorrect_msg, info_msg;
+};
+
+// Judge: every output against the op's reference with the run's policy.
+void judge(CaseContext& ctx, const OpDriver& op, const RunConfig& cfg, const OpRun& run, const JudgedAgainst& ref,
+           const BaselineErrors& base, Record& r) {
+  const Case& c = ctx.c;
+  const auto t0 = Clock::now();
+  const double reference_before = ctx.reference_ms;  // the fp8 quantization error's reference is golden, not compare
+  OutputVerdicts v;
+  for (const ProducedOutput& po : run.outputs) {
+    OutputCheck chk;
+    chk.name = po.name;
+    chk.got = po.buf.view();
+    chk.expected_shape = po.buf.view().shape;
+    chk.expected_dtype = po.buf.view().dtype;
+    chk.reference = po.is_lse ? ref.lse : ref.main;
+    chk.layout = Layout{c.query_start_loc, po.heads, po.dim};
+    chk.is_lse = po.is_lse;
+    chk.err_baseline = po.is_lse ? base.lse : base.out;
+    chk.dqk = op.lse_roundings(c.spec);
+    // A case of padding requests alone: no token sees a key, zero is the answer.
+    chk.zero_reference_ok =
+        ref.zero_ok || (!op.runs_merge_cases() && std::all_of(c.spec.batch.seq_lens.begin(), c.spec.batch.seq_lens.end(),
+                                                             [](int s) { return s == 0; }));
+    Metrics m;
+    const Status st = compare_output(chk, cfg.policy, m);
+    // An lse that fails because it is log2 says so (vLLM #47079's class).
+    if (po.is_lse && st == Status::kIncorrect && ref.lse)
+      if (const std::string hint = lse_base_hint(chk.got, *ref.lse); !hint.empty()) m.message += "; " + hint;
+    if (st == Status::kNonfinite && !v.nonfinite) v.nonfinite = st, v.nonfinite_msg = m.message;
+    if (st == Status::kIncorrect && !v.incorrect) v.incorrect = st, v.incorrect_msg = m.message;
+    if (st == Status::kPassed && !m.message.empty() && v.info_msg.empty()) v.info_msg = m.message;
+    r.metrics.push_back(std::move(m));
+  }
+  if (is_fp8(c.spec.kv_cache_dtype) && !run.outputs.empty() && ref.main)
+    if (std::optional<Metrics> q = quantization_metrics(ctx, op, run.outputs.front(), *ref.main)) r.metrics.push_back(std::move(*q));
+  r.timings.compare_ms = ms_since(t0) - (ctx.reference_ms - reference_before);
+  if (!run.guard_violation.empty()) {
+    r.status = Status::kIncorrect;
+    r.message = run.guard_violation;
+  } else if (v.nonfinite) {
+    r.status = Status::kNonfinite;
+    r.message = v.nonfinite_msg;
+  } else if (v.incorrect) {
+    r.status = Status::kIncorrect;
+    r.message = v.incorrect_msg;
+  } else {
+    r.status = Status::kPassed;
+    r.message = v.info_msg;
+  }
+}
+
+// admit -> run -> judge, every outcome a record.
+Record run_one_untimed(CaseContext& ctx, Backend& b, Op op_id, const RunConfig& cfg) {
+  const OpDriver& op = op_driver(op_id);
+  Record r = record_of(cfg, ctx.c.spec, std::string(b.name()), op_id);
+  OpRun run;
+  JudgedAgainst ref;
+  if (!admit(ctx, b, op, r) || !run_backend(ctx, b, op, cfg, r, run, ref)) return r;
+  r.timings.run_ms = run.run_ms;
+  if (run.verdict) {  // an op that judges itself (cache_write)
+    r.status = *run.verdict;
+    r.message = run.verdict_message;
+    return r;
+  }
+  r.paths = run.paths;
+  BaselineErrors base;  // err_baseline for the outputs of this op, on the paths the backend took
+  if (cfg.baseline.always || cfg.policy.kind == Policy::Kind::kBaseline) try {
+      base = op.baseline(ctx, run, cfg);
+    } catch (const BaselineUnavailableError& e) {  // nothing to judge the backend's output against
+      r.status = Status::kSkipped;
+      r.message = e.what();
+      return r;
+    }
+  judge(ctx, op, cfg, run, ref, base, r);
+  if (cfg.on_outputs) cfg.on_outputs(ctx.c, r, run.outputs);
+  return r;
+}
+
 }  // namespace
 
 // run_one_untimed, with the shared work it triggered (or that earlier
@@ -81,237 +239,11 @@ Record run_one(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg) {
   return r;
 }
 
-namespace {
-Record run_one_untimed(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg) {
-  const Case& c = ctx.c;
-  Record r;
-  r.case_id = c.spec.id();
-  r.backend = std::string(b.name());
-  r.op = std::string(op_name(op));
-  r.policy = cfg.policy.describe();
-  if (cfg.repro) r.repro = cfg.repro(c.spec, r.backend, op);
-
-  Support s;
-  Capabilities caps;
-  try {
-    // Out-of-tree backends answer through foreign code: a throw is a record, not the end of the run.
-    s = b.supports(c.spec, op);
-    caps = b.capabilities();
-  } catch (const std::exception& e) {
-    r.status = Status::kCrashed;
-    r.message = std::string("supports() threw: ") + e.what();
-    return r;
-  }
-  if (s.ok && op == Op::kLayer) s = route_requests(caps, c.spec).support;
-  // A supports() of a backend's own that says yes across case kinds: a merge
-  // case has no attention inputs, a dense one no partial results.
-  if (s.ok && is_merge_op(op) != c.spec.merge.active())
-    s = Support::no(c.spec.merge.active() ? "a merge case: run it with --op merge_states" : "merge_states needs a merge case");
-  if (!s.ok) {
-    r.status = Status::kNotSupported;
-    r.message = s.reason;
-    return r;
-  }
-  r.block_size = resolve_block_size(caps, c.spec);
-  // (The prefill op reads no cache, nor does a merge.)
-  if (const std::string why = op == Op::kPrefill || is_merge_op(op) ? std::string() : ctx.missing_cache(r.block_size);
-      !why.empty()) {
-    r.status = Status::kSkipped;
-    r.message = why;
-    return r;
-  }
-
-  OpRun run;
-  const std::vector<double>* reference_main = nullptr;
-  const std::vector<double>* reference_lse = nullptr;
-  try {
-    switch (op) {
-      case Op::kLayer: {
-        const PagedCache& base = ctx.cache(r.block_size, false, cfg.exec, r.timings.cache_ms);
-        run = run_layer(b, c, base, cfg.exec, &ctx.layer_memo);
-        if (cfg.baseline.always || cfg.policy.kind == Policy::Kind::kBaseline)
-          ctx.overlap_reference_and_baseline(run.paths, cfg.baseline);
-        reference_main = &ctx.get_reference().out;
-        reference_lse = &ctx.get_reference().lse;
-        break;
-      }
-      case Op::kDecode: {
-        const PagedCache& full = ctx.cache(r.block_size, true, cfg.exec, r.timings.cache_ms);
-        ctx.prepare_decode();
-        run = run_decode_op(b, c, full, *ctx.q_lat, *ctx.q_pe, cfg.exec);
-        reference_main = &ctx.mqa_o_lat;
-        reference_lse = &ctx.mqa_lse;
-        break;
-      }
-      case Op::kPrefill: {
-        const auto [k, v] = ctx.projection_of_all();
-        const std::uint64_t k_print = fingerprint(*k), v_print = fingerprint(*v);
-        // Lent, not copied: a backend that wrote into them must not change the
-        // next backend's inputs nor the baseline's keys, whether it returned or threw.
-        const auto check = [&] {
-          if (fingerprint(*k) != k_print || fingerprint(*v) != v_print) ctx.kv_projection->withdraw(k);
-        };
-        try {
-          run = run_prefill_op(b, c, *k, *v, cfg.exec);
-        } catch (...) {
-          check();
-          throw;
-        }
-        check();
-        reference_main = &ctx.get_reference().out;
-        reference_lse = &ctx.get_reference().lse;
-        break;
-      }
-      case Op::kSparseDecode:
-      case Op::kSparsePrefill: {
-        const PagedCache& full = ctx.cache(r.block_size, true, cfg.exec, r.timings.cache_ms);
-        const PagedCache* extra = ctx.extra_cache(r.block_size, cfg.exec, r.timings.cache_ms);
-        ctx.prepare_sparse();
-        run = op == Op::kSparseDecode ? run_sparse_decode_op(b, c, full, extra, *ctx.sparse_q, cfg.exec)
-                                      : run_sparse_prefill_op(b, c, full, extra, *ctx.sparse_q, cfg.exec);
-        reference_main = &ctx.sparse_ref.o;
-        reference_lse = &ctx.sparse_ref.lse;
-        break;
-      }
-      case Op::kMergeStates: {
-        ctx.prepare_merge();
-        run = run_merge_op(b, c, cfg.exec);
-        reference_main = &ctx.merge_ref->out;
-        reference_lse = &ctx.merge_ref->lse;
-        break;
-      }
-      case Op::kCacheWrite: {
-        // Conformance, bit-exact: the backend's writer against the reference writer.
-        const PagedCache& base = ctx.cache(r.block_size, false, cfg.exec, r.timings.cache_ms);
-        const CacheWriteCheck w = check_cache_write(b, c, base);
-        r.timings.run_ms = w.run_ms;
-        r.status = w.identical ? Status::kPassed : Status::kIncorrect;
-        r.message = w.message;
-        return r;
-      }
-    }
-  } catch (const NotSupportedError& e) {
-    r.status = Status::kNotSupported;
-    r.message = e.what();
-    return r;
-  } catch (const DeviceUnavailableError& e) {
-    r.status = Status::kSkipped;
-    r.message = e.what();
-    return r;
-  } catch (const OutOfBoundsWriteError& e) {
-    // Found by the backend's own device-side guard bands (SPEC: Pass rules, rule 2).
-    r.status = Status::kIncorrect;
-    r.message = e.what();
-    return r;
-  } catch (const WrongOutputError& e) {
-    // Found by the backend's own output checks (SPEC: Pass rules, rule 1: shape and dtype).
-    r.status = Status::kIncorrect;
-    r.message = e.what();
-    return r;
-  } catch (const BackendTimeoutError& e) {
-    r.status = Status::kTimeout;
-    r.message = e.what();
-    return r;
-  } catch (const std::exception& e) {
-    r.status = Status::kCrashed;
-    r.message = std::string("backend threw: ") + e.what();
-    return r;
-  }
-  // err_baseline for the outputs of this op, on the paths the backend took.
-  BaselineErrors base;
-  if (cfg.baseline.always || cfg.policy.kind == Policy::Kind::kBaseline) {
-    try {
-      switch (op) {
-        case Op::kLayer: base = ctx.layer_baseline(run.paths, cfg.baseline); break;
-        case Op::kDecode: base = ctx.decode_op_baseline(); break;
-        case Op::kPrefill: base = ctx.prefill_op_baseline(); break;
-        case Op::kCacheWrite: break;
-        case Op::kSparseDecode:
-        case Op::kSparsePrefill: base = ctx.sparse_baseline(); break;
-        case Op::kMergeStates: base = ctx.merge_baseline(); break;
-      }
-    } catch (const BaselineUnavailableError& e) {  // nothing to judge the backend's output against
-      r.timings.run_ms = run.run_ms;
-      r.paths = run.paths;
-      r.status = Status::kSkipped;
-      r.message = e.what();
-      return r;
-    }
-  }
-  const Dims& dims = c.spec.dims;
-  // The lse floor's count of fp32 roundings: a logit's dot product, or a
-  // merge's handful of operations (max, two exp, a sum, a log, an add).
-  const int dqk = is_merge_op(op)        ? kMergeLseRoundings
-                  : op == Op::kPrefill ? dims.nope_dim + dims.rope_dim
-                                         : dims.kv_lora_rank + dims.rope_dim;
-  r.timings.run_ms = run.run_ms;
-  r.paths = run.paths;
-
-  const auto t0 = Clock::now();
-  const double reference_before = ctx.reference_ms;  // the fp8 quantization error's reference is golden, not compare
-  std::optional<Status> nonfinite, incorrect;
-  std::string nonfinite_msg, incorrect_msg, info_msg;
-  for (const ProducedOutput& po : run.outputs) {
-    OutputCheck chk;
-    chk.name = po.name;
-    chk.got = po.buf.view();
-    chk.expected_shape = po.buf.view().shape;
-    chk.expected_dtype = po.buf.view().dtype;
-    chk.reference = po.is_lse ? reference_lse : reference_main;
-    chk.layout = Layout{c.query_start_loc, po.heads, po.dim};
-    chk.is_lse = po.is_lse;
-    chk.err_baseline = po.is_lse ? base.lse : base.out;
-    chk.dqk = dqk;
-    // A case of padding requests alone: no token sees a key, zero is the answer.
-    chk.zero_reference_ok = std::all_of(c.spec.batch.seq_lens.begin(), c.spec.batch.seq_lens.end(), [](int s) { return s == 0; });
-    // So may a merge case whose every row is empty on both sides.
-    if (is_merge_op(op))
-      chk.zero_reference_ok = std::all_of(ctx.merge_ref->lse.begin(), ctx.merge_ref->lse.end(), [](double l) { return std::isinf(l); });
-    Metrics m;
-    const Status st = compare_output(chk, cfg.policy, m);
-    // An lse that fails because it is log2 says so (vLLM #47079's class).
-    if (po.is_lse && st == Status::kIncorrect && reference_lse)
-      if (const std::string hint = lse_base_hint(chk.got, *reference_lse); !hint.empty()) m.message += "; " + hint;
-    if (st == Status::kNonfinite && !nonfinite) nonfinite = st, nonfinite_msg = m.message;
-    if (st == Status::kIncorrect && !incorrect) incorrect = st, incorrect_msg = m.message;
-    if (st == Status::kPassed && !m.message.empty() && info_msg.empty()) info_msg = m.message;
-    r.metrics.push_back(std::move(m));
-  }
-  // (The sparse ops report no quantization error: their references over the
-  // unquantized inputs are not computed.)
-  if (is_fp8(c.spec.kv_cache_dtype) && !is_sparse_op(op) && !run.outputs.empty() && reference_main)
-    r.metrics.push_back(quantization_metrics(ctx, op, run.outputs.front(), *reference_main));
-  r.timings.compare_ms = ms_since(t0) - (ctx.reference_ms - reference_before);
-  // SPEC: Pass rules order: guard bands, then non-finite values, then tolerance.
-  if (!run.guard_violation.empty()) {
-    r.status = Status::kIncorrect;
-    r.message = run.guard_violation;
-  } else if (nonfinite) {
-    r.status = Status::kNonfinite;
-    r.message = nonfinite_msg;
-  } else if (incorrect) {
-    r.status = Status::kIncorrect;
-    r.message = incorrect_msg;
-  } else {
-    r.status = Status::kPassed;
-    r.message = info_msg;
-  }
-  if (cfg.on_outputs) cfg.on_outputs(c, r, run.outputs);
-  return r;
-}
-}  // namespace
-
-
 Record invalid_case_record(const RunConfig& cfg, const CaseSpec& spec, const std::string& backend, Op op,
                            const std::string& why) {
-  Record r;
-  r.case_id = spec.id();
-  r.backend = backend;
-  r.op = std::string(op_name(op));
+  Record r = record_of(cfg, spec, backend, op);
   r.status = Status::kInvalidCase;
   r.message = why;
-  r.policy = cfg.policy.describe();
-  if (cfg.repro) r.repro = cfg.repro(spec, r.backend, op);
   return r;
 }
 

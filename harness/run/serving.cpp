@@ -82,11 +82,11 @@ Record run_batch_invariance(CaseContext& ctx, Backend& b, Op op, const RunConfig
   if (sparse) sf = sparse_full(ctx, cfg, r.block_size, r.timings.cache_ms);
   const PagedCache& cache = sparse ? *sf->cache : ctx.cache(r.block_size, true, cfg.exec, r.timings.cache_ms);
   const auto call_op = [&](const Call& call) {
-    return sparse ? call_sparse_decode(b, c, *sf, *ctx.sparse_q, call, cfg.exec)
-                  : call_decode(b, c, cache, *ctx.q_lat, *ctx.q_pe, call, cfg.exec);
+    return sparse ? call_sparse_decode(b, c, *sf, *sparse_state(ctx).sparse_q, call, cfg.exec)
+                  : call_decode(b, c, cache, *decode_state(ctx).q_lat, *decode_state(ctx).q_pe, call, cfg.exec);
   };
-  const std::vector<double>& all_ref_o = sparse ? ctx.sparse_ref.o : ctx.mqa_o_lat;
-  const std::vector<double>& all_ref_lse = sparse ? ctx.sparse_ref.lse : ctx.mqa_lse;
+  const std::vector<double>& all_ref_o = sparse ? sparse_state(ctx).sparse_ref.o : decode_state(ctx).mqa_o_lat;
+  const std::vector<double>& all_ref_lse = sparse ? sparse_state(ctx).sparse_ref.lse : decode_state(ctx).mqa_lse;
 
   struct Config {
     std::string name;
@@ -205,7 +205,7 @@ Record run_dcp(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, int ra
   const Case& c = ctx.c;
   const std::int64_t T = c.num_tokens, N = c.spec.num_heads(), L = c.spec.dims.kv_lora_rank;
   const TensorView whole_lse{DType::kF32, {T, N}, const_cast<std::byte*>(pl->bytes.data())};
-  const std::string hint = lse_base_hint(whole_lse, ctx.mqa_lse);
+  const std::string hint = lse_base_hint(whole_lse, decode_state(ctx).mqa_lse);
   const std::string label =
       "dcp " + std::to_string(ranks) + " (interleave " + std::to_string(interleave) + ")";
   if (r.status != Status::kPassed) {
@@ -234,7 +234,7 @@ Record run_dcp(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, int ra
       for (int t = 0; t < T; ++t)
         if (const int n = dcp_local_count(visible[t], rank, ranks, interleave); n > 0) call.add(t, 1, n, owner[t]);
       if (call.empty()) continue;  // no key on this rank: its partials weigh 0
-      if (!m.take(call, call_decode(b, c, shard, *ctx.q_lat, *ctx.q_pe, call, cfg.exec), rank, r.timings.run_ms)) break;
+      if (!m.take(call, call_decode(b, c, shard, *decode_state(ctx).q_lat, *decode_state(ctx).q_pe, call, cfg.exec), rank, r.timings.run_ms)) break;
     }
   } catch (...) {
     m.take_exception();
@@ -301,14 +301,14 @@ Record run_steps(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, int 
   // window and compressed cache (a compressor's output: not written by steps).
   std::optional<SparseFull> sf;
   if (sparse) {
-    ctx.prepare_sparse();
+    sparse_state(ctx);
     sf = sparse_full(ctx, cfg, r.block_size, r.timings.cache_ms, &cache);
   } else {
-    ctx.prepare_decode();
+    decode_state(ctx);
   }
   const BaselineErrors base = baseline_of(ctx, cfg, sparse);
-  const std::vector<double>& all_ref_o = sparse ? ctx.sparse_ref.o : ctx.mqa_o_lat;
-  const std::vector<double>& all_ref_lse = sparse ? ctx.sparse_ref.lse : ctx.mqa_lse;
+  const std::vector<double>& all_ref_o = sparse ? sparse_state(ctx).sparse_ref.o : decode_state(ctx).mqa_o_lat;
+  const std::vector<double>& all_ref_lse = sparse ? sparse_state(ctx).sparse_ref.lse : decode_state(ctx).mqa_lse;
   const char* o_name = sparse ? "o" : "o_lat";
   // Every step's rows land here, in the case's token order, for the record's metrics.
   Tensor all_o(c.spec.dtype, {T, N, L}), all_l(DType::kF32, {T, N});
@@ -365,8 +365,8 @@ Record run_steps(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, int 
         }
         r.timings.run_ms += backend_call_done(tw);
       }
-      CallResult res = sparse ? call_sparse_decode(b, c, *sf, *ctx.sparse_q, call, cfg.exec)
-                              : call_decode(b, c, cache, *ctx.q_lat, *ctx.q_pe, call, cfg.exec);
+      CallResult res = sparse ? call_sparse_decode(b, c, *sf, *sparse_state(ctx).sparse_q, call, cfg.exec)
+                              : call_decode(b, c, cache, *decode_state(ctx).q_lat, *decode_state(ctx).q_pe, call, cfg.exec);
       r.timings.run_ms += res.run_ms;
       const auto tc = Clock::now();
       StepResult sr;
@@ -514,26 +514,6 @@ int dcp_local_pos(int pos, int ranks, int interleave) {
 int dcp_local_count(int visible, int rank, int ranks, int interleave) {
   const int cycle = ranks * interleave;
   return (visible / cycle) * interleave + std::clamp(visible % cycle - rank * interleave, 0, interleave);
-}
-
-std::string lse_base_hint(const TensorView& got, const std::vector<double>& reference) {
-  // The mean abs deviation of got and of got * ln 2 from the reference, over rows where both are finite.
-  double dev_e = 0, dev_2 = 0;
-  std::int64_t n = 0;
-  const std::int64_t total = std::min<std::int64_t>(got.numel(), static_cast<std::int64_t>(reference.size()));
-  for (std::int64_t i = 0; i < total; ++i) {
-    const double g = got.get(i), y = reference[static_cast<std::size_t>(i)];
-    if (!std::isfinite(g) || !std::isfinite(y) || std::abs(y) < 0.5) continue;  // near 0 both bases agree
-    dev_e += std::abs(g - y);
-    dev_2 += std::abs(g * std::log(2.0) - y);
-    ++n;
-  }
-  if (n == 0 || !(dev_2 * 10 < dev_e)) return {};
-  std::ostringstream m;
-  m.precision(3);
-  m << "the lse is base 2 (log2): lse x ln 2 matches the natural-log reference (mean abs dev " << dev_2 / n
-    << " against " << dev_e / n << " as given)";
-  return m.str();
 }
 
 }  // namespace mlagate

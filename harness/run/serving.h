@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "harness/run/ops/op_run.h"
 #include "harness/run/runner.h"
 
 namespace mlagate {
@@ -72,11 +73,5 @@ int dcp_rank_of(int pos, int ranks, int interleave);
 int dcp_local_pos(int pos, int ranks, int interleave);
 // How many of the first `visible` keys rank r holds.
 int dcp_local_count(int visible, int rank, int ranks, int interleave);
-
-// The lse base of a kernel's lse against the natural-log reference: "" when
-// the values do not fit base 2 better than base e, else a sentence saying
-// they are log2 (got * ln 2 matches the reference). Rows where either is not
-// finite are skipped.
-std::string lse_base_hint(const TensorView& got, const std::vector<double>& reference);
 
 }  // namespace mlagate

@@ -70,7 +70,7 @@ SparseFull sparse_full(CaseContext& ctx, const RunConfig& cfg, int bs, double& c
   const Case& c = ctx.c;
   SparseFull f;
   f.cache = main ? main : &ctx.cache(bs, true, cfg.exec, cache_ms);
-  f.extra = ctx.extra_cache(bs, cfg.exec, cache_ms);
+  f.extra = sparse_extra_cache(ctx, bs, cfg.exec, cache_ms);
   const SparseInputs& sp = *c.sparse;
   if (c.spec.sparse.window > 0) {
     f.window = c.spec.sparse.window;
@@ -171,11 +171,11 @@ Status current_exception_status(std::string& message) {
 
 // The reference rows of the call's tokens ([n, N, dv] and [n, N]) out of
 // whole-case references (default: the decode op's).
-void gather_reference(const CaseContext& ctx, const Call& call, std::vector<double>& o, std::vector<double>& lse,
+void gather_reference(CaseContext& ctx, const Call& call, std::vector<double>& o, std::vector<double>& lse,
                       const std::vector<double>* all_o, const std::vector<double>* all_lse, std::int64_t dv) {
   const std::int64_t N = ctx.c.spec.num_heads(), L = dv > 0 ? dv : ctx.c.spec.dims.kv_lora_rank;
-  const std::vector<double>& ro = all_o ? *all_o : ctx.mqa_o_lat;
-  const std::vector<double>& rl = all_lse ? *all_lse : ctx.mqa_lse;
+  const std::vector<double>& ro = all_o ? *all_o : decode_state(ctx).mqa_o_lat;
+  const std::vector<double>& rl = all_lse ? *all_lse : decode_state(ctx).mqa_lse;
   o.resize(static_cast<std::size_t>(call.num_tokens() * N * L));
   lse.resize(static_cast<std::size_t>(call.num_tokens() * N));
   for (std::int64_t k = 0; k < call.num_tokens(); ++k) {
@@ -187,7 +187,7 @@ void gather_reference(const CaseContext& ctx, const Call& call, std::vector<doub
 
 BaselineErrors baseline_of(CaseContext& ctx, const RunConfig& cfg, bool sparse) {
   if (cfg.baseline.always || cfg.policy.kind == Policy::Kind::kBaseline)
-    return sparse ? ctx.sparse_baseline() : ctx.decode_op_baseline();
+    return sparse ? sparse_baseline(ctx) : decode_baseline(ctx);
   return {};
 }
 
@@ -236,7 +236,7 @@ double judge_merged(CaseContext& ctx, const RunConfig& cfg, Record& r, const Sha
   std::copy(acc_lse.begin(), acc_lse.end(), static_cast<float*>(l.view().data));
   const auto tc = Clock::now();
   const RowCheck rc = check_rows(ctx, cfg, baseline_of(ctx, cfg, sparse), o.view(), l.view(), c.query_start_loc,
-                                 sparse ? ctx.sparse_ref.o : ctx.mqa_o_lat, sparse ? ctx.sparse_ref.lse : ctx.mqa_lse,
+                                 sparse ? sparse_state(ctx).sparse_ref.o : decode_state(ctx).mqa_o_lat, sparse ? sparse_state(ctx).sparse_ref.lse : decode_state(ctx).mqa_lse,
                                  sparse ? "o" : "o_lat", dim);
   // The merged outputs replace the whole call's (an fp8 case's quant_error stays).
   std::erase_if(r.metrics, [](const Metrics& m) { return m.output != "quant_error"; });

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "harness/run/case_context.h"
+#include "harness/run/ops/decode/decode.h"
+#include "harness/run/ops/sparse/sparse_op.h"
 #include "harness/run/guarded.h"
 #include "harness/run/serving.h"
 
@@ -81,7 +83,7 @@ struct RowCheck {
 
 // The reference rows of the call's tokens ([n, N, dv] and [n, N]) out of
 // whole-case references (default: the decode op's).
-void gather_reference(const CaseContext& ctx, const Call& call, std::vector<double>& o, std::vector<double>& lse,
+void gather_reference(CaseContext& ctx, const Call& call, std::vector<double>& o, std::vector<double>& lse,
                       const std::vector<double>* all_o = nullptr, const std::vector<double>* all_lse = nullptr,
                       std::int64_t dv = 0);
 

@@ -154,7 +154,7 @@ Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, cons
   }
   std::optional<SparseFull> sf;
   if (sparse) {
-    ctx.prepare_sparse();
+    sparse_state(ctx);
     sf = sparse_full(ctx, cfg, r.block_size, r.timings.cache_ms);
   }
   const PagedCache& cache = sparse ? *sf->cache : ctx.cache(r.block_size, true, cfg.exec, r.timings.cache_ms);
@@ -169,10 +169,10 @@ Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, cons
 
   // The padded batch: the case's requests, then S - B padding requests (zero
   // queries, seq_len pad, the reader's block-table row).
-  const std::int64_t Dq = sparse ? ctx.sparse_q->shape()[2] : L;
+  const std::int64_t Dq = sparse ? sparse_state(ctx).sparse_q->shape()[2] : L;
   Tensor ql(c.spec.dtype, {Tp, N, Dq}), qp(c.spec.dtype, {Tp, N, sparse ? 0 : c.spec.dims.rope_dim});
-  std::memcpy(ql.bytes(), (sparse ? *ctx.sparse_q : *ctx.q_lat).bytes(), (sparse ? *ctx.sparse_q : *ctx.q_lat).nbytes());
-  if (!sparse) std::memcpy(qp.bytes(), ctx.q_pe->bytes(), ctx.q_pe->nbytes());
+  std::memcpy(ql.bytes(), (sparse ? *sparse_state(ctx).sparse_q : *decode_state(ctx).q_lat).bytes(), (sparse ? *sparse_state(ctx).sparse_q : *decode_state(ctx).q_lat).nbytes());
+  if (!sparse) std::memcpy(qp.bytes(), decode_state(ctx).q_pe->bytes(), decode_state(ctx).q_pe->nbytes());
   std::vector<std::int32_t> seq(static_cast<std::size_t>(S)), qsl(static_cast<std::size_t>(S) + 1), rows(static_cast<std::size_t>(S));
   for (int i = 0; i <= S; ++i) qsl[i] = i * q;
   for (int i = 0; i < S; ++i) rows[i] = i < B ? i : std::max(reader, 0);
@@ -306,10 +306,10 @@ Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, cons
       // The real rows against the reference.
       const TensorView real_o{c.spec.dtype, {T, N, L}, o.view().data}, real_l{DType::kF32, {T, N}, l.view().data};
       const RowCheck rc =
-          sparse ? check_rows(ctx, cfg, sparse_base, real_o, real_l, c.query_start_loc, ctx.sparse_ref.o,
-                              ctx.sparse_ref.lse, o_name, L)
-                 : check_rows(ctx, cfg, baseline_of(ctx, cfg), real_o, real_l, c.query_start_loc, ctx.mqa_o_lat,
-                              ctx.mqa_lse);
+          sparse ? check_rows(ctx, cfg, sparse_base, real_o, real_l, c.query_start_loc, sparse_state(ctx).sparse_ref.o,
+                              sparse_state(ctx).sparse_ref.lse, o_name, L)
+                 : check_rows(ctx, cfg, baseline_of(ctx, cfg), real_o, real_l, c.query_start_loc, decode_state(ctx).mqa_o_lat,
+                              decode_state(ctx).mqa_lse);
       if (pad == 0) first_check = rc;
       if (rc.status != Status::kPassed) {
         fail = rc.status, fail_msg = label + ": " + rc.message;

@@ -60,10 +60,10 @@ Record run_sparse_dcp(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg,
   const Captured* pl = find_output(plain, "lse");
   if (!pl) return r;
   const Case& c = ctx.c;
-  ctx.prepare_sparse();
+  sparse_state(ctx);
   const std::int64_t T = c.num_tokens, N = c.spec.num_heads(), Dv = c.spec.sparse_dv();
   const TensorView whole_lse{DType::kF32, {T, N}, const_cast<std::byte*>(pl->bytes.data())};
-  const std::string hint = lse_base_hint(whole_lse, ctx.sparse_ref.lse);
+  const std::string hint = lse_base_hint(whole_lse, sparse_state(ctx).sparse_ref.lse);
   const std::string label = "dcp " + std::to_string(ranks) + " (interleave " + std::to_string(interleave) + ")";
   if (r.status != Status::kPassed) {
     r.message = "the whole call, before sharding: " + r.message + (hint.empty() ? "" : "; " + hint);
@@ -119,7 +119,7 @@ Record run_sparse_dcp(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg,
       }
       for (const auto& [w, call] : by_window) {
         f.window = w;
-        if (!m.take(call, call_sparse_decode(b, c, f, *ctx.sparse_q, call, cfg.exec), rank, r.timings.run_ms)) break;
+        if (!m.take(call, call_sparse_decode(b, c, f, *sparse_state(ctx).sparse_q, call, cfg.exec), rank, r.timings.run_ms)) break;
       }
     }
   } catch (...) {

@@ -29,7 +29,7 @@
 #include "cases/suite.h"
 #include "harness/reliability/repeat.h"
 #include "harness/reliability/shrink.h"
-#include "harness/run/layer.h"
+#include "harness/run/ops/layer/layer.h"
 #include "harness/run/runner.h"
 #include "reference/compare.h"
 #include "reference/glue.h"

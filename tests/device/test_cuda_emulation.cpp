@@ -26,6 +26,7 @@
 #include "harness/run/runner.h"
 #include "reference/cuda/cuda_reference.h"
 #include "reference/glue.h"
+#include "reference/kv_projection.h"
 #include "reference/sdpa_emulation.h"
 #include "tests/reference/emulation_inputs.h"
 #include "tests/require_gpu.h"

@@ -23,9 +23,10 @@
 #include "cases/case.h"
 #include "cases/encoding.h"
 #include "cases/suite.h"
-#include "harness/run/layer.h"
+#include "harness/run/ops/layer/memo.h"
 #include "reference/cuda/cuda_reference.h"
 #include "reference/glue.h"
+#include "reference/kv_projection.h"
 #include "reference/sdpa_emulation.h"
 #include "tests/require_gpu.h"
 
@@ -354,9 +355,8 @@ TEST(CudaProjection, ProjectionMemoAndEmulationGiveTheSameBits) {
         EXPECT_SAME_BITS(v, v_ref);
       }
       LayerMemo memo;
-      KvProjection offered(c);
-      memo.set_projection([&offered]() -> KvProjection& { return offered; });
-      const auto [mk, mv] = memo.up_project(c, kv, pe, rows, memo.projection());
+      KvProjection& offered = memo.projection(c);  // the memo's own, as the layer module's state holds it
+      const auto [mk, mv] = memo.up_project(c, kv, pe, rows, &offered);
       EXPECT_SAME_BITS(*mk, k_ref);
       EXPECT_SAME_BITS(*mv, v_ref);
       offered.ensure(all);  // offered rows kept, the others projected

@@ -15,7 +15,7 @@
 
 #include "backends/cpu/cpu_backends.h"
 #include "cases/suite.h"
-#include "harness/run/layer.h"
+#include "harness/run/ops/layer/layer.h"
 #include "harness/run/runner.h"
 #include "reference/device_staging.h"
 #include "reference/glue.h"

@@ -10,7 +10,8 @@
 #include "backends/cpu/cpu_backends.h"
 #include "cases/errors.h"
 #include "cases/suite.h"
-#include "harness/run/layer.h"
+#include "harness/run/ops/layer/layer.h"
+#include "reference/kv_projection.h"
 #include "harness/run/runner.h"
 
 namespace mlagate {

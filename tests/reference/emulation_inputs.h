@@ -9,6 +9,7 @@
 #include "cases/case.h"
 #include "cases/suite.h"
 #include "reference/glue.h"
+#include "reference/kv_projection.h"
 
 namespace mlagate::test {
 

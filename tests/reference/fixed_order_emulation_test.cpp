@@ -24,6 +24,7 @@
 #include "reference/detail/emulation_math.h"
 #include "reference/fp64_reference.h"
 #include "reference/glue.h"
+#include "reference/kv_projection.h"
 #include "reference/sdpa_emulation.h"
 #include "tests/reference/emulation_inputs.h"
 

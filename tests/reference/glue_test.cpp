@@ -19,6 +19,7 @@
 #include "cases/suite.h"
 #include "reference/detail/rowwise_gemm.h"
 #include "reference/glue.h"
+#include "reference/kv_projection.h"
 #include "reference/sdpa_emulation.h"
 
 namespace mlagate {

@@ -1,4 +1,4 @@
-// The cache_write op (SPEC: Ops): a conformance check, bit-exact. The
+// The cache_write op module (SPEC: Ops): a conformance check, bit-exact. The
 // backend's cache_write and the reference writer each put a case's new tokens
 // into a copy of the same cache; every byte of the two caches must agree.
 #pragma once

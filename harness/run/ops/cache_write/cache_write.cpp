@@ -1,7 +1,10 @@
 // The cache_write conformance check: the new tokens of a case written by the
 // backend and by the reference writer into copies of one cache, compared byte
 // for byte, the unused (poisoned) regions included.
-#include "harness/run/cache_write.h"
+#include "harness/run/ops/cache_write/cache_write.h"
+
+#include "harness/run/case_context.h"
+#include "harness/run/ops/driver.h"
 #include "reports/profile.h"
 
 #include <chrono>
@@ -45,6 +48,31 @@ CacheWriteCheck check_cache_write(Backend& b, const Case& c, const PagedCache& b
     out.message = std::to_string(n) + " new token(s) written bit-exactly as the reference writer (" +
                   kv_cache_format_name(c.spec.kv_format()) + ", " + std::to_string(base.entry_bytes) + "-byte entries)";
   return out;
+}
+
+namespace {
+
+// Judged by itself: bit-exact against the reference writer, no outputs to compare.
+class CacheWriteDriver final : public OpDriver {
+ public:
+  Op op() const override { return Op::kCacheWrite; }
+  OpRun run(CaseContext& ctx, Backend& b, const RunConfig& cfg, Record& r) const override {
+    const PagedCache& base = ctx.cache(r.block_size, false, cfg.exec, r.timings.cache_ms);
+    const CacheWriteCheck w = check_cache_write(b, ctx.c, base);
+    OpRun run;
+    run.run_ms = w.run_ms;
+    run.verdict = w.identical ? Status::kPassed : Status::kIncorrect;
+    run.verdict_message = w.message;
+    return run;
+  }
+  JudgedAgainst reference(CaseContext&) const override { return {}; }
+};
+
+}  // namespace
+
+const OpDriver& cache_write_driver() {
+  static const CacheWriteDriver d;
+  return d;
 }
 
 }  // namespace mlagate

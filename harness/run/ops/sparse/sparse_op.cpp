@@ -1,6 +1,6 @@
 // Sparse op execution: kernel arguments from a case's index sets, guarded
 // outputs, timings.
-#include "harness/run/sparse_op.h"
+#include "harness/run/ops/sparse/sparse_op.h"
 
 #include <chrono>
 #include <cstring>

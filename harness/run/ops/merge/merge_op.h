@@ -1,12 +1,12 @@
-// Runs the merge_states op (vLLM's merge_attn_states) of one backend on one
-// merge case: the case's two partial results (cases/merge.h) handed over as
+// The merge_states op module (vLLM's merge_attn_states): for one backend on
+// one merge case, the case's two partial results (cases/merge.h) handed over as
 // fresh copies, guarded and poisoned outputs, and a check that the backend
 // left its inputs as it got them.
 #pragma once
 
 #include "backends/backend.h"
 #include "cases/case.h"
-#include "harness/run/layer.h"
+#include "harness/run/ops/op_run.h"
 
 namespace mlagate {
 

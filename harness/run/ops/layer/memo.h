@@ -1,68 +1,24 @@
-// Runs one op of one backend on one case: the layer op composed from the
-// backend's kernels as vLLM's MLAAttention does (SPEC: Ops), or a
-// kernel-level decode / prefill op. Outputs come back in guarded buffers.
+// The layer op's cache of backend-independent glue (LayerMemo): the prefill
+// path's up-projected keys and values, the decode path's absorbed queries,
+// the case's own projected rows (KvProjection) and the per-backend cache
+// copy. One type, owned by the layer module's state (layer.h), that the
+// prefill op and the baseline emulation reach through it.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
-#include <string>
+#include <utility>
 #include <vector>
 
-#include "backends/backend.h"
 #include "cases/case.h"
 #include "cases/paged_cache.h"
-#include "harness/run/guarded.h"
 #include "reference/device_staging.h"
-#include "reference/glue.h"
+#include "reference/kv_projection.h"
 
 namespace mlagate {
-
-struct ExecOptions {
-  Poison poison = Poison::kNaN;     // outputs, workspaces and unused cache regions
-  bool poison_block_table = false;  // unused block-table entries = an invalid huge id
-  int prefill_chunk = 2048;         // context tokens per chunk of the MHA prefill path
-  bool reuse_buffers = false;       // kernel outputs from a pool of earlier ones (GuardedBuffer reuse), not fresh
-};
-
-// Which requests take the decode path: q_len <= reorder threshold, with
-// UNIFORM decodes sharing the first decode's q_len and SINGLE_ONLY decodes
-// having q_len 1; spec-decode batches raise the threshold to the longest
-// query for backends that are not SINGLE_ONLY (as the seed test does).
-struct Routing {
-  Support support;
-  std::vector<bool> is_decode;  // [B]
-  // Each request's path as the layer op's records name it (OpRun::paths).
-  std::vector<std::string> paths() const {
-    std::vector<std::string> p;
-    for (const bool dec : is_decode) p.emplace_back(dec ? "decode" : "prefill");
-    return p;
-  }
-};
-Routing route_requests(const Capabilities& caps, const CaseSpec& spec);
-
-struct ProducedOutput {
-  std::string name;  // "out", "lse", "o_lat", "o"
-  GuardedBuffer buf;
-  std::int64_t heads = 1, dim = 1;  // for locating elements
-  bool is_lse = false;
-};
-
-struct OpRun {
-  std::vector<ProducedOutput> outputs;
-  std::vector<std::string> paths;  // layer: per request
-  std::string guard_violation;     // first out-of-bounds write into a kernel output
-  double run_ms = 0;               // time inside the backend's kernels
-};
-
-// Records the first guard-band violation of a kernel output buffer in run.
-void note_guard(OpRun& run, const GuardedBuffer& buf, const std::string& name);
-// The end of a kernel-level op: both outputs' guard bands checked (under the
-// outputs' names), each of the case's requests recorded as taking `path`, and
-// the outputs moved into run.
-void finish_kernel_op(OpRun& run, ProducedOutput& out, ProducedOutput& lse, int num_requests, const char* path);
 
 // The layer op's harness glue that does not depend on the backend, kept for
 // the next backend that runs the same case: the prefill path's up-projected
@@ -111,11 +67,11 @@ class LayerMemo {
   // absorb_queries(c, tokens), computed on a miss.
   std::pair<const Tensor*, const Tensor*> absorb(const Case& c, const std::vector<int>& tokens);
   std::size_t bytes() const { return bytes_; }
-  // The case's shared KvProjection (the runner's CaseContext provides it;
-  // without one, every miss is projected and nothing is shared).
-  using ProjectionSource = std::function<KvProjection&()>;
-  void set_projection(ProjectionSource source) { projection_ = std::move(source); }
-  KvProjection* projection() const { return projection_ ? &projection_() : nullptr; }
+  // The case's own rows (KvProjection), owned here and shared with the
+  // baseline emulation and the prefill op: made on first use for `c`, which
+  // must outlive the memo. projection() without a case: null until made.
+  KvProjection& projection(const Case& c);
+  KvProjection* projection() { return projection_ ? &*projection_ : nullptr; }
   static constexpr std::size_t kMaxBytes = std::size_t{2} << 30;  // beyond: computed, not kept
   static constexpr std::size_t kMaxDeviceBytes = std::size_t{16} << 30;  // beyond: uploaded per call
 
@@ -147,26 +103,8 @@ class LayerMemo {
   std::unique_ptr<Absorbed> spare_absorbed_;
   std::size_t bytes_ = 0;
   std::size_t device_bytes_ = 0;
-  ProjectionSource projection_;
+  std::optional<KvProjection> projection_;
   PagedCache cache_;  // cache_copy()'s
 };
-
-// A 64-bit print of a tensor's bytes, to notice a backend that wrote into
-// inputs it was lent (fast: a GB in a fraction of a second on 16 cores).
-std::uint64_t fingerprint(const Tensor& t);
-std::uint64_t fingerprint(const void* data, std::size_t nbytes);  // any bytes (a TensorView's)
-
-// Layer op. base_cache: the case's cache for the backend's block size, built
-// with write_new_tokens = false (the backend's cache_write fills them).
-// Throws NotSupportedError when the routing needs a kernel the backend lacks.
-// memo (optional): glue shared with the other backends running this case.
-OpRun run_layer(Backend& b, const Case& c, const PagedCache& base_cache, const ExecOptions& opt,
-                LayerMemo* memo = nullptr);
-// Kernel-level decode of every request on absorbed queries (q_lat [T,N,L], q_pe [T,N,R]).
-// cache: built with write_new_tokens = true.
-OpRun run_decode_op(Backend& b, const Case& c, const PagedCache& cache, const Tensor& q_lat, const Tensor& q_pe,
-                    const ExecOptions& opt);
-// Kernel-level prefill of every request over the up-projected keys (k [S,N,P+R], v [S,N,V]).
-OpRun run_prefill_op(Backend& b, const Case& c, const Tensor& k, const Tensor& v, const ExecOptions& opt);
 
 }  // namespace mlagate
