@@ -19,6 +19,7 @@
 #include "golden/detail/sparse_io.h"
 #include "golden/detail/merge_states_io.h"
 #include "reference/glue.h"
+#include "reference/kv_projection.h"
 #include "reference/sdpa_emulation.h"
 #include "reference/sparse_reference.h"
 #include "mlagate/config.h"

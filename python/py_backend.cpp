@@ -8,7 +8,7 @@
 #include "cases/case_spec.h"
 #include "cases/errors.h"
 #include "cases/paged_cache.h"
-#include "harness/run/layer.h"
+#include "harness/run/ops/layer/layer.h"
 #include "python/dlpack.h"
 
 namespace mlagate::py {

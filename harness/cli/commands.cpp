@@ -15,7 +15,7 @@
 #include "harness/cli/commands.h"
 #include "harness/verdicts/expectations.h"
 #include "harness/reliability/shrink.h"
-#include "harness/run/layer.h"
+#include "harness/run/ops/layer/layer.h"
 #include "reports/report.h"
 #include "reports/shard.h"
 
