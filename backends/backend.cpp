@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "backends/decode_args.h"
+#include "backends/host_graph.h"
 #include "cases/errors.h"
 
 namespace mlagate {
@@ -358,47 +360,26 @@ namespace {
 // of blocks and a block table of one row per captured request, the captured
 // width: a replay copies the case's blocks and rows into it (narrower rows
 // padded with block 0) and keeps the addresses.
-class HostDecodeGraph final : public DecodeGraph {
+class HostDecodeGraph final : public HostGraph<DecodeGraph, DecodeArgs, &DecodeArgs::o_lat> {
  public:
   HostDecodeGraph(const DecodeArgs& a, DecodeGraphStep step, std::string note)
-      : step_(std::move(step)),
-        note_(std::move(note)),
+      : HostGraph(a, std::move(step), std::move(note)),
         q_lat_(a.q_lat.dtype, a.q_lat.shape),
         q_pe_(a.q_pe.dtype, a.q_pe.shape),
-        o_lat_(a.o_lat.dtype, a.o_lat.shape),
-        lse_(a.lse.dtype, a.lse.shape),
-        seq_lens_(a.seq_lens.size()),
-        query_start_(a.query_start_loc.size()),
-        rows_(a.block_table_rows.size()),
         scale_(a.scale),
         k_scale_(a.k_scale) {
     check_decode_args(a);
     // The cache's format and layout without its data and table (filled per replay).
     cache_ = persistent_cache_like(*a.cache, static_cast<std::int64_t>(a.seq_lens.size()));
-    // Outputs as a caching allocator hands them out (torch.empty): never
-    // cleared, here NaN, so a row no replay writes shows up.
-    poison_floats(o_lat_);
-    poison_floats(lse_);
     run(a, true);  // the capture runs the work once, as stream capture's warm-up does
   }
 
-  void replay(const DecodeArgs& a) override {
-    run(a, false);
-    std::memcpy(a.o_lat.data, o_lat_.bytes(), o_lat_.nbytes());
-    std::memcpy(a.lse.data, lse_.bytes(), lse_.nbytes());
-  }
-  std::string note() const override { return note_; }
-
  private:
-  static void poison_floats(Tensor& t) {
-    const TensorView v = t.view();
-    for (std::int64_t i = 0; i < v.numel(); ++i) v.set(i, std::numeric_limits<double>::quiet_NaN());
-  }
-  void run(const DecodeArgs& a, bool capture) {
+  void run(const DecodeArgs& a, bool capture) override {
     const PagedCache& c = *a.cache;
     if (a.q_lat.shape != q_lat_.shape() || a.q_pe.shape != q_pe_.shape() || a.q_lat.dtype != q_lat_.dtype() ||
-        a.o_lat.shape != o_lat_.shape() || a.seq_lens.size() != seq_lens_.size() ||
-        a.query_start_loc.size() != query_start_.size() || a.block_table_rows.size() != rows_.size())
+        a.o_lat.shape != out_.shape() || a.seq_lens.size() != seq_lens_.size() ||
+        a.query_start_loc.size() != qsl_.size() || a.block_table_rows.size() != rows_.size())
       throw std::invalid_argument("decode graph: replayed with other shapes than captured");
     if (a.scale != scale_ || a.k_scale != k_scale_)
       throw std::invalid_argument("decode graph: replayed with another scale than captured");
@@ -406,27 +387,15 @@ class HostDecodeGraph final : public DecodeGraph {
     std::memcpy(q_lat_.bytes(), a.q_lat.data, q_lat_.nbytes());
     std::memcpy(q_pe_.bytes(), a.q_pe.data, q_pe_.nbytes());
     std::copy(a.seq_lens.begin(), a.seq_lens.end(), seq_lens_.begin());
-    std::copy(a.query_start_loc.begin(), a.query_start_loc.end(), query_start_.begin());
+    std::copy(a.query_start_loc.begin(), a.query_start_loc.end(), qsl_.begin());
     std::copy(a.block_table_rows.begin(), a.block_table_rows.end(), rows_.begin());
     refresh_persistent_cache(c, cache_);
-    DecodeArgs p;
-    p.q_lat = q_lat_.view();
-    p.q_pe = q_pe_.view();
-    p.cache = &cache_;
-    p.seq_lens = seq_lens_;
-    p.query_start_loc = query_start_;
-    p.block_table_rows = rows_;
-    p.scale = scale_;
-    p.k_scale = k_scale_;
-    p.o_lat = o_lat_.view();
-    p.lse = lse_.view();
-    step_(p, capture);
+    step_(decode_args(q_lat_.view(), q_pe_.view(), cache_, {seq_lens_, qsl_, rows_}, scale_, k_scale_, out_.view(),
+                      lse_.view()),
+          capture);
   }
 
-  DecodeGraphStep step_;
-  std::string note_;
-  Tensor q_lat_, q_pe_, o_lat_, lse_;
-  std::vector<std::int32_t> seq_lens_, query_start_, rows_;
+  Tensor q_lat_, q_pe_;
   PagedCache cache_;
   double scale_;
   float k_scale_;

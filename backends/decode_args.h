@@ -1,6 +1,6 @@
-// The decode kernel's arguments filled in one place (DecodeArgs): the layer
-// op, the kernel-level decode op, graph replay and the host graph emulation
-// all hand a backend the same fields the same way.
+// DecodeArgs from its parts, in one call: the harness's decode calls (the
+// plain decode op, the layer's decode step, the serving modes' calls and
+// padded batches) and the host graph emulation all fill the same ten fields.
 #pragma once
 
 #include <cstdint>
@@ -10,32 +10,18 @@
 
 namespace mlagate {
 
-inline DecodeArgs decode_args(const TensorView& q_lat, const TensorView& q_pe, const PagedCache& cache,
-                              std::span<const std::int32_t> seq_lens, std::span<const std::int32_t> query_start_loc,
-                              std::span<const std::int32_t> block_table_rows, double scale, float k_scale,
-                              const TensorView& o_lat, const TensorView& lse) {
-  DecodeArgs a;
-  a.q_lat = q_lat;
-  a.q_pe = q_pe;
-  a.cache = &cache;
-  a.seq_lens = seq_lens;
-  a.query_start_loc = query_start_loc;
-  a.block_table_rows = block_table_rows;
-  a.scale = scale;
-  a.k_scale = k_scale;
-  a.o_lat = o_lat;
-  a.lse = lse;
-  return a;
-}
+// The requests of one decode call: per request the keys its last token sees,
+// its query rows (B + 1 offsets) and its row of the cache's block table.
+struct DecodeBatch {
+  std::span<const std::int32_t> seq_lens, query_start_loc, block_table_rows;
+};
 
-// The case's softmax scale and k_scale.
-inline DecodeArgs decode_args(const CaseSpec& spec, const TensorView& q_lat, const TensorView& q_pe,
-                              const PagedCache& cache, std::span<const std::int32_t> seq_lens,
-                              std::span<const std::int32_t> query_start_loc,
-                              std::span<const std::int32_t> block_table_rows, const TensorView& o_lat,
+inline DecodeArgs decode_args(const TensorView& q_lat, const TensorView& q_pe, const PagedCache& cache,
+                              const DecodeBatch& batch, double scale, float k_scale, const TensorView& o_lat,
                               const TensorView& lse) {
-  return decode_args(q_lat, q_pe, cache, seq_lens, query_start_loc, block_table_rows, spec.softmax_scale(),
-                     spec.k_scale, o_lat, lse);
+  return DecodeArgs{.q_lat = q_lat, .q_pe = q_pe, .cache = &cache, .seq_lens = batch.seq_lens,
+                    .query_start_loc = batch.query_start_loc, .block_table_rows = batch.block_table_rows,
+                    .scale = scale, .k_scale = k_scale, .o_lat = o_lat, .lse = lse};
 }
 
 }  // namespace mlagate

@@ -3,7 +3,8 @@
 // mode. Every input of the captured call (q, index rows and their lengths,
 // both caches, the sink, the batch's seq_lens, offsets and table rows) lives
 // in a buffer allocated at capture and refreshed in place for each replay;
-// the outputs are allocated once as NaN and never cleared.
+// the outputs are allocated once as NaN and never cleared (host_graph.h, the
+// part the dense op's emulation shares).
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -12,22 +13,17 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/host_graph.h"
 
 namespace mlagate {
 
 namespace {
 
-class HostSparseDecodeGraph final : public SparseDecodeGraph {
+class HostSparseDecodeGraph final : public HostGraph<SparseDecodeGraph, SparseDecodeArgs, &SparseDecodeArgs::o> {
  public:
   HostSparseDecodeGraph(const SparseDecodeArgs& a, SparseDecodeGraphStep step, std::string note)
-      : step_(std::move(step)),
-        note_(std::move(note)),
+      : HostGraph(a, std::move(step), std::move(note)),
         q_(a.q.dtype, a.q.shape),
-        o_(a.o.dtype, a.o.shape),
-        lse_(a.lse.dtype, a.lse.shape),
-        seq_lens_(a.seq_lens.size()),
-        qsl_(a.query_start_loc.size()),
-        rows_(a.block_table_rows.size()),
         topk_length_(a.topk_length.size()),
         extra_topk_length_(a.extra_topk_length.size()),
         sink_(a.sink.begin(), a.sink.end()),
@@ -41,19 +37,8 @@ class HostSparseDecodeGraph final : public SparseDecodeGraph {
       extra_cache_ = persistent_cache_like(*a.extra_cache, rows);
       extra_indices_ = Tensor(a.extra_indices.dtype, a.extra_indices.shape);
     }
-    for (Tensor* t : {&o_, &lse_}) {
-      const TensorView v = t->view();
-      for (std::int64_t i = 0; i < v.numel(); ++i) v.set(i, std::numeric_limits<double>::quiet_NaN());
-    }
     run(a, true);
   }
-
-  void replay(const SparseDecodeArgs& a) override {
-    run(a, false);
-    std::memcpy(a.o.data, o_.bytes(), o_.nbytes());
-    std::memcpy(a.lse.data, lse_.bytes(), lse_.nbytes());
-  }
-  std::string note() const override { return note_; }
 
  private:
   template <class T>
@@ -72,9 +57,9 @@ class HostSparseDecodeGraph final : public SparseDecodeGraph {
     std::memcpy(into->bytes(), from.data, into->nbytes());
   }
 
-  void run(const SparseDecodeArgs& a, bool capture) {
+  void run(const SparseDecodeArgs& a, bool capture) override {
     check_sparse_decode_args(a);
-    if (a.q.shape != q_.shape() || a.q.dtype != q_.dtype() || a.o.shape != o_.shape() || a.window != window_ ||
+    if (a.q.shape != q_.shape() || a.q.dtype != q_.dtype() || a.o.shape != out_.shape() || a.window != window_ ||
         a.scale != scale_ || (a.extra_cache != nullptr) != extra_cache_.has_value())
       throw std::invalid_argument("sparse decode graph: replayed with other shapes, window or scale than captured");
     std::memcpy(q_.bytes(), a.q.data, q_.nbytes());
@@ -106,15 +91,13 @@ class HostSparseDecodeGraph final : public SparseDecodeGraph {
     p.extra_topk_length = extra_topk_length_;
     p.sink = sink_;
     p.scale = scale_;
-    p.o = o_.view();
+    p.o = out_.view();
     p.lse = lse_.view();
     step_(p, capture);
   }
 
-  SparseDecodeGraphStep step_;
-  std::string note_;
-  Tensor q_, o_, lse_;
-  std::vector<std::int32_t> seq_lens_, qsl_, rows_, topk_length_, extra_topk_length_;
+  Tensor q_;
+  std::vector<std::int32_t> topk_length_, extra_topk_length_;
   std::vector<float> sink_;
   int window_;
   double scale_;

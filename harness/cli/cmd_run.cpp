@@ -127,8 +127,8 @@ class RunCommand {
     serving_ = serving_mode(ra_);
     // A decode loop's case: each request decodes its tokens one step at a
     // time (a golden file's cases were stored already rewritten).
-    if (serving_.steps > 0 && !from_file_)
-      for (CaseSpec& c : cfg_.cases) c = decode_loop_spec(c, serving_.steps);
+    if (const auto* loop = serving_.get<modes::DecodeLoop>(); loop && !from_file_)
+      for (CaseSpec& c : cfg_.cases) c = decode_loop_spec(c, loop->steps);
     if (shard_)
       std::erase_if(cfg_.cases, [this](const CaseSpec& c) { return shard_of(c.id(), shard_->count) != shard_->index; });
     apply_order(cfg_.cases, ra_.order);
@@ -161,18 +161,11 @@ class RunCommand {
   }
 
   static ServingMode serving_mode(const RunArgs& ra) {
-    ServingMode m;
-    m.cuda_graph = ra.cuda_graph;
-    if (!ra.capture_sizes.empty()) m.capture_sizes = ra.capture_sizes;
-    m.batch_invariance = std::find(ra.checks.begin(), ra.checks.end(), "batch-invariance") != ra.checks.end();
-    m.dcp = ra.dcp;
-    m.dcp_interleave = ra.dcp_interleave;
-    m.steps = ra.steps;
-    m.validate();
-    if (ra.require_batch_invariance() && !m.batch_invariance)
+    ServingMode m = ra.serving.mode();
+    if (ra.require_batch_invariance() && !m.get<modes::BatchInvariance>())
       throw InputError("--require batch-invariance needs --check batch-invariance");
     if (m.active() && ra.repeat > 1) throw InputError(m.name() + " and --repeat are separate checks: give one of them");
-    if (m.cuda_graph) m.graphs = make_graph_store();
+    if (auto* graph = m.get<modes::CudaGraph>()) graph->graphs = make_graph_store();
     return m;
   }
 
@@ -653,8 +646,7 @@ int cmd_run(const Selection& sel, const RunArgs& ra, const std::string& command_
     RunArgs r = ra;
     if (r.worker) r.save_results.clear();  // the results file is the parent's to write; the worker only runs
     // No --repeat: the suite's (a golden file's cases run once; a serving mode's once).
-    const bool serving = ra.cuda_graph || !ra.checks.empty() || ra.dcp != 0 || ra.steps != 0;
-    if (r.repeat == 0) r.repeat = ra.replay.empty() && !serving ? sel.suite_repeat() : 1;
+    if (r.repeat == 0) r.repeat = ra.replay.empty() && !ra.serving.given() ? sel.suite_repeat() : 1;
     return RunCommand(sel, r, command_line, args).main();
   }
   return RunCommand(sel, ra, command_line, args).main();

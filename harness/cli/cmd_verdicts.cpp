@@ -137,9 +137,9 @@ int cmd_triage(const TriageArgs& a) {
     ra.poison = a.poison;
     ra.splits = a.splits;
     ra.reference = a.reference;
-    ra.cuda_graph = a.cuda_graph;
-    ra.dcp = a.dcp;
-    ra.steps = a.steps;
+    ra.serving.cuda_graph = a.cuda_graph;
+    ra.serving.dcp = a.dcp;
+    ra.serving.steps = a.steps;
     o.run_args = a.extra.argv();
     const std::vector<std::string> comp = ra.computation_argv();
     o.run_args.insert(o.run_args.end(), comp.begin(), comp.end());

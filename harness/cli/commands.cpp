@@ -110,8 +110,7 @@ int cmd_shrink(const Selection& sel, const ShrinkArgs& sa) {
   o.target = cases.back();
   o.before.assign(cases.begin(), cases.end() - 1);
   o.backend = sa.backend;
-  const bool serving = sa.cuda_graph || !sa.checks.empty() || sa.dcp != 0 || sa.steps != 0;
-  o.op = sa.op == "auto" ? failing_op_default(o.target, serving) : parse_op(sa.op);
+  o.op = sa.op == "auto" ? failing_op_default(o.target, sa.serving.given()) : parse_op(sa.op);
   o.out_dir = sa.out;
   o.max_runs = sa.max_runs;
   (void)ExpectationSet::load(sa.expect);  // a malformed file is an input error before any run
@@ -129,18 +128,7 @@ int cmd_shrink(const Selection& sel, const ShrinkArgs& sa) {
   ra.splits = sa.splits;
   o.run_args = sa.extra.argv();
   // The mode's flags are shrunk too (fewer steps, fewer ranks): they start the candidates' flags.
-  RunArgs mode;
-  mode.cuda_graph = sa.cuda_graph;
-  mode.capture_sizes = sa.capture_sizes;
-  mode.checks = sa.checks;
-  mode.dcp = sa.dcp;
-  mode.dcp_interleave = sa.dcp_interleave;
-  mode.steps = sa.steps;
-  const RunArgs plain;
-  std::vector<std::string> mode_argv = mode.computation_argv();
-  const std::vector<std::string> plain_argv = plain.computation_argv();
-  mode_argv.erase(mode_argv.begin(), mode_argv.begin() + static_cast<std::ptrdiff_t>(plain_argv.size()));
-  o.mode_flags = mode_argv;
+  o.mode_flags = sa.serving.argv();
   const std::vector<std::string> computation = ra.computation_argv();
   o.run_args.insert(o.run_args.end(), computation.begin(), computation.end());
   return shrink_main(o);

@@ -60,10 +60,7 @@ struct ShrinkArgs {
   std::vector<std::string> expect;  // --expect: say whether the shrunk failure is a known one
   OutOfTree extra;
   // A serving mode's record (harness/run/SERVING.md): shrunk with the case.
-  bool cuda_graph = false;
-  std::vector<int> capture_sizes;
-  std::vector<std::string> checks;
-  int dcp = 0, dcp_interleave = 1, steps = 0;
+  ServingFlags serving;
 };
 int cmd_shrink(const Selection& sel, const ShrinkArgs& sa);
 

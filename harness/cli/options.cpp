@@ -317,14 +317,14 @@ void RunArgs::add_options(CLI::App* app, bool for_replay) {
                 "kernel outputs come from a pool of earlier cases' buffers (a caching allocator) instead of fresh "
                 "allocations; with --poison none they hold stale data");
   // Serving-engine modes (harness/run/SERVING.md).
-  app->add_flag("--cuda-graph", cuda_graph,
+  app->add_flag("--cuda-graph", serving.cuda_graph,
                 "CUDA-graph replay: the decode captured once per capture size with persistent buffers and replayed "
                 "for every case padded to it (padding seq_len 0 and 1); real rows judged, padding rows must stay "
                 "finite. Decode op; backends without capture are NOT_SUPPORTED");
-  app->add_option("--capture-sizes", capture_sizes,
+  app->add_option("--capture-sizes", serving.capture_sizes,
                   "--cuda-graph: capture sizes in requests, increasing (default vLLM's: 1,2,4,8,16,...,512)")
       ->delimiter(',');
-  app->add_option("--check", checks,
+  app->add_option("--check", serving.checks,
                   "batch-invariance: every request also runs alone, shuffled and beside extra requests; its rows must "
                   "be bitwise equal (BATCH_VARIANT otherwise; a failure only with --require). Decode op")
       ->delimiter(',')
@@ -332,11 +332,11 @@ void RunArgs::add_options(CLI::App* app, bool for_replay) {
   app->add_option("--require", requires_, "batch-invariance: BATCH_VARIANT records fail the run (exit 1)")
       ->delimiter(',')
       ->check(CLI::IsMember({"batch-invariance"}));
-  app->add_option("--dcp", dcp,
+  app->add_option("--dcp", serving.dcp,
                   "decode context parallelism over N virtual ranks: each request's keys sharded as vLLM shards them, "
                   "the backend called per shard, the partials merged through their LSEs and compared. Decode op");
-  app->add_option("--dcp-interleave", dcp_interleave, "--dcp: consecutive tokens per rank in turn")->capture_default_str();
-  app->add_option("--steps", steps,
+  app->add_option("--dcp-interleave", serving.dcp_interleave, "--dcp: consecutive tokens per rank in turn")->capture_default_str();
+  app->add_option("--steps", serving.steps,
                   "decode loops: each case becomes N decode steps, each writing its token with the backend's "
                   "cache_write, requests joining and finishing; every step checked. Decode op");
   app->add_option("--expect", expect,
@@ -358,17 +358,11 @@ std::vector<std::string> RunArgs::computation_argv() const {
   if (reference != defaults.reference) a.insert(a.end(), {"--reference", reference});
   if (repeat > 1) a.insert(a.end(), {"--repeat", std::to_string(repeat)});
   if (reuse_buffers) a.push_back("--reuse-buffers");
-  if (cuda_graph) a.push_back("--cuda-graph");
-  if (!capture_sizes.empty()) {
-    std::string sizes;
-    for (int v : capture_sizes) sizes += (sizes.empty() ? "" : ",") + std::to_string(v);
-    a.insert(a.end(), {"--capture-sizes", sizes});
-  }
-  for (const std::string& c : checks) a.insert(a.end(), {"--check", c});
+  const std::vector<std::string> mode = serving.argv();
+  a.insert(a.end(), mode.begin(), mode.end());
+  // After the mode's flags: --require needs --check batch-invariance, which no
+  // later mode flag may join, so the words are where they always were.
   for (const std::string& r : requires_) a.insert(a.end(), {"--require", r});
-  if (dcp != 0) a.insert(a.end(), {"--dcp", std::to_string(dcp)});
-  if (dcp_interleave != 1) a.insert(a.end(), {"--dcp-interleave", std::to_string(dcp_interleave)});
-  if (steps != 0) a.insert(a.end(), {"--steps", std::to_string(steps)});
   return a;
 }
 

@@ -12,6 +12,7 @@
 #include "cases/case_spec.h"
 #include "cases/paged_cache.h"
 #include "golden/golden_file.h"
+#include "harness/cli/serving_flags.h"
 #include "reference/compare.h"
 
 // Only pointers to CLI11's App here: CLI11 is header-only and costs about
@@ -127,12 +128,8 @@ struct RunArgs {
   int order_checks = 10;       // --order-checks: failures rerun alone to tell order dependence, per backend
   bool reuse_buffers = false;  // kernel outputs from a pool of earlier cases' buffers instead of fresh ones
   // Serving-engine modes (harness/run/SERVING.md): one at a time, on the decode op.
-  bool cuda_graph = false;            // --cuda-graph
-  std::vector<int> capture_sizes;     // --capture-sizes (empty: vLLM's)
-  std::vector<std::string> checks;    // --check batch-invariance
+  ServingFlags serving;  // --cuda-graph, --capture-sizes, --check, --dcp, --dcp-interleave, --steps
   std::vector<std::string> requires_;  // --require batch-invariance: BATCH_VARIANT fails the run
-  int dcp = 0, dcp_interleave = 1;    // --dcp N, --dcp-interleave K
-  int steps = 0;                      // --steps N
   bool require_batch_invariance() const;
 
   // Every flag `run` and `replay` share (replay adds its file, run its

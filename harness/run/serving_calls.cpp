@@ -2,7 +2,10 @@
 // case's tokens, their rows judged, the plain call with its outputs kept.
 #include "harness/run/serving_calls.h"
 
+#include "backends/decode_args.h"
+
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <cstring>
 #include <stdexcept>
@@ -49,17 +52,8 @@ CallResult call_decode(Backend& b, const Case& c, const PagedCache& cache, const
   CallResult res{GuardedBuffer(c.spec.dtype, {n, N, L}, opt.poison, opt.reuse_buffers),
                  GuardedBuffer(DType::kF32, {n, N}, opt.poison, opt.reuse_buffers), 0, {}};
   const Tensor ql = gather_tokens(q_lat, call.tokens), qp = gather_tokens(q_pe, call.tokens);
-  DecodeArgs a;
-  a.q_lat = ql.view();
-  a.q_pe = qp.view();
-  a.cache = &cache;
-  a.seq_lens = call.seq_lens;
-  a.query_start_loc = call.qsl;
-  a.block_table_rows = call.rows;
-  a.scale = c.spec.softmax_scale();
-  a.k_scale = c.spec.k_scale;
-  a.o_lat = res.o.view();
-  a.lse = res.l.view();
+  const DecodeArgs a = decode_args(ql.view(), qp.view(), cache, {call.seq_lens, call.qsl, call.rows},
+                                   c.spec.softmax_scale(), c.spec.k_scale, res.o.view(), res.l.view());
   timed_and_guarded(res, "o_lat", [&] { b.decode(a); });
   return res;
 }
@@ -254,6 +248,34 @@ double judge_merged(CaseContext& ctx, const RunConfig& cfg, Record& r, const Sha
   const double ms = ms_since(tc);
   r.timings.compare_ms += ms;
   return ms;
+}
+
+void merge_shards(CaseContext& ctx, const RunConfig& cfg, Record& r, ShardMerge& m, const ShardRun& how,
+                  const std::function<void()>& shard_calls) {
+  try {
+    shard_calls();
+  } catch (...) {
+    m.take_exception();
+  }
+  if (m.failed()) {
+    r.status = m.fail;
+    r.message = how.label + ", " + m.fail_msg;
+    r.timings.total_ms += ms_since(how.t0);
+    return;
+  }
+  if (!how.sink.empty()) {
+    const std::int64_t T = m.T, N = m.N, D = m.dim;
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t h = 0; h < N; ++h) {
+        const float l = m.acc_lse[static_cast<std::size_t>(t * N + h)];
+        if (!std::isfinite(l)) continue;
+        const float scale = 1.f / (1.f + std::exp(how.sink[static_cast<std::size_t>(h)] - l));
+        for (std::int64_t x = 0; x < D; ++x) m.acc_o[static_cast<std::size_t>((t * N + h) * D + x)] *= scale;
+      }
+  }
+  const double compare_ms = judge_merged(ctx, cfg, r, m, how.sparse, how.label, how.hint);
+  r.timings.total_ms += ms_since(how.t0);
+  r.timings.glue_ms += ms_since(how.t0) - (r.timings.run_ms - how.run_before) - compare_ms;
 }
 
 // o_lat and lse of `qsl`'s tokens against reference rows, in the runner's

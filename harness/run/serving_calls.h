@@ -1,10 +1,11 @@
-// What the serving modes share (serving.cpp, serving_graph.cpp; internal to
-// harness/run): a decode call over some of a case's query tokens, its rows
-// judged against the case's references, and the plain call whose outputs a
-// mode keeps.
+// What the serving modes share (harness/run/modes/; internal to harness/run):
+// a decode call over some of a case's query tokens, its rows judged against
+// the case's references, the plain call whose outputs a mode keeps, and DCP's
+// shard merge (the dense and the sparse decode op's).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -114,6 +115,22 @@ struct ShardMerge {
 double judge_merged(CaseContext& ctx, const RunConfig& cfg, Record& r, const ShardMerge& m, bool sparse,
                     const std::string& label, const std::string& hint);
 
+// DCP's calls and record, for both ops. `shard_calls` makes every rank's calls
+// into m (a throw is the merge's failure); then r gets the merge's failure, or
+// the merged rows (with `sink`, when given, applied once: the shards are called
+// without it, as an engine merging partials applies it) judged by
+// judge_merged. The time since t0 goes to r's timings (glue: all but the
+// backend calls after run_before and the comparison).
+struct ShardRun {
+  bool sparse = false;
+  std::string label, hint;
+  std::span<const float> sink;
+  Clock::time_point t0;
+  double run_before = 0;
+};
+void merge_shards(CaseContext& ctx, const RunConfig& cfg, Record& r, ShardMerge& m, const ShardRun& how,
+                  const std::function<void()>& shard_calls);
+
 // o_lat (or `o_name`, of width dv) and lse of `qsl`'s tokens against reference
 // rows, in the runner's order: non-finite values, then the tolerance.
 // some_rows: the rows are part of a case (OutputCheck::zero_reference_ok).
@@ -131,11 +148,5 @@ struct Captured {
 // run_one with its outputs kept (results files still get them).
 Record plain_run(CaseContext& ctx, Backend& b, Op op, const RunConfig& base, std::vector<Captured>& out);
 const Captured* find_output(const std::vector<Captured>& outs, const char* name);
-
-// --cuda-graph's record (serving_graph.cpp).
-Record run_graph(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, const ServingMode& mode);
-
-// --dcp on the sparse decode op (serving_sparse.cpp).
-Record run_sparse_dcp(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, int ranks, int interleave);
 
 }  // namespace mlagate::serving_detail

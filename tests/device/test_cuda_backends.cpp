@@ -181,10 +181,7 @@ TEST(CudaGraph, CapturedDecodeReplaysEveryCase) {
     RunConfig cfg;
     cfg.cases = cases;
     cfg.ops = {Op::kDecode};
-    ServingMode mode;
-    mode.cuda_graph = true;
-    mode.capture_sizes = sizes;
-    mode.graphs = make_graph_store();
+    const ServingMode mode = modes::CudaGraph{sizes, make_graph_store()};
     cfg.run_job = [&cfg, mode](CaseContext& ctx, Backend& b, Op op) { return run_serving(ctx, b, op, cfg, mode); };
     int passed = 0, replayed = 0;
     for (const Record& r : run_cases(cfg, bs)) {

@@ -81,10 +81,7 @@ TEST(CudaSparse, CapturedSparseDecodeReplaysEveryCase) {
         cfg.cases.push_back(x);
       }
   cfg.ops = {Op::kSparseDecode};
-  ServingMode mode;
-  mode.cuda_graph = true;
-  mode.capture_sizes = {8, 64, 512};
-  mode.graphs = make_graph_store();
+  const ServingMode mode = modes::CudaGraph{{8, 64, 512}, make_graph_store()};
   cfg.run_job = [&cfg, mode](CaseContext& ctx, Backend& b, Op op) { return run_serving(ctx, b, op, cfg, mode); };
   std::vector<std::unique_ptr<Backend>> bs;
   bs.push_back(make_cuda_sparse());

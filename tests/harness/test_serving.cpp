@@ -61,9 +61,9 @@ struct ModeRun {
 // by backend is what a run of each alone gives.
 std::map<std::string, ModeRun> run_each(std::vector<std::unique_ptr<Backend>> bs, ServingMode mode, std::vector<Op> ops,
                                         const Policy& policy, std::vector<CaseSpec> cases = serving_cases()) {
-  if (mode.cuda_graph) mode.graphs = make_graph_store();  // graphs live as long as the run
-  if (mode.steps > 0)
-    for (CaseSpec& c : cases) c = decode_loop_spec(c, mode.steps);
+  if (auto* graph = mode.get<modes::CudaGraph>()) graph->graphs = make_graph_store();  // graphs live as long as the run
+  if (const auto* loop = mode.get<modes::DecodeLoop>())
+    for (CaseSpec& c : cases) c = decode_loop_spec(c, loop->steps);
   std::map<std::string, ModeRun> out;
   for (const auto& b : bs) out[std::string(b->name())];  // a backend without records still has its entry
   RunConfig cfg;
@@ -109,28 +109,10 @@ std::vector<std::unique_ptr<Backend>> correct_sparse_with(const PlantedServingBu
 }
 
 // Coarse capture sizes: every batch of the suites is padded (B < 8).
-ServingMode graph(std::vector<int> sizes = {8, 64, 512}) {
-  ServingMode m;
-  m.cuda_graph = true;
-  m.capture_sizes = std::move(sizes);
-  return m;
-}
-ServingMode bi() {
-  ServingMode m;
-  m.batch_invariance = true;
-  return m;
-}
-ServingMode dcp(int n, int k = 1) {
-  ServingMode m;
-  m.dcp = n;
-  m.dcp_interleave = k;
-  return m;
-}
-ServingMode steps(int n) {
-  ServingMode m;
-  m.steps = n;
-  return m;
-}
+ServingMode graph(std::vector<int> sizes = {8, 64, 512}) { return modes::CudaGraph{std::move(sizes), nullptr}; }
+ServingMode bi() { return modes::BatchInvariance{}; }
+ServingMode dcp(int n, int k = 1) { return modes::Dcp{n, k}; }
+ServingMode steps(int n) { return modes::DecodeLoop{n}; }
 
 Policy baseline() { return make_policy("baseline", 0, 0); }
 Policy vllm() { return make_policy("vllm", 0, 0); }
@@ -336,7 +318,7 @@ TEST(Serving, SparseDcpAndDecodeLoops) {
       EXPECT_GT(r.passed(), 40) << name << " " << m.name();
       for (const Record& rec : r.records) {
         if (rec.status != Status::kPassed) continue;
-        if (m.steps > 0) {
+        if (m.get<modes::DecodeLoop>()) {
           EXPECT_EQ(rec.message, "8 decode steps, each checked");
           EXPECT_GT(rec.steps.size(), 1u);
         } else {

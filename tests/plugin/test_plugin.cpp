@@ -144,13 +144,7 @@ TEST(PluginLoad, NewerMinorIsRefused) {
       << e;
 }
 
-ServingMode graph_mode() {
-  ServingMode m;
-  m.cuda_graph = true;
-  m.capture_sizes = {8, 64, 512};
-  m.graphs = make_graph_store();
-  return m;
-}
+ServingMode graph_mode() { return modes::CudaGraph{{8, 64, 512}, make_graph_store()}; }
 
 std::vector<Record> run_graph_mode(std::unique_ptr<Backend> b, const std::vector<CaseSpec>& cases) {
   std::vector<std::unique_ptr<Backend>> bs;

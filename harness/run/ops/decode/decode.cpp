@@ -22,8 +22,8 @@ OpRun run_decode_op(Backend& b, const Case& c, const PagedCache& cache, const Te
   ProducedOutput l{"lse", GuardedBuffer(DType::kF32, {T, N}, opt.poison, opt.reuse_buffers), N, 1, true};
   std::vector<std::int32_t> rows(static_cast<std::size_t>(c.num_requests));
   for (int i = 0; i < c.num_requests; ++i) rows[i] = i;
-  const DecodeArgs a = decode_args(c.spec, q_lat.view(), q_pe.view(), cache, c.seq_lens, c.query_start_loc, rows,
-                                   o.buf.view(), l.buf.view());
+  const DecodeArgs a = decode_args(q_lat.view(), q_pe.view(), cache, {c.seq_lens, c.query_start_loc, rows},
+                                   c.spec.softmax_scale(), c.spec.k_scale, o.buf.view(), l.buf.view());
   const auto t0 = Clock::now();
   b.decode(a);
   run.run_ms = backend_call_done(t0);

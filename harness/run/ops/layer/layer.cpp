@@ -152,7 +152,8 @@ void run_decodes(LayerRun& s, const std::vector<int>& dec_req) {
   GuardedBuffer o_lat(c.spec.dtype, {Td, N, s.L}, s.opt.poison, s.opt.reuse_buffers);
   GuardedBuffer d_lse(DType::kF32, {Td, N}, s.opt.poison, s.opt.reuse_buffers);
   std::vector<std::int32_t> rows(dec_req.begin(), dec_req.end());
-  const DecodeArgs a = decode_args(c.spec, q_lat.view(), q_pe.view(), s.cache, seq, qsl, rows, o_lat.view(), d_lse.view());
+  const DecodeArgs a = decode_args(q_lat.view(), q_pe.view(), s.cache, {seq, qsl, rows}, c.spec.softmax_scale(),
+                                   c.spec.k_scale, o_lat.view(), d_lse.view());
   const auto t0 = Clock::now();
   s.b.decode(a);
   s.run.run_ms += backend_call_done(t0);
