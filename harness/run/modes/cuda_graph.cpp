@@ -289,7 +289,7 @@ class GraphRun {
  private:
   std::optional<SparseFull> sparse_inputs() {
     if (!sparse_) return std::nullopt;
-    ctx_.prepare_sparse();
+    sparse_state(ctx_);
     return sparse_full(ctx_, cfg_, r_.block_size, r_.timings.cache_ms);
   }
   const PagedCache* extra() const { return sparse_ ? sf_->extra : nullptr; }
@@ -359,9 +359,9 @@ class GraphRun {
       const TensorView real_o{c_.spec.dtype, {T, N_, L_}, o.view().data}, real_l{DType::kF32, {T, N_}, l.view().data};
       const RowCheck rc =
           sparse_ ? check_rows(ctx_, cfg_, sparse_base_, real_o, real_l, c_.query_start_loc,
-                               ctx_.sparse_ref.o, ctx_.sparse_ref.lse, o_name_, L_)
-                  : check_rows(ctx_, cfg_, baseline_of(ctx_, cfg_), real_o, real_l, c_.query_start_loc, ctx_.mqa_o_lat,
-                               ctx_.mqa_lse);
+                               sparse_state(ctx_).sparse_ref.o, sparse_state(ctx_).sparse_ref.lse, o_name_, L_)
+                  : check_rows(ctx_, cfg_, baseline_of(ctx_, cfg_), real_o, real_l, c_.query_start_loc, decode_state(ctx_).mqa_o_lat,
+                               decode_state(ctx_).mqa_lse);
       if (pad == 0) first_check_ = rc;
       if (rc.status != Status::kPassed) {
         fail_ = rc.status, fail_msg_ = label + ": " + rc.message;

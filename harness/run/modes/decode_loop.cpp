@@ -147,10 +147,10 @@ class Loop {
   // window and compressed cache (a compressor's output: not written by steps).
   std::optional<SparseFull> sparse_inputs() {
     if (!sparse_) {
-      ctx_.prepare_decode();
+      decode_state(ctx_);
       return std::nullopt;
     }
-    ctx_.prepare_sparse();
+    sparse_state(ctx_);
     return sparse_full(ctx_, cfg_, r_.block_size, r_.timings.cache_ms, &cache_);
   }
 
@@ -205,8 +205,8 @@ class Loop {
     const Call call = step_call(k, kv_rows, slots);
     if (call.empty()) return;
     if (!slots.empty()) write_tokens(kv_rows, slots);
-    const CallResult res = sparse_ ? call_sparse_decode(b_, c_, *sf_, *ctx_.sparse_q, call, cfg_.exec)
-                                   : call_decode(b_, c_, cache_, *ctx_.q_lat, *ctx_.q_pe, call, cfg_.exec);
+    const CallResult res = sparse_ ? call_sparse_decode(b_, c_, *sf_, *sparse_state(ctx_).sparse_q, call, cfg_.exec)
+                                   : call_decode(b_, c_, cache_, *decode_state(ctx_).q_lat, *decode_state(ctx_).q_pe, call, cfg_.exec);
     r_.timings.run_ms += res.run_ms;
     const auto tc = Clock::now();
     judge_step(k, call, res);
