@@ -17,13 +17,13 @@
 #include <string>
 #include <vector>
 
-#include "backends/cuda/attention.cuh"
 #include "backends/cuda/backend_base.cuh"
 #include "backends/cuda/cache_store.h"
 #include "backends/cuda/cuda_backends.h"
-#include "backends/cuda/kv_format.cuh"
 #include "cases/errors.h"
 #include "cases/fp8.h"
+#include "gpu/attention.cuh"
+#include "gpu/kv_format.cuh"
 
 namespace mlagate {
 namespace gpu {
