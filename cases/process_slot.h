@@ -1,7 +1,7 @@
 // A few processes at a time: one of `slots` slots of a folder held across
 // processes (an flock'd file per slot, released when the holder closes it or
 // dies). The workers of a run take one around their CUDA start-up
-// (backends/cuda/device.cpp): the driver serializes the start-ups of the
+// (gpu/device.cpp): the driver serializes the start-ups of the
 // processes on a host, so 16 workers starting together all had their device
 // only after 3-4 s, where a few at a time have the first ones working after
 // a fraction of that (PERFORMANCE.md, "The workers' CUDA start-up").

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "backends/cuda/cache_store.h"
+#include "backends/cuda/cuda_backends.h"
 #include "cases/errors.h"
 #include "cases/fp8.h"
 
@@ -81,16 +82,6 @@ __global__ void __launch_bounds__(kWriteThreads)
 }
 
 }  // namespace
-
-std::vector<RowGroup> decode_row_groups(std::span<const std::int32_t> query_start, int heads) {
-  std::vector<RowGroup> groups;
-  for (std::size_t b = 0; b + 1 < query_start.size(); ++b) {
-    const int rows = (query_start[b + 1] - query_start[b]) * heads;
-    for (int r = 0; r < rows; r += kGroupRows)
-      groups.push_back({static_cast<int>(b), r, std::min(kGroupRows, rows - r), 0});
-  }
-  return groups;
-}
 
 KvFormat kv_format_of(const PagedCache& cache, float k_scale) {
   const EntryFormat ef = cache.format();  // throws InvalidCase for impossible layouts

@@ -10,14 +10,10 @@
 #include <vector>
 
 #include "backends/backend.h"
-#include "backends/cuda/attention.cuh"
-#include "backends/cuda/device.h"
+#include "gpu/attention.cuh"
+#include "gpu/device.h"
 
 namespace mlagate::gpu {
-
-// Row groups of a decode call: each request's rows r = u * N + n cut into
-// groups of kGroupRows.
-std::vector<RowGroup> decode_row_groups(std::span<const std::int32_t> query_start, int heads);
 
 // Entry layout and dequantization of a cache; NotSupportedError for kv dtypes
 // the kernels cannot read.

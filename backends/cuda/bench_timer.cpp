@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "backends/cuda/device.h"
 #include "cases/errors.h"
+#include "gpu/device.h"
 
 namespace mlagate {
 

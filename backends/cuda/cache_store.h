@@ -9,8 +9,8 @@
 #include <memory>
 #include <mutex>
 
-#include "backends/cuda/device.h"
 #include "cases/paged_cache.h"
+#include "gpu/device.h"
 
 namespace mlagate::gpu {
 

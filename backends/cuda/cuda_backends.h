@@ -10,6 +10,7 @@
 #include <string>
 
 #include "backends/backend.h"
+#include "gpu/device_info.h"  // cuda_device_info() and the device queries, for the callers of this header
 
 namespace mlagate {
 
@@ -34,31 +35,6 @@ std::unique_ptr<Backend> make_cuda_sparse();
 // "cuda.merge": the merge_states op (vLLM's merge_attn_states), one thread
 // block per (token, head) row, fp32 scales; bf16, fp16 and fp32 outputs.
 std::unique_ptr<Backend> make_cuda_merge();
-
-// What the process sees: a device or the reason there is none.
-struct CudaDeviceInfo {
-  bool available = false;
-  int count = 0;           // devices this process sees (CUDA_VISIBLE_DEVICES applied), usable or not
-  std::string error;       // why not, when !available ("no CUDA device: ...")
-  int device = 0;
-  std::string name;        // "NVIDIA H100 80GB HBM3"
-  int sm_major = 0, sm_minor = 0;
-  int multiprocessors = 0;
-  std::size_t total_bytes = 0, free_bytes = 0;
-  std::string sync_policy;  // what MLAGATE_CUDA_SYNC set (sync_policy.h); empty: CUDA's default
-  std::string str() const; // one line for logs
-};
-// Queried once per process (free memory at that moment).
-const CudaDeviceInfo& cuda_device_info();
-
-// The devices this process sees (CUDA_VISIBLE_DEVICES applied), counted
-// without making a context; 0 with `why` saying why where there are none.
-int cuda_visible_device_count(std::string& why);
-// Total memory of the device of this ordinal (CUDA_VISIBLE_DEVICES applied)
-// from its properties, which need no CUDA context: the parent of a run's
-// workers sizes their devices without holding one on each. 0 when it cannot
-// be had (no such device, no driver).
-std::uint64_t cuda_device_total_bytes(int ordinal);
 
 // Host -> device uploads of paged caches so far in this process (each case's
 // cache is uploaded once per block size and shared by the CUDA backends).

@@ -13,7 +13,7 @@
 #include <cmath>
 
 #include "backends/cuda/cuda_backends.h"
-#include "backends/cuda/device.h"
+#include "gpu/device.h"
 
 namespace mlagate {
 namespace gpu {

@@ -17,13 +17,13 @@
 #include <string>
 #include <vector>
 
-#include "backends/cuda/attention.cuh"
 #include "backends/cuda/backend_base.cuh"
 #include "backends/cuda/cache_store.h"
 #include "backends/cuda/cuda_backends.h"
-#include "backends/cuda/kv_format.cuh"
 #include "cases/errors.h"
 #include "cases/fp8.h"
+#include "gpu/attention.cuh"
+#include "gpu/kv_format.cuh"
 
 namespace mlagate {
 namespace gpu {
@@ -190,6 +190,27 @@ __host__ __device__ inline std::size_t sparse_smem_bytes(int D) {
          static_cast<std::size_t>(kHeads) * kKeys * 4 + kKeys * 4 + kHeads * 4 * 2;
 }
 
+// A tile of keys into shared memory as model-dtype bits (zeros and s_valid 0
+// where the tile has no key): warp k loads keys k, k + kWarps, ...; lanes
+// stride over the elements.
+__device__ __forceinline__ void load_key_tile(const SparseProblem& pb, const MainPart& m, int t, int j0, int w, int D,
+                                              int ks, int lane, int warp, std::uint16_t* s_keys, int* s_valid) {
+  for (int j = warp; j < kKeys; j += kWarps) {
+    int which = 0;
+    const long long slot = j < w ? key_slot(pb, m, t, j0 + j, which) : -1;
+    std::uint16_t* dst = s_keys + j * ks;
+    if (slot < 0) {
+      for (int e = lane; e < D; e += 32) dst[e] = 0;
+    } else if (which == 2) {
+      for (int e = lane; e < D; e += 32) dst[e] = pb.rows[slot * D + e];
+    } else {
+      const SparseCache& c = which == 0 ? pb.cache : pb.extra;
+      for (int e = lane; e < D; e += 32) dst[e] = to_model_bits(read_element(c, slot, e), pb.bf16);
+    }
+    if (lane == 0) s_valid[j] = slot >= 0 ? 1 : 0;
+  }
+}
+
 __global__ void __launch_bounds__(kSparseThreads) sparse_attention_kernel(const SparseProblem pb) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = pb.D, ks = D + 2;
@@ -224,21 +245,7 @@ __global__ void __launch_bounds__(kSparseThreads) sparse_attention_kernel(const 
   for (int j0 = 0; j0 < total; j0 += kKeys) {
     const int w = min(kKeys, total - j0);
     __syncthreads();  // the previous tile's keys and p are consumed
-    // Keys: warp k loads keys k, k + kWarps, ...; lanes stride over the elements.
-    for (int j = warp; j < kKeys; j += kWarps) {
-      int which = 0;
-      const long long slot = j < w ? key_slot(pb, m, t, j0 + j, which) : -1;
-      std::uint16_t* dst = s_keys + j * ks;
-      if (slot < 0) {
-        for (int e = lane; e < D; e += 32) dst[e] = 0;
-      } else if (which == 2) {
-        for (int e = lane; e < D; e += 32) dst[e] = pb.rows[slot * D + e];
-      } else {
-        const SparseCache& c = which == 0 ? pb.cache : pb.extra;
-        for (int e = lane; e < D; e += 32) dst[e] = to_model_bits(read_element(c, slot, e), pb.bf16);
-      }
-      if (lane == 0) s_valid[j] = slot >= 0 ? 1 : 0;
-    }
+    load_key_tile(pb, m, t, j0, w, D, ks, lane, warp, s_keys, s_valid);
     __syncthreads();
     // Logits: thread (h, j) for h < kHeads, j < kKeys, sequential over d.
     for (int i = tid; i < kHeads * kKeys; i += kSparseThreads) {

@@ -24,9 +24,9 @@
 #include "backends/cuda/backend_base.cuh"
 #include "backends/cuda/cache_store.h"
 #include "backends/cuda/cuda_backends.h"
-#include "backends/cuda/device.h"
 #include "backends/flashmla/flashmla_backend.h"
 #include "cases/errors.h"
+#include "gpu/device.h"
 
 // FlashMLA's own headers (from MLAGATE_FLASHMLA_SOURCE_DIR/csrc).
 #include "params.h"

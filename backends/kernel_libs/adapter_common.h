@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "backends/backend.h"
-#include "backends/cuda/device.h"
+#include "gpu/device.h"
 
 namespace mlagate::libs {
 

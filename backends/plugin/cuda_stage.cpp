@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/cuda/device.h"
 #include "backends/plugin/device_stage.h"
+#include "gpu/device.h"
 
 namespace mlagate::plugin {
 

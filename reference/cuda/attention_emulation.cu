@@ -24,7 +24,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "backends/cuda/device.h"
+#include "gpu/device.h"
 #include "reference/cuda/cuda_reference.h"
 #include "reference/cuda/row_projection_kernels.h"
 #include "reference/detail/emulation_math.h"

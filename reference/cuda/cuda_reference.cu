@@ -7,11 +7,10 @@
 #include <stdexcept>
 #include <string>
 
-#include "backends/cuda/attention.cuh"
-#include "backends/cuda/backend_base.cuh"
-#include "reference/cuda/cuda_reference.h"
 #include "cases/encoding.h"
 #include "cases/errors.h"
+#include "gpu/attention.cuh"
+#include "reference/cuda/cuda_reference.h"
 
 namespace mlagate {
 namespace gpu {

@@ -18,8 +18,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "backends/cuda/device.h"
 #include "cases/tensor.h"
+#include "gpu/device.h"
 #include "reference/cuda/cuda_reference.h"
 #include "reference/device_staging.h"
 

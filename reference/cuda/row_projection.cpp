@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/cuda/device.h"
 #include "cases/encoding.h"
+#include "gpu/device.h"
 #include "reference/cuda/cuda_reference.h"
 #include "reference/cuda/row_projection_kernels.h"
 #include "reference/detail/widen.h"

@@ -14,8 +14,8 @@
 // to 16 bits is cases/encoding.h's own integer code, compiled for the device.
 #include <algorithm>
 
-#include "backends/cuda/device.h"  // MLAGATE_CUDA_CHECK_LAUNCH
 #include "cases/encoding.h"
+#include "gpu/device.h"  // MLAGATE_CUDA_CHECK_LAUNCH
 #include "reference/cuda/row_projection_kernels.h"
 
 namespace mlagate::gpu {

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "backends/cuda/cuda_backends.h"
-#include "backends/cuda/sync_policy.h"
 #include "cases/errors.h"
 #include "cases/suite.h"
+#include "gpu/sync_policy.h"
 #include "harness/cli/cli.h"
 #include "harness/run/runner.h"
 #include "harness/run/serving.h"

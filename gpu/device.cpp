@@ -1,7 +1,6 @@
-// CUDA infrastructure: checked calls, the device query, RAII buffers, streams
-// and events, and guarded device outputs.
-#include "backends/cuda/device.h"
-#include "backends/cuda/sync_policy.h"
+// The GPU's device plumbing (gpu/device.h): checked calls, the device query,
+// RAII buffers, streams and events, and guarded device outputs.
+#include "gpu/device.h"
 
 #include <cstdio>
 #include <cstring>
@@ -9,6 +8,7 @@
 
 #include "cases/errors.h"
 #include "cases/process_slot.h"
+#include "gpu/sync_policy.h"
 
 namespace mlagate {
 

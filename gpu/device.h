@@ -1,4 +1,6 @@
-// CUDA infrastructure of the GPU backends (internal: includes the CUDA runtime).
+// The device plumbing of everything that runs on the GPU (the CUDA backends,
+// the GPU reference, the plugin and kernel-library stages), internal: it
+// includes the CUDA runtime.
 // Every CUDA call is checked and throws CudaError with the call, file and line;
 // device memory, streams and events are RAII; outputs live in guarded device
 // buffers whose payload starts as the harness's poison and whose guard bands
@@ -14,9 +16,9 @@
 #include <string>
 #include <utility>
 
-#include "backends/cuda/cuda_backends.h"
 #include "cases/errors.h"  // DeviceUnavailableError, OutOfBoundsWriteError thrown here
 #include "cases/tensor.h"
+#include "gpu/device_info.h"
 
 namespace mlagate::gpu {
 

@@ -1,5 +1,5 @@
 // MLAGATE_CUDA_SYNC (sync_policy.h): the primary context's schedule flag.
-#include "backends/cuda/sync_policy.h"
+#include "gpu/sync_policy.h"
 
 #include <cuda_runtime.h>
 

@@ -1,24 +1,29 @@
-// The attention engine of the CUDA kernels: one thread block takes a group of
-// up to kGroupRows query rows that share one key sequence (rows of one request
-// in decode, tokens of one (request, head) in prefill), walks a range of its
-// keys in tiles of kTileKeys with an online softmax, and hands the normalized
-// rows and their LSE to a sink. Problems say where queries, keys and values
-// are (paged latent cache, contiguous per-head tensors, case inputs); sinks say
-// where results go (model-dtype outputs, fp32 split partials, fp64 reference).
-// Acc is the arithmetic type: float for the kernels under test, double for the
-// GPU reference. kRoundP rounds the probabilities to the model dtype before P@V
-// (what a 16-bit tensor-core MMA sees); the row sum uses the unrounded values.
+// The paged attention engine on the GPU, below both of its users: the CUDA
+// backends (backends/cuda, Acc = float) and the GPU fp64 reference
+// (reference/cuda, Acc = double) instantiate this one template. One thread
+// block takes a group of up to kGroupRows query rows that share one key
+// sequence (rows of one request in decode, tokens of one (request, head) in
+// prefill), walks a range of its keys in tiles of kTileKeys with an online
+// softmax, and hands the normalized rows and their LSE to a sink. Problems say
+// where queries, keys and values are (paged latent cache, contiguous per-head
+// tensors, case inputs); sinks say where results go (model-dtype outputs, fp32
+// split partials, fp64 reference). kRoundP rounds the probabilities to the
+// model dtype before P@V (what a 16-bit tensor-core MMA sees); the row sum
+// uses the unrounded values.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <span>
 #include <string>
+#include <vector>
 
-#include "backends/cuda/device.h"
-#include "backends/cuda/kv_format.cuh"
 #include "cases/errors.h"
+#include "gpu/device.h"
+#include "gpu/kv_format.cuh"
 
 namespace mlagate::gpu {
 
@@ -36,6 +41,19 @@ struct RowGroup {
   int rows;
   int head;  // prefill: the head of every row; decode: unused (row r is token r / N, head r % N)
 };
+
+// Row groups of a decode call: each request's rows r = u * N + n cut into
+// groups of kGroupRows (host code; the CUDA backends and the GPU reference
+// both launch decode-shaped problems).
+inline std::vector<RowGroup> decode_row_groups(std::span<const std::int32_t> query_start, int heads) {
+  std::vector<RowGroup> groups;
+  for (std::size_t b = 0; b + 1 < query_start.size(); ++b) {
+    const int rows = (query_start[b + 1] - query_start[b]) * heads;
+    for (int r = 0; r < rows; r += kGroupRows)
+      groups.push_back({static_cast<int>(b), r, std::min(kGroupRows, rows - r), 0});
+  }
+  return groups;
+}
 
 template <class Acc>
 __device__ __forceinline__ Acc neg_inf();
@@ -70,6 +88,22 @@ __device__ __forceinline__ int clamp_visible(int v, int n) { return v < 0 ? 0 : 
 __host__ __device__ inline int smem_elems(int dk, int dv, bool values_in_keys) {
   return kGroupRows * (dk + 1) + kTileKeys * (dk + 1) + (values_in_keys ? 0 : kTileKeys * (dv + 1)) +
          kGroupRows * kTileKeys;
+}
+
+// One logit: query row q against key kk over dk elements in four interleaved
+// partial sums, summed pairwise and scaled.
+template <class Acc>
+__device__ __forceinline__ Acc tile_logit(const Acc* q, const Acc* kk, int dk, double scale) {
+  Acc d0 = 0, d1 = 0, d2 = 0, d3 = 0;
+  int e = 0;
+  for (; e + 4 <= dk; e += 4) {
+    d0 += q[e] * kk[e];
+    d1 += q[e + 1] * kk[e + 1];
+    d2 += q[e + 2] * kk[e + 2];
+    d3 += q[e + 3] * kk[e + 3];
+  }
+  for (; e < dk; ++e) d0 += q[e] * kk[e];
+  return ((d0 + d1) + (d2 + d3)) * static_cast<Acc>(scale);
 }
 
 // The engine. grid.x: row groups; grid.y: splits of each request's keys
@@ -132,28 +166,13 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Problem pb, c
     __syncthreads();
 
     // One logit per thread: row my_g, key my_k; masked keys are -inf.
-    {
-      Acc s = neg_inf<Acc>();
-      if (my_g < grp.rows && my_k < nk && j0 + my_k < row_vis[my_g]) {
-        const Acc* q = qs + my_g * kstride;
-        const Acc* kk = ks + my_k * kstride;
-        Acc d0 = 0, d1 = 0, d2 = 0, d3 = 0;
-        int e = 0;
-        for (; e + 4 <= dk; e += 4) {
-          d0 += q[e] * kk[e];
-          d1 += q[e + 1] * kk[e + 1];
-          d2 += q[e + 2] * kk[e + 2];
-          d3 += q[e + 3] * kk[e + 3];
-        }
-        for (; e < dk; ++e) d0 += q[e] * kk[e];
-        s = ((d0 + d1) + (d2 + d3)) * static_cast<Acc>(pb.scale);
-      }
-      ps[my_g * kTileKeys + my_k] = s;
-    }
+    Acc s = neg_inf<Acc>();
+    if (my_g < grp.rows && my_k < nk && j0 + my_k < row_vis[my_g])
+      s = tile_logit(qs + my_g * kstride, ks + my_k * kstride, dk, pb.scale);
+    ps[my_g * kTileKeys + my_k] = s;
     __syncthreads();
 
-    // Online softmax, one thread per row.
-    if (tid < kGroupRows) {
+    if (tid < kGroupRows) {  // online softmax, one thread per row
       Acc* p = ps + tid * kTileKeys;
       const Acc m_old = row_m[tid];
       Acc m_new = m_old;
@@ -213,6 +232,18 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Problem pb, c
   if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) sink.after();
 }
 
+// The row rule of decode-shaped problems (the paged decode and the reference's
+// MQA core): rows r = u * N + n of request b (token u, head n); token u of a
+// request of s keys and q_len tokens sees keys 0 .. s - q_len + u.
+__device__ __forceinline__ int decode_visible(const std::int32_t* seq_lens, const std::int32_t* query_start, int heads,
+                                              const RowGroup& g, int r) {
+  const int b = g.request, s = seq_lens[b], q_len = query_start[b + 1] - query_start[b];
+  return clamp_visible(s - q_len + r / heads + 1, s);
+}
+__device__ __forceinline__ long long decode_flat_row(const std::int32_t* query_start, int heads, const RowGroup& g, int r) {
+  return static_cast<long long>(query_start[g.request]) * heads + r;
+}
+
 // Decode over the paged cache: rows r = u * N + n of request b (token u, head n),
 // query [q_lat | q_pe], keys = the cache entries through the block table,
 // values = the first L elements of each key.
@@ -233,13 +264,8 @@ struct PagedDecodeProblem {
   bool bf16;
 
   __device__ int key_count(const RowGroup& g) const { return seq_lens[g.request]; }
-  __device__ int visible(const RowGroup& g, int r) const {
-    const int b = g.request, s = seq_lens[b], q_len = query_start[b + 1] - query_start[b];
-    return clamp_visible(s - q_len + r / heads + 1, s);
-  }
-  __device__ long long flat_row(const RowGroup& g, int r) const {
-    return static_cast<long long>(query_start[g.request]) * heads + r;
-  }
+  __device__ int visible(const RowGroup& g, int r) const { return decode_visible(seq_lens, query_start, heads, g, r); }
+  __device__ long long flat_row(const RowGroup& g, int r) const { return decode_flat_row(query_start, heads, g, r); }
   template <class Acc>
   __device__ Acc query(const RowGroup& g, int r, int e) const {
     const long long f = flat_row(g, r);
@@ -319,18 +345,14 @@ struct LatentReferenceProblem {
   double scale;
   bool bf16;
 
-  __device__ int key_count(const RowGroup& g) const { return seq_lens[g.request]; }
-  __device__ int visible(const RowGroup& g, int r) const {
-    const int b = g.request, s = seq_lens[b], q_len = query_start[b + 1] - query_start[b];
-    return clamp_visible(s - q_len + r / heads + 1, s);
-  }
-  __device__ long long flat_row(const RowGroup& g, int r) const {
-    return static_cast<long long>(query_start[g.request]) * heads + r;
-  }
   template <class Acc>
   __device__ Acc query(const RowGroup& g, int r, int e) const {
     return static_cast<Acc>(q_full[flat_row(g, r) * dk + e]);
   }
+  // Rows and keys by the decode rule (decode_visible), as PagedDecodeProblem's.
+  __device__ long long flat_row(const RowGroup& g, int r) const { return decode_flat_row(query_start, heads, g, r); }
+  __device__ int visible(const RowGroup& g, int r) const { return decode_visible(seq_lens, query_start, heads, g, r); }
+  __device__ int key_count(const RowGroup& g) const { return seq_lens[g.request]; }
   __device__ long long key_row(const RowGroup& g, int j) const { return static_cast<long long>(kv_start[g.request]) + j; }
   template <class Acc>
   __device__ Acc key(long long row, int e) const {
