@@ -104,6 +104,15 @@ pyb::dict prefill_args(const PrefillArgs& a, Hold h) {
   return d;
 }
 
+// The keys both sparse ops end with, in the order a Python backend sees them.
+template <class SparseArgs>
+void add_sink_and_outputs(pyb::dict& d, const SparseArgs& a, Hold h) {
+  d["sink"] = floats_or_none(a.sink);
+  d["scale"] = a.scale;
+  d["o"] = wrap(a.o, h, true);
+  d["lse"] = wrap(a.lse, h, true);
+}
+
 pyb::dict sparse_decode_args(const SparseDecodeArgs& a, Hold h) {
   pyb::dict d;
   d["q"] = wrap(a.q, h);
@@ -123,10 +132,7 @@ pyb::dict sparse_decode_args(const SparseDecodeArgs& a, Hold h) {
   }
   d["extra_indices"] = a.extra_indices.numel() ? wrap(a.extra_indices, h) : pyb::none();
   d["extra_topk_length"] = i32_or_none(a.extra_topk_length);
-  d["sink"] = floats_or_none(a.sink);
-  d["scale"] = a.scale;
-  d["o"] = wrap(a.o, h, true);
-  d["lse"] = wrap(a.lse, h, true);
+  add_sink_and_outputs(d, a, h);
   return d;
 }
 
@@ -136,10 +142,7 @@ pyb::dict sparse_prefill_args(const SparsePrefillArgs& a, Hold h) {
   d["kv"] = wrap(a.kv, h);
   d["indices"] = wrap(a.indices, h);
   d["topk_length"] = i32_or_none(a.topk_length);
-  d["sink"] = floats_or_none(a.sink);
-  d["scale"] = a.scale;
-  d["o"] = wrap(a.o, h, true);
-  d["lse"] = wrap(a.lse, h, true);
+  add_sink_and_outputs(d, a, h);
   return d;
 }
 

@@ -264,37 +264,40 @@ class ErrorSummary {
 };
 
 // One block's share of the metrics pass: sums from zero, maxima, its largest
-// errors and each of its (token, head) runs' largest error.
+// errors and each of its (token, head) runs' largest error. The same fields
+// hold the whole output's totals once the blocks are added.
 struct BlockMetrics {
+  // Adds block k's figures; callers add the blocks in element order, which
+  // keeps the sums' bits independent of the threads.
+  void add(const BlockMetrics& k) {
+    n += k.n;
+    sum_abs += k.sum_abs;
+    sum_d2 += k.sum_d2;
+    sum_y2 += k.sum_y2;
+    sum_x2 += k.sum_x2;
+    sum_xy += k.sum_xy;
+    max_abs_y = std::max(max_abs_y, k.max_abs_y);
+    // The first block wins ties, as a serial pass's first element would.
+    if (k.worst >= 0 && (worst < 0 || k.max_abs > max_abs)) {
+      max_abs = k.max_abs;
+      worst = k.worst;
+    }
+    max_ulp = std::max(max_ulp, k.max_ulp);
+    min_atol = std::max(min_atol, k.min_atol);
+  }
+
   double sum_abs = 0, sum_d2 = 0, sum_y2 = 0, sum_x2 = 0, sum_xy = 0, max_abs_y = 0;
   double max_abs = 0, max_ulp = 0, min_atol = 0;
   std::int64_t n = 0, worst = -1;
   WorstKept kept;
 };
 
-}  // namespace
-
-double ulp_of(double y, DType d) { return ulp_in(y, ulp_format(d)); }
-
-Status compare_output(const OutputCheck& c, const Policy& p, Metrics& m) {
-  m = Metrics{};
-  m.output = c.name;
-  m.numel = shape_numel(c.expected_shape);
-  // 1. Shape and dtype first: a wrong axis must not be hidden by broadcasting.
-  if (c.got.shape != c.expected_shape || c.got.dtype != c.expected_dtype) {
-    m.message = c.name + ": produced " + shape_str(c.got.shape) + " " + std::string(dtype_name(c.got.dtype)) +
-                ", expected " + shape_str(c.expected_shape) + " " + std::string(dtype_name(c.expected_dtype));
-    return Status::kIncorrect;
-  }
-  const std::vector<double>& y = *c.reference;
-  if (static_cast<std::int64_t>(y.size()) != m.numel)
-    throw std::logic_error("compare_output: golden size mismatch for " + c.name);
-  const std::vector<double> got = as_f64(c.got);
-  const UlpFormat ulp_fmt = ulp_format(c.expected_dtype);
-  ErrorSummary summary(c.layout, m.numel, m);
-
-  // 3. Non-finite positions must match the reference's (an empty row's lse may
-  // be either infinity; anything else non-finite is a mismatch).
+// Step 3 of compare_output: non-finite positions must match the reference's
+// (an empty row's lse may be either infinity; anything else non-finite is a
+// mismatch). Returns how many empty lse rows came back +inf, which passes but
+// is worth a message.
+int match_nonfinite(const OutputCheck& c, const std::vector<double>& got, const std::vector<double>& y,
+                    ErrorSummary& summary, Metrics& m) {
   int plus_inf_rows = 0;
   for (std::int64_t i = 0; i < m.numel; ++i) {
     const double x = got[static_cast<std::size_t>(i)], r = y[static_cast<std::size_t>(i)];
@@ -313,116 +316,112 @@ Status compare_output(const OutputCheck& c, const Policy& p, Metrics& m) {
       ++m.nonfinite_mismatches;
     }
   }
+  return plus_inf_rows;
+}
 
-  // 4. Metrics over positions where both are finite.
-  // lse is a logarithm: an absolute error e scales every probability by e^e,
-  // whatever lse's size, so it is judged on atol alone.
-  const double rtol = c.is_lse ? 0.0 : p.rtol;
-  double sum_abs = 0, sum_d2 = 0, sum_y2 = 0, sum_x2 = 0, sum_xy = 0, max_abs_y = 0;
-  std::int64_t n = 0, worst = -1;
-  m.max_abs = 0;
-  m.max_ulp = 0;
-  m.min_atol = 0;
+// What one element pair where both are finite adds to its block.
+struct ElementTerms {
+  const std::vector<double>& got;
+  const std::vector<double>& y;
+  double rtol;
+  UlpFormat ulp_fmt;
+};
+
+// Runs [q_begin, q_end) of `run` elements into k; each run's largest error
+// goes to run_max[q].
+void measure_runs(const ElementTerms& e, std::int64_t numel, std::int64_t run, std::int64_t q_begin,
+                  std::int64_t q_end, BlockMetrics& k, std::vector<float>& run_max) {
+  for (std::int64_t q = q_begin; q < q_end; ++q) {
+    float cell = 0;
+    for (std::int64_t i = q * run, end = std::min(numel, (q + 1) * run); i < end; ++i) {
+      const double x = e.got[static_cast<std::size_t>(i)], r = e.y[static_cast<std::size_t>(i)];
+      if (!std::isfinite(x) || !std::isfinite(r)) continue;
+      const double d = std::fabs(x - r);
+      if (const float df = static_cast<float>(d); df > cell) cell = df;
+      k.kept.offer(d, i);
+      ++k.n;
+      k.sum_abs += d;
+      k.sum_d2 += d * d;
+      k.sum_y2 += r * r;
+      k.sum_x2 += x * x;
+      k.sum_xy += x * r;
+      k.max_abs_y = std::max(k.max_abs_y, std::fabs(r));
+      if (d > k.max_abs || k.worst < 0) {
+        k.max_abs = d;
+        k.worst = i;
+      }
+      k.max_ulp = std::max(k.max_ulp, d / ulp_in(r, e.ulp_fmt));
+      k.min_atol = std::max(k.min_atol, d - e.rtol * std::fabs(r));
+    }
+    run_max[static_cast<std::size_t>(q)] = cell;
+  }
+}
+
+// Step 4's pass over positions where both are finite; fills the error map
+// and the kept worst elements, and returns the totals.
+BlockMetrics metrics_pass(const ElementTerms& e, std::int64_t numel, ErrorSummary& summary) {
   // Runs of elements sharing an error-map cell: (token, head) rows of `dim`.
   // The pass runs over blocks of whole runs in parallel; each block sums from
   // zero and the blocks are added in element order, so the figures depend on
   // the block size alone, never on the threads (the same bits on any machine).
-  const std::int64_t run = summary.run_length(m.numel);
-  const std::int64_t runs = m.numel > 0 ? (m.numel + run - 1) / run : 0;
+  const std::int64_t run = summary.run_length(numel);
+  const std::int64_t runs = numel > 0 ? (numel + run - 1) / run : 0;
   const std::int64_t runs_per_block = std::max<std::int64_t>(1, kCompareBlock / run);
   const std::int64_t blocks = (runs + runs_per_block - 1) / runs_per_block;
   std::vector<BlockMetrics> bm(static_cast<std::size_t>(blocks));
   std::vector<float> run_max(static_cast<std::size_t>(runs), 0.0f);  // each run's largest error
 #pragma omp parallel for schedule(dynamic, 1) if (blocks > 1)
-  for (std::int64_t b = 0; b < blocks; ++b) {
-    BlockMetrics& k = bm[static_cast<std::size_t>(b)];
-    for (std::int64_t q = b * runs_per_block, q_end = std::min(runs, (b + 1) * runs_per_block); q < q_end; ++q) {
-      float cell = 0;
-      for (std::int64_t i = q * run, end = std::min(m.numel, (q + 1) * run); i < end; ++i) {
-        const double x = got[static_cast<std::size_t>(i)], r = y[static_cast<std::size_t>(i)];
-        if (!std::isfinite(x) || !std::isfinite(r)) continue;
-        const double d = std::fabs(x - r);
-        if (const float df = static_cast<float>(d); df > cell) cell = df;
-        k.kept.offer(d, i);
-        ++k.n;
-        k.sum_abs += d;
-        k.sum_d2 += d * d;
-        k.sum_y2 += r * r;
-        k.sum_x2 += x * x;
-        k.sum_xy += x * r;
-        k.max_abs_y = std::max(k.max_abs_y, std::fabs(r));
-        if (d > k.max_abs || k.worst < 0) {
-          k.max_abs = d;
-          k.worst = i;
-        }
-        k.max_ulp = std::max(k.max_ulp, d / ulp_in(r, ulp_fmt));
-        k.min_atol = std::max(k.min_atol, d - rtol * std::fabs(r));
-      }
-      run_max[static_cast<std::size_t>(q)] = cell;
-    }
-  }
+  for (std::int64_t b = 0; b < blocks; ++b)
+    measure_runs(e, numel, run, b * runs_per_block, std::min(runs, (b + 1) * runs_per_block),
+                 bm[static_cast<std::size_t>(b)], run_max);
   for (std::int64_t q = 0; q < runs; ++q) {
     // A cell marked NaN (a non-finite mismatch) keeps its NaN: `>` is false.
     float& cell = summary.cell(q * run);
     if (run_max[static_cast<std::size_t>(q)] > cell) cell = run_max[static_cast<std::size_t>(q)];
   }
+  BlockMetrics total;
   for (const BlockMetrics& k : bm) {
-    n += k.n;
-    sum_abs += k.sum_abs;
-    sum_d2 += k.sum_d2;
-    sum_y2 += k.sum_y2;
-    sum_x2 += k.sum_x2;
-    sum_xy += k.sum_xy;
-    max_abs_y = std::max(max_abs_y, k.max_abs_y);
-    if (k.worst >= 0 && (worst < 0 || k.max_abs > m.max_abs)) {
-      m.max_abs = k.max_abs;
-      worst = k.worst;
-    }
-    m.max_ulp = std::max(m.max_ulp, k.max_ulp);
-    m.min_atol = std::max(m.min_atol, k.min_atol);
+    total.add(k);
     summary.offer_all(k.kept);
   }
-  summary.finish(c.layout, got, y);
-  m.ref_norm = std::sqrt(sum_y2);
-  m.out_norm = std::sqrt(sum_x2);
-  if (n > 0) {
-    m.mean_abs = sum_abs / static_cast<double>(n);
-    m.nmse = sum_y2 > 0 ? sum_d2 / sum_y2 : (sum_d2 > 0 ? INFINITY : 0.0);
-    const double denom = sum_x2 + sum_y2;
-    m.cos_diff = denom > 0 ? 1.0 - 2.0 * sum_xy / denom : 0.0;
+  return total;
+}
+
+// The figures derived from the totals; max_abs and max_ulp are NaN when no
+// position had both values finite (nothing was measured).
+void derive_metrics(const OutputCheck& c, const ElementTerms& e, const BlockMetrics& t, Metrics& m) {
+  m.max_abs = t.max_abs;
+  m.max_ulp = t.max_ulp;
+  m.min_atol = t.min_atol;
+  m.ref_norm = std::sqrt(t.sum_y2);
+  m.out_norm = std::sqrt(t.sum_x2);
+  if (t.n > 0) {
+    m.mean_abs = t.sum_abs / static_cast<double>(t.n);
+    m.nmse = t.sum_y2 > 0 ? t.sum_d2 / t.sum_y2 : (t.sum_d2 > 0 ? INFINITY : 0.0);
+    const double denom = t.sum_x2 + t.sum_y2;
+    m.cos_diff = denom > 0 ? 1.0 - 2.0 * t.sum_xy / denom : 0.0;
     // Relative error with a floor at 1% of the reference's RMS, so near-zero
     // reference elements do not dominate.
-    m.rel_floor = std::max(1e-2 * std::sqrt(sum_y2 / static_cast<double>(n)), 1e-30);
+    m.rel_floor = std::max(1e-2 * std::sqrt(t.sum_y2 / static_cast<double>(t.n)), 1e-30);
     double max_rel = 0;  // a maximum: the same whatever the threads
     const double rel_floor = m.rel_floor;
+    const std::vector<double>& got = e.got;
+    const std::vector<double>& y = e.y;
 #pragma omp parallel for schedule(static) reduction(max : max_rel) if (m.numel > (1 << 18))
     for (std::int64_t i = 0; i < m.numel; ++i) {
       const double x = got[static_cast<std::size_t>(i)], r = y[static_cast<std::size_t>(i)];
       if (std::isfinite(x) && std::isfinite(r)) max_rel = std::max(max_rel, std::fabs(x - r) / std::max(std::fabs(r), rel_floor));
     }
     m.max_rel = max_rel;
-    m.worst = c.layout.locate(worst);
+    m.worst = c.layout.locate(t.worst);
   } else {
     m.max_abs = kNaN;
     m.max_ulp = kNaN;
   }
-  // The baseline policy's terms, and the smallest fudge that would have passed.
-  m.err_baseline = c.err_baseline;
-  if (std::isfinite(c.err_baseline) || p.kind == Policy::Kind::kBaseline)
-    m.baseline_floor = baseline_floor(max_abs_y, c.expected_dtype, c.is_lse, c.dqk);
-  if (n > 0 && std::isfinite(c.err_baseline)) {
-    const double excess = std::max(0.0, m.max_abs - m.baseline_floor);
-    m.min_fudge = excess == 0 ? 0.0 : (c.err_baseline > 0 ? excess / c.err_baseline : INFINITY);
-  }
+}
 
-  if (m.nonfinite_mismatches > 0) {
-    m.min_atol = INFINITY;
-    if (std::isfinite(c.err_baseline)) m.min_fudge = INFINITY;
-    m.passed = false;
-    return Status::kNonfinite;
-  }
-  if (c.is_lse && plus_inf_rows > 0) m.message = c.name + ": " + std::to_string(plus_inf_rows) + " empty row(s) returned +inf";
-
+// Steps 5 and 6 of compare_output, on a result with no non-finite mismatch.
+Status judge(const OutputCheck& c, const Policy& p, Metrics& m) {
   // 5. The policy, on the outputs it gates.
   if (p.gates(c.name) && p.kind == Policy::Kind::kBaseline) {
     if (!std::isfinite(c.err_baseline)) throw std::logic_error("compare_output: baseline policy without err_baseline for " + c.name);
@@ -450,6 +449,54 @@ Status compare_output(const OutputCheck& c, const Policy& p, Metrics& m) {
   }
   m.passed = true;
   return Status::kPassed;
+}
+
+}  // namespace
+
+double ulp_of(double y, DType d) { return ulp_in(y, ulp_format(d)); }
+
+Status compare_output(const OutputCheck& c, const Policy& p, Metrics& m) {
+  m = Metrics{};
+  m.output = c.name;
+  m.numel = shape_numel(c.expected_shape);
+  // 1. Shape and dtype first: a wrong axis must not be hidden by broadcasting.
+  if (c.got.shape != c.expected_shape || c.got.dtype != c.expected_dtype) {
+    m.message = c.name + ": produced " + shape_str(c.got.shape) + " " + std::string(dtype_name(c.got.dtype)) +
+                ", expected " + shape_str(c.expected_shape) + " " + std::string(dtype_name(c.expected_dtype));
+    return Status::kIncorrect;
+  }
+  const std::vector<double>& y = *c.reference;
+  if (static_cast<std::int64_t>(y.size()) != m.numel)
+    throw std::logic_error("compare_output: golden size mismatch for " + c.name);
+  const std::vector<double> got = as_f64(c.got);
+  ErrorSummary summary(c.layout, m.numel, m);
+
+  const int plus_inf_rows = match_nonfinite(c, got, y, summary, m);
+
+  // 4. Metrics over positions where both are finite.
+  // lse is a logarithm: an absolute error e scales every probability by e^e,
+  // whatever lse's size, so it is judged on atol alone.
+  const ElementTerms terms{got, y, c.is_lse ? 0.0 : p.rtol, ulp_format(c.expected_dtype)};
+  const BlockMetrics totals = metrics_pass(terms, m.numel, summary);
+  summary.finish(c.layout, got, y);
+  derive_metrics(c, terms, totals, m);
+  // The baseline policy's terms, and the smallest fudge that would have passed.
+  m.err_baseline = c.err_baseline;
+  if (std::isfinite(c.err_baseline) || p.kind == Policy::Kind::kBaseline)
+    m.baseline_floor = baseline_floor(totals.max_abs_y, c.expected_dtype, c.is_lse, c.dqk);
+  if (totals.n > 0 && std::isfinite(c.err_baseline)) {
+    const double excess = std::max(0.0, m.max_abs - m.baseline_floor);
+    m.min_fudge = excess == 0 ? 0.0 : (c.err_baseline > 0 ? excess / c.err_baseline : INFINITY);
+  }
+
+  if (m.nonfinite_mismatches > 0) {
+    m.min_atol = INFINITY;
+    if (std::isfinite(c.err_baseline)) m.min_fudge = INFINITY;
+    m.passed = false;
+    return Status::kNonfinite;
+  }
+  if (c.is_lse && plus_inf_rows > 0) m.message = c.name + ": " + std::to_string(plus_inf_rows) + " empty row(s) returned +inf";
+  return judge(c, p, m);
 }
 
 }  // namespace mlagate

@@ -89,15 +89,25 @@ Tensor sparse_query(const Case& c, const TensorView& q_lat) {
   return q;
 }
 
+namespace {
+
+// Every row as a row without keys leaves it: o = 0, lse = -inf.
+SparseReference empty_reference(Index T, Index N, Index Dv) {
+  SparseReference r;
+  r.o.assign(static_cast<std::size_t>(T * N * Dv), 0.0);
+  r.lse.assign(static_cast<std::size_t>(T * N), -std::numeric_limits<double>::infinity());
+  return r;
+}
+
+}  // namespace
+
 SparseReference sparse_golden(const Case& c, const TensorView& q) {
   check(c, q);
   const Index T = c.num_tokens, N = c.spec.num_heads(), D = q.shape[2], Dv = c.spec.sparse_dv();
   const double scale = c.spec.softmax_scale();
   const std::vector<float>& sink = c.sparse->sink;
   const std::vector<int> req = token_requests(c);
-  SparseReference r;
-  r.o.assign(static_cast<std::size_t>(T * N * Dv), 0.0);
-  r.lse.assign(static_cast<std::size_t>(T * N), -std::numeric_limits<double>::infinity());
+  SparseReference r = empty_reference(T, N, Dv);
 #pragma omp parallel
   {
     RowMat<double> keys, qt(N, D), s;
@@ -136,9 +146,7 @@ SparseReference sparse_emulation(const Case& c, const TensorView& q) {
   const DType dt = c.spec.dtype;
   const std::vector<float>& sink = c.sparse->sink;
   const std::vector<int> req = token_requests(c);
-  SparseReference r;
-  r.o.assign(static_cast<std::size_t>(T * N * Dv), 0.0);
-  r.lse.assign(static_cast<std::size_t>(T * N), -std::numeric_limits<double>::infinity());
+  SparseReference r = empty_reference(T, N, Dv);
 #pragma omp parallel
   {
     RowMat<float> keys, qt(N, D), s, p, o;

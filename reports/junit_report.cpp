@@ -11,18 +11,24 @@
 namespace mlagate {
 namespace {
 
+// The escape of one character of element text, or nullptr when it stands as it is.
+const char* text_escape(char c) {
+  switch (c) {
+    case '&': return "&amp;";
+    case '<': return "&lt;";
+    case '>': return "&gt;";
+    case '\r': return "&#13;";  // a raw CR would be normalized away by parsers
+    default: return nullptr;
+  }
+}
+
 // XML 1.0 cannot hold most control characters even as character references, nor invalid
 // UTF-8: printable_text() writes those bytes as "\xNN" before the markup is escaped.
 std::string xml_text(std::string_view s) {
   std::string out;
   for (char c : detail::printable_text(s)) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '\r': out += "&#13;"; break;  // a raw CR would be normalized away by parsers
-      default: out += c;
-    }
+    if (const char* e = text_escape(c)) out += e;
+    else out += c;
   }
   return out;
 }
@@ -32,17 +38,9 @@ std::string xml_text(std::string_view s) {
 std::string xml_attr(std::string_view s) {
   std::string out;
   for (char c : detail::printable_text(s)) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
-      case '\t': out += "&#9;"; break;
-      case '\n': out += "&#10;"; break;
-      case '\r': out += "&#13;"; break;
-      default: out += c;
-    }
+    const char* e = c == '"' ? "&quot;" : c == '\'' ? "&apos;" : c == '\t' ? "&#9;" : c == '\n' ? "&#10;" : text_escape(c);
+    if (e) out += e;
+    else out += c;
   }
   return out;
 }

@@ -59,9 +59,7 @@ void ExploreArgs::add_options(CLI::App* app) {
   app->add_option("--workers", workers, "worker processes per run (mlagate run --workers)");
   app->add_option("--timeout", timeout, "seconds per case, backend and op before it is killed: TIMEOUT")->capture_default_str();
   app->add_option("--threads", threads, "OpenMP threads of each run");
-  policy.add_options(app);
-  poison.add_options(app, "outputs and unused cache", false);
-  extra.add_options(app);
+  add_handed_on_options(app, policy, poison, extra);
 }
 
 int cmd_explore(const ExploreArgs& a) {

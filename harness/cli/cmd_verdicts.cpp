@@ -70,9 +70,7 @@ void TriageArgs::add_options(CLI::App* app) {
   app->add_flag("--cuda-graph", cuda_graph, "the failing record's mode: CUDA-graph replay");
   app->add_option("--dcp", dcp, "the failing record's DCP ranks");
   app->add_option("--steps", steps, "the failing record's decode-loop steps");
-  policy.add_options(app);
-  poison.add_options(app, "outputs and unused cache", false);
-  extra.add_options(app);
+  add_handed_on_options(app, policy, poison, extra);
 }
 
 int cmd_triage(const TriageArgs& a) {

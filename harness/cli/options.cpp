@@ -212,6 +212,12 @@ std::vector<std::string> PoisonArgs::argv() const {
   return a;
 }
 
+void add_handed_on_options(CLI::App* app, PolicyArgs& policy, PoisonArgs& poison, OutOfTree& extra) {
+  policy.add_options(app);
+  poison.add_options(app, "outputs and unused cache", false);
+  extra.add_options(app);
+}
+
 void ReportArgs::add_options(CLI::App* app) {
   app->add_option("--json", json, "write the JSON report here");
   app->add_option("--junit", junit, "write a JUnit XML report here");

@@ -77,6 +77,11 @@ struct PoisonArgs {
   std::vector<std::string> argv() const;  // the non-default flags
 };
 
+// The policy, poison and out-of-tree flags of a command whose runs of
+// `mlagate run` get them as given (explore, triage), in one order so their
+// help reads alike.
+void add_handed_on_options(CLI::App* app, PolicyArgs& policy, PoisonArgs& poison, OutOfTree& extra);
+
 // --json, --junit, --markdown, --html.
 struct ReportArgs {
   std::string json, junit, markdown, html;

@@ -152,6 +152,13 @@ class Checker {
     return v.get<double>();
   }
 
+  // An array of strings (each non-empty when `nonempty`).
+  const Json& strings(const Json& v, const std::string& field, bool nonempty) const {
+    array(v, field);
+    for (std::size_t i = 0; i < v.size(); ++i) string(v[i], at_index(field, i), nonempty);
+    return v;
+  }
+
   // Refuses the keys of `obj` not in `keys`, naming them.
   void only(const Json& obj, const std::string& field, const std::vector<const char*>& keys) const {
     std::vector<std::string> unknown;
@@ -213,10 +220,9 @@ void check_finding(const Checker& c, const Json& f, std::size_t i, std::set<std:
                    " (a signature is one finding per backend)");
 }
 
-}  // namespace
-
-void validate_explore_state(const Json& state, const std::string& path) {
-  const Checker c(path);
+// The file's kind and version, then its top-level keys: a state of another
+// kind is named as such before its fields are judged.
+void check_header(const Checker& c, const Json& state, const std::string& path) {
   if (!state.is_object()) c.expected("", "a JSON object (a search state)", state);
   // load()'s message for a file of another kind or another version.
   const auto schema = state.find("schema");
@@ -228,7 +234,12 @@ void validate_explore_state(const Json& state, const std::string& path) {
           "coverage", "findings", "harness_errors", "slowest", "done", "space_source",
           // One finding per cause, and --expect (harness/verdicts/VERDICTS.md); absent in older states.
           "causes", "known", "xpass", "triage_s"});
+}
 
+// The times, the case counts (each bounded by the one it is part of), the
+// record counts and the coverage. Returns next_index, which bounds the
+// harness errors' rounds.
+long long check_tallies(const Checker& c, const Json& state) {
   for (const char* k : {"elapsed_s", "search_s", "shrink_s", "record_ms"}) c.nonnegative(c.member(state, "", k), k);
 
   const Json& cases = c.object(c.member(state, "", "cases"), "cases");
@@ -250,11 +261,10 @@ void validate_explore_state(const Json& state, const std::string& path) {
     c.object(values, at);
     for (const auto& [k, v] : values.items()) c.count(v, join(at, k));
   }
+  return next;
+}
 
-  const Json& findings = c.array(c.member(state, "", "findings"), "findings");
-  std::set<std::pair<std::string, std::string>> seen;
-  for (std::size_t i = 0; i < findings.size(); ++i) check_finding(c, findings[i], i, seen);
-
+void check_harness_errors(const Checker& c, const Json& state, long long next) {
   const Json& errors = c.array(c.member(state, "", "harness_errors"), "harness_errors");
   for (std::size_t i = 0; i < errors.size(); ++i) {
     const std::string at = at_index("harness_errors", i);
@@ -265,7 +275,10 @@ void validate_explore_state(const Json& state, const std::string& path) {
               std::numeric_limits<int>::max());
     c.string(c.member(e, at, "output"), join(at, "output"));
   }
+}
 
+// slowest, done and the optional scalars.
+void check_rest(const Checker& c, const Json& state) {
   const Json& slowest = c.object(c.member(state, "", "slowest"), "slowest");
   c.only(slowest, "slowest", {"ms", "case"});
   c.nonnegative(c.member(slowest, "slowest", "ms"), "slowest.ms");
@@ -274,41 +287,43 @@ void validate_explore_state(const Json& state, const std::string& path) {
   c.boolean(c.member(state, "", "done"), "done");
   if (state.contains("space_source")) c.string(state["space_source"], "space_source");
   if (state.contains("triage_s")) c.nonnegative(state["triage_s"], "triage_s");
+}
 
-  auto strings = [&](const Json& v, const std::string& field, bool nonempty) {
-    c.array(v, field);
-    for (std::size_t i = 0; i < v.size(); ++i) c.string(v[i], at_index(field, i), nonempty);
-    return &v;
-  };
-  // causes: each names findings that exist, and each finding's cause exists.
+// causes[i]: named in order, and every finding it names exists.
+void check_cause(const Checker& c, const Json& x, std::size_t i, const Json& findings) {
+  const std::string at = at_index("causes", i);
+  c.object(x, at);
+  const Json& name = c.member(x, at, "name");
+  const std::string want = "c" + std::to_string(i + 1);
+  if (!name.is_string() || name.get_ref<const std::string&>() != want)
+    c.expected(join(at, "name"), "\"" + want + "\" (the causes in order)", name);
+  for (const char* k : {"class", "explanation"}) c.string(c.member(x, at, k), join(at, k));
+  const std::string& st = c.string(c.member(x, at, "status"), join(at, "status"));
+  if (!status_from_name(st)) c.expected(join(at, "status"), "a status name such as INCORRECT", Json(st));
+  c.strings(c.member(x, at, "backends"), join(at, "backends"), true);
+  const Json& fs = c.strings(c.member(x, at, "findings"), join(at, "findings"), true);
+  for (std::size_t k = 0; k < fs.size(); ++k) {
+    const std::string& fname = fs[k].get_ref<const std::string&>();
+    bool exists = false;
+    for (const Json& f : findings) exists = exists || f["name"] == fname;
+    if (!exists) c.expected(at_index(join(at, "findings"), k), "the name of a finding", fs[k]);
+  }
+  c.strings(c.member(x, at, "signatures"), join(at, "signatures"), false);
+  c.strings(c.member(x, at, "keys"), join(at, "keys"), false);
+  c.integer(c.member(x, at, "count"), join(at, "count"), 1, kMaxCount);
+  c.object(c.member(x, at, "triage"), join(at, "triage"));
+  const Json& rep = c.object(c.member(x, at, "representative"), join(at, "representative"));
+  for (const char* k : {"backend", "op", "case_file"}) c.string(c.member(rep, join(at, "representative"), k), join(join(at, "representative"), k), true);
+}
+
+// causes: each names findings that exist, and each finding's cause exists.
+void check_causes(const Checker& c, const Json& state, const Json& findings) {
   std::set<std::string> cause_names;
   if (state.contains("causes")) {
     const Json& causes = c.array(state["causes"], "causes");
     for (std::size_t i = 0; i < causes.size(); ++i) {
-      const std::string at = at_index("causes", i);
-      const Json& x = c.object(causes[i], at);
-      const Json& name = c.member(x, at, "name");
-      const std::string want = "c" + std::to_string(i + 1);
-      if (!name.is_string() || name.get_ref<const std::string&>() != want)
-        c.expected(join(at, "name"), "\"" + want + "\" (the causes in order)", name);
-      cause_names.insert(want);
-      for (const char* k : {"class", "explanation"}) c.string(c.member(x, at, k), join(at, k));
-      const std::string& st = c.string(c.member(x, at, "status"), join(at, "status"));
-      if (!status_from_name(st)) c.expected(join(at, "status"), "a status name such as INCORRECT", Json(st));
-      strings(c.member(x, at, "backends"), join(at, "backends"), true);
-      const Json& fs = *strings(c.member(x, at, "findings"), join(at, "findings"), true);
-      for (std::size_t k = 0; k < fs.size(); ++k) {
-        const std::string& fname = fs[k].get_ref<const std::string&>();
-        bool exists = false;
-        for (const Json& f : findings) exists = exists || f["name"] == fname;
-        if (!exists) c.expected(at_index(join(at, "findings"), k), "the name of a finding", fs[k]);
-      }
-      strings(c.member(x, at, "signatures"), join(at, "signatures"), false);
-      strings(c.member(x, at, "keys"), join(at, "keys"), false);
-      c.integer(c.member(x, at, "count"), join(at, "count"), 1, kMaxCount);
-      c.object(c.member(x, at, "triage"), join(at, "triage"));
-      const Json& rep = c.object(c.member(x, at, "representative"), join(at, "representative"));
-      for (const char* k : {"backend", "op", "case_file"}) c.string(c.member(rep, join(at, "representative"), k), join(join(at, "representative"), k), true);
+      check_cause(c, causes[i], i, findings);
+      cause_names.insert("c" + std::to_string(i + 1));
     }
   }
   for (std::size_t i = 0; i < findings.size(); ++i)
@@ -317,6 +332,10 @@ void validate_explore_state(const Json& state, const std::string& path) {
       const std::string& name = c.string(findings[i]["cause"], at);
       if (!cause_names.count(name)) c.expected(at, "the name of a cause in causes", findings[i]["cause"]);
     }
+}
+
+// --expect's tallies: the entries whose failures were known, and those that passed.
+void check_known_and_xpass(const Checker& c, const Json& state) {
   if (state.contains("known")) {
     const Json& known = c.object(state["known"], "known");
     for (const auto& [entry, k] : known.items()) {
@@ -325,8 +344,8 @@ void validate_explore_state(const Json& state, const std::string& path) {
       c.only(k, at, {"count", "reason", "link", "backends", "signatures"});
       c.integer(c.member(k, at, "count"), join(at, "count"), 1, kMaxCount);
       for (const char* s : {"reason", "link"}) c.string(c.member(k, at, s), join(at, s));
-      strings(c.member(k, at, "backends"), join(at, "backends"), true);
-      strings(c.member(k, at, "signatures"), join(at, "signatures"), false);
+      c.strings(c.member(k, at, "backends"), join(at, "backends"), true);
+      c.strings(c.member(k, at, "signatures"), join(at, "signatures"), false);
     }
   }
   if (state.contains("xpass")) {
@@ -338,6 +357,22 @@ void validate_explore_state(const Json& state, const std::string& path) {
       c.integer(c.member(x, at, "count"), join(at, "count"), 1, kMaxCount);
     }
   }
+}
+
+}  // namespace
+
+// The checks run in the file's order, so the first bad field is the one named.
+void validate_explore_state(const Json& state, const std::string& path) {
+  const Checker c(path);
+  check_header(c, state, path);
+  const long long next = check_tallies(c, state);
+  const Json& findings = c.array(c.member(state, "", "findings"), "findings");
+  std::set<std::pair<std::string, std::string>> seen;
+  for (std::size_t i = 0; i < findings.size(); ++i) check_finding(c, findings[i], i, seen);
+  check_harness_errors(c, state, next);
+  check_rest(c, state);
+  check_causes(c, state, findings);
+  check_known_and_xpass(c, state);
 }
 
 }  // namespace mlagate

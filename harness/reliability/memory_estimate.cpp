@@ -63,6 +63,135 @@ double merge_device_bytes(const CaseSpec& spec) {
   return rows * (D * 4 * 3 + 4 * 4);
 }
 
+// Bytes per element.
+constexpr double half = 2, f32 = 4, f64 = 8;
+
+// The case's sizes the device terms are made of.
+struct CaseTerms {
+  explicit CaseTerms(const CaseSpec& case_spec) : spec(case_spec) {
+    for (std::size_t i = 0; i < spec.batch.seq_lens.size(); ++i) {
+      const double s = spec.batch.seq_lens[i], q = spec.batch.query_lens[i];
+      T += q;
+      S += s;
+      max_s = std::max(max_s, s);
+      max_qs = std::max(max_qs, q * s);
+      if (q > 1 && !spec.batch.spec_decode) S_pre1 += s;
+      if (q > 512 && !spec.batch.spec_decode) S_pre512 += s;
+    }
+    // A paged cache on the device (cases/paged_cache.h): every request's blocks,
+    // the null block and 100 spare ones, at the case's block size or the largest
+    // preferred one (64); entries of 2 (L + R) bytes at most (fp8: L + R), and
+    // its int32 block table (block size 1: a column per token, rows padded to 128).
+    const double bs = spec.block_size > 0 ? spec.block_size : 64;
+    entry = fp8 ? D : D * half;
+    slots = S + (B + 101) * bs;
+    cache = slots * entry + (S + B * 129) * f32;
+    // V4's compressed cache: seq_len / ratio entries per request.
+    slots_x = spec.sparse.compress > 0 ? S / spec.sparse.compress + B + (B + 101) * bs : 0;
+    cache_x = slots_x > 0 ? slots_x * entry + (slots_x + B * 129) * f32 : 0;
+  }
+
+  const CaseSpec& spec;
+  const double L = spec.dims.kv_lora_rank, R = spec.dims.rope_dim, P = spec.dims.nope_dim, V = spec.dims.v_head_dim;
+  const double D = L + R, N = spec.num_heads();
+  const double B = static_cast<double>(spec.batch.seq_lens.size());
+  double T = 0, S = 0, max_s = 0, max_qs = 0;
+  double S_pre1 = 0, S_pre512 = 0;  // tokens of the requests the layer sends to prefill (threshold 1, and 512: FA3)
+  const double kv_row = N * (P + R + V) * half;  // one token's up-projected K and V
+  const bool fp8 = spec.kv_cache_dtype == KvCacheDtype::kFp8 || spec.kv_cache_dtype == KvCacheDtype::kFp8E4m3;
+  double entry = 0, slots = 0, cache = 0, slots_x = 0, cache_x = 0;
+};
+
+// What every non-merge case holds whichever backend runs: the GPU reference,
+// the glue's up-projection, the baseline emulation and the cache store.
+double shared_device_bytes(const CaseTerms& c, const DeviceEstimateOptions& opt) {
+  double bytes = 0;
+  // The GPU reference (reference/cuda/cuda_reference.cu, one case at a time,
+  // freed on return): q, the latent keys (or their fp32 dequantized copy for
+  // fp8 caches), W_UK and W_UV; q_full [T, N, L+R], o_lat [T, N, L], lse and
+  // out [T, N, V] in fp64.
+  bytes += c.T * c.N * (c.P + c.R) * half + c.S * c.D * f32 + c.L * c.N * (c.P + c.V) * half + c.T * c.N * (c.D + c.L + 1 + c.V) * f64;
+  // The glue's up-projection on the GPU (reference/cuda/row_projection.cpp):
+  // the weights widened to fp32, kept between calls (a new case's beside the
+  // last one's while they are replaced), and chunks of at most 64 MiB of K
+  // and V (of one 128-row tile at least) with their latent rows in fp32.
+  const double S_up = opt.prefill_op ? c.S : c.S_pre1;
+  if (S_up > 0) {
+    const double chunk = std::min(S_up, 64 * kMiB / c.kv_row + 128);
+    bytes += 2 * c.L * c.N * (c.P + c.V) * f32 + chunk * (c.kv_row + c.L * f32 + c.R * half);
+  }
+  // The baseline emulation's attention core on the GPU
+  // (reference/cuda/attention_emulation.cu), each buffer kept and grown to
+  // the largest call: every request's queries and outputs in fp32 (the
+  // decode form's rows of N heads) and the decode form's keys in fp32; one
+  // request's latent rows, widened, and their K and V projected in 16 bits;
+  // the weights in fp32 (twice while a new case's replace the last); the
+  // logits of a chunk of rows, 256 MiB or one row's if that is more.
+  bytes += c.T * c.N * (c.D + c.L + 2) * f32 + c.S * c.D * f32 + c.max_s * (c.kv_row + c.L * f32 + c.D * half) +
+           2 * c.L * c.N * (c.P + c.V) * f32 + std::max(std::min(256 * kMiB, c.max_qs * c.N * f32), c.N * c.max_s * f32);
+  // The device cache store shared by the CUDA backends
+  // (backends/cuda/cache_store.h): at most 6 entries and 8 GiB beside the
+  // newest, which stays whatever its size; one more uploaded before an older
+  // one goes, and a cache_write's private copy of the cache it writes. V4's
+  // compressed cache is stored beside the main one.
+  bytes += std::min(6 * c.cache, std::max(8 * kGiB, c.cache)) + 2 * c.cache + 2 * c.cache_x;
+  return bytes;
+}
+
+// The sparse ops (backends/cuda/sparse.cu, flashmla_sparse.cu): q padded to
+// FlashMLA's 64 or 128 heads, the index rows (padded to 64 or 128 slots) of
+// the cache and the compressed cache, FlashMLA's split partials ([T + 160 SM
+// parts, heads, 512] fp32), its outputs and the guarded ones;
+// sparse_prefill's flat rows of every slot of both caches.
+double sparse_call_bytes(const CaseTerms& c) {
+  const double Hp = std::max(c.N, 128.0), dv = std::max<double>(c.spec.sparse_dv(), 512);
+  const double K1 = std::max(c.spec.sparse.topk, c.spec.sparse.window), K2 = c.spec.sparse.extra_topk;
+  double call = c.T * Hp * c.D * half + c.T * (K1 + K2 + 256) * f32 * 2 + (c.T + 160) * Hp * (dv + 1) * f32 +
+                c.T * Hp * (dv * half + f32) * 2;
+  call += (c.slots + c.slots_x) * c.D * half;
+  return call;
+}
+
+// libtorch's caching allocator (backends/torch/torch_sdpa.cpp) keeps the
+// blocks it took: decode's cache upload, fp8 entries dequantized through
+// fp32 (1 + 4 + 4 + 2 bytes an element), the block table as int64, q_full
+// (and its parts), o_all, lse_all, a request's gathered keys, and the math
+// kernel's fp32 logits, scaled, masked and softmaxed copies (24 bytes a
+// logit); prefill's q, o_all, K and V when not lent on the device (all of
+// them for the prefill op).
+double torch_reserve_bytes(const CaseTerms& c, const DeviceEstimateOptions& opt) {
+  double t = c.slots * c.entry + (c.fp8 ? c.slots * c.D * 10 : 0) + (c.S + c.B * 129) * 12;
+  t += c.T * c.N * c.D * half * 2 + c.T * c.N * (c.L * half + f32) + c.max_s * c.D * half * 2 + c.max_qs * c.N * 24;
+  t += c.T * c.N * (c.P + c.R) * half + c.T * c.N * (c.V * half + f32);
+  if (!opt.device_inputs) t += c.S_pre1 * c.kv_row;
+  if (opt.prefill_op) t += c.S * c.kv_row;
+  return t;
+}
+
+// The largest backend call (sequential in a worker):
+// - a decode of every token (cuda.ref and cuda.splitkv route prefills
+//   through decode): q_lat and q_pe (and FlashMLA's packed copy), the
+//   guarded o_lat and lse, and the split partials [splits, T * N, L + 1]
+//   fp32: forced ones, or the kernels' own (cuda.splitkv, FlashMLA and FA3
+//   split only while the rows fill less than about two waves of the SMs:
+//   at most 65536 rows beyond the unsplit ones; forced ones that would take
+//   more than a quarter of the device are declined, as cuda.splitkv does);
+// - a prefill call: q, K and V uploaded by the backend (FA3 without the
+//   staging, cuda.ref's prefill op: every token's), the guarded o and lse,
+//   and FA3's lse in [N, T].
+double largest_call_bytes(const CaseTerms& c, const DeviceEstimateOptions& opt) {
+  const double rows = c.T * c.N;
+  double partials = (rows + 65536) * (c.L + 1) * f32;
+  if (opt.forced_splits > 0) {
+    const double forced = opt.forced_splits * rows * (c.L + 1) * f32;
+    partials = opt.device_bytes > 0 ? std::min(forced, std::max(partials, opt.device_bytes / 4.0)) : forced;
+  }
+  const double decode = rows * c.D * half * 2 + rows * (c.L * half + f32) + partials;
+  const double prefill_kv = opt.prefill_op ? c.S * c.kv_row : c.S_pre1 * c.kv_row;
+  const double prefill = c.T * c.N * (c.P + c.R) * half + prefill_kv + c.T * c.N * (c.V * half + f32 * 2);
+  return std::max(decode, prefill);
+}
+
 }  // namespace
 
 std::uint64_t estimate_case_device_bytes(const CaseSpec& spec, const DeviceEstimateOptions& opt) {
@@ -72,123 +201,22 @@ std::uint64_t estimate_case_device_bytes(const CaseSpec& spec, const DeviceEstim
   const double fixed = 256 * kMiB;
   if (spec.merge.active()) return static_cast<std::uint64_t>((merge_device_bytes(spec) * 1.25) + fixed);
 
-  const double L = spec.dims.kv_lora_rank, R = spec.dims.rope_dim, P = spec.dims.nope_dim, V = spec.dims.v_head_dim;
-  const double D = L + R, N = spec.num_heads();
-  const double B = static_cast<double>(spec.batch.seq_lens.size());
-  double T = 0, S = 0, max_s = 0, max_qs = 0;
-  double S_pre1 = 0, S_pre512 = 0;  // tokens of the requests the layer sends to prefill (threshold 1, and 512: FA3)
-  for (std::size_t i = 0; i < spec.batch.seq_lens.size(); ++i) {
-    const double s = spec.batch.seq_lens[i], q = spec.batch.query_lens[i];
-    T += q;
-    S += s;
-    max_s = std::max(max_s, s);
-    max_qs = std::max(max_qs, q * s);
-    if (q > 1 && !spec.batch.spec_decode) S_pre1 += s;
-    if (q > 512 && !spec.batch.spec_decode) S_pre512 += s;
-  }
-  const double half = 2, f32 = 4, f64 = 8;
-  const double kv_row = N * (P + R + V) * half;  // one token's up-projected K and V
-  const bool fp8 = spec.kv_cache_dtype == KvCacheDtype::kFp8 || spec.kv_cache_dtype == KvCacheDtype::kFp8E4m3;
-  // A paged cache on the device (cases/paged_cache.h): every request's blocks,
-  // the null block and 100 spare ones, at the case's block size or the largest
-  // preferred one (64); entries of 2 (L + R) bytes at most (fp8: L + R), and
-  // its int32 block table (block size 1: a column per token, rows padded to 128).
-  const double bs = spec.block_size > 0 ? spec.block_size : 64;
-  const double entry = fp8 ? D : D * half;
-  const double slots = S + (B + 101) * bs;
-  const double cache = slots * entry + (S + B * 129) * f32;
-  // V4's compressed cache: seq_len / ratio entries per request.
-  const double slots_x = spec.sparse.compress > 0 ? S / spec.sparse.compress + B + (B + 101) * bs : 0;
-  const double cache_x = slots_x > 0 ? slots_x * entry + (slots_x + B * 129) * f32 : 0;
-
-  double bytes = 0;
-  // The GPU reference (reference/cuda/cuda_reference.cu, one case at a time,
-  // freed on return): q, the latent keys (or their fp32 dequantized copy for
-  // fp8 caches), W_UK and W_UV; q_full [T, N, L+R], o_lat [T, N, L], lse and
-  // out [T, N, V] in fp64.
-  bytes += T * N * (P + R) * half + S * D * f32 + L * N * (P + V) * half + T * N * (D + L + 1 + V) * f64;
-  // The glue's up-projection on the GPU (reference/cuda/row_projection.cpp):
-  // the weights widened to fp32, kept between calls (a new case's beside the
-  // last one's while they are replaced), and chunks of at most 64 MiB of K
-  // and V (of one 128-row tile at least) with their latent rows in fp32.
-  const double S_up = opt.prefill_op ? S : S_pre1;
-  if (S_up > 0) {
-    const double chunk = std::min(S_up, 64 * kMiB / kv_row + 128);
-    bytes += 2 * L * N * (P + V) * f32 + chunk * (kv_row + L * f32 + R * half);
-  }
-  // The baseline emulation's attention core on the GPU
-  // (reference/cuda/attention_emulation.cu), each buffer kept and grown to
-  // the largest call: every request's queries and outputs in fp32 (the
-  // decode form's rows of N heads) and the decode form's keys in fp32; one
-  // request's latent rows, widened, and their K and V projected in 16 bits;
-  // the weights in fp32 (twice while a new case's replace the last); the
-  // logits of a chunk of rows, 256 MiB or one row's if that is more.
-  bytes += T * N * (D + L + 2) * f32 + S * D * f32 + max_s * (kv_row + L * f32 + D * half) +
-           2 * L * N * (P + V) * f32 + std::max(std::min(256 * kMiB, max_qs * N * f32), N * max_s * f32);
-  // The device cache store shared by the CUDA backends
-  // (backends/cuda/cache_store.h): at most 6 entries and 8 GiB beside the
-  // newest, which stays whatever its size; one more uploaded before an older
-  // one goes, and a cache_write's private copy of the cache it writes. V4's
-  // compressed cache is stored beside the main one.
-  bytes += std::min(6 * cache, std::max(8 * kGiB, cache)) + 2 * cache + 2 * cache_x;
-
+  const CaseTerms c(spec);
+  // Each term is added to the running total on its own, in this order:
+  // grouping them otherwise would round the sum differently.
+  double bytes = shared_device_bytes(c, opt);
   if (spec.sparse.active()) {
-    // The sparse ops (backends/cuda/sparse.cu, flashmla_sparse.cu): q padded
-    // to FlashMLA's 64 or 128 heads, the index rows (padded to 64 or 128
-    // slots) of the cache and the compressed cache, FlashMLA's split partials
-    // ([T + 160 SM parts, heads, 512] fp32), its outputs and the guarded
-    // ones; sparse_prefill's flat rows of every slot of both caches.
-    const double Hp = std::max(N, 128.0), dv = std::max<double>(spec.sparse_dv(), 512);
-    const double K1 = std::max(spec.sparse.topk, spec.sparse.window), K2 = spec.sparse.extra_topk;
-    double call = T * Hp * D * half + T * (K1 + K2 + 256) * f32 * 2 + (T + 160) * Hp * (dv + 1) * f32 +
-                  T * Hp * (dv * half + f32) * 2;
-    call += (slots + slots_x) * D * half;
-    bytes += call;
+    bytes += sparse_call_bytes(c);
     return static_cast<std::uint64_t>(bytes * 1.25 + fixed);
   }
-
   // The glue's K and V lent in device memory to backends that read them there
   // (reference/device_staging.h, harness/run/layer.h): kept copies of each
   // prefill call's K and V (every prefill row, once for the routing of
   // threshold 1 and once for FA3's 512; at most 16 GiB), and two scratch
   // slots that grow to the largest call and stay.
-  if (opt.device_inputs) bytes += std::min(16 * kGiB, (S_pre1 + S_pre512) * kv_row) + S_pre1 * kv_row;
-  // libtorch's caching allocator (backends/torch/torch_sdpa.cpp) keeps the
-  // blocks it took: decode's cache upload, fp8 entries dequantized through
-  // fp32 (1 + 4 + 4 + 2 bytes an element), the block table as int64, q_full
-  // (and its parts), o_all, lse_all, a request's gathered keys, and the math
-  // kernel's fp32 logits, scaled, masked and softmaxed copies (24 bytes a
-  // logit); prefill's q, o_all, K and V when not lent on the device (all of
-  // them for the prefill op).
-  if (opt.torch) {
-    double t = slots * entry + (fp8 ? slots * D * 10 : 0) + (S + B * 129) * 12;
-    t += T * N * D * half * 2 + T * N * (L * half + f32) + max_s * D * half * 2 + max_qs * N * 24;
-    t += T * N * (P + R) * half + T * N * (V * half + f32);
-    if (!opt.device_inputs) t += S_pre1 * kv_row;
-    if (opt.prefill_op) t += S * kv_row;
-    bytes += t;
-  }
-  // The largest backend call (sequential in a worker):
-  // - a decode of every token (cuda.ref and cuda.splitkv route prefills
-  //   through decode): q_lat and q_pe (and FlashMLA's packed copy), the
-  //   guarded o_lat and lse, and the split partials [splits, T * N, L + 1]
-  //   fp32: forced ones, or the kernels' own (cuda.splitkv, FlashMLA and FA3
-  //   split only while the rows fill less than about two waves of the SMs:
-  //   at most 65536 rows beyond the unsplit ones; forced ones that would take
-  //   more than a quarter of the device are declined, as cuda.splitkv does);
-  const double rows = T * N;
-  double partials = (rows + 65536) * (L + 1) * f32;
-  if (opt.forced_splits > 0) {
-    const double forced = opt.forced_splits * rows * (L + 1) * f32;
-    partials = opt.device_bytes > 0 ? std::min(forced, std::max(partials, opt.device_bytes / 4.0)) : forced;
-  }
-  const double decode = rows * D * half * 2 + rows * (L * half + f32) + partials;
-  // - a prefill call: q, K and V uploaded by the backend (FA3 without the
-  //   staging, cuda.ref's prefill op: every token's), the guarded o and lse,
-  //   and FA3's lse in [N, T].
-  const double prefill_kv = opt.prefill_op ? S * kv_row : S_pre1 * kv_row;
-  const double prefill = T * N * (P + R) * half + prefill_kv + T * N * (V * half + f32 * 2);
-  bytes += std::max(decode, prefill);
+  if (opt.device_inputs) bytes += std::min(16 * kGiB, (c.S_pre1 + c.S_pre512) * c.kv_row) + c.S_pre1 * c.kv_row;
+  if (opt.torch) bytes += torch_reserve_bytes(c, opt);
+  bytes += largest_call_bytes(c, opt);
   return static_cast<std::uint64_t>(bytes * 1.25 + fixed);
 }
 

@@ -153,41 +153,55 @@ std::vector<std::string> with_flag(std::vector<std::string> flags, const std::st
   return flags;
 }
 
+// The reductions of one shrink step, in the order added; a reduction whose
+// case would not validate is dropped here, so the generators need not check.
+class CandidateList {
+ public:
+  explicit CandidateList(const std::vector<std::string>& flags) : flags_(flags) {}
+  void add(std::string what, CaseSpec c) { add(std::move(what), std::move(c), flags_); }
+  void add(std::string what, CaseSpec c, std::vector<std::string> f) {
+    if (valid(c)) out_.push_back({std::move(what), std::move(c), std::move(f)});
+  }
+  const std::vector<std::string>& flags() const { return flags_; }
+  std::vector<Candidate> take() { return std::move(out_); }
+
+ private:
+  const std::vector<std::string>& flags_;
+  std::vector<Candidate> out_;
+};
+
 // A merge case's one-step reductions, biggest first: fewer tokens, fewer
 // heads, half the head dim, the lse pattern toward ordinary (mixed first to
 // ordinary, then to each pattern it mixes, so the row kind that fails is
 // named), no lse gap, bf16.
 std::vector<Candidate> merge_candidates(const CaseSpec& s, const std::vector<std::string>& flags) {
-  std::vector<Candidate> out;
-  auto add = [&](std::string what, CaseSpec c) {
-    if (valid(c)) out.push_back({std::move(what), std::move(c), flags});
-  };
+  CandidateList out(flags);
   const int t = s.num_tokens();
   for (int nt : {t / 2, t - 1}) {
     if (nt < 1 || nt >= t || (nt == t - 1 && t / 2 == t - 1)) continue;
     CaseSpec c = s;
     c.batch.seq_lens = {nt};
     c.batch.query_lens = {nt};
-    add("tokens " + std::to_string(t) + " -> " + std::to_string(nt), c);
+    out.add("tokens " + std::to_string(t) + " -> " + std::to_string(nt), c);
   }
   if (s.total_heads % (s.tp * 2) == 0) {
     CaseSpec c = s;
     c.tp *= 2;
-    add("heads " + std::to_string(s.num_heads()) + " -> " + std::to_string(c.num_heads()), c);
+    out.add("heads " + std::to_string(s.num_heads()) + " -> " + std::to_string(c.num_heads()), c);
   } else if (s.tp == 1 && s.total_heads > 1) {
     CaseSpec c = s;
     c.total_heads = s.total_heads / 2;
-    add("heads " + std::to_string(s.num_heads()) + " -> " + std::to_string(c.num_heads()), c);
+    out.add("heads " + std::to_string(s.num_heads()) + " -> " + std::to_string(c.num_heads()), c);
   }
   if (s.merge.head_dim > 1) {
     CaseSpec c = s;
     c.merge.head_dim = s.merge.head_dim / 2;
-    add("head dim " + std::to_string(s.merge.head_dim) + " -> " + std::to_string(c.merge.head_dim), c);
+    out.add("head dim " + std::to_string(s.merge.head_dim) + " -> " + std::to_string(c.merge.head_dim), c);
   }
   auto pattern = [&](LsePattern p) {
     CaseSpec c = s;
     c.merge.lse = p;
-    add("lse " + std::string(lse_pattern_name(s.merge.lse)) + " -> " + std::string(lse_pattern_name(p)), c);
+    out.add("lse " + std::string(lse_pattern_name(s.merge.lse)) + " -> " + std::string(lse_pattern_name(p)), c);
   };
   if (s.merge.lse != LsePattern::kOrdinary) pattern(LsePattern::kOrdinary);
   if (s.merge.lse == LsePattern::kMixed)
@@ -197,95 +211,100 @@ std::vector<Candidate> merge_candidates(const CaseSpec& s, const std::vector<std
   if (s.merge.gap != 0) {
     CaseSpec c = s;
     c.merge.gap = 0;
-    add("lse gap " + exact_number(s.merge.gap) + " -> 0", c);
+    out.add("lse gap " + exact_number(s.merge.gap) + " -> 0", c);
   }
   if (s.dtype != DType::kBF16) {
     CaseSpec c = s;
     c.dtype = DType::kBF16;
-    add("dtype bf16", c);
+    out.add("dtype bf16", c);
   }
-  return out;
+  return out.take();
 }
 
-// One-step reductions of (spec, flags), biggest first.
-std::vector<Candidate> candidates(const CaseSpec& s, const std::vector<std::string>& flags, bool splits_given) {
-  std::vector<Candidate> out;
-  auto add = [&](std::string what, CaseSpec c, std::vector<std::string> f) {
-    if (valid(c)) out.push_back({std::move(what), std::move(c), std::move(f)});
-  };
-  // A serving mode's numbers first (fewer steps, fewer ranks, a smaller
-  // interleave): each makes every later candidate run cheaper.
-  if (s.merge.active()) return merge_candidates(s, flags);
+// A serving mode's numbers (fewer steps, fewer ranks, a smaller interleave):
+// they come first because each makes every later candidate run cheaper.
+void serving_mode_candidates(const CaseSpec& s, CandidateList& out) {
+  const std::vector<std::string>& flags = out.flags();
   if (const int n = flag_value(flags, "--steps"); n > 1)
-    add("steps " + std::to_string(n) + " -> " + std::to_string(n / 2), s, with_flag(flags, "--steps", n / 2));
+    out.add("steps " + std::to_string(n) + " -> " + std::to_string(n / 2), s, with_flag(flags, "--steps", n / 2));
   if (const int n = flag_value(flags, "--dcp"); n > 2)
-    add("ranks " + std::to_string(n) + " -> " + std::to_string(std::max(2, n / 2)), s,
-        with_flag(flags, "--dcp", std::max(2, n / 2)));
+    out.add("ranks " + std::to_string(n) + " -> " + std::to_string(std::max(2, n / 2)), s,
+            with_flag(flags, "--dcp", std::max(2, n / 2)));
   if (const int k = flag_value(flags, "--dcp-interleave"); k > 1)
-    add("interleave " + std::to_string(k) + " -> " + std::to_string(k / 2), s, with_flag(flags, "--dcp-interleave", k / 2));
+    out.add("interleave " + std::to_string(k) + " -> " + std::to_string(k / 2), s, with_flag(flags, "--dcp-interleave", k / 2));
+}
+
+// Request i's context and query shorter.
+void request_candidates(const CaseSpec& s, int i, CandidateList& out) {
+  const int b = s.num_requests();
+  const int q = s.batch.query_lens[i], sl = s.batch.seq_lens[i], ctx = sl - q;
+  // Halve first; then cut by a power of two >= 64 (a context keeps its
+  // remainder by every tile up to that size), then by a quarter.
+  std::vector<int> cuts;
+  if (ctx > 0) cuts.push_back(ctx - ctx / 2);
+  int p2 = 64;
+  while (p2 * 2 < ctx) p2 *= 2;
+  if (ctx > 64) cuts.push_back(p2);
+  if (ctx >= 4) cuts.push_back(ctx / 4);
+  for (int cut : cuts) {
+    if (cut <= 0) continue;
+    CaseSpec c = s;
+    c.batch.seq_lens[i] = sl - cut;
+    out.add("request " + std::to_string(i) + " context " + std::to_string(ctx) + " -> " + std::to_string(ctx - cut), c);
+  }
+  for (int nq : {q / 2, q - q / 4, q - 1}) {
+    if (nq < 1 || nq >= q) continue;
+    CaseSpec c = s;
+    c.batch.query_lens[i] = nq;
+    c.batch.seq_lens[i] = sl == 0 ? 0 : sl - (q - nq);
+    // Spec decode keeps its query lengths uniform.
+    if (c.batch.spec_decode)
+      for (int j = 0; j < b; ++j) {
+        c.batch.seq_lens[j] = s.batch.seq_lens[j] == 0 ? 0 : s.batch.seq_lens[j] - (s.batch.query_lens[j] - nq);
+        c.batch.query_lens[j] = nq;
+      }
+    out.add("request " + std::to_string(i) + " query " + std::to_string(q) + " -> " + std::to_string(nq), c);
+  }
+  if (q > 1 && sl > 0 && !s.batch.spec_decode) {
+    CaseSpec c = s;  // fewer query tokens over the same keys (a seq_len rule survives it)
+    c.batch.query_lens[i] = q / 2;
+    out.add("request " + std::to_string(i) + " query " + std::to_string(q) + " -> " + std::to_string(q / 2) + ", same keys", c);
+  }
+}
+
+// The batch's shape: fewer requests, fewer heads, each request shorter.
+void batch_candidates(const CaseSpec& s, CandidateList& out) {
   const int b = s.num_requests();
   for (int i = 0; i < b && b > 1; ++i) {
     CaseSpec c = s;
     c.batch.seq_lens.erase(c.batch.seq_lens.begin() + i);
     c.batch.query_lens.erase(c.batch.query_lens.begin() + i);
-    add("drop request " + std::to_string(i), c, flags);
+    out.add("drop request " + std::to_string(i), c);
   }
   if (s.total_heads % (s.tp * 2) == 0) {
     CaseSpec c = s;
     c.tp *= 2;
-    add("heads " + std::to_string(s.num_heads()) + " -> " + std::to_string(c.num_heads()), c, flags);
+    out.add("heads " + std::to_string(s.num_heads()) + " -> " + std::to_string(c.num_heads()), c);
   } else if (s.tp == 1 && s.total_heads > 1) {
     CaseSpec c = s;  // a head count no TP split gives (a drawn case): halve it
     c.total_heads = s.total_heads / 2;
-    add("heads " + std::to_string(s.num_heads()) + " -> " + std::to_string(c.num_heads()), c, flags);
+    out.add("heads " + std::to_string(s.num_heads()) + " -> " + std::to_string(c.num_heads()), c);
   }
-  for (int i = 0; i < b; ++i) {
-    const int q = s.batch.query_lens[i], sl = s.batch.seq_lens[i], ctx = sl - q;
-    // Halve first; then cut by a power of two >= 64 (a context keeps its
-    // remainder by every tile up to that size), then by a quarter.
-    std::vector<int> cuts;
-    if (ctx > 0) cuts.push_back(ctx - ctx / 2);
-    int p2 = 64;
-    while (p2 * 2 < ctx) p2 *= 2;
-    if (ctx > 64) cuts.push_back(p2);
-    if (ctx >= 4) cuts.push_back(ctx / 4);
-    for (int cut : cuts) {
-      if (cut <= 0) continue;
-      CaseSpec c = s;
-      c.batch.seq_lens[i] = sl - cut;
-      add("request " + std::to_string(i) + " context " + std::to_string(ctx) + " -> " + std::to_string(ctx - cut), c, flags);
-    }
-    for (int nq : {q / 2, q - q / 4, q - 1}) {
-      if (nq < 1 || nq >= q) continue;
-      CaseSpec c = s;
-      c.batch.query_lens[i] = nq;
-      c.batch.seq_lens[i] = sl == 0 ? 0 : sl - (q - nq);
-      // Spec decode keeps its query lengths uniform.
-      if (c.batch.spec_decode)
-        for (int j = 0; j < b; ++j) {
-          c.batch.seq_lens[j] = s.batch.seq_lens[j] == 0 ? 0 : s.batch.seq_lens[j] - (s.batch.query_lens[j] - nq);
-          c.batch.query_lens[j] = nq;
-        }
-      add("request " + std::to_string(i) + " query " + std::to_string(q) + " -> " + std::to_string(nq), c, flags);
-    }
-    if (q > 1 && sl > 0 && !s.batch.spec_decode) {
-      CaseSpec c = s;  // fewer query tokens over the same keys (a seq_len rule survives it)
-      c.batch.query_lens[i] = q / 2;
-      add("request " + std::to_string(i) + " query " + std::to_string(q) + " -> " + std::to_string(q / 2) + ", same keys", c,
-          flags);
-    }
-  }
+  for (int i = 0; i < b; ++i) request_candidates(s, i, out);
   if (s.tp == 1 && s.total_heads > 1) {
     CaseSpec c = s;  // one head fewer: a head-count rule (not a multiple of 16) survives it
     c.total_heads = s.total_heads - 1;
-    add("heads " + std::to_string(s.num_heads()) + " -> " + std::to_string(c.num_heads()), c, flags);
+    out.add("heads " + std::to_string(s.num_heads()) + " -> " + std::to_string(c.num_heads()), c);
   }
-  // Sparse cases: narrower index rows, no compressed cache, no sink, plain indices.
+}
+
+// Sparse cases: narrower index rows, no compressed cache, no sink, plain indices.
+void sparse_candidates(const CaseSpec& s, CandidateList& out) {
   const SparseSpec& sp = s.sparse;
   auto sparse = [&](std::string what, auto&& edit) {
     CaseSpec c = s;
     edit(c.sparse);
-    add(std::move(what), c, flags);
+    out.add(std::move(what), c);
   };
   if (sp.topk > 1) sparse("topk " + std::to_string(sp.topk) + " -> " + std::to_string(sp.topk / 2), [](SparseSpec& x) { x.topk /= 2; });
   if (sp.window > 1)
@@ -299,39 +318,51 @@ std::vector<Candidate> candidates(const CaseSpec& s, const std::vector<std::stri
   if (sp.sink) sparse("no sink", [](SparseSpec& x) { x.sink = false; });
   if (sp.active() && sp.pattern != IndexPattern::kRandom)
     sparse("index pattern random", [](SparseSpec& x) { x.pattern = IndexPattern::kRandom; });
-  for (int bs : {1, 2, 4, 8, 16, 32, 64}) {
-    if (s.block_size != 0 && bs >= s.block_size) break;
-    CaseSpec c = s;
-    c.block_size = bs;
-    add("block size " + (s.block_size ? std::to_string(s.block_size) : std::string("auto")) + " -> " + std::to_string(bs),
-        c, flags);
-  }
-  if (!splits_given && flag_value(flags, "--splits") == 0) add("one split (--splits 1)", s, with_flag(flags, "--splits", 1));
-  // Toward the plain case: Q magnitude and k_scale 1, bf16, an auto cache (dims stay: no
-  // set is smaller than another for every kernel).
+}
+
+// Toward the plain case: Q magnitude and k_scale 1, bf16, an auto cache (dims stay: no
+// set is smaller than another for every kernel).
+void plain_case_candidates(const CaseSpec& s, CandidateList& out) {
   if (s.q_magnitude > 1) {
     CaseSpec c = s;
     c.q_magnitude = std::max(1.0, s.q_magnitude / 2);
-    add("q magnitude " + exact_number(s.q_magnitude) + " -> " + exact_number(c.q_magnitude), c, flags);
+    out.add("q magnitude " + exact_number(s.q_magnitude) + " -> " + exact_number(c.q_magnitude), c);
   }
   if (s.k_scale != 1.0f) {
     CaseSpec c = s;
     c.k_scale = 1.0f;
-    add("k_scale " + exact_number(s.k_scale) + " -> 1", c, flags);
+    out.add("k_scale " + exact_number(s.k_scale) + " -> 1", c);
   }
   if (s.dtype != DType::kBF16) {
     CaseSpec c = s;
     c.dtype = DType::kBF16;
-    add("dtype bf16", c, flags);
+    out.add("dtype bf16", c);
   }
-  if (s.kv_cache_dtype != KvCacheDtype::kAuto && !sp.v4()) {
+  if (s.kv_cache_dtype != KvCacheDtype::kAuto && !s.sparse.v4()) {
     CaseSpec c = s;
     c.kv_cache_dtype = KvCacheDtype::kAuto;
     c.scale_rule = ScaleRule::kPow2;
     c.k_scale = 1.0f;
-    add("kv cache auto", c, flags);
+    out.add("kv cache auto", c);
   }
-  return out;
+}
+
+// One-step reductions of (spec, flags), biggest first.
+std::vector<Candidate> candidates(const CaseSpec& s, const std::vector<std::string>& flags, bool splits_given) {
+  if (s.merge.active()) return merge_candidates(s, flags);
+  CandidateList out(flags);
+  serving_mode_candidates(s, out);
+  batch_candidates(s, out);
+  sparse_candidates(s, out);
+  for (int bs : {1, 2, 4, 8, 16, 32, 64}) {
+    if (s.block_size != 0 && bs >= s.block_size) break;
+    CaseSpec c = s;
+    c.block_size = bs;
+    out.add("block size " + (s.block_size ? std::to_string(s.block_size) : std::string("auto")) + " -> " + std::to_string(bs), c);
+  }
+  if (!splits_given && flag_value(flags, "--splits") == 0) out.add("one split (--splits 1)", s, with_flag(flags, "--splits", 1));
+  plain_case_candidates(s, out);
+  return out.take();
 }
 
 }  // namespace

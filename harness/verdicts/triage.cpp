@@ -345,6 +345,156 @@ std::vector<std::string> decisive_variants(const std::string& cls) {
   return {};
 }
 
+// A progress line on opt.log, flushed: triage runs for minutes and a reader
+// watches it live.
+void say(const TriageOptions& opt, const char* f, const std::string& a, const std::string& b) {
+  if (!opt.log) return;
+  std::fprintf(opt.log, f, a.c_str(), b.c_str());
+  std::fflush(opt.log);
+}
+
+// The case as a suite file beside the report: the repro line names it, not the
+// scratch copy. Returns the repro command accordingly.
+std::string keep_case_file(const TriageOptions& opt, const std::string& given_cmd) {
+  const std::string scratch = (fs::path(opt.out_dir) / "runs" / "case1.yaml").string();
+  const std::string kept = (fs::path(opt.out_dir) / "case.yaml").string();
+  std::error_code ec;
+  fs::copy_file(scratch, kept, fs::copy_options::overwrite_existing, ec);
+  if (!ec) return replace_all(given_cmd, exec::shell_word(scratch), exec::shell_word(kept));
+  return given_cmd;
+}
+
+// The report's bundle and results: the given case again, its failure saved.
+// A crashing case keeps the worker process, so its outputs are not saved.
+void save_bundle(const TriageOptions& opt, Runner& runner, bool crashes, TriageResult& res) {
+  const fs::path bundle_dir = fs::path(opt.out_dir) / "bundle";
+  fs::remove_all(bundle_dir);
+  std::vector<std::string> outs = {"--save-failures", bundle_dir.string()};
+  const std::string results = (fs::path(opt.out_dir) / "results.h5").string();
+  if (!crashes) outs.insert(outs.end(), {"--save-results", results, "--isolate", "none"});
+  std::string cmd;
+  (void)runner.run(opt.spec, {}, cmd, outs);
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(bundle_dir, ec)) res.bundle = e.path().string();
+  if (!crashes && fs::exists(results)) res.results = results;
+}
+
+// `mlagate replay` of the saved bundle ("" without one).
+std::string replay_line_of(const TriageOptions& opt, const TriageResult& res) {
+  if (res.bundle.empty()) return "";
+  std::string line = "mlagate replay " + exec::shell_word(res.bundle) + " --backend " + opt.backend + " --op " + std::string(op_name(opt.op));
+  for (const std::string& a : opt.run_args) line += " " + exec::shell_word(a);
+  return line;
+}
+
+// repro.py, the embedded template filled in; it needs both the bundle and the
+// kernel's outputs, so it is written only when both were saved.
+void write_repro_py(const TriageOptions& opt, TriageResult& res) {
+  if (res.bundle.empty() || res.results.empty()) return;
+  std::string script;
+  for (const auto& [name, text] : verdicts_embed::embedded_files())
+    if (name == "repro_template.py") script = std::string(text);
+  script = replace_all(script, "@BUNDLE@", "bundle/" + fs::path(res.bundle).filename().string());
+  script = replace_all(script, "@RESULTS@", "results.h5");
+  script = replace_all(script, "@CASE_ID@", res.record.case_id);
+  script = replace_all(script, "@BACKEND@", opt.backend);
+  script = replace_all(script, "@OP@", std::string(op_name(opt.op)));
+  res.repro_py = (fs::path(opt.out_dir) / "repro.py").string();
+  std::ofstream(res.repro_py) << script;
+}
+
+// report.md's "The case": the shape in words and the first 64 requests.
+void md_case(std::ostream& md, const CaseSpec& s) {
+  const bool per_tensor = s.kv_cache_dtype == KvCacheDtype::kFp8 || s.kv_cache_dtype == KvCacheDtype::kFp8E4m3;
+  md << "\n## The case\n\n" << case_shape(s) << "; model dtype " << dtype_short(s.dtype) << ", dims " << dims_label(s.dims)
+     << " (kv_lora_rank " << s.dims.kv_lora_rank << ", rope " << s.dims.rope_dim << "), kv cache "
+     << kv_cache_format_name(s.kv_format());
+  if (per_tensor) md << " with k_scale " << exact_number(s.k_scale);
+  md << ", Q magnitude " << exact_number(s.q_magnitude) << ", seed " << s.seed << ".\n\n";
+  md << "| request | seq_len | query_len |\n| ---: | ---: | ---: |\n";
+  for (int i = 0; i < s.num_requests() && i < 64; ++i)
+    md << "| " << i << " | " << s.batch.seq_lens[static_cast<std::size_t>(i)] << " | " << s.batch.query_lens[static_cast<std::size_t>(i)] << " |\n";
+  if (s.num_requests() > 64) md << "| ... | " << s.num_requests() - 64 << " more | |\n";
+}
+
+// report.md's "Expected against actual": each output's errors, the failing
+// ones with their worst positions.
+void md_outputs(std::ostream& md, const TriageResult& res) {
+  const Record& r = res.record;
+  md << "\nCase id `" << r.case_id << "`.\n\n## Expected against actual\n\n" << res.status << ": " << r.message << "\n\n";
+  for (const Metrics& m : r.metrics) {
+    md << "- `" << m.output << "`: " << (m.passed ? "within the policy" : "fails") << "; max abs error " << fmt(m.max_abs);
+    if (m.worst.flat >= 0) md << " at " << m.worst.str();
+    if (m.nonfinite_mismatches > 0) md << "; " << m.nonfinite_mismatches << " non-finite, the first at " << m.first_nonfinite.str();
+    if (!std::isnan(m.min_fudge)) md << "; needs fudge " << fmt(m.min_fudge);
+    md << "\n";
+    if (!m.passed && !m.worst_elements.empty()) {
+      md << "\n  | where | got | expected | error |\n  | --- | ---: | ---: | ---: |\n";
+      for (const WorstElement& w : m.worst_elements)
+        md << "  | " << w.where.str() << " | " << fmt(w.got) << " | " << fmt(w.expected) << " | " << fmt(w.err) << " |\n";
+      md << "\n";
+    }
+  }
+}
+
+// report.md's variants table, the given case first for comparison.
+void md_variants(std::ostream& md, const TriageResult& res) {
+  const Metrics* given_main = main_output(res.record);
+  md << "\n## What-if variants\n\n| variant | change | status | " << (given_main ? given_main->output : std::string("output"))
+     << " max abs | needs fudge | verdict |\n| --- | --- | --- | ---: | ---: | --- |\n";
+  md << "| as given | | " << res.status << " | " << fmt(given_main ? given_main->max_abs : kNaN) << " | "
+     << fmt(given_main ? given_main->min_fudge : kNaN) << " | |\n";
+  for (const TriageVariant& v : res.variants)
+    md << "| " << v.name << " | " << v.change << " | " << (v.status.empty() ? "-" : v.status) << " | " << fmt(v.max_abs) << " | "
+       << fmt(v.min_fudge) << " | " << v.verdict << " |\n";
+}
+
+void write_report_md(const TriageOptions& opt, TriageResult& res, const std::string& repro_line, const std::string& replay_line) {
+  std::ostringstream md;
+  md << "# " << opt.backend << " " << op_name(opt.op) << ": " << res.status << " (" << res.cls << ")\n\n";
+  md << res.explanation << ".\n\n## Environment\n\n";
+  for (const std::string& e : opt.environment) md << "- " << e << "\n";
+  md_case(md, opt.spec);
+  md_outputs(md, res);
+  md_variants(md, res);
+  md << "\nClass: **" << res.cls << "**: " << res.explanation << ".\n\n## Reproduce\n\n```sh\n" << repro_line << "\n";
+  if (!replay_line.empty()) md << replay_line << "\n";
+  md << "```\n\n";
+  if (!res.bundle.empty()) md << "The golden bundle (inputs, paged cache, fp64 reference; HDF5, golden/SCHEMA.md): `" << res.bundle << "`.\n";
+  if (!res.repro_py.empty())
+    md << "Without mlagate (h5py and numpy): `python3 " << res.repro_py << "` reads the bundle and the kernel's outputs (`" << res.results
+       << "`) and prints the mismatch with its positions.\n";
+  res.report_md = (fs::path(opt.out_dir) / "report.md").string();
+  write_report_file(res.report_md, [&](std::ostream& os) { os << md.str(); });
+}
+
+void write_report_json(const TriageOptions& opt, TriageResult& res, const std::string& repro_line, const std::string& replay_line) {
+  Json vj = Json::array();
+  for (const TriageVariant& v : res.variants)
+    vj.push_back({{"name", v.name}, {"change", v.change}, {"applicable", v.applicable}, {"status", v.status},
+                  {"message", v.message}, {"output", v.output}, {"max_abs", std::isnan(v.max_abs) ? Json(nullptr) : Json(v.max_abs)},
+                  {"min_fudge", std::isnan(v.min_fudge) ? Json(nullptr) : Json(v.min_fudge)}, {"verdict", v.verdict},
+                  {"command", v.command}});
+  const Json doc = {{"schema", "mlagate.triage/1"},
+                    {"backend", opt.backend},
+                    {"op", op_name(opt.op)},
+                    {"case", res.record.case_id},
+                    {"shape", case_shape(opt.spec)},
+                    {"status", res.status},
+                    {"message", res.record.message},
+                    {"class", res.cls},
+                    {"explanation", res.explanation},
+                    {"environment", opt.environment},
+                    {"variants", vj},
+                    {"repro", repro_line},
+                    {"replay", replay_line},
+                    {"bundle", res.bundle},
+                    {"results", res.results},
+                    {"repro_py", res.repro_py}};
+  res.report_json = (fs::path(opt.out_dir) / "report.json").string();
+  write_report_file(res.report_json, [&](std::ostream& os) { os << doc.dump(1, ' ', false, Json::error_handler_t::replace) << "\n"; });
+}
+
 }  // namespace
 
 Record rerun(const TriageOptions& opt, const CaseSpec& c) {
@@ -370,11 +520,6 @@ TriageResult triage(const TriageOptions& opt) {
   fs::create_directories(opt.out_dir);
   TriageResult res;
   res.dir = opt.out_dir;
-  auto say = [&](const char* f, const std::string& a, const std::string& b) {
-    if (!opt.log) return;
-    std::fprintf(opt.log, f, a.c_str(), b.c_str());
-    std::fflush(opt.log);
-  };
 
   // The case as given, once isolated (a crash is a record) to learn its status.
   Runner probe(opt, true);
@@ -385,132 +530,27 @@ TriageResult triage(const TriageOptions& opt) {
     throw InputError("triage: " + opt.backend + " " + std::string(op_name(opt.op)) + " on " + opt.spec.id() + " is " + res.status +
                      ": " + res.record.message);
   const bool crashes = res.record.status == Status::kCrashed || res.record.status == Status::kTimeout;
-  // The case as a suite file beside the report: the repro line names it, not the scratch copy.
-  {
-    const std::string scratch = (fs::path(opt.out_dir) / "runs" / "case1.yaml").string();
-    const std::string kept = (fs::path(opt.out_dir) / "case.yaml").string();
-    std::error_code ec;
-    fs::copy_file(scratch, kept, fs::copy_options::overwrite_existing, ec);
-    if (!ec) given_cmd = replace_all(given_cmd, exec::shell_word(scratch), exec::shell_word(kept));
-  }
+  given_cmd = keep_case_file(opt, given_cmd);
   Runner runner(opt, crashes, 100);
-  say("triage: %s: %s\n", opt.backend + " " + std::string(op_name(opt.op)) + " on " + case_shape(opt.spec), res.status);
+  say(opt, "triage: %s: %s\n", opt.backend + " " + std::string(op_name(opt.op)) + " on " + case_shape(opt.spec), res.status);
   const Metrics* given_main = main_output(res.record);
   const double given_max_abs = given_main ? given_main->max_abs : kNaN;
 
-  // The report's bundle and results: the given case again, its failure saved.
-  if (opt.bundle && status_is_failure(res.record.status)) {
-    const fs::path bundle_dir = fs::path(opt.out_dir) / "bundle";
-    fs::remove_all(bundle_dir);
-    std::vector<std::string> outs = {"--save-failures", bundle_dir.string()};
-    const std::string results = (fs::path(opt.out_dir) / "results.h5").string();
-    if (!crashes) outs.insert(outs.end(), {"--save-results", results, "--isolate", "none"});
-    std::string cmd;
-    (void)runner.run(opt.spec, {}, cmd, outs);
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(bundle_dir, ec)) res.bundle = e.path().string();
-    if (!crashes && fs::exists(results)) res.results = results;
-  }
+  if (opt.bundle && status_is_failure(res.record.status)) save_bundle(opt, runner, crashes, res);
 
   for (Planned& p : plan_variants(opt, res.record)) {
     res.variants.push_back(run_variant(runner, std::move(p), res.record.status, given_main ? given_main->output : ""));
-    say("  %-26s %s\n", res.variants.back().name, res.variants.back().verdict);
+    say(opt, "  %-26s %s\n", res.variants.back().name, res.variants.back().verdict);
   }
-  const CaseSpec& s = opt.spec;
-  const bool per_tensor = s.kv_cache_dtype == KvCacheDtype::kFp8 || s.kv_cache_dtype == KvCacheDtype::kFp8E4m3;
   const auto [cls, why] = classify(res.status, res.variants, given_max_abs);
   res.cls = cls;
   res.explanation = why;
-  say("  class: %s: %s\n", cls, why);
+  say(opt, "  class: %s: %s\n", cls, why);
 
-  // The report.
-  const fs::path dir(opt.out_dir);
-  const std::string repro_line = given_cmd;
-  std::string replay_line;
-  if (!res.bundle.empty()) {
-    replay_line = "mlagate replay " + exec::shell_word(res.bundle) + " --backend " + opt.backend + " --op " + std::string(op_name(opt.op));
-    for (const std::string& a : opt.run_args) replay_line += " " + exec::shell_word(a);
-  }
-  if (!res.bundle.empty() && !res.results.empty()) {
-    std::string script;
-    for (const auto& [name, text] : verdicts_embed::embedded_files())
-      if (name == "repro_template.py") script = std::string(text);
-    script = replace_all(script, "@BUNDLE@", "bundle/" + fs::path(res.bundle).filename().string());
-    script = replace_all(script, "@RESULTS@", "results.h5");
-    script = replace_all(script, "@CASE_ID@", res.record.case_id);
-    script = replace_all(script, "@BACKEND@", opt.backend);
-    script = replace_all(script, "@OP@", std::string(op_name(opt.op)));
-    res.repro_py = (dir / "repro.py").string();
-    std::ofstream(res.repro_py) << script;
-  }
-  std::ostringstream md;
-  const Record& r = res.record;
-  md << "# " << opt.backend << " " << op_name(opt.op) << ": " << res.status << " (" << res.cls << ")\n\n";
-  md << res.explanation << ".\n\n## Environment\n\n";
-  for (const std::string& e : opt.environment) md << "- " << e << "\n";
-  md << "\n## The case\n\n" << case_shape(s) << "; model dtype " << dtype_short(s.dtype) << ", dims " << dims_label(s.dims)
-     << " (kv_lora_rank " << s.dims.kv_lora_rank << ", rope " << s.dims.rope_dim << "), kv cache "
-     << kv_cache_format_name(s.kv_format());
-  if (per_tensor) md << " with k_scale " << exact_number(s.k_scale);
-  md << ", Q magnitude " << exact_number(s.q_magnitude) << ", seed " << s.seed << ".\n\n";
-  md << "| request | seq_len | query_len |\n| ---: | ---: | ---: |\n";
-  for (int i = 0; i < s.num_requests() && i < 64; ++i)
-    md << "| " << i << " | " << s.batch.seq_lens[static_cast<std::size_t>(i)] << " | " << s.batch.query_lens[static_cast<std::size_t>(i)] << " |\n";
-  if (s.num_requests() > 64) md << "| ... | " << s.num_requests() - 64 << " more | |\n";
-  md << "\nCase id `" << r.case_id << "`.\n\n## Expected against actual\n\n" << res.status << ": " << r.message << "\n\n";
-  for (const Metrics& m : r.metrics) {
-    md << "- `" << m.output << "`: " << (m.passed ? "within the policy" : "fails") << "; max abs error " << fmt(m.max_abs);
-    if (m.worst.flat >= 0) md << " at " << m.worst.str();
-    if (m.nonfinite_mismatches > 0) md << "; " << m.nonfinite_mismatches << " non-finite, the first at " << m.first_nonfinite.str();
-    if (!std::isnan(m.min_fudge)) md << "; needs fudge " << fmt(m.min_fudge);
-    md << "\n";
-    if (!m.passed && !m.worst_elements.empty()) {
-      md << "\n  | where | got | expected | error |\n  | --- | ---: | ---: | ---: |\n";
-      for (const WorstElement& w : m.worst_elements)
-        md << "  | " << w.where.str() << " | " << fmt(w.got) << " | " << fmt(w.expected) << " | " << fmt(w.err) << " |\n";
-      md << "\n";
-    }
-  }
-  md << "\n## What-if variants\n\n| variant | change | status | " << (given_main ? given_main->output : std::string("output"))
-     << " max abs | needs fudge | verdict |\n| --- | --- | --- | ---: | ---: | --- |\n";
-  md << "| as given | | " << res.status << " | " << fmt(given_max_abs) << " | " << fmt(given_main ? given_main->min_fudge : kNaN) << " | |\n";
-  for (const TriageVariant& v : res.variants)
-    md << "| " << v.name << " | " << v.change << " | " << (v.status.empty() ? "-" : v.status) << " | " << fmt(v.max_abs) << " | "
-       << fmt(v.min_fudge) << " | " << v.verdict << " |\n";
-  md << "\nClass: **" << res.cls << "**: " << res.explanation << ".\n\n## Reproduce\n\n```sh\n" << repro_line << "\n";
-  if (!replay_line.empty()) md << replay_line << "\n";
-  md << "```\n\n";
-  if (!res.bundle.empty()) md << "The golden bundle (inputs, paged cache, fp64 reference; HDF5, golden/SCHEMA.md): `" << res.bundle << "`.\n";
-  if (!res.repro_py.empty())
-    md << "Without mlagate (h5py and numpy): `python3 " << res.repro_py << "` reads the bundle and the kernel's outputs (`" << res.results
-       << "`) and prints the mismatch with its positions.\n";
-  res.report_md = (dir / "report.md").string();
-  write_report_file(res.report_md, [&](std::ostream& os) { os << md.str(); });
-
-  Json vj = Json::array();
-  for (const TriageVariant& v : res.variants)
-    vj.push_back({{"name", v.name}, {"change", v.change}, {"applicable", v.applicable}, {"status", v.status},
-                  {"message", v.message}, {"output", v.output}, {"max_abs", std::isnan(v.max_abs) ? Json(nullptr) : Json(v.max_abs)},
-                  {"min_fudge", std::isnan(v.min_fudge) ? Json(nullptr) : Json(v.min_fudge)}, {"verdict", v.verdict},
-                  {"command", v.command}});
-  const Json doc = {{"schema", "mlagate.triage/1"},
-                    {"backend", opt.backend},
-                    {"op", op_name(opt.op)},
-                    {"case", r.case_id},
-                    {"shape", case_shape(s)},
-                    {"status", res.status},
-                    {"message", r.message},
-                    {"class", res.cls},
-                    {"explanation", res.explanation},
-                    {"environment", opt.environment},
-                    {"variants", vj},
-                    {"repro", repro_line},
-                    {"replay", replay_line},
-                    {"bundle", res.bundle},
-                    {"results", res.results},
-                    {"repro_py", res.repro_py}};
-  res.report_json = (dir / "report.json").string();
-  write_report_file(res.report_json, [&](std::ostream& os) { os << doc.dump(1, ' ', false, Json::error_handler_t::replace) << "\n"; });
+  const std::string replay_line = replay_line_of(opt, res);
+  write_repro_py(opt, res);
+  write_report_md(opt, res, given_cmd, replay_line);
+  write_report_json(opt, res, given_cmd, replay_line);
   return res;
 }
 
