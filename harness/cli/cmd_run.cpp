@@ -401,7 +401,7 @@ class RunCommand {
           io.env.push_back(input_store_.env());
 #if MLAGATE_HAS_CUDA
           // And start their CUDA a few at a time, in slots kept in that folder
-          // (cases/process_slot.h, backends/cuda/device.cpp).
+          // (cases/process_slot.h, gpu/device.cpp).
           io.env.push_back(std::string(kProcessSlotFolderVariable) + "=" + input_store_.path());
 #endif
         } catch (const std::exception& e) {
