@@ -186,6 +186,17 @@ void check_guards_or_throw(std::initializer_list<const GuardedDeviceOutput*> out
   }
 }
 
+double finish_timed_call(const Event& start, Event& stop, cudaStream_t s, const GuardedDeviceOutput& o,
+                         const TensorView& o_host, const GuardedDeviceOutput& lse, const TensorView& lse_host) {
+  stop.record(s);
+  MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));
+  const double ms = stop.elapsed_since(start);
+  check_guards_or_throw({&o, &lse}, s);
+  o.download_to(o_host, s);
+  lse.download_to(lse_host, s);
+  return ms;
+}
+
 int max_dynamic_smem() {
   static const int v = [] {
     int dev = 0, bytes = 0;

@@ -169,6 +169,13 @@ class GuardedDeviceOutput {
 // Throws OutOfBoundsWriteError with the first violated guard among the outputs.
 void check_guards_or_throw(std::initializer_list<const GuardedDeviceOutput*> outputs, cudaStream_t s);
 
+// The end of a timed call of kernels with an output and its lse: `stop`
+// recorded, the stream synchronized (the kernels' execution errors surface
+// here), the milliseconds since `start` returned; then both outputs' guards
+// checked (OutOfBoundsWriteError) and their payloads downloaded.
+double finish_timed_call(const Event& start, Event& stop, cudaStream_t s, const GuardedDeviceOutput& o,
+                         const TensorView& o_host, const GuardedDeviceOutput& lse, const TensorView& lse_host);
+
 // Largest dynamic shared memory one block may use on the device.
 int max_dynamic_smem();
 int multiprocessor_count();

@@ -15,13 +15,8 @@ namespace {
 // vLLM's form of the merge in fp32: the same infinity rules, the scales first.
 float merge_row_scales_first(float la, float lb, const float* a, const float* b, float* out, std::int64_t dim) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  if (std::isinf(la)) la = kNegInf;
-  if (std::isinf(lb)) lb = kNegInf;
-  const float m = std::max(la, lb);
-  if (m == kNegInf) {
-    for (std::int64_t x = 0; x < dim; ++x) out[x] = 0.f;
-    return kNegInf;
-  }
+  float m;
+  if (merge_sides_empty(la, lb, m, out, dim)) return kNegInf;
   const float wa = std::exp(la - m), wb = std::exp(lb - m), sum = wa + wb;
   const float sa = wa / sum, sb = wb / sum;
   for (std::int64_t x = 0; x < dim; ++x) out[x] = (la == kNegInf ? 0.f : a[x] * sa) + (lb == kNegInf ? 0.f : b[x] * sb);

@@ -24,16 +24,25 @@ struct MergeInputs;  // cases/merge.h
 
 // One row: out[0..dim) and the merged lse from the two sides' lse and values.
 // `out` may alias `a` (the glue's running accumulator). F: float or double.
+// The rules every form of the merge shares (vLLM's): either infinity is an
+// empty side (-inf, weight 0); m is the larger lse. True when both sides are
+// empty: out is zeroed and the merged lse is -inf.
 template <class F>
-F merge_row(F la, F lb, const F* a, const F* b, F* out, std::int64_t dim) {
+bool merge_sides_empty(F& la, F& lb, F& m, F* out, std::int64_t dim) {
   constexpr F kNegInf = -std::numeric_limits<F>::infinity();
   if (std::isinf(la)) la = kNegInf;
   if (std::isinf(lb)) lb = kNegInf;
-  const F m = std::max(la, lb);
-  if (m == kNegInf) {
-    for (std::int64_t x = 0; x < dim; ++x) out[x] = F(0);
-    return kNegInf;
-  }
+  m = std::max(la, lb);
+  if (m != kNegInf) return false;
+  for (std::int64_t x = 0; x < dim; ++x) out[x] = F(0);
+  return true;
+}
+
+template <class F>
+F merge_row(F la, F lb, const F* a, const F* b, F* out, std::int64_t dim) {
+  constexpr F kNegInf = -std::numeric_limits<F>::infinity();
+  F m;
+  if (merge_sides_empty(la, lb, m, out, dim)) return kNegInf;
   const F wa = std::exp(la - m), wb = std::exp(lb - m), sum = wa + wb;
   for (std::int64_t x = 0; x < dim; ++x) {
     const F va = la == kNegInf ? F(0) : a[x];

@@ -206,6 +206,18 @@ void gather_keys(const DecodeArgs& a, const KernelFaults& faults, GatheredKeys& 
   }
 }
 
+DecodeCall::DecodeCall(const DecodeArgs& a, const KernelFaults& faults, GatheredKeys& keys) {
+  gather_keys(a, faults, keys);
+  n = static_cast<int>(a.q_lat.shape[1]);
+  l = static_cast<int>(a.q_lat.shape[2]);
+  d = keys.width;
+  dt = a.q_lat.dtype;
+  blocks = plan_row_blocks(a.query_start_loc, n);
+  o_lat = a.o_lat.as<std::uint16_t>();
+  lse = a.lse.as<float>();
+  num_blocks = static_cast<int>(blocks.size());
+}
+
 std::vector<RowBlock> plan_row_blocks(std::span<const std::int32_t> query_start_loc, int num_heads) {
   std::vector<RowBlock> blocks;
   for (std::size_t b = 0; b + 1 < query_start_loc.size(); ++b) {

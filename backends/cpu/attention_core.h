@@ -82,6 +82,19 @@ void write_cache(PagedCache& cache, const TensorView& kv_c, const TensorView& k_
 // Cuts every request's rows into blocks small enough to share among threads.
 std::vector<RowBlock> plan_row_blocks(std::span<const std::int32_t> query_start_loc, int num_heads);
 
+// A decode call's keys gathered (gather_keys) and what both CPU decoders read
+// of its arguments: heads, latent width, key width, dtype, the row blocks and
+// the output pointers.
+struct DecodeCall {
+  DecodeCall(const DecodeArgs& a, const KernelFaults& faults, GatheredKeys& keys);
+  int n = 0, l = 0, d = 0;
+  DType dt = DType::kBF16;
+  std::vector<RowBlock> blocks;
+  std::uint16_t* o_lat = nullptr;
+  float* lse = nullptr;
+  int num_blocks = 0;
+};
+
 // Stacks the [q_lat, q_pe] rows of a block into q [rows, L+R] and sets, per
 // row, how many of the request's keys it sees.
 void load_decode_rows(const DecodeArgs& args, const RowBlock& blk, const KernelFaults& faults,

@@ -20,15 +20,10 @@ using detail::KernelFaults;
 constexpr int kPrefillRows = 128;
 
 void paged_decode(const DecodeArgs& a, const KernelFaults& faults, detail::GatheredKeys& keys) {
-  detail::gather_keys(a, faults, keys);
-  const int n = static_cast<int>(a.q_lat.shape[1]);
-  const int l = static_cast<int>(a.q_lat.shape[2]);
-  const int d = keys.width;
-  const DType dt = a.q_lat.dtype;
-  const std::vector<detail::RowBlock> blocks = detail::plan_row_blocks(a.query_start_loc, n);
-  std::uint16_t* o_lat = a.o_lat.as<std::uint16_t>();
-  float* lse = a.lse.as<float>();
-  const int num_blocks = static_cast<int>(blocks.size());
+  const detail::DecodeCall call(a, faults, keys);
+  const int n = call.n, l = call.l, d = call.d, num_blocks = call.num_blocks;
+  const DType dt = call.dt;
+  const std::vector<detail::RowBlock>& blocks = call.blocks;
 
 #pragma omp parallel
   {
@@ -50,8 +45,8 @@ void paged_decode(const DecodeArgs& a, const KernelFaults& faults, detail::Gathe
                            .without_max = faults.softmax_without_max};
       detail::attend(in, o.data(), row_lse.data(), scratch);
       const std::int64_t flat = static_cast<std::int64_t>(a.query_start_loc[b]) * n + blk.first_row;
-      detail::narrow(o.data(), o_lat + flat * l, static_cast<std::int64_t>(blk.rows) * l, dt);
-      std::copy(row_lse.begin(), row_lse.end(), lse + flat);
+      detail::narrow(o.data(), call.o_lat + flat * l, static_cast<std::int64_t>(blk.rows) * l, dt);
+      std::copy(row_lse.begin(), row_lse.end(), call.lse + flat);
     }
   }
 }

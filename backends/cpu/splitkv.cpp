@@ -81,15 +81,10 @@ class SplitKvBackend final : public Backend {
 
 void SplitKvBackend::decode(const DecodeArgs& a) {
   detail::GatheredKeys& keys = keys_;
-  detail::gather_keys(a, {}, keys);
-  const int n = static_cast<int>(a.q_lat.shape[1]);
-  const int l = static_cast<int>(a.q_lat.shape[2]);
-  const int d = keys.width;
-  const DType dt = a.q_lat.dtype;
-  const std::vector<detail::RowBlock> blocks = detail::plan_row_blocks(a.query_start_loc, n);
-  std::uint16_t* o_lat = a.o_lat.as<std::uint16_t>();
-  float* lse = a.lse.as<float>();
-  const int num_blocks = static_cast<int>(blocks.size());
+  const detail::DecodeCall call(a, {}, keys);
+  const int n = call.n, l = call.l, d = call.d, num_blocks = call.num_blocks;
+  const DType dt = call.dt;
+  const std::vector<detail::RowBlock>& blocks = call.blocks;
 
 #pragma omp parallel
   {
@@ -124,8 +119,8 @@ void SplitKvBackend::decode(const DecodeArgs& a) {
       row_lse.resize(rows);
       combine(part_o.data(), part_lse.data(), num_splits, rows, l, o.data(), row_lse.data());
       const std::int64_t flat = static_cast<std::int64_t>(a.query_start_loc[b]) * n + blk.first_row;
-      detail::narrow(o.data(), o_lat + flat * l, static_cast<std::int64_t>(rows) * l, dt);
-      std::copy(row_lse.begin(), row_lse.end(), lse + flat);
+      detail::narrow(o.data(), call.o_lat + flat * l, static_cast<std::int64_t>(rows) * l, dt);
+      std::copy(row_lse.begin(), row_lse.end(), call.lse + flat);
     }
   }
 }

@@ -199,12 +199,7 @@ void CudaBackend::decode(const DecodeArgs& a) {
   Event start, stop;
   start.record(s);
   plan->enqueue(s);
-  stop.record(s);
-  MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));  // execution errors of the kernels surface here
-  last_kernel_ms_ = stop.elapsed_since(start);
-  check_guards_or_throw({in->o.get(), in->lse.get()}, s);
-  in->o->download_to(a.o_lat, s);
-  in->lse->download_to(a.lse, s);
+  last_kernel_ms_ = finish_timed_call(start, stop, s, *in->o, a.o_lat, *in->lse, a.lse);
 }
 
 std::unique_ptr<DecodeBench> CudaBackend::prepare_decode_bench(const DecodeArgs& a) {

@@ -102,12 +102,7 @@ class MergeBackend final : public Backend {
       }
       MLAGATE_CUDA_CHECK_LAUNCH();
     }
-    stop.record(s);
-    MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));
-    last_kernel_ms_ = stop.elapsed_since(start);
-    check_guards_or_throw({&out, &lse}, s);
-    out.download_to(a.output, s);
-    lse.download_to(a.output_lse, s);
+    last_kernel_ms_ = finish_timed_call(start, stop, s, out, a.output, lse, a.output_lse);
   }
 
  private:

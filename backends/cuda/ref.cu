@@ -130,12 +130,7 @@ void RefBackend::prefill(const PrefillArgs& a) {
   start.record(s);
   launch_attention<PrefillProblem, ModelSink, float, false>(pb, sink, d_groups.as<RowGroup>(),
                                                             static_cast<int>(groups.size()), 1, s);
-  stop.record(s);
-  MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));
-  last_kernel_ms_ = stop.elapsed_since(start);
-  check_guards_or_throw({&o, &lse}, s);
-  o.download_to(a.o, s);
-  lse.download_to(a.lse, s);
+  last_kernel_ms_ = finish_timed_call(start, stop, s, o, a.o, lse, a.lse);
 }
 
 }  // namespace

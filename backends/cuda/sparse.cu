@@ -598,12 +598,7 @@ class SparseBackend final : public CudaBackend {
       sparse_attention_kernel<<<grid, kSparseThreads, smem, s>>>(pb);
       MLAGATE_CUDA_CHECK_LAUNCH();
     }
-    stop.record(s);
-    MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));
-    last_kernel_ms_ = stop.elapsed_since(start);
-    check_guards_or_throw({&o, &lse}, s);
-    o.download_to(o_host, s);
-    lse.download_to(lse_host, s);
+    last_kernel_ms_ = finish_timed_call(start, stop, s, o, o_host, lse, lse_host);
   }
 };
 

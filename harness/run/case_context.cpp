@@ -112,7 +112,6 @@ const std::vector<double>& CaseContext::unquantized_absorbed() {
 }
 
 void CaseContext::adopt(PreparedCase&& p) {
-  for (const OpDriver* d : op_drivers()) d->adopt(p, *this);  // before the case moves: they read p.c
   c = std::move(p.c);
   ref_outputs = std::move(p.reference);
   given_caches = std::move(p.caches);

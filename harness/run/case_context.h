@@ -17,7 +17,6 @@
 
 #include "cases/case.h"
 #include "cases/paged_cache.h"
-#include "harness/run/ops/driver.h"
 #include "harness/run/run_config.h"
 #include "reference/fp64_reference.h"
 
@@ -96,8 +95,8 @@ struct CaseContext {
   // of equal cache values keeps them: the same references.
   std::map<std::string, Metrics> quant_metrics;
 
-  // A golden file's case and the parts every op shares; the ops' parts go to
-  // their slots (OpDriver::adopt).
+  // A golden file's case and the parts every op shares (the ops' parts go to
+  // their slots first: OpDriver::adopt, in case_stream.cpp).
   void adopt(PreparedCase&& p);
 
   // The op module state of type S, made on first use (S(CaseContext&) or S()).

@@ -3,6 +3,7 @@
 // ahead on a thread of its own (CaseAhead), with the work the op modules say
 // their jobs will share (OpDriver::plan_ahead).
 #include "harness/run/case_context.h"
+#include "harness/run/ops/driver.h"
 #include "harness/run/runner.h"
 
 #include <omp.h>
@@ -42,7 +43,9 @@ CaseContext& CaseStream::enter(const CaseSpec& spec) {
     std::optional<Case> previous;
     if (prev && inputs_key(prev->c.spec) == inputs_key(spec)) previous.emplace(std::move(prev->c));
     prev.reset();
-    ctx->adopt(cfg_.prepare(spec, previous ? &*previous : nullptr));
+    PreparedCase prepared = cfg_.prepare(spec, previous ? &*previous : nullptr);
+    for (const OpDriver* d : op_drivers()) d->adopt(prepared, *ctx);  // the ops' parts, before the case moves in
+    ctx->adopt(std::move(prepared));
   } else if (same_values) {
     spec.validate();
     ctx = std::move(prev);

@@ -12,7 +12,7 @@
 #include "backends/backend.h"
 #include "cases/case.h"
 #include "cases/case_spec.h"
-#include "harness/run/ops/op_run.h"
+#include "harness/run/guarded.h"
 #include "reference/compare.h"
 #include "reference/fp64_reference.h"
 #include "reference/prepared_case.h"
@@ -20,6 +20,23 @@
 #include "reports/record.h"
 
 namespace mlagate {
+
+// How a run's buffers are made: poison, block table, chunking, reuse.
+struct ExecOptions {
+  Poison poison = Poison::kNaN;     // outputs, workspaces and unused cache regions
+  bool poison_block_table = false;  // unused block-table entries = an invalid huge id
+  int prefill_chunk = 2048;         // context tokens per chunk of the MHA prefill path
+  bool reuse_buffers = false;       // kernel outputs from a pool of earlier ones (GuardedBuffer reuse), not fresh
+};
+
+// One output of an op, as an op hands it back to be judged (and as the
+// results files store it).
+struct ProducedOutput {
+  std::string name;  // "out", "lse", "o_lat", "o"
+  GuardedBuffer buf;
+  std::int64_t heads = 1, dim = 1;  // for locating elements
+  bool is_lse = false;
+};
 
 // Where the reference comes from (--reference): an empty member means the fp64
 // Eigen reference of reference/fp64_reference.h; `cuda` puts the same math on the GPU.

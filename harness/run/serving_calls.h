@@ -11,10 +11,11 @@
 #include <vector>
 
 #include "harness/run/case_context.h"
+#include "harness/run/dcp_layout.h"
+#include "harness/run/runner.h"
 #include "harness/run/ops/decode/decode.h"
 #include "harness/run/ops/sparse/sparse_op.h"
 #include "harness/run/guarded.h"
-#include "harness/run/serving.h"
 
 namespace mlagate::serving_detail {
 

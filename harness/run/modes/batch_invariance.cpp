@@ -14,7 +14,6 @@
 #include <random>
 #include <sstream>
 
-#include "harness/run/serving.h"
 #include "harness/run/serving_calls.h"
 
 namespace mlagate::modes {

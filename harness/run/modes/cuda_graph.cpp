@@ -18,7 +18,6 @@
 
 #include "backends/decode_args.h"
 #include "cases/errors.h"
-#include "harness/run/serving.h"
 #include "harness/run/serving_calls.h"
 #include "reports/profile.h"
 

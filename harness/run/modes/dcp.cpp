@@ -3,25 +3,16 @@
 // at their local positions, the rest poisoned), each query token a request of
 // its own seeing its share of keys 0 .. c + u, the partials merged through
 // their LSEs (serving_calls.h, merge_shards) and judged. vLLM's sharding
-// functions (dcp_rank_of ...) live here too.
+// functions (dcp_rank_of ...) are in ../dcp_layout.h.
 #include "harness/run/modes/dcp.h"
 
 #include <algorithm>
 
 #include "cases/errors.h"
-#include "harness/run/serving.h"
 #include "harness/run/serving_calls.h"
 
 namespace mlagate {
 
-int dcp_rank_of(int pos, int ranks, int interleave) { return (pos / interleave) % ranks; }
-int dcp_local_pos(int pos, int ranks, int interleave) {
-  return (pos / (ranks * interleave)) * interleave + pos % interleave;
-}
-int dcp_local_count(int visible, int rank, int ranks, int interleave) {
-  const int cycle = ranks * interleave;
-  return (visible / cycle) * interleave + std::clamp(visible % cycle - rank * interleave, 0, interleave);
-}
 
 namespace modes {
 

@@ -6,17 +6,10 @@
 
 #include <string>
 
+#include "harness/run/dcp_layout.h"
 #include "harness/run/runner.h"
 
 namespace mlagate {
-
-// DCP's sharding of one request's keys (vLLM's interleaved layout): token p
-// belongs to rank (p / interleave) % ranks, at local position
-// (p / (ranks * interleave)) * interleave + p % interleave.
-int dcp_rank_of(int pos, int ranks, int interleave);
-int dcp_local_pos(int pos, int ranks, int interleave);
-// How many of the first `visible` keys rank r holds.
-int dcp_local_count(int visible, int rank, int ranks, int interleave);
 
 namespace modes {
 

@@ -19,7 +19,6 @@
 #include "cases/encoding.h"
 #include "cases/sparse.h"
 #include "harness/run/modes/dcp.h"
-#include "harness/run/serving.h"
 #include "harness/run/serving_calls.h"
 
 namespace mlagate::modes {

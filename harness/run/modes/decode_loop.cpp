@@ -13,7 +13,6 @@
 #include <stdexcept>
 
 #include "cases/errors.h"
-#include "harness/run/serving.h"
 #include "harness/run/serving_calls.h"
 #include "reports/profile.h"
 

@@ -1,5 +1,4 @@
-// What every op module shares: how a run's buffers are made (ExecOptions),
-// the outputs an op hands back to be judged (ProducedOutput, OpRun) and the
+// What every op module shares: the outputs an op hands back to be judged (ProducedOutput, OpRun) and the
 // checks every kernel call ends with (guard bands, a print of lent inputs).
 // The bottom of harness/run/ops: it knows no op.
 #pragma once
@@ -12,23 +11,12 @@
 
 #include "cases/tensor.h"
 #include "harness/run/guarded.h"
+#include "harness/run/run_config.h"  // ExecOptions, ProducedOutput
 #include "reports/record.h"
 
 namespace mlagate {
 
-struct ExecOptions {
-  Poison poison = Poison::kNaN;     // outputs, workspaces and unused cache regions
-  bool poison_block_table = false;  // unused block-table entries = an invalid huge id
-  int prefill_chunk = 2048;         // context tokens per chunk of the MHA prefill path
-  bool reuse_buffers = false;       // kernel outputs from a pool of earlier ones (GuardedBuffer reuse), not fresh
-};
 
-struct ProducedOutput {
-  std::string name;  // "out", "lse", "o_lat", "o"
-  GuardedBuffer buf;
-  std::int64_t heads = 1, dim = 1;  // for locating elements
-  bool is_lse = false;
-};
 
 struct OpRun {
   std::vector<ProducedOutput> outputs;

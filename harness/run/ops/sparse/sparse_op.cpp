@@ -43,12 +43,28 @@ void flatten_cache(const PagedCache& cache, DType dt, Tensor& kv, std::int64_t r
   }
 }
 
+// Both sparse kernels end alike: the sink, scale and guarded outputs handed
+// over, the call timed, both outputs checked and moved into the run.
+template <class Args>
+OpRun call_sparse_kernel(Backend& b, void (Backend::*kernel)(const Args&), Args& a, const Case& c, Outputs& out,
+                         const char* path) {
+  OpRun run;
+  a.sink = c.sparse->sink;
+  a.scale = c.spec.softmax_scale();
+  a.o = out.o.buf.view();
+  a.lse = out.lse.buf.view();
+  const auto t0 = Clock::now();
+  (b.*kernel)(a);
+  run.run_ms = backend_call_done(t0);
+  finish_kernel_op(run, out.o, out.lse, c.num_requests, path);
+  return run;
+}
+
 }  // namespace
 
 OpRun run_sparse_decode_op(Backend& b, const Case& c, const PagedCache& cache, const PagedCache* extra, const Tensor& q,
                            const ExecOptions& opt) {
   const SparseInputs& sp = *c.sparse;
-  OpRun run;
   Outputs out = make_outputs(c, opt);
   std::vector<std::int32_t> rows(static_cast<std::size_t>(c.num_requests));
   for (int i = 0; i < c.num_requests; ++i) rows[static_cast<std::size_t>(i)] = i;
@@ -72,15 +88,7 @@ OpRun run_sparse_decode_op(Backend& b, const Case& c, const PagedCache& cache, c
     a.extra_indices = extra_slots.view();
     a.extra_topk_length = sp.extra.length;
   }
-  a.sink = sp.sink;
-  a.scale = c.spec.softmax_scale();
-  a.o = out.o.buf.view();
-  a.lse = out.lse.buf.view();
-  const auto t0 = Clock::now();
-  b.sparse_decode(a);
-  run.run_ms = backend_call_done(t0);
-  finish_kernel_op(run, out.o, out.lse, c.num_requests, "sparse_decode");
-  return run;
+  return call_sparse_kernel(b, &Backend::sparse_decode, a, c, out, "sparse_decode");
 }
 
 OpRun run_sparse_prefill_op(Backend& b, const Case& c, const PagedCache& cache, const PagedCache* extra, const Tensor& q,
@@ -123,22 +131,13 @@ OpRun run_sparse_prefill_op(Backend& b, const Case& c, const PagedCache& cache, 
       for (int j = k; j < W + K2; ++j) row[j] = j % cache.block_size;
     }
   }
-  OpRun run;
   Outputs out = make_outputs(c, opt);
   SparsePrefillArgs a;
   a.q = q.view();
   a.kv = kv.view();
   a.indices = idx.view();
   a.topk_length = lens;
-  a.sink = sp.sink;
-  a.scale = c.spec.softmax_scale();
-  a.o = out.o.buf.view();
-  a.lse = out.lse.buf.view();
-  const auto t0 = Clock::now();
-  b.sparse_prefill(a);
-  run.run_ms = backend_call_done(t0);
-  finish_kernel_op(run, out.o, out.lse, c.num_requests, "sparse_prefill");
-  return run;
+  return call_sparse_kernel(b, &Backend::sparse_prefill, a, c, out, "sparse_prefill");
 }
 
 }  // namespace mlagate
