@@ -15,6 +15,7 @@
 
 #include "backends/registry.h"
 #include "cases/suite.h"
+#include "cases/errors.h"
 #include "harness/run/runner.h"
 #include "reference/cuda/cuda_reference.h"
 #include "reference/device_staging.h"
@@ -49,7 +50,11 @@ bool same(double a, double b) { return std::isnan(a) ? std::isnan(b) : a == b; }
 // The torch.sdpa.* backends' records under the host path and under `staging`.
 void expect_same_records_with(const DeviceStaging& staging) {
   MLAGATE_REQUIRE_GPU();
-  std::vector<std::unique_ptr<Backend>> backends = select_backends("torch.sdpa.*");
+  std::vector<std::unique_ptr<Backend>> backends;
+  try {
+    backends = select_backends("torch.sdpa.*");
+  } catch (const InputError&) {  // a pattern that matches nothing is refused: none built here
+  }
   if (backends.empty()) GTEST_SKIP() << "this build has no torch.sdpa.* backends (libtorch >= 2)";
   RunConfig cfg;
   for (const char* batch : {"mixed_small", "medium_prefill", "single_prefill"})
