@@ -131,7 +131,9 @@ hid_t TempH5::group(const std::string& path, bool& created) {
 
 hid_t TempH5::case_group(const std::string& id, bool& created) {
   schema::id_path(id);  // throws for an id that cannot be a path
-  const hid_t g = group(std::string(schema::kCasesGroup) + "/" + id, created);
+  bool made = false;
+  const hid_t g = group(std::string(schema::kCasesGroup) + "/" + id, made);
+  created = id_set_.insert(id).second;
   if (created) ids_.push_back(id);
   return g;
 }
@@ -140,7 +142,7 @@ void TempH5::copy_case(hid_t src, const std::string& id, const std::vector<std::
   schema::id_path(id);
   const std::string path = std::string(schema::kCasesGroup) + "/" + id;
   const std::string what = target_ + ":/" + path;
-  if (std::find(ids_.begin(), ids_.end(), id) != ids_.end()) throw GoldenFileError(target_ + ": case " + id + " copied twice");
+  if (id_set_.count(id)) throw GoldenFileError(target_ + ": case " + id + " copied twice");
   // Through group(): the case group may already be there as the parent of a
   // nested case copied before it.
   bool created = false;
@@ -157,6 +159,7 @@ void TempH5::copy_case(hid_t src, const std::string& id, const std::vector<std::
       throw GoldenFileError(what + ": member " + name + " is also the path of another case");
     h5::ocopy(from.get(), name, dst, name, what + "/" + name);
   }
+  id_set_.insert(id);
   ids_.push_back(id);
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,9 @@ class TempH5 {
   TempH5& operator=(const TempH5&) = delete;
 
   // The group /cases/<id> (created with its parents on first use); `id` is a
-  // case id, its components checked by schema::id_path.
+  // case id, its components checked by schema::id_path. `created`: the case is
+  // new to the file, whether or not its group was there already as the path
+  // of a nested case added before it ("…/cmp=4x64/sink" before "…/cmp=4x64").
   hid_t case_group(const std::string& id, bool& created);
   // A group at `path` below the root ("cases/<id>/results/cpu.paged"), created
   // with its parents on first use.
@@ -43,7 +46,8 @@ class TempH5 {
   std::string target_, temp_;
   io::Where where_;
   h5::File file_;
-  std::vector<std::string> ids_;
+  std::vector<std::string> ids_;  // in the order added: /case_ids
+  std::set<std::string> id_set_;
   std::map<std::string, h5::Group> open_;  // every group created, by path below the root
   bool committed_ = false;
 };

@@ -15,6 +15,7 @@
 
 #include "backends/registry.h"
 #include "cases/generator.h"
+#include "cases/suite.h"
 #include "golden/compare_files.h"
 #include "harness/run/golden_run.h"
 #include "reference/glue.h"
@@ -621,6 +622,36 @@ TEST(H5Cli, ExportRunReplayCompareExitCodes) {
   EXPECT_FALSE(fs::exists(d / "missing"));
   EXPECT_EQ(cli({"export", "--spec", "small_decode"}), kExitUsage);  // --out is required
   EXPECT_EQ(cli({"replay", (d / "nothing.h5").string()}), kExitUsage);
+}
+
+
+// A case id that is another's prefix ("…/cmp=4x64" and "…/cmp=4x64/sink", as
+// the v4 suite has them), the longer written first: the shorter one's group
+// is already there as a path, and it is still a case of its own, listed in
+// /case_ids, so the file reads back (it was refused: "neither a case that
+// /case_ids lists nor on the path to one").
+TEST(H5NestedIds, WrittenLongestFirstTheyReadBack) {
+  const std::string prefix = "v4/v4_decode/tp2/bf16/kv=fp8_v4/bs=auto/seed=0/dims=v4/win=128/cmp=4x64";
+  std::vector<CaseSpec> pair;
+  for (const CaseSpec& s : load_suite("v4").cases)
+    if (s.id() == prefix || s.id() == prefix + "/sink") pair.push_back(s);
+  ASSERT_EQ(pair.size(), 2u);
+  std::sort(pair.begin(), pair.end(), [](const CaseSpec& a, const CaseSpec& b) { return a.id().size() > b.id().size(); });
+  ScratchDir d;
+  {
+    ResultsWriter w((d / "r.h5").string(), "test");
+    for (const CaseSpec& s : pair) w.add_case(s, nullptr, make_policy("fixed", 0.05, 0.01));
+    w.commit();
+  }
+  GoldenReader results((d / "r.h5").string());
+  EXPECT_EQ(results.case_ids(), (std::vector<std::string>{prefix + "/sink", prefix}));
+  ExportOptions opt;
+  opt.ops = {Op::kSparseDecode};
+  opt.block_sizes = [](const CaseSpec&) { return std::vector<int>{64}; };
+  export_golden(pair, (d / "g.h5").string(), opt);
+  GoldenReader golden((d / "g.h5").string());
+  EXPECT_EQ(golden.case_ids(), (std::vector<std::string>{prefix + "/sink", prefix}));
+  EXPECT_TRUE(golden.has_case(prefix));
 }
 
 }  // namespace
