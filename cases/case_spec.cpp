@@ -2,20 +2,16 @@
 #include "cases/case_spec.h"
 
 #include <cmath>
-#include <cstdio>
 #include <numeric>
 
 #include "cases/errors.h"
+#include "cases/format.h"
 
 namespace mlagate {
 
 namespace {
 
-std::string fmt_double(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.10g", v);
-  return buf;
-}
+std::string fmt_double(double v) { return format_g(v, 10); }
 
 // Upper bound on elements of any one tensor: keeps an absurd case from
 // exhausting memory before anything runs.

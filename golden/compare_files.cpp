@@ -10,15 +10,13 @@
 
 #include "golden/compare_files.h"
 
+#include "cases/format.h"
+
 namespace mlagate {
 
 namespace {
 
-std::string fmt(double v) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%.6g", v);
-  return buf;
-}
+std::string fmt(double v) { return format_g(v, 6); }
 
 // Position of a value on the dtype's number line (for ULP distances).
 std::int64_t ordinal(const TensorView& v, std::int64_t i) {

@@ -3,12 +3,12 @@
 // content hashes, block ids < num_blocks, the slot mapping, a memory budget.
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <set>
 
+#include "cases/format.h"
 #include "golden/detail/h5.h"
 #include "golden/detail/io.h"
 #include "golden/detail/results_reader.h"
@@ -42,11 +42,7 @@ std::vector<std::int32_t> to_i32(const Tensor& t) {
   return v;
 }
 
-std::string fmt_value(double v) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%.9g", v);
-  return buf;
-}
+std::string fmt_value(double v) { return format_g(v, 9); }
 
 // A stored reference is exact fp64 arithmetic on finite inputs: every value is
 // finite, except the lse of a row that sees no key (a seq_len-0 padding
