@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "reference/detail/softmax.h"
+#include "reference/detail/strided_rows.h"
 #include "reference/detail/widen.h"
 
 #include "cases/encoding.h"
@@ -21,23 +22,14 @@ namespace mlagate {
 namespace {
 
 using Index = Eigen::Index;
-using RowMat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using MatMap = Eigen::Map<RowMat, 0, Eigen::OuterStride<>>;
-using ConstMatMap = Eigen::Map<const RowMat, 0, Eigen::OuterStride<>>;
+using detail::cmat;
+using detail::mat;
 // Scratch arrays: Eigen leaves them uninitialized (no serial zero-fill pass over
 // hundreds of MiB; first touch happens in the parallel loops that fill them)
 // and aligns them to EIGEN_MAX_ALIGN_BYTES (64 with AVX-512).
 using Buffer = Eigen::VectorXd;
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-
-// A row-major block of rows x cols starting at p whose rows are `stride` apart.
-ConstMatMap cmat(const double* p, Index rows, Index cols, Index stride) {
-  return ConstMatMap(p, rows, cols, Eigen::OuterStride<>(stride));
-}
-MatMap mat(double* p, Index rows, Index cols, Index stride) {
-  return MatMap(p, rows, cols, Eigen::OuterStride<>(stride));
-}
 
 // Elements [first, first+n) of a tensor widened to double, one dtype dispatch
 // per run instead of TensorView::get's one per element. Widening is exact.
@@ -208,7 +200,7 @@ void mqa_core(const Case& c, const Layout& x, const double* q_full, double* o_la
       }
       keys_loaded = std::max(keys_loaded, cols);
       const Index stride = padded(cols);
-      MatMap logits = mat(logits_buf.data(), ch.rows, cols, stride);
+      auto logits = mat(logits_buf.data(), ch.rows, cols, stride);
       logits.noalias() = cmat(q_full + row * D, ch.rows, D, D) * cmat(keys.data(), cols, D, D).transpose();
       for (Index r = 0; r < ch.rows; ++r) {
         l[r] = softmax_row(logits_buf.data() + r * stride, visible_keys(c, i, (ch.row0 + r) / N), cols, scale);
@@ -284,9 +276,9 @@ ReferenceOutputs reference_mha(const Case& c) {
   const auto num_units = static_cast<std::int64_t>(requests.size()) * N;
 #pragma omp parallel
   {
-    RowMat w(x.L, KW);     // [W_UK[:, n, :] | W_UV[:, n, :]]
-    RowMat kv(max_s, KW);  // [k_nope | v] of every key of the request
-    Buffer logits_buf(logits_size);  // aligned rows (see padded)
+    detail::RowMat<double> w(x.L, KW);     // [W_UK[:, n, :] | W_UV[:, n, :]]
+    detail::RowMat<double> kv(max_s, KW);  // [k_nope | v] of every key of the request
+    Buffer logits_buf(logits_size);        // aligned rows (see padded)
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t k = 0; k < num_units; ++k) {
       const int i = requests[k / N];
@@ -303,7 +295,7 @@ ReferenceOutputs reference_mha(const Case& c) {
         if (cols == 0) continue;
         const Index stride = padded(cols);
         const double* q_rows = q.data() + ((t0 + u0) * N + n) * QW;  // token stride N*(P+R)
-        MatMap logits = mat(logits_buf.data(), rows, cols, stride);
+        auto logits = mat(logits_buf.data(), rows, cols, stride);
         logits.noalias() = cmat(q_rows, rows, x.P, N * QW) * kv.topLeftCorner(cols, x.P).transpose();
         logits.noalias() +=
             cmat(q_rows + x.P, rows, x.R, N * QW) * cmat(k_pe.data() + kv0 * x.R, cols, x.R, x.R).transpose();

@@ -19,15 +19,17 @@
 #include "reference/kv_projection.h"
 #include "reference/detail/emulation_math.h"
 #include "reference/detail/softmax.h"
+#include "reference/detail/strided_rows.h"
 #include "reference/detail/widen.h"
 
 namespace mlagate {
 namespace {
 
 using Index = Eigen::Index;
-using MatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using MapF = Eigen::Map<MatF, 0, Eigen::OuterStride<>>;
-using CMapF = Eigen::Map<const MatF, 0, Eigen::OuterStride<>>;
+using MatF = detail::RowMat<float>;
+using MapF = detail::RowsMap<float>;
+using detail::cmat;
+using detail::mat;
 using AlignedArr = Eigen::Map<Eigen::ArrayXf, Eigen::Aligned64>;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -36,11 +38,6 @@ constexpr double kNaNd = std::numeric_limits<double>::quiet_NaN();
 // differently when it falls in a GEMM's row remainder).
 constexpr Index kRowsPerUnit = 128;
 constexpr Index kAlignFloats = 16;  // 64-byte rows: Eigen's vectorized exp takes one path
-
-MapF mat(float* p, Index rows, Index cols, Index stride) { return MapF(p, rows, cols, Eigen::OuterStride<>(stride)); }
-CMapF cmat(const float* p, Index rows, Index cols, Index stride) {
-  return CMapF(p, rows, cols, Eigen::OuterStride<>(stride));
-}
 
 // x rounded to the nearest model-dtype value (RNE), as fp32.
 float round_to(float x, DType dt) {
