@@ -10,7 +10,7 @@
 // peak above the usage before it must be within its estimate. Measured and
 // estimated figures are printed. Also: the CLI refuses a case too big for the
 // device before it runs. Run it alone on its device (other processes' memory
-// counts in cudaMemGetInfo). Skips without a GPU.
+// counts in cudaMemGetInfo: its CTest entries are RUN_SERIAL). Skips without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
