@@ -449,10 +449,16 @@ ShrinkResult shrink_case(const ShrinkOptions& in) {
     std::fflush(log);
   }
   bool progress = true;
-  while (progress && sh.runs() < opt.max_runs) {
+  std::string stopped_by;
+  auto may_run = [&] {
+    if (sh.runs() >= opt.max_runs) stopped_by = "--max-runs " + std::to_string(opt.max_runs);
+    else if (opt.deadline && std::chrono::steady_clock::now() >= *opt.deadline) stopped_by = "the time given (explore's budget)";
+    return stopped_by.empty();
+  };
+  while (progress && may_run()) {
     progress = false;
     for (const Candidate& c : candidates(cur, flags, splits_given)) {
-      if (sh.runs() >= opt.max_runs) break;
+      if (!may_run()) break;
       const Outcome got = sh.run(c.spec, c.flags);
       if (!sh.same(want, got)) continue;
       cur = c.spec;
@@ -485,6 +491,7 @@ ShrinkResult shrink_case(const ShrinkOptions& in) {
   sh.isolate(true);  // the last run as the repro command runs it
   const Outcome last = sh.run(cur, final_flags);
   res.runs = sh.runs();
+  res.stopped_by = stopped_by;
   res.status = last.status;
   res.message = last.message;
   res.same = sh.same(want, last);
@@ -511,6 +518,7 @@ int shrink_main(const ShrinkOptions& opt) {
               r.message.c_str(), r.yaml.c_str());
   if (!r.bundle.empty()) std::printf("  golden bundle: %s\n  replay: %s\n", r.bundle.c_str(), r.replay.c_str());
   std::printf("  repro: %s\n", r.repro.c_str());
+  if (!r.stopped_by.empty()) std::printf("  note: stopped by %s; a smaller case may still fail\n", r.stopped_by.c_str());
   if (!r.same) std::printf("  note: the last run gave %s, not the first run's status (a flaky failure?)\n", r.status.c_str());
   if (!opt.expect.empty()) {
     if (r.expected == "XFAIL")

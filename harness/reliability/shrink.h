@@ -15,7 +15,9 @@
 // the shrink writes, so the final case is a file a user can rerun as is.
 #pragma once
 
+#include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,9 @@ struct ShrinkOptions {
   // whether the shrunk failure is a known one (the candidates run without them).
   std::vector<std::string> expect;
   int max_runs = 200;              // candidate runs at most
+  // No candidate run starts after it (explore's budget): the case shrunk so
+  // far is the result, with ShrinkResult::stopped_by saying so. None: no limit.
+  std::optional<std::chrono::steady_clock::time_point> deadline;
   std::FILE* log = stdout;         // progress and result lines; nullptr: silent (mlagate explore)
 };
 
@@ -48,6 +53,7 @@ struct ShrinkResult {
   std::string status, message;  // the final run's record
   bool same = true;             // the final run failed as the first did (false: flaky)
   int runs = 0;
+  std::string stopped_by;       // why the search ended before no candidate was left ("" when it ran out of them)
   std::string yaml;             // the suite file of the shrunk case (and its predecessors)
   std::string bundle;           // its golden bundle (a file in out_dir/bundle; empty when none was written)
   std::string repro;            // the mlagate run command of the shrunk case

@@ -3,10 +3,14 @@
 // failure shrink to their smallest cases, and what shrink saves reruns them.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "cases/suite.h"
+#include "harness/reliability/isolate.h"
+#include "harness/reliability/shrink.h"
 #include "tests/reliability/run_mlagate.h"
 
 namespace mlagate {
@@ -31,6 +35,7 @@ TEST(Shrink, PaddingNanShrinksToThePaddingRequestAlone) {
   EXPECT_NE(out.find("NONFINITE: out: NaN where the reference has 0 at request 0, token 0, head 0, dim 0"),
             std::string::npos)
       << out;
+  EXPECT_EQ(out.find("stopped by"), std::string::npos) << out;  // it ran out of candidates, nothing cut it short
   // The suite file reruns it; the bundle replays it.
   EXPECT_EQ(run_mlagate(with_plugin({"run", "--suite", (d / "s" / "shrunk.yaml").string(), "--backend",
                                      "rel.skip_padding", "--json", (d / "r.json").string()}),
@@ -43,6 +48,43 @@ TEST(Shrink, PaddingNanShrinksToThePaddingRequestAlone) {
   for (const auto& e : fs::directory_iterator(d / "s" / "bundle")) bundles.push_back(e.path());
   ASSERT_EQ(bundles.size(), 1u);
   EXPECT_EQ(run_mlagate(with_plugin({"replay", bundles[0].string(), "--backend", "rel.skip_padding"}), d), 1);
+}
+
+// A shrink given a deadline (explore's budget) or --max-runs stops there
+// with the case shrunk so far, says which limit stopped it, and still makes
+// the final run (suite file, bundle, repro) of that case. Called in this
+// process, each run in the real binary.
+TEST(Shrink, ADeadlineOrMaxRunsStopsItWithTheCaseSoFar) {
+  set_worker_executable(kBin);
+  const fs::path d = temp_dir("shrink_limits");
+  CaseSpec pad;
+  for (const CaseSpec& c : load_suite("edges").cases)
+    if (c.id() == "edges/edge_padding/tp16/bf16/kv=auto/bs=64/seed=0") pad = c;
+  ASSERT_EQ(pad.batch.seq_lens.size(), 4u);
+  ShrinkOptions so;
+  so.target = pad;
+  so.backend = "rel.skip_padding";
+  so.op = Op::kDecode;
+  so.run_args = {"--plugin", kPlugin};
+  so.log = nullptr;
+  // Past already: the first run (the status to keep) and the final one, nothing between.
+  so.out_dir = (d / "past").string();
+  so.deadline = std::chrono::steady_clock::now();
+  ShrinkResult r = shrink_case(so);
+  EXPECT_EQ(r.stopped_by, "the time given (explore's budget)");
+  EXPECT_EQ(r.runs, 2);
+  EXPECT_EQ(r.to.batch.seq_lens, pad.batch.seq_lens);
+  EXPECT_EQ(r.status, "NONFINITE");
+  EXPECT_TRUE(r.same);
+  EXPECT_TRUE(fs::exists(r.yaml));
+  // Three runs: the first and two candidates, then the final one.
+  so.out_dir = (d / "runs").string();
+  so.deadline.reset();
+  so.max_runs = 3;
+  r = shrink_case(so);
+  EXPECT_EQ(r.stopped_by, "--max-runs 3");
+  EXPECT_EQ(r.runs, 4);
+  EXPECT_EQ(r.status, "NONFINITE");
 }
 
 // A crash shrinks too (each candidate runs in its own process); an
