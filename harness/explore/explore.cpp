@@ -8,11 +8,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -161,6 +164,10 @@ class Search {
     const auto t0 = std::chrono::steady_clock::now();
     const double elapsed0 = state_["elapsed_s"].get<double>();
     auto elapsed = [&] { return elapsed0 + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    // The budget's end: no round is sized past it, no shrink runs past it.
+    if (opt_.budget_s > 0)
+      deadline_ = t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(opt_.budget_s - elapsed0));
     if (!opt_.quiet)
       std::printf("explore: %s, seed %llu, %s%s; state in %s\n", opt_.backends.c_str(),
                   static_cast<unsigned long long>(opt_.seed),
@@ -172,8 +179,9 @@ class Search {
       if (opt_.budget_s > 0 && elapsed() >= opt_.budget_s) break;
       std::uint64_t n = static_cast<std::uint64_t>(opt_.round);
       if (opt_.max_cases) n = std::min(n, opt_.max_cases - next);
+      n = std::min(n, cases_that_fit());
       const auto r0 = std::chrono::steady_clock::now();
-      round(next, n, opt_.budget_s > 0 ? opt_.budget_s - elapsed() : 0);
+      round(next, n);
       if (g_stop_signal != 0) break;  // the round was cut short: it runs again on --resume
       state_["next_index"] = next + n;
       state_["search_s"] = state_["search_s"].get<double>() +
@@ -221,7 +229,25 @@ class Search {
   }
 
   // Cases [first, first + n): drawn, run op by op, judged.
-  void round(std::uint64_t first, std::uint64_t n, double budget_left_s) {
+  // Seconds to the budget's end (infinite without a budget).
+  double seconds_left() const {
+    if (!deadline_) return INFINITY;
+    return std::chrono::duration<double>(*deadline_ - std::chrono::steady_clock::now()).count();
+  }
+
+  // How many cases the next round may take so that it ends by the budget's
+  // end: at the search's own pace so far (its rounds' time over the cases they
+  // drew, shrinking and triage apart), at least one. No budget or no round
+  // yet: no limit.
+  std::uint64_t cases_that_fit() const {
+    const double drawn = static_cast<double>(state_["cases"]["drawn"].get<long long>());
+    const double search_s = state_["search_s"].get<double>();
+    if (!deadline_ || drawn <= 0 || search_s <= 0) return UINT64_MAX;
+    const double fit = seconds_left() / (search_s / drawn);
+    return fit < 1 ? 1 : static_cast<std::uint64_t>(fit);
+  }
+
+  void round(std::uint64_t first, std::uint64_t n) {
     last_shrink_s_ = 0;
     std::vector<DrawnCase> drawn;
     for (std::uint64_t i = first; i < first + n; ++i) {
@@ -289,7 +315,7 @@ class Search {
           // of the search (the entry's trigger is narrower than its selector).
           Json& x = state_["xpass"][r.expected.entry];
           x["count"] = x.value("count", 0LL) + 1;
-        } else if (status_is_failure(r.status)) failure(r, *it->second, budget_left_s);
+        } else if (status_is_failure(r.status)) failure(r, *it->second);
       }
       for (const auto& [id, ms] : case_ms)
         if (ms > state_["slowest"]["ms"].get<double>()) state_["slowest"] = {{"ms", ms}, {"case", id}};
@@ -312,7 +338,7 @@ class Search {
     add_unique(k["signatures"], failure_signature(r, d.spec), 32);
   }
 
-  void failure(const Record& r, const DrawnCase& d, double budget_left_s) {
+  void failure(const Record& r, const DrawnCase& d) {
     // A failure kind is per backend: two kernels failing alike are two bugs.
     const std::string sig = failure_signature(r, d.spec);
     const std::string key = r.backend + " | " + sig;
@@ -352,7 +378,8 @@ class Search {
       std::fflush(stdout);
     }
     // Shrink the first case of each signature, while the budget lasts.
-    const bool time_left = opt_.budget_s <= 0 || budget_left_s > 0.1 * opt_.budget_s;
+    // Asked now, not at the round's start: an earlier failure's shrink may have spent it.
+    const bool time_left = opt_.budget_s <= 0 || seconds_left() > 0.1 * opt_.budget_s;
     if (opt_.shrink && time_left && r.mode.empty()) {
       const auto s0 = std::chrono::steady_clock::now();
       ShrinkOptions so;
@@ -362,6 +389,7 @@ class Search {
       so.run_args = opt_.shrink_flags;
       so.out_dir = (fdir / "shrunk").string();
       so.max_runs = opt_.shrink_runs;
+      so.deadline = deadline_;
       so.log = nullptr;
       try {
         const ShrinkResult res = shrink_case(so);
@@ -369,6 +397,7 @@ class Search {
                        {"message", res.message},   {"same", res.same},            {"runs", res.runs},
                        {"suite_file", res.yaml},   {"bundle", res.bundle},        {"repro", res.repro},
                        {"replay", res.replay}};
+        if (!res.stopped_by.empty()) f["shrunk"]["stopped_by"] = res.stopped_by;
         if (!opt_.quiet)
           std::printf("    shrunk in %d runs to %s\n    repro: %s\n", res.runs, case_shape(res.to).c_str(), res.repro.c_str());
       } catch (const std::exception& e) {
@@ -597,6 +626,7 @@ class Search {
   std::vector<std::unique_ptr<Backend>> backends_;
   std::unique_ptr<CaseDrawer> drawer_;
   double last_shrink_s_ = 0;
+  std::optional<std::chrono::steady_clock::time_point> deadline_;  // --budget's end
 };
 
 }  // namespace
