@@ -486,6 +486,22 @@ JsonReport read_json_report(const std::string& path) {
       rep.run.require_batch_invariance = true;
     }
   }
+  // The run's profile, where it has one (explore adds up its rounds'): the
+  // phases in the file's order, each a finite number of milliseconds.
+  if (doc.contains("profile")) {
+    const Json& p = rd.at(doc, "profile", "/");
+    rep.run.profile_wall_ms = rd.num(p, "wall_ms", "profile");
+    const Json& phases = rd.at(p, "phases_ms", "profile");
+    if (!phases.is_object()) rd.bad("profile.phases_ms", "expected an object");
+    for (const auto& [name, ms] : phases.items()) {
+      const double v = rd.num(phases, name, "profile.phases_ms");
+      if (!std::isfinite(v)) rd.bad("profile.phases_ms." + name, "expected a finite number");
+      rep.run.profile.emplace_back(name, v);
+    }
+    if (p.contains("backend_in_flight_ms")) rep.run.profile_backend_in_flight_ms = rd.num(p, "backend_in_flight_ms", "profile");
+    if (p.contains("workers_side_by_side"))
+      rep.run.profile_streams = static_cast<int>(rd.integer(p, "workers_side_by_side", "profile"));
+  }
   const Json& records = rd.at(doc, "records", "/");
   if (!records.is_array()) rd.bad("records", "expected an array");
   for (std::size_t i = 0; i < records.size(); ++i)

@@ -54,6 +54,9 @@ void ExploreArgs::add_options(CLI::App* app) {
   app->add_option("--json", json, "a copy of the JSON report (always in --out/report.json)");
   app->add_option("--html", html, "the HTML page (default --out/report.html)");
   app->add_flag("--quiet,-q", quiet, "print only the findings");
+  app->add_flag("--profile", profile,
+                "at the end, where the search's time went: the runs' phases, their processes' start and end, "
+                "explore's own work, shrinking and triage (always in the report's profile_s)");
   app->add_option("--reference", reference, "where the fp64 reference is computed: eigen | cuda")->capture_default_str();
   app->add_option("--devices", devices, "GPUs the runs spread their workers over (mlagate run --devices)")->delimiter(',');
   app->add_option("--workers", workers, "worker processes per run (mlagate run --workers)");
@@ -90,6 +93,7 @@ int cmd_explore(const ExploreArgs& a) {
   o.environment = run_environment();
   o.shrink_runs = a.shrink_runs;
   o.quiet = a.quiet;
+  o.profile = a.profile;
   if (a.shrink_runs < 1) throw InputError("--shrink-runs must be >= 1");
   if (a.timeout < 0) throw InputError("--timeout must be >= 0");
   if (a.reference != "eigen" && a.reference != "cuda") throw InputError("--reference: eigen or cuda");

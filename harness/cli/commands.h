@@ -107,7 +107,7 @@ struct ExploreArgs {
   std::uint64_t cases = 0, seed = 0;
   int round = 16, shrink_runs = 60, threads = 0;
   double max_work = 0, timeout = 120;
-  bool resume = false, no_shrink = false, quiet = false, no_triage = false;
+  bool resume = false, no_shrink = false, quiet = false, no_triage = false, profile = false;
   std::vector<std::string> expect;  // --expect: findings these entries expect are counted known, not shrunk
   PolicyArgs policy;
   PoisonArgs poison;

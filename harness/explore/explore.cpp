@@ -140,6 +140,7 @@ class Search {
                 {"known", Json::object()},
                 {"xpass", Json::object()},
                 {"triage_s", 0.0},
+                {"profile_s", Json::object()},
                 {"harness_errors", Json::array()},
                 {"slowest", {{"ms", 0.0}, {"case", ""}}},
                 {"done", false}};
@@ -149,6 +150,7 @@ class Search {
     for (const char* k : {"causes"}) if (!state_.contains(k)) state_[k] = Json::array();
     for (const char* k : {"known", "xpass"}) if (!state_.contains(k)) state_[k] = Json::object();
     if (!state_.contains("triage_s")) state_["triage_s"] = 0.0;
+    if (!state_.contains("profile_s")) state_["profile_s"] = Json::object();
     for (const Json& f : state_["findings"]) known_.insert(f.at("backend").get<std::string>() + " | " + f.at("signature").get<std::string>());
     // Backends to draw within (capabilities, supports()).
     BackendOptions bo;
@@ -184,8 +186,10 @@ class Search {
       round(next, n);
       if (g_stop_signal != 0) break;  // the round was cut short: it runs again on --resume
       state_["next_index"] = next + n;
-      state_["search_s"] = state_["search_s"].get<double>() +
-                           std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count() - last_shrink_s_;
+      const double round_s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count() - last_shrink_s_;
+      state_["search_s"] = state_["search_s"].get<double>() + round_s;
+      add_profile("explore", round_s - last_runs_s_);
       state_["elapsed_s"] = elapsed();
       save(state_path);
       progress();
@@ -247,8 +251,28 @@ class Search {
     return fit < 1 ? 1 : static_cast<std::uint64_t>(fit);
   }
 
+  // Where the search's time goes (--profile; the state's profile_s): each
+  // run's own profile phases (its JSON report's), "process" (a run's start
+  // before its main and its end after its report: exec, loading, exit) and
+  // "explore" (drawing, the suite file, reading the reports, the state), in
+  // seconds summed over the rounds; with shrink_s and triage_s beside them
+  // they add up to the search's wall.
+  void add_profile(const std::string& phase, double s) {
+    Json& p = state_["profile_s"];
+    p[phase] = p.value(phase, 0.0) + s;
+  }
+  void add_run_profile(const RunInfo& run, double run_s) {
+    double sum_s = 0;
+    for (const auto& [phase, ms] : run.profile) {
+      add_profile(phase, ms / 1000);
+      sum_s += ms / 1000;
+    }
+    add_profile("process", run_s - sum_s);
+  }
+
   void round(std::uint64_t first, std::uint64_t n) {
     last_shrink_s_ = 0;
+    last_runs_s_ = 0;
     std::vector<DrawnCase> drawn;
     for (std::uint64_t i = first; i < first + n; ++i) {
       std::optional<DrawnCase> d = drawer_->draw(i);
@@ -275,6 +299,7 @@ class Search {
     for (Op op : ops) {
       const std::string json = (dir_ / "rounds" / (std::string(op_name(op)) + ".json")).string();
       const std::string log = (dir_ / "rounds" / (std::string(op_name(op)) + ".log")).string();
+      const auto spawned = std::chrono::steady_clock::now();
       fs::remove(json);
       std::vector<std::string> argv = {worker_executable(), "run", "--suite", yaml, "--backend", opt_.backends,
                                        "--op", std::string(op_name(op))};
@@ -284,6 +309,8 @@ class Search {
       for (const char* s : {"--no-progress", "-q", "--allow-nothing-ran", "--json"}) argv.push_back(s);
       argv.push_back(json);
       const int rc = spawn_and_wait(argv, log);
+      const double run_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - spawned).count();
+      last_runs_s_ += run_s;
       if (g_stop_signal != 0) return;
       JsonReport report;
       try {
@@ -293,10 +320,12 @@ class Search {
         // bug): kept as a harness error with its output, the search goes on.
         Json err = {{"round_first_case", first}, {"op", op_name(op)}, {"exit_code", rc}, {"output", tail_of(log)}};
         state_["harness_errors"].push_back(err);
+        add_profile("process", run_s);  // a run that gave no report: all of it is the process
         if (!opt_.quiet) std::fprintf(stderr, "explore: a run of round %llu (%s) failed (exit %d): see %s\n",
                                       static_cast<unsigned long long>(first), std::string(op_name(op)).c_str(), rc, log.c_str());
         continue;
       }
+      add_run_profile(report.run, run_s);
       std::map<std::string, double> case_ms;
       for (const Record& r : report.records) {
         Json& counts = state_["records"];
@@ -617,6 +646,7 @@ class Search {
     if (opt_.quiet && state_["findings"].empty()) return;
     const Json report = explore_report(state_);
     std::printf("%s", explore_summary_text(report).c_str());
+    if (opt_.profile) std::printf("%s", explore_profile_text(report).c_str());
   }
 
   const ExploreOptions& opt_;
@@ -626,6 +656,7 @@ class Search {
   std::vector<std::unique_ptr<Backend>> backends_;
   std::unique_ptr<CaseDrawer> drawer_;
   double last_shrink_s_ = 0;
+  double last_runs_s_ = 0;  // the round's mlagate runs, start to end
   std::optional<std::chrono::steady_clock::time_point> deadline_;  // --budget's end
 };
 

@@ -33,6 +33,7 @@ struct ExploreOptions {
   std::string out_dir = "explore";
   std::string json, html;       // report copies beside out_dir/report.json
   bool resume = false, shrink = true, quiet = false;
+  bool profile = false;  // --profile: the summary ends with explore_profile_text()
   // Each new failure is triaged (harness/verdicts/triage.h) and grouped by
   // cause: a signature joins a cause whose class its own variants confirm,
   // or whose backend fails its case the same way and the reverse.

@@ -1,8 +1,12 @@
 // explore_report.h: derived figures, the HTML page and the console summary.
 #include "harness/explore/explore_report.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "reports/text.h"
 
@@ -43,6 +47,35 @@ Json explore_report(const Json& state) {
   const bool any_failure = !state["findings"].empty() || !state["harness_errors"].empty();
   r["verdict"] = any_failure ? "FAIL" : ran > 0 ? "PASS" : "NOTHING_RAN";
   return r;
+}
+
+std::string explore_profile_text(const Json& r) {
+  const double search_s = r.value("search_s", 0.0);
+  const double ran = static_cast<double>(r["cases"].value("ran", 0LL));
+  std::vector<std::pair<std::string, double>> rows;
+  double sum = 0;
+  if (r.contains("profile_s"))
+    for (const auto& [phase, s] : r["profile_s"].items()) {
+      rows.emplace_back(phase, s.get<double>());
+      sum += s.get<double>();
+    }
+  std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::ostringstream o;
+  char line[160];
+  o << "profile of the search (seconds over its rounds; the runs' phases as `mlagate run --profile` names them):\n";
+  std::snprintf(line, sizeof line, "%-22s %10s %9s %12s\n", "phase", "seconds", "% search", "ms per case");
+  o << line;
+  auto row = [&](const std::string& name, double s) {
+    std::snprintf(line, sizeof line, "%-22s %10.3f %8.1f%% %12.1f\n", name.c_str(), s,
+                  search_s > 0 ? 100.0 * s / search_s : 0.0, ran > 0 ? 1000.0 * s / ran : 0.0);
+    o << line;
+  };
+  for (const auto& [phase, s] : rows) row(phase, s);
+  row("rest of the wall", search_s - sum);  // 0 but for rounding: the rows above add up to it
+  row("search (wall)", search_s);
+  row("shrinking, beside it", r.value("shrink_s", 0.0));
+  row("triage, beside it", r.value("triage_s", 0.0));
+  return o.str();
 }
 
 std::string explore_summary_text(const Json& r) {

@@ -15,6 +15,7 @@
 //                     case_file, shape, message, examples, shrunk?, ...}]
 //   harness_errors  [{round_first_case, op, exit_code, output, ...}]
 //   slowest         {ms, case}
+//   profile_s       {phase: seconds}, finite numbers (optional; --profile's table)
 //   done            bool
 //   space_source    string (optional: main() sets it after load())
 //
@@ -146,6 +147,10 @@ class Checker {
     expected(field, want, v);
   }
   long long count(const Json& v, const std::string& field) const { return integer(v, field, 0, kMaxCount); }
+  double finite(const Json& v, const std::string& field) const {
+    if (!v.is_number() || !std::isfinite(v.get<double>())) expected(field, "a finite number", v);
+    return v.get<double>();
+  }
   double nonnegative(const Json& v, const std::string& field) const {
     if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0)
       expected(field, "a finite number >= 0", v);
@@ -233,7 +238,9 @@ void check_header(const Checker& c, const Json& state, const std::string& path) 
          {"schema", "fingerprint", "next_index", "elapsed_s", "search_s", "shrink_s", "cases", "records", "record_ms",
           "coverage", "findings", "harness_errors", "slowest", "done", "space_source",
           // One finding per cause, and --expect (harness/verdicts/VERDICTS.md); absent in older states.
-          "causes", "known", "xpass", "triage_s"});
+          "causes", "known", "xpass", "triage_s",
+          // Where the search's time went (--profile); absent in older states.
+          "profile_s"});
 }
 
 // The times, the case counts (each bounded by the one it is part of), the
@@ -287,6 +294,11 @@ void check_rest(const Checker& c, const Json& state) {
   c.boolean(c.member(state, "", "done"), "done");
   if (state.contains("space_source")) c.string(state["space_source"], "space_source");
   if (state.contains("triage_s")) c.nonnegative(state["triage_s"], "triage_s");
+  if (state.contains("profile_s")) {
+    // Phase -> seconds; a run's profile has negative rows (side_by_side, ahead).
+    const Json& p = c.object(state["profile_s"], "profile_s");
+    for (const auto& [k, v] : p.items()) c.finite(v, join("profile_s", k));
+  }
 }
 
 // causes[i]: named in order, and every finding it names exists.

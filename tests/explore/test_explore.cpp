@@ -176,7 +176,21 @@ TEST(ExploreRun, ResumeAfterAKillReachesTheSameReport) {
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   };
-  ASSERT_EQ(run_mlagate(with_out(d / "whole"), d), 0) << slurp(d / "stderr.txt");
+  ASSERT_EQ(run_mlagate(with_out(d / "whole", {"--profile"}), d), 0) << slurp(d / "stderr.txt");
+  {
+    // --profile: where the search's time went, rows that add up to its wall
+    // (the runs' phases, their processes, explore's own work).
+    const std::string out = slurp(d / "stdout.txt");
+    EXPECT_NE(out.find("profile of the search"), std::string::npos) << out;
+    for (const char* row : {"\ngenerate ", "\nreference ", "\nrun ", "\nprocess ", "\nexplore ", "\nsearch (wall) "})
+      EXPECT_NE(out.find(row), std::string::npos) << row << "\n" << out;
+    const Json r = report_of(d / "whole");
+    double sum = 0;
+    for (const auto& [phase, s] : r.at("profile_s").items()) sum += s.get<double>();
+    EXPECT_NEAR(sum, r.at("search_s").get<double>(), 1e-6) << r.at("profile_s").dump();
+    EXPECT_GT(r.at("profile_s").at("process").get<double>(), 0);
+    EXPECT_GT(r.at("profile_s").at("reference").get<double>(), 0);
+  }
   {
     Child c(with_out(d / "cut"), d, "");
     ASSERT_TRUE(wait_for(

@@ -89,7 +89,13 @@ TEST(ExploreState, ValidStatesAreAccepted) {
     c["known"] = {{"one-past", {{"count", 3}, {"reason", "r"}, {"link", ""}, {"backends", {"b"}}, {"signatures", Json::array()}}}};
     c["xpass"] = {{"one-past", {{"count", 1}}}};
     c["triage_s"] = 1.5;
+    c["profile_s"] = {{"generate", 0.75}, {"ahead", -0.25}, {"process", 0.5}};  // a run's profile has negative rows
     EXPECT_EQ(explore_state_error(c), "");
+    c["profile_s"]["run"] = "fast";
+    EXPECT_EQ(explore_state_error(c), "explore: out/state.json: profile_s.run: expected a finite number, got \"fast\"");
+    c["profile_s"] = Json::array();
+    EXPECT_EQ(explore_state_error(c), "explore: out/state.json: profile_s: expected an object, got an array");
+    c["profile_s"] = {{"generate", 0.75}};
     c["findings"][0]["cause"] = "c9";
     EXPECT_EQ(explore_state_error(c), "explore: out/state.json: findings[0].cause: expected the name of a cause in causes, got \"c9\"");
     c["findings"][0]["cause"] = "c1";
