@@ -8,7 +8,8 @@
 #include "cases/case_spec.h"
 #include "cases/errors.h"
 #include "cases/paged_cache.h"
-#include "harness/run/ops/layer/layer.h"
+#include "harness/run/ops/op_run.h"
+#include "harness/run/run_config.h"
 #include "python/dlpack.h"
 
 namespace mlagate::py {

@@ -35,7 +35,7 @@
 #include "harness/run/serving.h"
 #include "harness/reliability/sanitize.h"
 #include "harness/run/golden_run.h"
-#include "harness/run/ops/layer/layer.h"
+#include "harness/run/run_config.h"
 #include "harness/run/runner.h"
 #include "harness/verdicts/expectations.h"
 #include "harness/verdicts/facts.h"

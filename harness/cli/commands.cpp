@@ -15,7 +15,8 @@
 #include "harness/cli/commands.h"
 #include "harness/verdicts/expectations.h"
 #include "harness/reliability/shrink.h"
-#include "harness/run/ops/layer/layer.h"
+#include "harness/run/ops/layer/routing.h"
+#include "harness/run/run_config.h"
 #include "reports/report.h"
 #include "reports/shard.h"
 
