@@ -188,14 +188,7 @@ int cli_main(int argc, char** argv) {
   shrink->add_option("--splits", sa.splits, "forced splits of split-KV backends (0: from the work)")->capture_default_str();
   shrink->add_option("--out", sa.out, "folder for shrunk.yaml, the golden bundle and the runs' scratch")
       ->capture_default_str();
-  shrink->add_flag("--cuda-graph", sa.serving.cuda_graph, "the failing record's mode: CUDA-graph replay (the capture size follows the requests)");
-  shrink->add_option("--capture-sizes", sa.serving.capture_sizes, "--cuda-graph: the capture sizes")->delimiter(',');
-  shrink->add_option("--check", sa.serving.checks, "batch-invariance: the failing record's mode")
-      ->delimiter(',')
-      ->check(CLI::IsMember({"batch-invariance"}));
-  shrink->add_option("--dcp", sa.serving.dcp, "the failing record's DCP ranks (shrunk toward 2)");
-  shrink->add_option("--dcp-interleave", sa.serving.dcp_interleave, "the failing record's DCP interleave (shrunk toward 1)");
-  shrink->add_option("--steps", sa.serving.steps, "the failing record's decode-loop steps (shrunk toward 1)");
+  sa.serving.add_options(shrink, true);  // shrunk with the case: steps toward 1, ranks toward 2, interleave toward 1
   shrink->add_option("--expect", sa.expect,
                      "expectations file (repeatable): say whether the shrunk failure is one an entry expects");
   shrink->add_option("--max-runs", sa.max_runs, "runs at most before the final one (the first run counts)")->capture_default_str();

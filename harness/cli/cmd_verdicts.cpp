@@ -67,9 +67,7 @@ void TriageArgs::add_options(CLI::App* app) {
   app->add_flag("--no-bundle", no_bundle, "the report without the golden bundle, the kernel's outputs and repro.py (one run fewer)");
   app->add_option("--reference", reference, "where the fp64 reference is computed: eigen | cuda")->capture_default_str();
   app->add_option("--splits", splits, "forced splits of split-KV backends (0: from the work)")->capture_default_str();
-  app->add_flag("--cuda-graph", cuda_graph, "the failing record's mode: CUDA-graph replay");
-  app->add_option("--dcp", dcp, "the failing record's DCP ranks");
-  app->add_option("--steps", steps, "the failing record's decode-loop steps");
+  serving.add_options(app, true);
   add_handed_on_options(app, policy, poison, extra);
 }
 
@@ -124,7 +122,7 @@ int cmd_triage(const TriageArgs& a) {
   }
   if (backend.empty()) throw InputError("triage: --backend is required (one exact name)");
   o.backend = backend;
-  o.op = op == "auto" ? failing_op_default(o.spec, a.cuda_graph || a.dcp || a.steps) : parse_op(op);
+  o.op = op == "auto" ? failing_op_default(o.spec, a.serving.given()) : parse_op(op);
   const std::vector<BackendEntry> extra = a.extra.entries();
   const std::vector<std::unique_ptr<Backend>> bs = select_backends(backend, BackendOptions{a.splits}, extra);
   if (bs.size() != 1 || bs.front()->name() != backend) throw InputError("triage: --backend names one backend exactly, not '" + backend + "'");
@@ -135,9 +133,7 @@ int cmd_triage(const TriageArgs& a) {
     ra.poison = a.poison;
     ra.splits = a.splits;
     ra.reference = a.reference;
-    ra.serving.cuda_graph = a.cuda_graph;
-    ra.serving.dcp = a.dcp;
-    ra.serving.steps = a.steps;
+    ra.serving = a.serving;
     o.run_args = a.extra.argv();
     const std::vector<std::string> comp = ra.computation_argv();
     o.run_args.insert(o.run_args.end(), comp.begin(), comp.end());

@@ -70,8 +70,9 @@ struct TriageArgs {
   std::string bundle, finding, backend, op = "auto", out = "triage", reference = "eigen";
   Selection sel;
   std::vector<std::string> case_ids;
-  int splits = 0, dcp = 0, steps = 0;
-  bool cuda_graph = false, no_bundle = false;
+  int splits = 0;
+  bool no_bundle = false;
+  ServingFlags serving;  // the failing record's mode
   PolicyArgs policy;
   PoisonArgs poison;
   OutOfTree extra;

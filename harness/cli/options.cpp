@@ -323,28 +323,10 @@ void RunArgs::add_options(CLI::App* app, bool for_replay) {
                 "kernel outputs come from a pool of earlier cases' buffers (a caching allocator) instead of fresh "
                 "allocations; with --poison none they hold stale data");
   // Serving-engine modes (harness/run/SERVING.md).
-  app->add_flag("--cuda-graph", serving.cuda_graph,
-                "CUDA-graph replay: the decode captured once per capture size with persistent buffers and replayed "
-                "for every case padded to it (padding seq_len 0 and 1); real rows judged, padding rows must stay "
-                "finite. Decode op; backends without capture are NOT_SUPPORTED");
-  app->add_option("--capture-sizes", serving.capture_sizes,
-                  "--cuda-graph: capture sizes in requests, increasing (default vLLM's: 1,2,4,8,16,...,512)")
-      ->delimiter(',');
-  app->add_option("--check", serving.checks,
-                  "batch-invariance: every request also runs alone, shuffled and beside extra requests; its rows must "
-                  "be bitwise equal (BATCH_VARIANT otherwise; a failure only with --require). Decode op")
-      ->delimiter(',')
-      ->check(CLI::IsMember({"batch-invariance"}));
+  serving.add_options(app, false);
   app->add_option("--require", requires_, "batch-invariance: BATCH_VARIANT records fail the run (exit 1)")
       ->delimiter(',')
       ->check(CLI::IsMember({"batch-invariance"}));
-  app->add_option("--dcp", serving.dcp,
-                  "decode context parallelism over N virtual ranks: each request's keys sharded as vLLM shards them, "
-                  "the backend called per shard, the partials merged through their LSEs and compared. Decode op");
-  app->add_option("--dcp-interleave", serving.dcp_interleave, "--dcp: consecutive tokens per rank in turn")->capture_default_str();
-  app->add_option("--steps", serving.steps,
-                  "decode loops: each case becomes N decode steps, each writing its token with the backend's "
-                  "cache_write, requests joining and finishing; every step checked. Decode op");
   app->add_option("--expect", expect,
                   "an expectations file (repeatable): failures it names are XFAIL (reported with their reason, not "
                   "failed), a strict entry whose records pass is XPASS and fails the run (harness/verdicts/VERDICTS.md)");

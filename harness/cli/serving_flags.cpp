@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include <CLI/CLI.hpp>
+
 #include "cases/errors.h"
 #include "harness/run/serving.h"
 
@@ -14,6 +16,34 @@ bool has_batch_invariance(const std::vector<std::string>& checks) {
   return std::find(checks.begin(), checks.end(), "batch-invariance") != checks.end();
 }
 }  // namespace
+
+void ServingFlags::add_options(CLI::App* app, bool of_failing_record) {
+  auto help = [&](const char* run_text, const char* failing_text) { return of_failing_record ? failing_text : run_text; };
+  app->add_flag("--cuda-graph", cuda_graph,
+                help("CUDA-graph replay: the decode captured once per capture size with persistent buffers and "
+                     "replayed for every case padded to it (padding seq_len 0 and 1); real rows judged, padding rows "
+                     "must stay finite. Decode op; backends without capture are NOT_SUPPORTED",
+                     "the failing record's mode: CUDA-graph replay (the capture size follows the requests)"));
+  app->add_option("--capture-sizes", capture_sizes,
+                  "--cuda-graph: capture sizes in requests, increasing (default vLLM's: 1,2,4,8,16,...,512)")
+      ->delimiter(',');
+  app->add_option("--check", checks,
+                  help("batch-invariance: every request also runs alone, shuffled and beside extra requests; its rows "
+                       "must be bitwise equal (BATCH_VARIANT otherwise; a failure only with --require). Decode op",
+                       "batch-invariance: the failing record's mode"))
+      ->delimiter(',')
+      ->check(CLI::IsMember({"batch-invariance"}));
+  app->add_option("--dcp", dcp,
+                  help("decode context parallelism over N virtual ranks: each request's keys sharded as vLLM shards "
+                       "them, the backend called per shard, the partials merged through their LSEs and compared. "
+                       "Decode op",
+                       "the failing record's DCP ranks"));
+  app->add_option("--dcp-interleave", dcp_interleave, "--dcp: consecutive tokens per rank in turn")->capture_default_str();
+  app->add_option("--steps", steps,
+                  help("decode loops: each case becomes N decode steps, each writing its token with the backend's "
+                       "cache_write, requests joining and finishing; every step checked. Decode op",
+                       "the failing record's decode-loop steps"));
+}
 
 bool ServingFlags::given() const { return cuda_graph || !checks.empty() || dcp != 0 || steps != 0; }
 

@@ -10,6 +10,11 @@
 namespace mlagate {
 
 struct ServingMode;  // harness/run/serving.h: options.h, which holds these flags, stays light
+}  // namespace mlagate
+namespace CLI {
+class App;
+}  // namespace CLI
+namespace mlagate {
 
 struct ServingFlags {
   bool cuda_graph = false;          // --cuda-graph
@@ -18,6 +23,10 @@ struct ServingFlags {
   int dcp = 0, dcp_interleave = 1;  // --dcp N, --dcp-interleave K
   int steps = 0;                    // --steps N
 
+  // The flags as options of `app`: run's and replay's (`of_failing_record`
+  // false: what each mode does), or shrink's and triage's (true: the failing
+  // record's mode, which they run the case in). One list for every command.
+  void add_options(CLI::App* app, bool of_failing_record);
   // Any mode flag given (then --op defaults to decode and a suite's repeat is not applied).
   bool given() const;
   // The mode the flags name (Plain when none). InputError for two modes at
