@@ -41,7 +41,8 @@ void ExploreArgs::add_options(CLI::App* app) {
   app->add_option("--suite", suite, "a suite file whose explore: block is the space to draw from");
   app->add_option("--out", out, "folder for the state, the findings (shrunk cases, bundles) and the reports")->capture_default_str();
   app->add_flag("--resume", resume, "continue the search saved in --out (after a kill or an interrupt)");
-  app->add_option("--round", round, "cases per `mlagate run` of the search")->capture_default_str();
+  app->add_option("--round", round,
+                  "cases per `mlagate run` of the search (default auto: 16, growing with the search up to 256)");
   app->add_flag("--no-shrink", no_shrink, "do not shrink the first case of each failure signature");
   app->add_flag("--no-triage", no_triage,
                 "do not triage new failures (their what-if variants) nor group signatures by cause beyond backend, "

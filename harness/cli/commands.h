@@ -106,7 +106,7 @@ struct ExploreArgs {
   std::string backends, budget, suite, out = "explore", json, html, reference = "eigen", workers;
   std::vector<std::string> ops, devices;
   std::uint64_t cases = 0, seed = 0;
-  int round = 16, shrink_runs = 60, threads = 0;
+  int round = 0, shrink_runs = 60, threads = 0;  // round 0: auto (ExploreOptions::round)
   double max_work = 0, timeout = 120;
   bool resume = false, no_shrink = false, quiet = false, no_triage = false, profile = false;
   std::vector<std::string> expect;  // --expect: findings these entries expect are counted known, not shrunk

@@ -179,7 +179,8 @@ class Search {
       const std::uint64_t next = state_["next_index"].get<std::uint64_t>();
       if (opt_.max_cases && next >= opt_.max_cases) break;
       if (opt_.budget_s > 0 && elapsed() >= opt_.budget_s) break;
-      std::uint64_t n = static_cast<std::uint64_t>(opt_.round);
+      std::uint64_t n = opt_.round > 0 ? static_cast<std::uint64_t>(opt_.round)
+                                       : std::clamp<std::uint64_t>(next, 16, 256);
       if (opt_.max_cases) n = std::min(n, opt_.max_cases - next);
       n = std::min(n, cases_that_fit());
       const auto r0 = std::chrono::steady_clock::now();
@@ -664,7 +665,7 @@ class Search {
 
 int explore_main(const ExploreOptions& opt) {
   if (opt.max_cases == 0 && opt.budget_s <= 0) throw InputError("explore: give --cases N or --budget (e.g. 10m)");
-  if (opt.round < 1) throw InputError("explore: --round must be >= 1");
+  if (opt.round < 0) throw InputError("explore: --round must be >= 1 (or 0: auto)");
   if (worker_executable().empty()) throw InputError("explore runs the mlagate binary: unavailable in this process");
   g_stop_signal = 0;
   Search s(opt);

@@ -225,6 +225,33 @@ TEST(ExploreRun, ResumeAfterAKillReachesTheSameReport) {
   EXPECT_TRUE(fs::exists(d / "whole" / "report.html"));
 }
 
+// The default rounds grow with the search: 16, 16, 32, then up to 256 (the
+// progress line after each round shows the cases drawn so far); --round N
+// keeps N.
+TEST(ExploreRun, DefaultRoundsGrowWithTheSearch) {
+  const fs::path d = temp_dir("explore_rounds");
+  const std::string space = small_space(d).string();
+  ASSERT_EQ(run_mlagate({"explore", "--backend", "cpu.paged", "--suite", space, "--cases", "64", "--seed", "5", "--no-shrink",
+                         "--out", (d / "auto").string()},
+                        d),
+            0)
+      << slurp(d / "stderr.txt");
+  std::string out = slurp(d / "stdout.txt");
+  for (const char* drawn : {"\n  16 cases drawn", "\n  32 cases drawn", "\n  64 cases drawn"})
+    EXPECT_NE(out.find(drawn), std::string::npos) << drawn << "\n" << out;
+  EXPECT_EQ(out.find("\n  48 cases drawn"), std::string::npos) << out;
+  ASSERT_EQ(run_mlagate({"explore", "--backend", "cpu.paged", "--suite", space, "--cases", "64", "--seed", "5", "--no-shrink",
+                         "--round", "16", "--out", (d / "fixed").string()},
+                        d),
+            0)
+      << slurp(d / "stderr.txt");
+  out = slurp(d / "stdout.txt");
+  EXPECT_NE(out.find("\n  48 cases drawn"), std::string::npos) << out;
+  // The same cases either way: the records and what they cover.
+  const Json a = report_of(d / "auto"), b = report_of(d / "fixed");
+  for (const char* k : {"records", "coverage", "cases"}) EXPECT_EQ(a.at(k), b.at(k)) << k;
+}
+
 // A backend that segfaults on every call costs one record per case, and the
 // search goes on to the end: one finding (CRASHED) counted on every case.
 TEST(ExploreRun, CrashesAndHangsAreRecordsAndTheSearchGoesOn) {
