@@ -65,10 +65,10 @@ void TriageArgs::add_options(CLI::App* app) {
   app->add_option("--op", op, "the failing op (auto: as shrink picks it)")->capture_default_str();
   app->add_option("--out", out, "folder for the report, the bundle, the results and the variants' runs")->capture_default_str();
   app->add_flag("--no-bundle", no_bundle, "the report without the golden bundle, the kernel's outputs and repro.py (one run fewer)");
-  app->add_option("--reference", reference, "where the fp64 reference is computed: eigen | cuda")->capture_default_str();
-  app->add_option("--splits", splits, "forced splits of split-KV backends (0: from the work)")->capture_default_str();
-  serving.add_options(app, true);
-  add_handed_on_options(app, policy, poison, extra);
+  app->add_option("--reference", run.reference, "where the fp64 reference is computed: eigen | cuda")->capture_default_str();
+  app->add_option("--splits", run.splits, "forced splits of split-KV backends (0: from the work)")->capture_default_str();
+  run.serving.add_options(app, true);
+  add_handed_on_options(app, run.policy, run.poison, extra);
 }
 
 int cmd_triage(const TriageArgs& a) {
@@ -122,20 +122,14 @@ int cmd_triage(const TriageArgs& a) {
   }
   if (backend.empty()) throw InputError("triage: --backend is required (one exact name)");
   o.backend = backend;
-  o.op = op == "auto" ? failing_op_default(o.spec, a.serving.given()) : parse_op(op);
+  o.op = op == "auto" ? failing_op_default(o.spec, a.run.serving.given()) : parse_op(op);
   const std::vector<BackendEntry> extra = a.extra.entries();
-  const std::vector<std::unique_ptr<Backend>> bs = select_backends(backend, BackendOptions{a.splits}, extra);
+  const std::vector<std::unique_ptr<Backend>> bs = select_backends(backend, BackendOptions{a.run.splits}, extra);
   if (bs.size() != 1 || bs.front()->name() != backend) throw InputError("triage: --backend names one backend exactly, not '" + backend + "'");
   o.caps = bs.front()->capabilities();
   if (a.finding.empty()) {
-    RunArgs ra;
-    ra.policy = a.policy;
-    ra.poison = a.poison;
-    ra.splits = a.splits;
-    ra.reference = a.reference;
-    ra.serving = a.serving;
     o.run_args = a.extra.argv();
-    const std::vector<std::string> comp = ra.computation_argv();
+    const std::vector<std::string> comp = a.run.computation_argv();
     o.run_args.insert(o.run_args.end(), comp.begin(), comp.end());
   } else {
     o.run_args = finding_flags;

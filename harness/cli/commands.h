@@ -67,14 +67,13 @@ int cmd_shrink(const Selection& sel, const ShrinkArgs& sa);
 // mlagate triage (harness/verdicts/VERDICTS.md): one failing record's what-if
 // variants, its class, and a bug report.
 struct TriageArgs {
-  std::string bundle, finding, backend, op = "auto", out = "triage", reference = "eigen";
+  std::string bundle, finding, backend, op = "auto", out = "triage";
   Selection sel;
   std::vector<std::string> case_ids;
-  int splits = 0;
   bool no_bundle = false;
-  ServingFlags serving;  // the failing record's mode
-  PolicyArgs policy;
-  PoisonArgs poison;
+  // The failing run's computation flags (policy, poison, splits, reference,
+  // serving mode), held as run holds them: the variants get its computation_argv().
+  RunArgs run;
   OutOfTree extra;
   void add_options(CLI::App* app);
 };
