@@ -178,7 +178,7 @@ class Search {
     while (g_stop_signal == 0) {
       const std::uint64_t next = state_["next_index"].get<std::uint64_t>();
       if (opt_.max_cases && next >= opt_.max_cases) break;
-      if (opt_.budget_s > 0 && elapsed() >= opt_.budget_s) break;
+      if (seconds_left() <= 0) break;  // the budget spent (no budget: never)
       std::uint64_t n = opt_.round > 0 ? static_cast<std::uint64_t>(opt_.round)
                                        : std::clamp<std::uint64_t>(next, 16, 256);
       if (opt_.max_cases) n = std::min(n, opt_.max_cases - next);
