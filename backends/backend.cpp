@@ -43,6 +43,27 @@ int resolve_block_size(const Capabilities& caps, const CaseSpec& spec) {
   return caps.block_sizes.empty() ? 16 : caps.block_sizes.front();
 }
 
+namespace {
+
+// Layouts (cases/LAYOUTS.md): which ops they apply to, and what a backend declares.
+Support check_layout(const Capabilities& caps, const CaseSpec& spec, Op op) {
+  const LayoutSpec& l = spec.layout;
+  if (l.contiguous()) return Support::yes();
+  const std::string name = "layout " + layout_name(l);
+  if (op == Op::kPrefill || op == Op::kSparsePrefill)
+    return Support::no(name + ": the " + std::string(op_name(op)) +
+                       " op reads no paged cache (layouts apply to decode, layer, cache_write and sparse_decode)");
+  if (l.strided && op == Op::kDecode && !caps.strided_views)
+    return Support::no(name + ": the decode kernel takes contiguous tensors only (it declares no strided views)");
+  if (l.pool_floor_bytes() >= caps.max_pool_bytes)
+    return Support::no(name + ": pages past " + std::to_string(l.pool_floor_bytes()) +
+                       " bytes of the pool; the backend addresses pools of at most " + std::to_string(caps.max_pool_bytes) +
+                       " bytes");
+  return Support::yes();
+}
+
+}  // namespace
+
 Support check_capabilities(const Capabilities& caps, const CaseSpec& spec, Op op) {
   // Merge cases have two partial results and no cache: the op, its dtype, nothing else.
   if (is_merge_op(op) != spec.merge.active())
@@ -65,6 +86,7 @@ Support check_capabilities(const Capabilities& caps, const CaseSpec& spec, Op op
   if (std::find(caps.block_sizes.begin(), caps.block_sizes.end(), bs) == caps.block_sizes.end())
     return Support::no("block size " + std::to_string(bs) + " not in " +
                        join(caps.block_sizes, [](int b) { return std::to_string(b); }));
+  if (const Support s = check_layout(caps, spec, op); !s.ok) return s;
   // Sparse cases (top-k rows, windows) and dense ones have different ops.
   if (is_sparse_op(op) && !spec.sparse.active())
     return Support::no("a dense case: " + std::string(op_name(op)) + " needs a sparse case (topk or window)");
@@ -160,6 +182,13 @@ void expect_decode_shape(const TensorView& t, const Shape& want, const char* nam
   if (t.shape != want)
     bad_decode_arg(std::string(name) + " has shape " + shape_str(t.shape) + ", expected " + shape_str(want));
   if (t.data == nullptr && t.numel() > 0) bad_decode_arg(std::string(name) + " has no data");
+  // Strided views (cases/LAYOUTS.md): a stride per dim, the last dim contiguous.
+  if (!t.strides.empty()) {
+    if (t.strides.size() != t.shape.size()) bad_decode_arg(std::string(name) + " has strides of another rank than its shape");
+    if (t.strides.back() != 1) bad_decode_arg(std::string(name) + "'s last dim must be contiguous (stride 1)");
+    for (std::int64_t st : t.strides)
+      if (st < 1) bad_decode_arg(std::string(name) + " has a stride below 1");
+  }
 }
 
 }  // namespace

@@ -43,6 +43,15 @@ struct Capabilities {
   // (--reference cuda) the layer op then lends the up-projected context as
   // device memory: no upload per backend and call (a TP 1 chunk is 1.3 GB).
   bool device_inputs = false;
+  // Layouts (cases/LAYOUTS.md). decode() honours TensorView::strides of q_lat,
+  // q_pe, o_lat and lse (the last dim contiguous), as vLLM hands them: q_lat
+  // and q_pe slices of one fused tensor, outputs into larger buffers. The
+  // harness hands strided views only to a backend that says so.
+  bool strided_views = false;
+  // The largest page pool the kernels address, in bytes from the pool's start
+  // to the end of its last block: pool layouts past it are NOT_SUPPORTED. The
+  // default is what signed 32-bit byte offsets reach.
+  std::int64_t max_pool_bytes = std::int64_t{1} << 31;
 };
 
 // Run-wide settings handed to backend factories by the registry (CLI flags).

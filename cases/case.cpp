@@ -2,6 +2,7 @@
 // (seed, tensor name, element index), so the loop order and thread count are free.
 #include "cases/case.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -189,6 +190,39 @@ Case case_layout(const CaseSpec& spec) {
   return c;
 }
 
+int shared_prefix_tokens(const CaseSpec& spec) {
+  if (!spec.layout.shared) return 0;
+  int p = -1;
+  for (std::size_t i = 0; i < spec.batch.seq_lens.size(); ++i) {
+    const int c = spec.batch.seq_lens[i] - spec.batch.query_lens[i];
+    if (c > 0) p = p < 0 ? c : std::min(p, c);
+  }
+  return std::max(p, 0);
+}
+
+namespace {
+
+// Layout shared: the common prefix's rows of every request with context are
+// the first such request's (a prefix cache hit holds the same tokens).
+void share_prefix_rows(Case& c) {
+  const int p = shared_prefix_tokens(c.spec);
+  if (p == 0) return;
+  const std::int64_t L = c.spec.dims.kv_lora_rank, R = c.spec.dims.rope_dim;
+  int owner = -1;
+  for (int i = 0; i < c.num_requests; ++i) {
+    if (c.context_lens[static_cast<std::size_t>(i)] <= 0) continue;
+    if (owner < 0) {
+      owner = i;
+      continue;
+    }
+    const std::int64_t from = c.kv_start_loc[static_cast<std::size_t>(owner)], to = c.kv_start_loc[static_cast<std::size_t>(i)];
+    std::memcpy(c.kv_c.bytes() + to * L * 2, c.kv_c.bytes() + from * L * 2, static_cast<std::size_t>(p * L * 2));
+    std::memcpy(c.k_pe.bytes() + to * R * 2, c.k_pe.bytes() + from * R * 2, static_cast<std::size_t>(p * R * 2));
+  }
+}
+
+}  // namespace
+
 Case generate_case(const CaseSpec& spec) {
   spec.validate();
   Case c = case_layout(spec);
@@ -210,6 +244,7 @@ Case generate_case(const CaseSpec& spec) {
   fill_kept(c.k_pe, spec.seed, "k_pe", 1.0);
   fill_kept(c.w_uk, spec.seed, "w_uk", w);
   fill_kept(c.w_uv, spec.seed, "w_uv", w);
+  share_prefix_rows(c);
   fill_cache_values(c);
   if (spec.sparse.active()) c.sparse = generate_sparse(c);
   return c;

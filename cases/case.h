@@ -54,6 +54,12 @@ struct Case {
 // (every token through the reference encoding and back; empty for auto).
 void fill_cache_values(Case& c);
 
+// Layout shared (prefix caching): the number of leading context tokens every
+// request with cached context has in common (the smallest such context), 0
+// for other layouts. generate_case makes those tokens' kv_c and k_pe rows the
+// first such request's; the cache maps their full blocks to the same pages.
+int shared_prefix_tokens(const CaseSpec& spec);
+
 // Validates the spec (InvalidCase) and draws the inputs.
 Case generate_case(const CaseSpec& spec);
 // The case fields the spec alone gives (counts, per-request lengths and

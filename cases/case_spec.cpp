@@ -1,6 +1,7 @@
 // CaseSpec: validation, derived sizes and the stable id string.
 #include "cases/case_spec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -64,11 +65,60 @@ std::string CaseSpec::id() const {
   if (sparse.compress > 0) s += "/cmp=" + std::to_string(sparse.compress) + "x" + std::to_string(sparse.extra_topk);
   if (sparse.active() && sparse.pattern != IndexPattern::kRandom) s += "/idx=" + std::string(index_pattern_name(sparse.pattern));
   if (sparse.sink) s += "/sink";
+  if (!layout.contiguous()) s += "/layout=" + layout_name(layout);
   if (merge.active()) {
     s += "/merge=d" + std::to_string(merge.head_dim) + "/lse=" + std::string(lse_pattern_name(merge.lse));
     if (merge.gap != 0) s += "/gap=" + fmt_double(merge.gap);
   }
   return s;
+}
+
+std::int64_t LayoutSpec::pool_floor_bytes() const {
+  switch (pool) {
+    case PoolSize::kFitted: return 0;
+    case PoolSize::k2G: return std::int64_t{1} << 31;
+    case PoolSize::k4G: return std::int64_t{1} << 32;
+  }
+  return 0;
+}
+
+std::string layout_name(const LayoutSpec& l) {
+  if (l.contiguous()) return "contiguous";
+  std::string s;
+  auto add = [&](const char* part) { s += (s.empty() ? "" : "+") + std::string(part); };
+  if (l.strided) add("strided");
+  if (l.shared) add("shared");
+  if (l.pool == PoolSize::k2G) add("pool2g");
+  if (l.pool == PoolSize::k4G) add("pool4g");
+  return s;
+}
+
+LayoutSpec parse_layout(std::string_view s) {
+  LayoutSpec l;
+  if (s == "contiguous") return l;
+  const auto bad = [&](const std::string& why) {
+    return InputError("layout '" + std::string(s) + "': " + why +
+                      " (expected contiguous, or strided, shared, pool2g, pool4g joined by '+')");
+  };
+  std::size_t at = 0;
+  while (at <= s.size()) {
+    const std::size_t plus = std::min(s.find('+', at), s.size());
+    const std::string_view part = s.substr(at, plus - at);
+    if (part == "strided" && !l.strided) l.strided = true;
+    else if (part == "shared" && !l.shared) l.shared = true;
+    else if ((part == "pool2g" || part == "pool4g") && l.pool == PoolSize::kFitted)
+      l.pool = part == "pool2g" ? PoolSize::k2G : PoolSize::k4G;
+    else throw bad(part.empty() ? "an empty part" : "unknown or repeated part '" + std::string(part) + "'");
+    at = plus + 1;
+  }
+  return l;
+}
+
+const std::vector<LayoutSpec>& layout_values() {
+  static const std::vector<LayoutSpec> v = {
+      LayoutSpec{}, LayoutSpec{.strided = true}, LayoutSpec{.shared = true},
+      LayoutSpec{.pool = PoolSize::k2G}, LayoutSpec{.pool = PoolSize::k4G}};
+  return v;
 }
 
 std::string_view index_pattern_name(IndexPattern p) {
@@ -179,6 +229,15 @@ void CaseSpec::validate() const {
   // Found by mlagate explore: a V4 case with oob was refused only when its inputs were made.
   if (sp.pattern == IndexPattern::kOutOfRange && sp.window > 0)
     fail("index pattern oob fills the unused slots of top-k rows; a V4 case (window) has none");
+  if (!layout.contiguous()) {
+    if (merge.active()) fail("a merge case has no paged cache or views: its layout must be contiguous");
+    if (layout.shared) {
+      int with_context = 0;
+      for (std::size_t i = 0; i < batch.seq_lens.size(); ++i)
+        if (batch.seq_lens[i] - batch.query_lens[i] > 0) ++with_context;
+      if (with_context < 2) fail("layout shared needs at least two requests with cached context to share pages");
+    }
+  }
   const double n = num_heads();
   if (total_t * n * (P + R) > kMaxElements || total_s * (L + R) > kMaxElements || double(L) * n * (P + V) > kMaxElements)
     fail("case too large (more than 4e9 elements in one tensor)");

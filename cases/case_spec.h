@@ -90,6 +90,36 @@ struct MergeSpec {
   bool operator==(const MergeSpec&) const = default;
 };
 
+// Where a case's tensors and pages live in memory (cases/LAYOUTS.md): what a
+// serving engine hands a kernel rather than fresh contiguous tensors of one
+// request each. Every layout is judged against the same fp64 reference as the
+// contiguous one: only addresses change, never values.
+enum class PoolSize : std::uint8_t {
+  kFitted,  // the pool holds the case's blocks, the null block and the spares
+  k2G,      // the case's pages at the top of a pool past 2^31 bytes (signed 32-bit offsets wrap)
+  k4G,      // the same past 2^32 bytes (unsigned 32-bit offsets wrap)
+};
+struct LayoutSpec {
+  // q_lat and q_pe slices of one fused [T, N, L+R] tensor; o_lat and lse
+  // written into larger buffers (padded rows, the padding checked untouched);
+  // the cache one layer's slice of a stacked three-layer cache (nonzero
+  // offset, the other layers checked untouched).
+  bool strided = false;
+  // Prefix caching: every request with cached context maps its first full
+  // blocks of the common prefix to the same physical blocks.
+  bool shared = false;
+  PoolSize pool = PoolSize::kFitted;
+  bool contiguous() const { return !strided && !shared && pool == PoolSize::kFitted; }
+  // Bytes the pool's offsets pass (0, 2^31 or 2^32).
+  std::int64_t pool_floor_bytes() const;
+  bool operator==(const LayoutSpec&) const = default;
+};
+// "contiguous", or the parts joined by '+' in this order: "strided", "shared", "pool2g" | "pool4g".
+std::string layout_name(const LayoutSpec& l);
+LayoutSpec parse_layout(std::string_view s);  // throws InputError
+// contiguous and every single-part layout (explore's default draw).
+const std::vector<LayoutSpec>& layout_values();
+
 struct CaseSpec {
   std::string suite = "adhoc";  // label only; part of the id
   BatchSpec batch;
@@ -113,6 +143,7 @@ struct CaseSpec {
 
   SparseSpec sparse;             // sparse ops only (cases/sparse.h)
   MergeSpec merge;               // the merge_states op only (cases/merge.h)
+  LayoutSpec layout;             // memory layout (cases/LAYOUTS.md); contiguous by default
 
   KvCacheFormat kv_format() const { return {kv_cache_dtype, scale_rule}; }
   // Width of the sparse ops' output per head: V3.2 returns the latent (L),
@@ -124,7 +155,7 @@ struct CaseSpec {
   int num_requests() const { return static_cast<int>(batch.seq_lens.size()); }
   int num_tokens() const;     // T = sum q_i
   int num_kv_tokens() const;  // S = sum s_i
-  // "vllm/mixed_small/tp1/bf16/kv=auto/bs=16/seed=0" [+ "/dims=glm" "/qmag=8" "/scale=0.1"];
+  // "vllm/mixed_small/tp1/bf16/kv=auto/bs=16/seed=0" [+ "/dims=glm" "/qmag=8" "/scale=0.1" "/layout=strided"];
   // the kv part is kv_cache_format_name(): "kv=fp8", "kv=fp8_ds_mla:raw".
   std::string id() const;
   // Throws InvalidCase with the reason if the parameters cannot form a problem.

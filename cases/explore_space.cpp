@@ -46,6 +46,8 @@ std::string explore_space_yaml(const ExploreSpace& s) {
     << "  compressed: " << list(s.compress, [](int r) { return r ? std::to_string(r) : std::string("none"); }) << "\n";
   if (!s.patterns.empty())
     y << "  index_pattern: " << list(s.patterns, [](IndexPattern p) { return std::string(index_pattern_name(p)); }) << "\n";
+  if (!s.layouts.empty())
+    y << "  layout: " << list(s.layouts, [](const LayoutSpec& l) { return layout_name(l); }) << "\n";
   y << "  padding_percent: " << s.padding_percent << "\n"
     << "  max_keys: " << s.max_keys << "\n";
   if (s.max_work > 0) y << "  max_work: " << exact_number(s.max_work) << "\n";

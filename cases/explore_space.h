@@ -35,6 +35,9 @@ struct ExploreSpace {
   IntRange window{1, 1024};
   std::vector<int> compress{0, 4, 128};
   std::vector<IndexPattern> patterns;
+  // Memory layouts (cases/LAYOUTS.md); empty: contiguous half the time, else
+  // one of strided, shared, pool2g and pool4g that the backend takes for the op.
+  std::vector<LayoutSpec> layouts;
   int padding_percent = 12;        // batches that get seq_len-0 padding requests mixed in
   std::int64_t max_keys = 262144;  // sum of seq_lens of one case
   // Work of one case's fp64 reference in multiply-adds (tokens x keys x heads x

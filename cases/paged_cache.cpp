@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 #include "cases/encoding.h"
@@ -218,14 +219,20 @@ std::string first_cache_difference(const PagedCache& got, const PagedCache& expe
   const std::size_t n = got.data.nbytes();
   std::size_t first = n, bytes = 0, entries = 0;
   std::int64_t last_entry = -1;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (a[i] == b[i]) continue;
-    if (first == n) first = i;
-    ++bytes;
-    const std::int64_t e = expected.locate_byte(static_cast<std::int64_t>(i)).first;
-    if (e != last_entry) ++entries, last_entry = e;
+  // The live bytes (a huge pool's gap is never written, in either cache).
+  expected.data.for_each_live_range([&](std::int64_t lo, std::int64_t hi) {
+    for (auto i = static_cast<std::size_t>(lo); i < static_cast<std::size_t>(hi); ++i) {
+      if (a[i] == b[i]) continue;
+      if (first == n) first = i;
+      ++bytes;
+      const std::int64_t e = expected.locate_byte(static_cast<std::int64_t>(i)).first;
+      if (e != last_entry) ++entries, last_entry = e;
+    }
+  });
+  if (first == n) {
+    const std::string layers = got.data.check_other_layers();
+    return layers.empty() ? std::string() : "outside the cache's layer: " + layers;
   }
-  if (first == n) return {};
   const auto [slot, offset] = expected.locate_byte(static_cast<std::int64_t>(first));
   if (slot < 0)
     return "first differing byte: block padding at byte " + std::to_string(first) + " of the cache, got " +
@@ -255,18 +262,36 @@ PagedCache build_paged_cache(const Case& c, int block_size, const CacheOptions& 
   pc.entry_bytes = format.bytes;
 
   // Logical blocks: request i takes ceil(s_i / bs) consecutive blocks from 1.
+  // Layout shared: every request with context after the first maps the full
+  // blocks of the common prefix to the first one's (prefix caching shares
+  // whole blocks only) and takes the rest of its blocks of its own.
+  const int shared_blocks = shared_prefix_tokens(c.spec) / block_size;
+  int owner = -1;
   std::vector<int> first_block(static_cast<std::size_t>(c.num_requests));
   std::vector<int> nblocks(static_cast<std::size_t>(c.num_requests));
+  std::vector<int> shared(static_cast<std::size_t>(c.num_requests), 0);
   int used = 0, widest = 1;
   for (int i = 0; i < c.num_requests; ++i) {
-    const int nb = (c.seq_lens[static_cast<std::size_t>(i)] + block_size - 1) / block_size;
-    first_block[static_cast<std::size_t>(i)] = 1 + used;
-    nblocks[static_cast<std::size_t>(i)] = nb;
-    used += nb;
+    const auto k = static_cast<std::size_t>(i);
+    const int nb = (c.seq_lens[k] + block_size - 1) / block_size;
+    if (shared_blocks > 0 && c.context_lens[k] > 0) {
+      if (owner < 0) owner = i;
+      else shared[k] = shared_blocks;
+    }
+    first_block[k] = 1 + used - shared[k];  // table column j >= shared[k] names logical block first_block + j
+    nblocks[k] = nb;
+    used += nb - shared[k];
     widest = std::max(widest, nb);
   }
   pc.used_blocks = used;
-  pc.num_blocks = used + 1 + opt.spare_blocks;
+  // Pool layouts: blocks 1 .. gap are a never-written gap, so that the spares
+  // and the case's blocks above them start past 2^31 or 2^32 bytes.
+  pc.block_bytes = block_bytes(format, block_size);
+  const std::int64_t floor_bytes = c.spec.layout.pool_floor_bytes();
+  const std::int64_t gap = floor_bytes > 0 ? (floor_bytes + pc.block_bytes - 1) / pc.block_bytes : 0;
+  if (gap + used + 1 + opt.spare_blocks > std::numeric_limits<std::int32_t>::max())
+    throw InvalidCase("layout " + layout_name(c.spec.layout) + ": more blocks than an int32 block table names");
+  pc.num_blocks = static_cast<int>(gap) + used + 1 + opt.spare_blocks;
   const int divisor = std::max(1, 128 / block_size);  // vLLM requires width % (128 / bs) == 0
   pc.table_width = (widest + divisor - 1) / divisor * divisor;
 
@@ -278,31 +303,52 @@ PagedCache build_paged_cache(const Case& c, int block_size, const CacheOptions& 
     const auto j = 1 + static_cast<int>(gen::below(static_cast<std::uint64_t>(k), c.spec.seed, key, static_cast<std::uint64_t>(k)));
     std::swap(phys[static_cast<std::size_t>(k)], phys[static_cast<std::size_t>(j)]);
   }
+  // Above the gap and the spares.
+  if (gap > 0)
+    for (std::size_t k = 1; k < phys.size(); ++k) phys[k] += static_cast<std::int32_t>(gap) + opt.spare_blocks;
 
   pc.block_table = Tensor(DType::kI32, {c.num_requests, pc.table_width});
   std::int32_t* bt = pc.block_table.data<std::int32_t>();
   const std::int32_t unused = opt.poison_block_table ? kPoisonBlockId : 0;
-  for (int i = 0; i < c.num_requests; ++i)
-    for (int j = 0; j < pc.table_width; ++j)
-      bt[static_cast<std::int64_t>(i) * pc.table_width + j] =
-          j < nblocks[static_cast<std::size_t>(i)] ? phys[static_cast<std::size_t>(first_block[static_cast<std::size_t>(i)] + j)]
-                                                   : unused;
+  for (int i = 0; i < c.num_requests; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    for (int j = 0; j < pc.table_width; ++j) {
+      std::int32_t b = unused;
+      if (j < shared[k]) b = bt[static_cast<std::int64_t>(owner) * pc.table_width + j];
+      else if (j < nblocks[k]) b = phys[static_cast<std::size_t>(first_block[k] + j)];
+      bt[static_cast<std::int64_t>(i) * pc.table_width + j] = b;
+    }
+  }
 
-  // Everything starts poisoned; writes below leave only unused regions poisoned.
-  pc.block_bytes = block_bytes(format, block_size);
-  pc.data = format.split_pages() ? Tensor(DType::kU8, {pc.num_blocks, pc.block_bytes})
-                                 : Tensor(DType::kU8, {pc.num_blocks, block_size, pc.entry_bytes});
+  // Everything starts poisoned; writes below leave only unused regions
+  // poisoned. A placed pool poisons its live bytes only (the gap stays unbacked).
+  const Shape shape = format.split_pages() ? Shape{pc.num_blocks, pc.block_bytes}
+                                           : Shape{pc.num_blocks, block_size, pc.entry_bytes};
+  const std::int64_t pool_bytes = static_cast<std::int64_t>(pc.num_blocks) * pc.block_bytes;
+  if (c.spec.layout.strided || gap > 0) {
+    PageStore::Placement place;
+    if (gap > 0) place.gap_begin = pc.block_bytes, place.gap_end = (gap + 1) * pc.block_bytes;
+    // A stacked cache: a layer on each side (at most 64 MiB each: what
+    // matters is that the pool does not start at its allocation).
+    if (c.spec.layout.strided) place.before = place.after = std::min<std::int64_t>(pool_bytes, std::int64_t{64} << 20);
+    pc.data = PageStore(shape, place);
+  } else {
+    pc.data = Tensor(DType::kU8, shape);
+  }
   if (pc.kv_dtype == KvCacheDtype::kAuto) {
     const std::uint16_t pb = poison_bits16(opt.poison, pc.elem_dtype);
-    if (pb != 0) {
-      auto* p16 = reinterpret_cast<std::uint16_t*>(pc.data.bytes());
-      std::fill(p16, p16 + pc.data.nbytes() / 2, pb);
-    }
+    if (pb != 0)
+      pc.data.for_each_live_range([&](std::int64_t b, std::int64_t e) {
+        auto* p16 = reinterpret_cast<std::uint16_t*>(pc.data.bytes() + b);
+        std::fill(p16, p16 + (e - b) / 2, pb);
+      });
   } else if (opt.poison != Poison::kZero && opt.poison != Poison::kNone) {
     std::vector<std::byte> pattern(static_cast<std::size_t>(pc.entry_bytes));
     poison_entry(format, opt.poison, pattern.data());
-    const std::int64_t entries = static_cast<std::int64_t>(pc.num_blocks) * block_size;
-    for (std::int64_t e = 0; e < entries; ++e) pc.store_entry(e, pattern.data());
+    pc.data.for_each_live_range([&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t slot = b / pc.block_bytes * block_size; slot < e / pc.block_bytes * block_size; ++slot)
+        pc.store_entry(slot, pattern.data());
+    });
   }
 
   // Context tokens (and, for kernel-level ops, the new tokens) go in through the

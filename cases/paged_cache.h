@@ -10,6 +10,7 @@
 
 #include "cases/case.h"
 #include "cases/fp8.h"
+#include "cases/page_store.h"
 #include "cases/tensor.h"
 
 namespace mlagate {
@@ -42,7 +43,10 @@ struct PagedCache {
   int entry_bytes = 0;       // bytes per token entry (auto: 2 * (L + R); fp8: L + R; fp8_ds_mla: 656; fp8_v4: 584)
   std::int64_t block_bytes = 0;  // bytes per block (block_size * entry_bytes; fp8_v4: padded, cases/fp8.h)
   int table_width = 0;       // block-table columns (multiple of 128 / bs)
-  Tensor data;               // [num_blocks, block_size, entry_bytes] uint8; fp8_v4: [num_blocks, block_bytes]
+  // [num_blocks, block_size, entry_bytes] uint8; fp8_v4: [num_blocks, block_bytes]. Placed
+  // (cases/page_store.h) in the strided and pool layouts: a layer of a stacked
+  // cache, or a huge pool whose blocks 1 .. gap are never written.
+  PageStore data;
   Tensor block_table;        // [B, table_width] int32
   Tensor slot_mapping;       // [T] int64: slot of each new token; < 0 means skip
   CacheOptions options;
@@ -64,7 +68,10 @@ struct PagedCache {
   EntryFormat format() const;
 };
 
-// Builds the cache for one block size; context tokens are always written.
+// Builds the cache for one block size; context tokens are always written. The
+// case's layout (cases/LAYOUTS.md) places it: shared prefix pages, the
+// case's blocks at the top of a pool past 2^31 or 2^32 bytes, a layer of a
+// stacked cache.
 PagedCache build_paged_cache(const Case& c, int block_size, const CacheOptions& opt = {});
 
 // The reference cache writer (bit-exact by definition) for every kv cache

@@ -159,7 +159,7 @@ ExploreSpace parse_explore(const std::string& source, const YAML::Node& n) {
   static const std::set<std::string> kKeys = {"ops", "requests", "seq_len", "query_len", "heads", "dims", "dtype",
                                               "kv_cache_dtype", "block_size", "q_magnitude", "k_scale", "topk",
                                               "window", "compressed", "index_pattern", "padding_percent", "max_keys",
-                                              "max_work"};
+                                              "max_work", "layout"};
   for (const auto& kv : n)
     if (!kKeys.count(kv.first.Scalar())) fail_at(source, kv.first, "unknown explore key '" + kv.first.Scalar() + "'");
   ExploreSpace s;
@@ -224,6 +224,10 @@ ExploreSpace parse_explore(const std::string& source, const YAML::Node& n) {
     fail_on(n["index_pattern"], [&] {
       for (const auto& t : str_list(source, n["index_pattern"], "index_pattern")) s.patterns.push_back(parse_index_pattern(t));
     });
+  if (n["layout"])
+    fail_on(n["layout"], [&] {
+      for (const auto& t : str_list(source, n["layout"], "layout")) s.layouts.push_back(parse_layout(t));
+    });
   if (n["padding_percent"]) {
     s.padding_percent = scalar<int>(source, n["padding_percent"], "padding_percent");
     if (s.padding_percent < 0 || s.padding_percent > 100) fail_at(source, n["padding_percent"], "padding_percent must be in [0, 100]");
@@ -236,7 +240,7 @@ ExploreSpace parse_explore(const std::string& source, const YAML::Node& n) {
     s.max_work = scalar<double>(source, n["max_work"], "max_work");
     if (!(s.max_work > 0) || !std::isfinite(s.max_work)) fail_at(source, n["max_work"], "max_work must be positive");
   }
-  for (const char* k : {"dims", "dtype", "kv_cache_dtype", "block_size", "compressed", "index_pattern", "ops"})
+  for (const char* k : {"dims", "dtype", "kv_cache_dtype", "block_size", "compressed", "index_pattern", "ops", "layout"})
     if (n[k] && n[k].IsSequence() && n[k].size() == 0) fail_at(source, n[k], std::string(k) + " must not be empty");
   return s;
 }
@@ -296,7 +300,9 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
                                               // sparse ops (cases/sparse.h)
                                               "topk", "window", "compressed", "sink", "index_pattern",
                                               // the merge_states op (cases/merge.h): a group with head_dim
-                                              "tokens", "head_dim", "lse", "lse_gap"};
+                                              "tokens", "head_dim", "lse", "lse_gap",
+                                              // memory layouts (cases/LAYOUTS.md)
+                                              "layout"};
   std::vector<std::unique_ptr<BatchSpec>> merge_batches;  // the batches `tokens` makes, alive while groups expand
   for (const auto& g : groups) {
     if (!g.IsMap()) fail_at(source, g, "each group must be a map");
@@ -435,6 +441,14 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
       sparse_axis(pats, [](SparseSpec& sp, IndexPattern v) { sp.pattern = v; });
     }
 
+    std::vector<LayoutSpec> layouts{LayoutSpec{}};
+    if (g["layout"]) {
+      layouts.clear();
+      try {
+        for (const auto& t : str_list(source, g["layout"], "layout")) layouts.push_back(parse_layout(t));
+      } catch (const InputError& e) { fail_at(source, g["layout"], e.what()); }
+    }
+
     std::vector<MergeSpec> merges{MergeSpec{}};
     if (merge_group) {
       std::vector<int> dims_d = int_list(source, g["head_dim"], "head_dim");
@@ -457,8 +471,10 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
       for (const MergeSpec& mg : merges)
       for (int tp : tps) for (int th : heads) for (DType dt : dtypes) for (KvCacheFormat kv : kvs)
         for (int bs : block_sizes) for (std::uint64_t seed : seeds) for (const Dims& dm : dims)
-          for (double qm : qmags) for (double sc : scales) for (double ks : kscales) for (const SparseSpec& sp : sparses) {
+          for (double qm : qmags) for (double sc : scales) for (double ks : kscales) for (const SparseSpec& sp : sparses)
+          for (const LayoutSpec& lay : layouts) {
             CaseSpec c;
+            c.layout = lay;
             c.sparse = sp;
             c.merge = mg;
             c.suite = suite.name;

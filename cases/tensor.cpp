@@ -85,8 +85,34 @@ Tensor Tensor::for_overwrite(DType dtype, Shape shape) {
   return t;
 }
 
+bool TensorView::contiguous() const {
+  for (std::size_t d = 0; d < strides.size(); ++d) {
+    std::int64_t row_major = 1;
+    for (std::size_t k = d + 1; k < shape.size(); ++k) row_major *= shape[k];
+    if (shape[d] > 1 && strides[d] != row_major) return false;
+  }
+  return true;
+}
+
+std::int64_t TensorView::stride(std::size_t d) const {
+  if (!strides.empty()) return strides.at(d);
+  std::int64_t s = 1;
+  for (std::size_t k = d + 1; k < shape.size(); ++k) s *= shape[k];
+  return s;
+}
+
+std::int64_t TensorView::offset_of(std::int64_t i) const {
+  if (strides.empty()) return i;
+  std::int64_t off = 0;
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    off += (i % shape[d]) * strides[d];
+    i /= shape[d];
+  }
+  return off;
+}
+
 double TensorView::get(std::int64_t i) const {
-  const std::byte* p = static_cast<const std::byte*>(data) + i * static_cast<std::int64_t>(dtype_size(dtype));
+  const std::byte* p = static_cast<const std::byte*>(data) + offset_of(i) * static_cast<std::int64_t>(dtype_size(dtype));
   switch (dtype) {
     case DType::kF64: { double v; std::memcpy(&v, p, 8); return v; }
     case DType::kF32: { float v; std::memcpy(&v, p, 4); return v; }
@@ -100,7 +126,7 @@ double TensorView::get(std::int64_t i) const {
 }
 
 void TensorView::set(std::int64_t i, double v) const {
-  std::byte* p = static_cast<std::byte*>(data) + i * static_cast<std::int64_t>(dtype_size(dtype));
+  std::byte* p = static_cast<std::byte*>(data) + offset_of(i) * static_cast<std::int64_t>(dtype_size(dtype));
   switch (dtype) {
     case DType::kF64: std::memcpy(p, &v, 8); return;
     case DType::kF32: { float f = static_cast<float>(v); std::memcpy(p, &f, 4); return; }

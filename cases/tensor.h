@@ -20,27 +20,37 @@ using Shape = std::vector<std::int64_t>;
 std::int64_t shape_numel(const Shape& s);
 std::string shape_str(const Shape& s);  // "[2, 16, 576]"
 
-// Non-owning view of contiguous row-major data (host or, later, device).
+// Non-owning view of row-major data (host or, later, device): contiguous, or
+// with element strides (a slice of a larger tensor, cases/LAYOUTS.md).
 struct TensorView {
   DType dtype = DType::kF32;
   Shape shape;
-  void* data = nullptr;
+  void* data = nullptr;  // element [0, ..., 0]
   // data is CUDA device memory, not host memory: only in the prefill inputs
   // the layer glue lends a backend whose Capabilities::device_inputs says it
   // reads them there (reference/device_staging.h). get(), set() and every
   // host read are invalid on such a view.
   bool on_device = false;
+  // Element strides per dim; empty: contiguous row-major. Only a backend
+  // whose Capabilities::strided_views says so is ever handed a strided view;
+  // nbytes(), as<T>() indexing and every flat read assume contiguous data.
+  std::vector<std::int64_t> strides = {};
 
   std::int64_t numel() const { return shape_numel(shape); }
+  bool contiguous() const;
+  // Stride of dim d in elements (the row-major one where strides is empty).
+  std::int64_t stride(std::size_t d) const;
+  // Element offset of logical (row-major flat) element i.
+  std::int64_t offset_of(std::int64_t i) const;
   std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype); }
   template <class T>
   T* as() const {
     if (sizeof(T) != dtype_size(dtype)) throw std::logic_error("TensorView::as: element size mismatch");
     return static_cast<T*>(data);
   }
-  // Element i converted to double (any dtype).
+  // Element i (logical row-major order, strides honoured) converted to double (any dtype).
   double get(std::int64_t i) const;
-  // Store v into element i, rounding to the dtype (RNE for bf16/fp16).
+  // Store v into element i (as get), rounding to the dtype (RNE for bf16/fp16).
   void set(std::int64_t i, double v) const;
 };
 

@@ -164,6 +164,13 @@ struct GoldenReader::Impl {
       }
       s.merge.gap = io::read_double(g, "merge_lse_gap", w);
     }
+    if (io::has_attr(g, "layout", w)) {
+      try {
+        s.layout = parse_layout(io::read_string(g, "layout", w, 64));
+      } catch (const InputError& e) {
+        bad(w, e.what());
+      }
+    }
     // Token counts are ints in Case: their sums must not overflow.
     std::int64_t sum_s = 0, sum_q = 0;
     for (std::int64_t i = 0; i < B; ++i) sum_s += seq[static_cast<std::size_t>(i)], sum_q += ql[static_cast<std::size_t>(i)];

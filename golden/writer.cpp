@@ -212,6 +212,8 @@ void write_case_header(hid_t g, const CaseSpec& spec, const InputHashes* hashes,
   io::write_attr(g, "num_tokens", spec.num_tokens(), w);
   io::write_attr(g, "num_kv_tokens", spec.num_kv_tokens(), w);
   write_sparse_spec(g, spec.sparse, w);
+  // Only where set (cases/LAYOUTS.md): files of contiguous cases keep their attributes.
+  if (!spec.layout.contiguous()) io::write_attr(g, "layout", layout_name(spec.layout), w);
   if (spec.merge.active()) {
     // A merge case (SCHEMA.md, "Merge cases").
     io::write_attr(g, "merge_head_dim", spec.merge.head_dim, w);
@@ -277,7 +279,8 @@ void write_case_content(hid_t g, const PreparedCase& pc, const io::Where& w) {
       io::write_attr(b.get(), "poison", std::string(poison_name(cache.options.poison)), wb);
       io::write_attr(b.get(), "poison_block_table", cache.options.poison_block_table ? 1 : 0, wb);
       io::write_attr(b.get(), "new_tokens_written", cache.options.write_new_tokens ? 1 : 0, wb);
-      io::write_tensor(b.get(), "data", cache.data, wb);
+      // The pool's bytes; a strided layout's other layers are not stored (their pattern is fixed).
+      io::write_dataset(b.get(), "data", cache.data.dtype(), cache.data.shape(), cache.data.bytes(), wb);
       io::write_tensor(b.get(), "block_table", cache.block_table, wb);
       io::write_tensor(b.get(), "slot_mapping", cache.slot_mapping, wb);
     }
@@ -382,6 +385,11 @@ PreparedCase prepare_export_case(const CaseSpec& spec, const ExportOptions& opt)
     pc.merge = reference_merge(*pc.c.merge);
     return pc;
   }
+  // A golden file stores every cache byte: a pool past 2 GiB is not for HDF5.
+  if (spec.layout.pool != PoolSize::kFitted)
+    throw InputError("export: case " + spec.id() + ": layout " + layout_name(spec.layout) +
+                     " places its pages past 2^31 bytes of a pool, which a golden file would store whole; export "
+                     "the case without the pool part (the values are the same)");
   pc.c = generate_case(spec);
   if (spec.sparse.active()) {
     // Sparse cases: the sparse ops' query and reference only (no dense op runs them).

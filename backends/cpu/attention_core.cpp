@@ -176,16 +176,33 @@ void gather_keys(const DecodeArgs& a, const KernelFaults& faults, GatheredKeys& 
   for (std::size_t i = 0; i < b; ++i) keys.start[i + 1] = keys.start[i] + a.seq_lens[i];
 
   std::vector<std::int64_t> slots(static_cast<std::size_t>(keys.start[b]));
+  // The planted blocks_not_shared fault: physical blocks in order of first use.
+  std::vector<std::int32_t> first_use;
+  if (faults.blocks_not_shared) {
+    std::vector<bool> seen(static_cast<std::size_t>(cache.num_blocks), false);
+    for (std::size_t i = 0; i < b; ++i)
+      for (int blk = 0; blk * bs < a.seq_lens[i]; ++blk) {
+        const std::int32_t id = table[a.block_table_rows[i] * width + blk];
+        if (!seen[static_cast<std::size_t>(id)]) seen[static_cast<std::size_t>(id)] = true, first_use.push_back(id);
+      }
+  }
+  std::int64_t running = 0;  // blocks of the requests before, for blocks_not_shared
   for (std::size_t i = 0; i < b; ++i) {
     const int row = a.block_table_rows[i];
     const int s = a.seq_lens[i];
     for (int p = 0; p < s; ++p) {
       std::int64_t block = table[row * width + p / bs];
       if (faults.last_key_from_null_block && p == s - 1) block = 0;
+      if (faults.blocks_not_shared)
+        block = first_use[static_cast<std::size_t>(std::min<std::int64_t>(running + p / bs, static_cast<std::int64_t>(first_use.size()) - 1))];
       slots[keys.start[i] + p] = block * bs + p % bs;
       // The planted stride bug, kept inside the cache (a CPU test process must not fault).
       if (faults.block_stride_16) slots[keys.start[i] + p] = (block * 16 + p % bs) % (static_cast<std::int64_t>(cache.num_blocks) * bs);
+      // The planted 32-bit offset: the block's byte offset wraps at 2^32, in the pool.
+      if (faults.offset_32bit)
+        slots[keys.start[i] + p] = static_cast<std::uint32_t>(block * cache.block_bytes) / cache.entry_bytes + p % bs;
     }
+    running += (s + bs - 1) / bs;
   }
 
   if (keys.data.size() < slots.size() * keys.width) keys.data.resize(slots.size() * keys.width);
@@ -216,6 +233,21 @@ DecodeCall::DecodeCall(const DecodeArgs& a, const KernelFaults& faults, Gathered
   o_lat = a.o_lat.as<std::uint16_t>();
   lse = a.lse.as<float>();
   num_blocks = static_cast<int>(blocks.size());
+  o_stride_t = a.o_lat.stride(0), o_stride_h = a.o_lat.stride(1);
+  lse_stride_t = a.lse.stride(0), lse_stride_h = a.lse.stride(1);
+  writes_row_padding = faults.writes_row_padding;
+}
+
+void DecodeCall::store_rows(const DecodeArgs& a, const RowBlock& blk, const float* o, const float* row_lse) const {
+  const std::int64_t t0 = a.query_start_loc[blk.request];
+  for (int i = 0; i < blk.rows; ++i) {
+    const std::int64_t row = blk.first_row + i, t = t0 + row / n, h = row % n;
+    std::uint16_t* dst = o_lat + t * o_stride_t + h * o_stride_h;
+    narrow(o + static_cast<std::int64_t>(i) * l, dst, l, dt);
+    // The planted fault: the row's padding up to the next head's row zeroed.
+    if (writes_row_padding && o_stride_h > l) std::fill(dst + l, dst + o_stride_h, std::uint16_t{0});
+    lse[t * lse_stride_t + h * lse_stride_h] = row_lse[i];
+  }
 }
 
 std::vector<RowBlock> plan_row_blocks(std::span<const std::int32_t> query_start_loc, int num_heads) {
@@ -239,13 +271,17 @@ void load_decode_rows(const DecodeArgs& a, const RowBlock& blk, const KernelFaul
   const int q_len = a.query_start_loc[b + 1] - a.query_start_loc[b];
   const std::uint16_t* q_lat = a.q_lat.as<std::uint16_t>();
   const std::uint16_t* q_pe = a.q_pe.as<std::uint16_t>();
+  // The views' strides (cases/LAYOUTS.md); the planted fault reads q_lat as if contiguous.
+  const std::int64_t ql_t = faults.q_stride_is_width ? n * l : a.q_lat.stride(0);
+  const std::int64_t ql_h = faults.q_stride_is_width ? l : a.q_lat.stride(1);
+  const std::int64_t qp_t = a.q_pe.stride(0), qp_h = a.q_pe.stride(1);
   q.resize(static_cast<std::size_t>(blk.rows) * d);
   visible.resize(blk.rows);
   for (int i = 0; i < blk.rows; ++i) {
     const int row = blk.first_row + i;
-    const std::int64_t flat = static_cast<std::int64_t>(a.query_start_loc[b]) * n + row;
-    widen(q_lat + flat * l, q.data() + static_cast<std::size_t>(i) * d, l, a.q_lat.dtype);
-    widen(q_pe + flat * r, q.data() + static_cast<std::size_t>(i) * d + l, r, a.q_lat.dtype);
+    const std::int64_t t = a.query_start_loc[b] + row / n, h = row % n;
+    widen(q_lat + t * ql_t + h * ql_h, q.data() + static_cast<std::size_t>(i) * d, l, a.q_lat.dtype);
+    widen(q_pe + t * qp_t + h * qp_h, q.data() + static_cast<std::size_t>(i) * d + l, r, a.q_lat.dtype);
     visible[i] = visible_keys(a.seq_lens[b], q_len, row / n, faults.extra_visible_keys);
   }
 }

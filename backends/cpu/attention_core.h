@@ -30,6 +30,21 @@ struct KernelFaults {
   // block size (a stride hard-coded to the backend's preferred size): exact at
   // block size 16, wrong keys at every other.
   bool block_stride_16 = false;
+  // Layouts (cases/LAYOUTS.md), each exact on contiguous tensors and fitted pools:
+  // a block's byte offset computed in unsigned 32 bits (block * block_bytes
+  // wraps past 4 GiB: a page low in the pool is read instead);
+  bool offset_32bit = false;
+  // q_lat read with the row stride of its width (L), not its view's: right
+  // for a contiguous q_lat, wrong rows for a slice of a fused q;
+  bool q_stride_is_width = false;
+  // every o_lat row written out to its view's row stride (zeros past L), as a
+  // kernel that writes whole padded tiles: nothing past L in a contiguous
+  // output, the neighbouring buffer's bytes in a larger one;
+  bool writes_row_padding = false;
+  // keys gathered into a workspace one physical block at a time, each block
+  // once, and each request's blocks looked up at its own running count of
+  // blocks, as if no two requests shared a page: shifted keys once they do.
+  bool blocks_not_shared = false;
 };
 
 // cpu.paged with faults planted (tests only); make_cpu_paged() is this with none.
@@ -93,6 +108,13 @@ struct DecodeCall {
   std::uint16_t* o_lat = nullptr;
   float* lse = nullptr;
   int num_blocks = 0;
+  // Strides of o_lat (token, head) and lse (token, head) in elements: the
+  // views' own (cases/LAYOUTS.md), contiguous ones by default.
+  std::int64_t o_stride_t = 0, o_stride_h = 0, lse_stride_t = 0, lse_stride_h = 0;
+  bool writes_row_padding = false;  // KernelFaults::writes_row_padding
+  // Writes the fp32 rows o [blk.rows, l] and lse [blk.rows] of a row block
+  // to the outputs, narrowed to the model dtype, through the strides.
+  void store_rows(const DecodeArgs& a, const RowBlock& blk, const float* o, const float* row_lse) const;
 };
 
 // Stacks the [q_lat, q_pe] rows of a block into q [rows, L+R] and sets, per

@@ -3,6 +3,7 @@
 // (attention_core.h), and its own cache writer for every kv cache dtype
 // (cache_writer.cpp). Parallel over blocks of (token, head) rows.
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -21,7 +22,7 @@ constexpr int kPrefillRows = 128;
 
 void paged_decode(const DecodeArgs& a, const KernelFaults& faults, detail::GatheredKeys& keys) {
   const detail::DecodeCall call(a, faults, keys);
-  const int n = call.n, l = call.l, d = call.d, num_blocks = call.num_blocks;
+  const int l = call.l, d = call.d, num_blocks = call.num_blocks;
   const DType dt = call.dt;
   const std::vector<detail::RowBlock>& blocks = call.blocks;
 
@@ -44,9 +45,7 @@ void paged_decode(const DecodeArgs& a, const KernelFaults& faults, detail::Gathe
                            .scale = static_cast<float>(a.scale), .p_dtype = dt,
                            .without_max = faults.softmax_without_max};
       detail::attend(in, o.data(), row_lse.data(), scratch);
-      const std::int64_t flat = static_cast<std::int64_t>(a.query_start_loc[b]) * n + blk.first_row;
-      detail::narrow(o.data(), call.o_lat + flat * l, static_cast<std::int64_t>(blk.rows) * l, dt);
-      std::copy(row_lse.begin(), row_lse.end(), call.lse + flat);
+      call.store_rows(a, blk, o.data(), row_lse.data());
     }
   }
 }
@@ -159,6 +158,8 @@ class PagedBackend final : public Backend {
     caps.reorder_threshold = 1;
     caps.dtypes = {DType::kBF16, DType::kF16};
     caps.kv_dtypes = {KvCacheDtype::kAuto, KvCacheDtype::kFp8, KvCacheDtype::kFp8E4m3, KvCacheDtype::kFp8DsMla};
+    caps.strided_views = true;  // store_rows and load_decode_rows go through the views' strides
+    caps.max_pool_bytes = std::numeric_limits<std::int64_t>::max();  // 64-bit slots and offsets throughout
     return caps;
   }
   void decode(const DecodeArgs& args) override { paged_decode(args, faults_, keys_); }

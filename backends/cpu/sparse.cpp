@@ -188,6 +188,7 @@ class CpuSparse final : public Backend {
     caps.dtypes = {DType::kBF16, DType::kF16};
     caps.kv_dtypes = {KvCacheDtype::kAuto, KvCacheDtype::kFp8, KvCacheDtype::kFp8E4m3, KvCacheDtype::kFp8DsMla,
                       KvCacheDtype::kFp8V4};
+    caps.max_pool_bytes = std::numeric_limits<std::int64_t>::max();  // slots and offsets in 64 bits
     return caps;
   }
 

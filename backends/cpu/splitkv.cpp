@@ -63,6 +63,8 @@ class SplitKvBackend final : public Backend {
     caps.reorder_threshold = 1 << 16;
     caps.dtypes = {DType::kBF16, DType::kF16};
     caps.kv_dtypes = {KvCacheDtype::kAuto, KvCacheDtype::kFp8, KvCacheDtype::kFp8E4m3, KvCacheDtype::kFp8DsMla};
+    caps.strided_views = true;  // store_rows and load_decode_rows go through the views' strides
+    caps.max_pool_bytes = std::numeric_limits<std::int64_t>::max();  // 64-bit slots and offsets throughout
     return caps;
   }
   void decode(const DecodeArgs& args) override;
@@ -82,7 +84,7 @@ class SplitKvBackend final : public Backend {
 void SplitKvBackend::decode(const DecodeArgs& a) {
   detail::GatheredKeys& keys = keys_;
   const detail::DecodeCall call(a, {}, keys);
-  const int n = call.n, l = call.l, d = call.d, num_blocks = call.num_blocks;
+  const int l = call.l, d = call.d, num_blocks = call.num_blocks;
   const DType dt = call.dt;
   const std::vector<detail::RowBlock>& blocks = call.blocks;
 
@@ -118,9 +120,7 @@ void SplitKvBackend::decode(const DecodeArgs& a) {
       o.resize(static_cast<std::size_t>(rows) * l);
       row_lse.resize(rows);
       combine(part_o.data(), part_lse.data(), num_splits, rows, l, o.data(), row_lse.data());
-      const std::int64_t flat = static_cast<std::int64_t>(a.query_start_loc[b]) * n + blk.first_row;
-      detail::narrow(o.data(), call.o_lat + flat * l, static_cast<std::int64_t>(rows) * l, dt);
-      std::copy(row_lse.begin(), row_lse.end(), call.lse + flat);
+      call.store_rows(a, blk, o.data(), row_lse.data());
     }
   }
 }

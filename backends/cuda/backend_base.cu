@@ -307,7 +307,7 @@ std::unique_ptr<DecodeGraph> CudaBackend::capture_decode(const DecodeArgs& a) {
       meta.insert(meta.end(), a.query_start_loc.begin(), a.query_start_loc.end());
       meta.insert(meta.end(), a.block_table_rows.begin(), a.block_table_rows.end());
       meta_.upload(meta.data(), meta.size() * sizeof(std::int32_t), s_);
-      cache_.upload(c.data.bytes(), c.data.nbytes(), s_);
+      upload_pool(cache_, c, s_);
       std::vector<std::int32_t> table(B_ * static_cast<std::size_t>(width_), 0);  // narrower rows padded with block 0
       const std::int32_t* src = c.block_table.data<std::int32_t>();
       for (std::int64_t r = 0; r < c.block_table.dim(0); ++r)
@@ -374,7 +374,9 @@ void CudaBackend::cache_write(PagedCache& cache, const TensorView& kv_c, const T
   // The host cache becomes exactly the device's (every byte, so a write to a
   // wrong slot shows on the host too); the device copy is kept under its new
   // content for the decode that follows.
-  dc->data.download(cache.data.bytes(), cache.data.nbytes(), s);
+  cache.data.for_each_live_range([&](std::int64_t b, std::int64_t e) {
+    dc->data.download(cache.data.bytes() + b, static_cast<std::size_t>(e - b), s, static_cast<std::size_t>(b));
+  });
   dc->key = cache_key(cache);
   DeviceCacheStore::instance().adopt(std::move(dc));
 }

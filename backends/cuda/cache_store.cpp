@@ -51,18 +51,29 @@ CacheKey cache_key(const PagedCache& c) {
                                static_cast<std::int64_t>(c.data.nbytes())};
   CacheKey k = hash_bytes(reinterpret_cast<const unsigned char*>(meta), sizeof meta, 1);
   k = combine(k, hash_bytes(reinterpret_cast<const unsigned char*>(c.block_table.bytes()), c.block_table.nbytes(), 2));
+  // The live bytes (a huge pool's gap is never written, cases/page_store.h).
   constexpr std::size_t kChunk = std::size_t{1} << 20;
-  const std::size_t n = c.data.nbytes();
-  const auto chunks = static_cast<std::int64_t>((n + kChunk - 1) / kChunk);
-  std::vector<CacheKey> parts(static_cast<std::size_t>(chunks));
-  const auto* p = reinterpret_cast<const unsigned char*>(c.data.bytes());
+  std::uint64_t salt = 3;
+  c.data.for_each_live_range([&](std::int64_t b, std::int64_t e) {
+    const auto n = static_cast<std::size_t>(e - b);
+    const auto chunks = static_cast<std::int64_t>((n + kChunk - 1) / kChunk);
+    std::vector<CacheKey> parts(static_cast<std::size_t>(chunks));
+    const auto* p = reinterpret_cast<const unsigned char*>(c.data.bytes()) + b;
 #pragma omp parallel for schedule(static)
-  for (std::int64_t i = 0; i < chunks; ++i) {
-    const std::size_t off = static_cast<std::size_t>(i) * kChunk;
-    parts[static_cast<std::size_t>(i)] = hash_bytes(p + off, std::min(kChunk, n - off), 3 + static_cast<std::uint64_t>(i));
-  }
-  for (const CacheKey& x : parts) k = combine(k, x);
+    for (std::int64_t i = 0; i < chunks; ++i) {
+      const std::size_t off = static_cast<std::size_t>(i) * kChunk;
+      parts[static_cast<std::size_t>(i)] = hash_bytes(p + off, std::min(kChunk, n - off), salt + static_cast<std::uint64_t>(i));
+    }
+    for (const CacheKey& x : parts) k = combine(k, x);
+    salt += static_cast<std::uint64_t>(chunks) + static_cast<std::uint64_t>(b);
+  });
   return k;
+}
+
+void upload_pool(DeviceBuffer& dst, const PagedCache& host, cudaStream_t s) {
+  host.data.for_each_live_range([&](std::int64_t b, std::int64_t e) {
+    dst.upload(host.data.bytes() + b, static_cast<std::size_t>(e - b), s, static_cast<std::size_t>(b));
+  });
 }
 
 DeviceCacheStore& DeviceCacheStore::instance() {
@@ -107,7 +118,7 @@ std::shared_ptr<const DeviceCache> DeviceCacheStore::get(const PagedCache& host,
   auto c = std::make_shared<DeviceCache>();
   c->key = k;
   c->data = DeviceBuffer(host.data.nbytes());
-  c->data.upload(host.data.bytes(), host.data.nbytes(), s);
+  upload_pool(c->data, host, s);
   c->block_table = DeviceBuffer(host.block_table.nbytes());
   c->block_table.upload(host.block_table.bytes(), host.block_table.nbytes(), s);
   MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));

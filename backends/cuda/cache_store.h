@@ -22,6 +22,12 @@ struct CacheKey {
 // combined in order: the value does not depend on the thread count).
 CacheKey cache_key(const PagedCache& c);
 
+// A cache's pool into device memory of at least its size, at the same offsets:
+// its live bytes only (cases/page_store.h). A huge pool's gap, never written
+// on the host, keeps whatever the device memory held, as unused pages of a
+// serving engine's pool do.
+void upload_pool(DeviceBuffer& dst, const PagedCache& host, cudaStream_t s);
+
 // A PagedCache's bytes [num_blocks, block_size, entry_bytes] and block table
 // [rows, width] int32 on the device.
 struct DeviceCache {

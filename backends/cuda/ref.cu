@@ -2,6 +2,7 @@
 // block table (every query length, the causal rule per token) and prefill
 // attends over contiguous per-head keys; logits, softmax, probabilities and
 // accumulation all in fp32, outputs rounded once to the model dtype.
+#include <limits>
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -58,6 +59,7 @@ class RefBackend final : public CudaBackend {
     caps.reorder_threshold = 1 << 16;
     caps.dtypes = {DType::kBF16, DType::kF16};
     caps.kv_dtypes = {KvCacheDtype::kAuto, KvCacheDtype::kFp8, KvCacheDtype::kFp8E4m3, KvCacheDtype::kFp8DsMla};
+    caps.max_pool_bytes = std::numeric_limits<std::int64_t>::max();  // 64-bit slots: gpu/attention.cuh
     return caps;
   }
   void prefill(const PrefillArgs& a) override;

@@ -375,6 +375,7 @@ class SparseBackend final : public CudaBackend {
     caps.dtypes = {DType::kBF16, DType::kF16};
     caps.kv_dtypes = {KvCacheDtype::kAuto, KvCacheDtype::kFp8, KvCacheDtype::kFp8E4m3, KvCacheDtype::kFp8DsMla,
                       KvCacheDtype::kFp8V4};
+    caps.max_pool_bytes = std::numeric_limits<std::int64_t>::max();  // 64-bit slots: gpu/attention.cuh
     return caps;
   }
   Support supports(const CaseSpec& spec, Op op) const override {

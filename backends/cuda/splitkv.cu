@@ -4,6 +4,7 @@
 // of splits comes from the work (about two waves of the device's
 // multiprocessors) unless --splits forces it. Model-dtype inputs, fp32 logits
 // and accumulation, P rounded to the model dtype before P@V.
+#include <limits>
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -75,6 +76,7 @@ class SplitKvBackend final : public CudaBackend {
     caps.reorder_threshold = 1 << 16;
     caps.dtypes = {DType::kBF16, DType::kF16};
     caps.kv_dtypes = {KvCacheDtype::kAuto, KvCacheDtype::kFp8, KvCacheDtype::kFp8E4m3, KvCacheDtype::kFp8DsMla};
+    caps.max_pool_bytes = std::numeric_limits<std::int64_t>::max();  // 64-bit slots: gpu/attention.cuh
     return caps;
   }
 

@@ -194,6 +194,31 @@ CaseSpec CaseDrawer::draw_spec(DrawRng& r, const Backend& b, Op op) const {
   return c;
 }
 
+// From a stream of its own (the case's index and attempt), so every other
+// dimension is drawn exactly as before layouts existed; only layouts the
+// backend takes for the op (and the case can have) are drawn, so a layout
+// never turns a drawn case away.
+void CaseDrawer::draw_layout(std::uint64_t index, int attempt, const Backend& b, Op op, CaseSpec& c) const {
+  DrawRng r(seed_ ^ 0x4c61796f75747321ull, index * 1024 + static_cast<std::uint64_t>(attempt));
+  std::vector<LayoutSpec> options = space_.layouts;
+  if (options.empty()) {
+    if (r.percent(50)) return;
+    options = {layout_values().begin() + 1, layout_values().end()};
+  }
+  std::vector<LayoutSpec> ok;
+  for (const LayoutSpec& l : options) {
+    CaseSpec t = c;
+    t.layout = l;
+    try {
+      t.validate();
+    } catch (const std::exception&) {
+      continue;
+    }
+    if (b.supports(t, op).ok) ok.push_back(l);
+  }
+  if (!ok.empty()) c.layout = r.pick(ok);
+}
+
 std::optional<DrawnCase> CaseDrawer::draw(std::uint64_t index) const {
   DrawRng r(seed_, index);
   const Backend& target = *backends_[index % backends_.size()];
@@ -226,9 +251,15 @@ std::optional<DrawnCase> CaseDrawer::draw(std::uint64_t index) const {
       }
     }
     if (c.num_kv_tokens() > space_.max_keys) continue;
+    try {
+      c.validate();  // fewer requests may leave a shared layout nothing to share
+    } catch (const std::exception&) {
+      continue;
+    }
     if (reference_work(c, op) > max_work) continue;
     if (limits_.max_bytes && estimate_case_bytes(c, op == Op::kPrefill) > limits_.max_bytes) continue;
     if (!target.supports(c, op).ok) continue;
+    draw_layout(index, attempt, target, op, c);
     return DrawnCase{std::move(c), op, std::string(target.name())};
   }
   return std::nullopt;

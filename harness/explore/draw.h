@@ -56,6 +56,7 @@ class CaseDrawer {
 
  private:
   CaseSpec draw_spec(DrawRng& r, const Backend& b, Op op) const;
+  void draw_layout(std::uint64_t index, int attempt, const Backend& b, Op op, CaseSpec& c) const;
   ExploreSpace space_;
   std::vector<const Backend*> backends_;
   std::uint64_t seed_;

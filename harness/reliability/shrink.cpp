@@ -345,6 +345,16 @@ void plain_case_candidates(const CaseSpec& s, CandidateList& out) {
     c.k_scale = 1.0f;
     out.add("kv cache auto", c);
   }
+  // Toward the contiguous layout a part at a time, so the part that fails is named.
+  auto layout = [&](std::string what, auto&& edit) {
+    CaseSpec c = s;
+    edit(c.layout);
+    out.add("layout " + layout_name(s.layout) + " -> " + layout_name(c.layout) + " (" + what + ")", c);
+  };
+  if (s.layout.strided) layout("no strided views", [](LayoutSpec& l) { l.strided = false; });
+  if (s.layout.shared) layout("no shared pages", [](LayoutSpec& l) { l.shared = false; });
+  if (s.layout.pool == PoolSize::k4G) layout("a pool past 2^31", [](LayoutSpec& l) { l.pool = PoolSize::k2G; });
+  if (s.layout.pool != PoolSize::kFitted) layout("a fitted pool", [](LayoutSpec& l) { l.pool = PoolSize::kFitted; });
 }
 
 // One-step reductions of (spec, flags), biggest first.
@@ -406,6 +416,7 @@ std::string cases_as_suite_yaml(const std::vector<CaseSpec>& cases, const std::s
     if (sp.active())
       y << "    sink: [" << (sp.sink ? "true" : "false") << "]\n"
         << "    index_pattern: [" << index_pattern_name(sp.pattern) << "]\n";
+    if (!c.layout.contiguous()) y << "    layout: [" << layout_name(c.layout) << "]\n";
     if (c.merge.active())
       y << "    head_dim: [" << c.merge.head_dim << "]\n"
         << "    lse: [" << lse_pattern_name(c.merge.lse) << "]\n"

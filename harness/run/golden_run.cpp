@@ -180,11 +180,11 @@ struct GoldenRun::Impl {
       const std::array<ContentHash, 3> stored = {so.hash_data, so.hash_block_table, so.hash_slot_mapping};
       const auto seen = checked_caches.find(key);
       if (seen == checked_caches.end() || seen->second != stored) {
-        const std::pair<const char*, const Tensor*> parts[3] = {
-            {"data", &built.data}, {"block_table", &built.block_table}, {"slot_mapping", &built.slot_mapping}};
+        const std::pair<const char*, TensorView> parts[3] = {
+            {"data", built.data.view()}, {"block_table", built.block_table.view()}, {"slot_mapping", built.slot_mapping.view()}};
         for (int i = 0; i < 3; ++i) {
-          const ContentHash hh = ContentHash::of(stored[static_cast<std::size_t>(i)].kind, parts[i].second->bytes(),
-                                                 parts[i].second->nbytes());
+          const ContentHash hh = ContentHash::of(stored[static_cast<std::size_t>(i)].kind, parts[i].second.data,
+                                                 parts[i].second.nbytes());
           if (hh != stored[static_cast<std::size_t>(i)])
             throw GoldenFileError("case " + id + ": rebuilt cache bs=" + std::to_string(bs) + " " + parts[i].first + " (" +
                                   hh.str() + ") differs from the golden file's (" + hash_hex(stored[static_cast<std::size_t>(i)].value) +

@@ -24,7 +24,8 @@ enum class Bug {
   kCausalOffByOne, kScale1Pct, kNullBlockLastToken, kHeadsSwapped, kOneNaN, kLseWrongAxis, kSoftmaxWithoutMax,
   kBlockStride16, kEmptyRowsNaN, kNondeterministic,
   kFp8ReaderPow2Scales, kFp8WriterTruncates, kFp8ReaderIgnoresKScale, kFp8WriterSaturates240,
-  kFp8ScaleModelDtypeMultiply
+  kFp8ScaleModelDtypeMultiply,
+  kOffset32Bit, kQStrideIsWidth, kWritesRowPadding, kBlocksNotShared
 };
 
 // An fp8/fp8_e4m3 cache of well-formed L + R byte entries (anything else goes
@@ -78,6 +79,10 @@ detail::KernelFaults faults_for(Bug bug) {
   if (bug == Bug::kFp8WriterTruncates) f.writer_truncates = true;
   if (bug == Bug::kFp8ReaderIgnoresKScale) f.reader_ignores_k_scale = true;
   if (bug == Bug::kFp8WriterSaturates240) f.writer_saturates_240 = true;
+  if (bug == Bug::kOffset32Bit) f.offset_32bit = true;
+  if (bug == Bug::kQStrideIsWidth) f.q_stride_is_width = true;
+  if (bug == Bug::kWritesRowPadding) f.writes_row_padding = true;
+  if (bug == Bug::kBlocksNotShared) f.blocks_not_shared = true;
   return f;
 }
 
@@ -209,6 +214,30 @@ const std::vector<PlantedBug>& planted_gate_bugs() {
         Status::kNonfinite, Bug::kEmptyRowsNaN));
     v.push_back(planted("bug.nondeterministic", "the last bit of output element 0 flips on every other call (an atomics-order reduction)",
         Status::kNondeterministic, Bug::kNondeterministic));
+    return v;
+  }();
+  return bugs;
+}
+
+const std::vector<PlantedBug>& planted_layout_bugs() {
+  static const std::vector<PlantedBug> bugs = [] {
+    std::vector<PlantedBug> v;
+    v.push_back(planted("bug.offset_32bit",
+        "decode computes a block's byte offset block * block_bytes in unsigned 32 bits (flashinfer #3136, "
+        "aiter #5765): exact in pools under 4 GiB, a page low in the pool read instead past it",
+        Status::kIncorrect, Bug::kOffset32Bit, [](const CaseSpec& c) { return c.layout.pool == PoolSize::k4G; }));
+    v.push_back(planted("bug.q_stride_is_width",
+        "decode reads q_lat with the row stride of its width (L), not the view's: right for a contiguous q_lat, "
+        "other rows of a fused [T, N, L+R] q",
+        Status::kIncorrect, Bug::kQStrideIsWidth, [](const CaseSpec& c) { return c.layout.strided; }));
+    v.push_back(planted("bug.writes_row_padding",
+        "decode writes each o_lat row out to the view's row stride (zeros past L), as a kernel writing whole "
+        "padded tiles: nothing past L in a contiguous output, the neighbouring bytes of a larger buffer",
+        Status::kIncorrect, Bug::kWritesRowPadding, [](const CaseSpec& c) { return c.layout.strided; }));
+    v.push_back(planted("bug.blocks_not_shared",
+        "decode gathers each physical block once and looks a request's blocks up at its running block count, "
+        "as if no two requests shared a page: shifted keys under prefix caching",
+        Status::kIncorrect, Bug::kBlocksNotShared, [](const CaseSpec& c) { return c.layout.shared; }));
     return v;
   }();
   return bugs;

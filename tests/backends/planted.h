@@ -45,6 +45,13 @@ const std::vector<PlantedBug>& planted_fp8_bugs();
 // bug.block_stride_16, bug.empty_rows_nan, bug.nondeterministic.
 const std::vector<PlantedBug>& planted_gate_bugs();
 
+// Memory-layout bugs (cases/LAYOUTS.md), each exact on contiguous tensors in
+// fitted pools with private pages, and INCORRECT on the layout that exposes it
+// (exposed_by): bug.offset_32bit (pool4g), bug.q_stride_is_width and
+// bug.writes_row_padding (strided), bug.blocks_not_shared (shared). cpu.paged
+// with the fault planted in its kernel; the gate catches each on >= 3 records.
+const std::vector<PlantedBug>& planted_layout_bugs();
+
 // merge_states bugs (the op's infinities, SPEC: Ops, merge_states): broken
 // merges with cpu.merge's capabilities, each NONFINITE on the merge suite and
 // on the gate's merge cases: bug.merge_inf_nan (no case for infinities: NaN

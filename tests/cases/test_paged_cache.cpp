@@ -45,6 +45,9 @@ std::int64_t slot_at(const PagedCache& pc, int i, int p) {
 bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && a.nbytes() == b.nbytes() && std::memcmp(a.bytes(), b.bytes(), a.nbytes()) == 0;
 }
+bool same_bytes(const PageStore& a, const PageStore& b) {
+  return a.shape() == b.shape() && a.nbytes() == b.nbytes() && std::memcmp(a.bytes(), b.bytes(), a.nbytes()) == 0;
+}
 
 // Everything section 5 promises about one cache. `new_written`: whether the
 // new tokens are expected in the cache (false: their slots are still poison).
@@ -313,7 +316,7 @@ TEST(PagedCache, SameCaseBuildsIdenticalCaches) {
 TEST(PagedCache, ReferenceWriterSkipsNegativeAndChecksRange) {
   const Case c = generate_case(varied_spec());
   PagedCache pc = build_paged_cache(c, 16);
-  const Tensor before = pc.data;
+  const PageStore before = pc.data;
   const std::int64_t L = c.spec.dims.kv_lora_rank, R = c.spec.dims.rope_dim;
   const TensorView kv{c.kv_c.dtype(), {1, L}, const_cast<std::byte*>(c.kv_c.bytes())};
   const TensorView pe{c.k_pe.dtype(), {1, R}, const_cast<std::byte*>(c.k_pe.bytes())};

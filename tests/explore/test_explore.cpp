@@ -42,7 +42,7 @@ TEST(ExploreDraw, SameSeedSameCasesAndTheBoundariesAreReached) {
   std::uint64_t h = 1469598103934665603ull;
   int differ = 0, pow2_heads = 0, odd_heads = 0, padding = 0, long_q = 0, bs1 = 0, long_ctx = 0, ops_seen = 0;
   std::set<Op> ops;
-  std::set<std::string> dims, kvs;
+  std::set<std::string> dims, kvs, layouts;
   for (std::uint64_t i = 0; i < 400; ++i) {
     const auto x = a.draw(i), y = b.draw(i), z = other.draw(i);
     ASSERT_TRUE(x && y && z) << i;
@@ -67,11 +67,13 @@ TEST(ExploreDraw, SameSeedSameCasesAndTheBoundariesAreReached) {
     ops.insert(x->op);
     dims.insert(dims_label(c.dims));
     kvs.insert(kv_cache_format_name(c.kv_format()));
+    layouts.insert(layout_name(c.layout));
   }
   (void)ops_seen;
+  EXPECT_EQ(layouts.size(), 5u) << "contiguous and every layout part (cases/LAYOUTS.md) are drawn";
   EXPECT_GT(differ, 390) << "another seed draws other cases";
   // The whole draw, pinned: integer arithmetic only, so any machine draws these ids.
-  EXPECT_EQ(h, 2067140303270439150u) << "draw hash (update when the draw changes on purpose): " << h;
+  EXPECT_EQ(h, 14944227582632233730u) << "draw hash (update when the draw changes on purpose): " << h;
   EXPECT_GT(pow2_heads, 40);
   EXPECT_GT(odd_heads, 40);
   EXPECT_GT(padding, 10);

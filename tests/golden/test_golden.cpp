@@ -144,7 +144,7 @@ TEST_F(H5Files, ExportedFileReadsBackBitIdentical) {
     for (const auto& [bs, cache] : want.caches) {
       const PagedCache& c = got.caches.at(bs);
       const std::string what = id + " cache bs=" + std::to_string(bs);
-      expect_same(c.data, cache.data, what + " data");
+      expect_same(c.data.tensor(), cache.data.tensor(), what + " data");
       expect_same(c.block_table, cache.block_table, what + " block_table");
       expect_same(c.slot_mapping, cache.slot_mapping, what + " slot_mapping");
       EXPECT_EQ(c.num_blocks, cache.num_blocks);
@@ -336,7 +336,7 @@ TEST_F(H5Files, EveryCaseOfAnInputSetHasItsOwnHashesChecked) {
     fs::copy_file(file, edited, fs::copy_options::overwrite_existing);
     GoldenReader r(file.string());
     const PreparedCase pc = r.load_case(specs[2].id());
-    Tensor data = pc.caches.at(16).data;
+    Tensor data = pc.caches.at(16).data.tensor();
     const PagedCache& c = pc.caches.at(16);
     data.data<std::uint8_t>()[(c.num_blocks - 1) * c.block_size * c.entry_bytes + 3] ^= 0x10;  // a spare block
     replace_dataset(edited, case_path(specs[2].id()) + "/cache/bs16", "data", data);

@@ -92,7 +92,7 @@ bool same_case(const PreparedCase& a, const PreparedCase& b) {
   if (a.caches.size() != b.caches.size()) return false;
   for (const auto& [bs, c] : a.caches) {
     const auto it = b.caches.find(bs);
-    if (it == b.caches.end() || !same_bytes(c.data, it->second.data) || !same_bytes(c.block_table, it->second.block_table) ||
+    if (it == b.caches.end() || !same_bytes(c.data.tensor(), it->second.data.tensor()) || !same_bytes(c.block_table, it->second.block_table) ||
         !same_bytes(c.slot_mapping, it->second.slot_mapping) || c.num_blocks != it->second.num_blocks)
       return false;
   }

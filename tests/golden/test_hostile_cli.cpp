@@ -313,7 +313,7 @@ TEST_F(HostileCli, RunGoldenSelectionMismatchIsRefusedBeforeWorkers) {
 // (here the first case, so before any record).
 TEST_F(HostileCli, RunGoldenRebuiltCacheMismatchIsRefused) {
   const PagedCache& c = original(decode_id_).caches.at(16);
-  Tensor data = c.data;
+  Tensor data = c.data.tensor();
   const std::int64_t last_block = c.num_blocks - 1;  // a spare block: no backend reads it
   data.data<std::uint8_t>()[last_block * c.block_size * c.entry_bytes + 3] ^= 0x10;
   const fs::path p = copy("spare.h5");

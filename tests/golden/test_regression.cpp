@@ -102,7 +102,7 @@ TEST(H5Regression, CommittedGoldenInputsBitExactReferencesWithin1e12) {
       const std::string what = "cache bs=" + std::to_string(bs);
       ASSERT_TRUE(stored.caches.count(bs)) << what;
       const PagedCache& s = stored.caches.at(bs);
-      expect_bits(s.data, cache.data, what + " data");
+      expect_bits(s.data.tensor(), cache.data.tensor(), what + " data");
       expect_bits(s.block_table, cache.block_table, what + " block_table");
       expect_bits(s.slot_mapping, cache.slot_mapping, what + " slot_mapping");
     }

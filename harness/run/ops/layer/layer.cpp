@@ -6,6 +6,7 @@
 #include "harness/run/ops/layer/layer.h"
 
 #include <algorithm>
+#include <optional>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include <tuple>
 
 #include "backends/decode_args.h"
+#include "harness/run/ops/decode/strided_views.h"
 #include "cases/encoding.h"
 #include "cases/errors.h"
 #include "reference/detail/widen.h"
@@ -152,11 +154,22 @@ void run_decodes(LayerRun& s, const std::vector<int>& dec_req) {
   GuardedBuffer o_lat(c.spec.dtype, {Td, N, s.L}, s.opt.poison, s.opt.reuse_buffers);
   GuardedBuffer d_lse(DType::kF32, {Td, N}, s.opt.poison, s.opt.reuse_buffers);
   std::vector<std::int32_t> rows(dec_req.begin(), dec_req.end());
-  const DecodeArgs a = decode_args(q_lat.view(), q_pe.view(), s.cache, {seq, qsl, rows}, c.spec.softmax_scale(),
-                                   c.spec.k_scale, o_lat.view(), d_lse.view());
+  // Layout strided: the decode kernel gets vLLM's views where it declares them (cases/LAYOUTS.md).
+  std::optional<StridedDecodeViews> strided;
+  if (c.spec.layout.strided && s.b.capabilities().strided_views) strided.emplace(q_lat, q_pe, o_lat.view(), d_lse.view());
+  const DecodeArgs a =
+      strided ? decode_args(strided->q_lat(), strided->q_pe(), s.cache, {seq, qsl, rows}, c.spec.softmax_scale(),
+                            c.spec.k_scale, strided->o_lat(), strided->lse())
+              : decode_args(q_lat.view(), q_pe.view(), s.cache, {seq, qsl, rows}, c.spec.softmax_scale(), c.spec.k_scale,
+                            o_lat.view(), d_lse.view());
   const auto t0 = Clock::now();
   s.b.decode(a);
   s.run.run_ms += backend_call_done(t0);
+  if (strided) {
+    std::string where = strided->finish(o_lat.view(), d_lse.view());
+    if (s.run.guard_violation.empty()) s.run.guard_violation = std::move(where);
+  }
+  if (s.run.guard_violation.empty()) s.run.guard_violation = s.cache.data.check_other_layers();
   note_guard(s.run, o_lat, "decode o_lat");
   note_guard(s.run, d_lse, "decode lse");
   project_latent_output(c, o_lat.view(), tokens, s.out);
