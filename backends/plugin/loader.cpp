@@ -561,6 +561,15 @@ void validate(Library& lib) {
     // 0: a table built against a 1.1 header that left the field unset.
     stride = t->backend_struct_size != 0 ? t->backend_struct_size : sizeof(mlagate_backend);
   }
+  // A minor far past any this header ever had is no minor: a table whose
+  // newer fields were never set (a local or heap mlagate_plugin filled field
+  // by field: its abi_minor holds whatever the memory held).
+  constexpr std::uint32_t kNoSuchMinor = 64;
+  if (minor > MLAGATE_PLUGIN_ABI_MINOR && minor >= kNoSuchMinor)
+    refuse(path, "abi_minor " + std::to_string(minor) + " is no minor of ABI 1 (this mlagate's is " +
+                     std::to_string(MLAGATE_PLUGIN_ABI_MINOR) +
+                     "): the mlagate_plugin table looks uninitialized; make it static or zero it (= {0}) before "
+                     "setting its fields, and set abi_minor = MLAGATE_PLUGIN_ABI_MINOR (include/mlagate/plugin.h)");
   if (minor > MLAGATE_PLUGIN_ABI_MINOR)
     refuse(path, "ABI version 1." + std::to_string(minor) + ", newer than this mlagate's 1." +
                      std::to_string(MLAGATE_PLUGIN_ABI_MINOR) + " (use a newer mlagate or build against this one's header)");

@@ -43,6 +43,25 @@
  *   1.0  decode, prefill, cache_write
  *   1.1  graph_ops and prepare() in mlagate_backend (CUDA-graph mode,
  *        `--cuda-graph`); abi_minor and backend_struct_size in mlagate_plugin
+ * Zero every table before filling it: static storage (zeroed by the
+ * language) or `= {0}` for one built at run time. Fields of a newer minor
+ * that a plugin never sets must read as zero ("not offered"); a local
+ * mlagate_plugin filled field by field holds garbage there, and mlagate then
+ * refuses it ("abi_minor 1802464627 is no minor of ABI 1 ... looks
+ * uninitialized"). For example:
+ *
+ *     static mlagate_backend backends[1];   (static: zeroed)
+ *     static mlagate_plugin plugin;         (static: zeroed)
+ *     const mlagate_plugin* mlagate_plugin_entry(void) {
+ *       backends[0].name = "mykernel.decode";  ... every field the plugin offers
+ *       plugin.abi_version = MLAGATE_PLUGIN_ABI_VERSION;
+ *       plugin.struct_size = sizeof plugin;
+ *       plugin.abi_minor = MLAGATE_PLUGIN_ABI_MINOR;
+ *       plugin.backend_struct_size = sizeof(mlagate_backend);
+ *       plugin.library = "mykernel"; plugin.num_backends = 1; plugin.backends = backends;
+ *       return &plugin;
+ *     }
+ *
  *   1.2  the sparse ops (MLAGATE_OP_SPARSE_DECODE, MLAGATE_OP_SPARSE_PREFILL:
  *        mlagate_sparse_decode_args, mlagate_sparse_prefill_args appended to
  *        mlagate_args), the fp8_v4 cache (MLAGATE_KV_FP8_V4), and the fields

@@ -181,6 +181,7 @@ const mlagate_plugin* cpu_paged_plugin_table(const char* name, PlantedFault faul
     s->plugin.num_backends = 1;
     s->plugin.backends = &s->table;
     s->plugin.abi_minor = fault == PlantedFault::kAbi11 ? 1 : MLAGATE_PLUGIN_ABI_MINOR + (fault == PlantedFault::kNewerMinor ? 1 : 0);
+    if (fault == PlantedFault::kGarbageMinor) s->plugin.abi_minor = 1802464627u;
     s->plugin.backend_struct_size = sizeof(mlagate_backend);
     if (fault == PlantedFault::kAbi10) {
       // What a plugin built against the 1.0 header hands over: the 1.0 struct

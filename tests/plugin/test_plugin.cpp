@@ -144,6 +144,15 @@ TEST(PluginLoad, NewerMinorIsRefused) {
       << e;
 }
 
+// A table left unzeroed (fields set one by one on the stack or heap) holds
+// garbage in abi_minor: refused with what to do, not as a "newer" minor.
+TEST(PluginLoad, AnUnzeroedTablesGarbageMinorIsNamed) {
+  const std::string e = load_error(lib("mlagate_planted_garbage_minor"));
+  EXPECT_TRUE(contains(e, "abi_minor 1802464627 is no minor of ABI 1")) << e;
+  EXPECT_TRUE(contains(e, "looks uninitialized; make it static or zero it (= {0})")) << e;
+  EXPECT_FALSE(contains(e, "newer than this mlagate")) << e;
+}
+
 ServingMode graph_mode() { return modes::CudaGraph{{8, 64, 512}, make_graph_store()}; }
 
 std::vector<Record> run_graph_mode(std::unique_ptr<Backend> b, const std::vector<CaseSpec>& cases) {
