@@ -242,12 +242,15 @@ class Search {
 
   // How many cases the next round may take so that it ends by the budget's
   // end: at the search's own pace so far (its rounds' time over the cases they
-  // drew, shrinking and triage apart), at least one. No budget or no round
-  // yet: no limit.
+  // drew, shrinking and triage apart), at least one. No budget: no limit.
+  // Under a budget with no round yet, a probe learns the pace: one case per
+  // 30 s of budget, 1 to 4 (a first round of 16 cases at 1.7 s each overran
+  // an 8 s budget threefold).
   std::uint64_t cases_that_fit() const {
     const double drawn = static_cast<double>(state_["cases"]["drawn"].get<long long>());
     const double search_s = state_["search_s"].get<double>();
-    if (!deadline_ || drawn <= 0 || search_s <= 0) return UINT64_MAX;
+    if (!deadline_) return UINT64_MAX;
+    if (drawn <= 0 || search_s <= 0) return static_cast<std::uint64_t>(std::clamp(opt_.budget_s / 30, 1.0, 4.0));
     const double fit = seconds_left() / (search_s / drawn);
     return fit < 1 ? 1 : static_cast<std::uint64_t>(fit);
   }
