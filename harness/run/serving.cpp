@@ -9,6 +9,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "harness/run/case_context.h"
 #include "cases/errors.h"
 
 namespace mlagate {
@@ -43,6 +44,22 @@ std::vector<Op> ServingMode::ops(bool auto_ops, const std::vector<Op>& asked, co
 
 Record run_serving(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, const ServingMode& mode) {
   if (!mode.takes(op)) throw std::logic_error(mode.name() + " does not run the " + std::string(op_name(op)) + " op");
+  if (!ctx.c.spec.layout.contiguous()) {
+    // The modes' persistent buffers, padded batches and steps are contiguous
+    // and fitted (a graph's persistent cache of a 4 GiB pool would be 4 GiB of
+    // memory): a layout is the plain run's to check (cases/LAYOUTS.md).
+    Record r;
+    r.case_id = ctx.c.spec.id();
+    r.backend = std::string(b.name());
+    r.op = std::string(op_name(op));
+    r.policy = cfg.policy.describe();
+    if (cfg.repro) r.repro = cfg.repro(ctx.c.spec, r.backend, op);
+    r.mode = mode.name();
+    r.status = Status::kNotSupported;
+    r.message = "serving mode " + mode.name() + " runs the contiguous layout only (this case's: " +
+                layout_name(ctx.c.spec.layout) + ")";
+    return r;
+  }
   Record r = std::visit([&](const auto& m) { return m.run(ctx, b, op, cfg); }, mode.kind);
   r.mode = mode.name();
   return r;

@@ -12,6 +12,7 @@
 #include "backends/cpu/cpu_backends.h"
 #include "cases/suite.h"
 #include "harness/run/runner.h"
+#include "harness/run/serving.h"
 #include "tests/backends/planted.h"
 
 namespace mlagate {
@@ -149,6 +150,29 @@ TEST(Layouts, ABackendIsHandedOnlyTheLayoutsItDeclares) {
   EXPECT_EQ(got["layer strided"].substr(0, 6), "PASSED") << got["layer strided"];
   EXPECT_EQ(got["decode shared"].substr(0, 6), "PASSED") << "shared pages need no declaration";
   EXPECT_FALSE(b->strided_seen) << "a strided view reached a backend that declares none";
+}
+
+// The serving modes' persistent buffers and steps place no layout: a layout
+// case is NOT_SUPPORTED there, with the reason (a graph's persistent copy of a
+// 4 GiB pool would be 4 GiB of memory), and its contiguous twin runs.
+TEST(Layouts, ServingModesRunTheContiguousLayoutOnly) {
+  std::vector<std::unique_ptr<Backend>> bs;
+  bs.push_back(make_cpu_paged());
+  RunConfig cfg;
+  CaseSpec s;
+  s.batch = {"two", {64, 80}, {1, 1}};
+  s.total_heads = 8;
+  cfg.cases.push_back(s);
+  s.layout = parse_layout("pool4g");
+  cfg.cases.push_back(s);
+  cfg.ops = {Op::kDecode};
+  const ServingMode mode = modes::DecodeLoop{2};
+  cfg.run_job = [&cfg, &mode](CaseContext& ctx, Backend& b, Op op) { return run_serving(ctx, b, op, cfg, mode); };
+  const std::vector<Record> rs = run_cases(cfg, bs);
+  ASSERT_EQ(rs.size(), 2u);
+  EXPECT_EQ(rs[0].status, Status::kPassed) << rs[0].message;
+  EXPECT_EQ(rs[1].status, Status::kNotSupported);
+  EXPECT_EQ(rs[1].message, "serving mode steps=2 runs the contiguous layout only (this case's: pool4g)");
 }
 
 }  // namespace
