@@ -92,13 +92,17 @@ Capabilities capabilities_of(const mlagate_backend& b) {
     if (b.dtypes & dtype_bit(t)) caps.dtypes.push_back(t);
   for (KvCacheDtype t : kv_cache_dtypes())
     if (b.kv_cache_dtypes & kv_bit(t)) caps.kv_dtypes.push_back(t);
+  // 1.3 (zero in older tables: the defaults).
+  caps.strided_views = b.strided_views != 0;
+  if (b.max_pool_bytes > 0) caps.max_pool_bytes = b.max_pool_bytes;
   return caps;
 }
 
-DLTensor DlTensors::make(void* data, DType dtype, const Shape& shape) {
+DLTensor DlTensors::make(void* data, DType dtype, const Shape& shape, const std::vector<std::int64_t>& strides) {
   std::vector<std::int64_t>& s = dims_.emplace_back(shape.begin(), shape.end());
   std::vector<std::int64_t>& st = dims_.emplace_back(shape.size(), 1);
   for (std::size_t i = shape.size(); i-- > 1;) st[i - 1] = st[i] * shape[i];
+  if (!strides.empty()) st.assign(strides.begin(), strides.end());  // a strided view (ABI 1.3)
   DLTensor t{};
   t.data = data;
   t.device = device_;

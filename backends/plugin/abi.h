@@ -34,8 +34,11 @@ class DlTensors {
  public:
   explicit DlTensors(DLDevice device) : device_(device) {}
   // Row-major contiguous; data may be null only for an empty tensor.
-  DLTensor make(void* data, DType dtype, const Shape& shape);
-  DLTensor make(const void* data, DType dtype, const Shape& shape) { return make(const_cast<void*>(data), dtype, shape); }
+  // Row-major strides, or the given ones (a strided view: ABI 1.3's strided_views).
+  DLTensor make(void* data, DType dtype, const Shape& shape, const std::vector<std::int64_t>& strides = {});
+  DLTensor make(const void* data, DType dtype, const Shape& shape, const std::vector<std::int64_t>& strides = {}) {
+    return make(const_cast<void*>(data), dtype, shape, strides);
+  }
 
  private:
   DLDevice device_;

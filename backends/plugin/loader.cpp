@@ -270,15 +270,16 @@ class PluginBackend final : public Backend {
     DlTensors t(b_.device);
     mlagate_args args = empty_args(stage);
     mlagate_decode_args& d = args.decode;
-    d.q_lat = t.make(stage.input(a.q_lat.data, a.q_lat.nbytes()), a.q_lat.dtype, a.q_lat.shape);
-    d.q_pe = t.make(stage.input(a.q_pe.data, a.q_pe.nbytes()), a.q_pe.dtype, a.q_pe.shape);
+    // Strided views reach kDLCPU backends that declare them (ABI 1.3), whose stage lends host pointers.
+    d.q_lat = t.make(stage.input(a.q_lat.data, a.q_lat.nbytes()), a.q_lat.dtype, a.q_lat.shape, a.q_lat.strides);
+    d.q_pe = t.make(stage.input(a.q_pe.data, a.q_pe.nbytes()), a.q_pe.dtype, a.q_pe.shape, a.q_pe.strides);
     d.kv_cache = t.make(stage.input(cache.data.bytes(), cache.data.nbytes()), DType::kU8, cache.data.shape());
     d.block_table = t.make(stage.input(table.data(), table.size() * 4), DType::kI32, {b, cache.block_table.dim(1)});
     d.seq_lens = t.make(stage.input(a.seq_lens.data(), a.seq_lens.size_bytes()), DType::kI32, {b});
     d.query_start_loc =
         t.make(stage.input(a.query_start_loc.data(), a.query_start_loc.size_bytes()), DType::kI32, {b + 1});
-    d.o_lat = t.make(stage.output(a.o_lat, "o_lat"), a.o_lat.dtype, a.o_lat.shape);
-    d.lse = t.make(stage.output(a.lse, "lse"), a.lse.dtype, a.lse.shape);
+    d.o_lat = t.make(stage.output(a.o_lat, "o_lat"), a.o_lat.dtype, a.o_lat.shape, a.o_lat.strides);
+    d.lse = t.make(stage.output(a.lse, "lse"), a.lse.dtype, a.lse.shape, a.lse.strides);
     const std::initializer_list<OutputDescriptor> outputs = {{"o_lat", &d.o_lat}, {"lse", &d.lse}};
     prepare(p, args);
     if (how == Launch::kReplay) {
@@ -490,6 +491,12 @@ void check_backend(const std::string& path, int index, const mlagate_backend& b,
     refuse(path, who + ": graph_ops mask " + hex(b.graph_ops) + " must be 0 or DECODE, and an op of ops");
   if ((b.device.device_type != kDLCPU && b.device.device_type != kDLCUDA) || b.device.device_id < 0)
     refuse(path, who + ": device " + plugin::dl_device_str(b.device) + " (kDLCPU or kDLCUDA expected)");
+  // 1.3: memory layouts (zero in older tables).
+  if (b.strided_views > 1) refuse(path, who + ": strided_views must be 0 or 1");
+  if (b.strided_views && b.device.device_type != kDLCPU)
+    refuse(path, who + ": strided_views is offered to kDLCPU backends only in this mlagate (a kDLCUDA backend gets "
+                       "contiguous tensors: leave it 0)");
+  if (b.max_pool_bytes < 0) refuse(path, who + ": max_pool_bytes must be >= 0 (0: 2^31)");
 }
 
 std::mutex& loaded_mutex() {

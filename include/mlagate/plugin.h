@@ -33,7 +33,7 @@
  *  - Strings returned through pointers in the tables must stay valid until
  *    destroy() (static storage is simplest).
  *
- * ABI version 1.2. A change of any struct layout or meaning bumps
+ * ABI version 1.3. A change of any struct layout or meaning bumps
  * MLAGATE_PLUGIN_ABI_VERSION; abi_version is the first member of
  * mlagate_plugin in every version, so mlagate can always read it. A minor
  * version only appends fields at the ends of mlagate_plugin and
@@ -69,6 +69,9 @@
  *        mlagate_plugin are unchanged (their 1.1 sizes); a plugin of an older
  *        minor that sets a 1.2 bit is refused. The appended structs are read
  *        through struct_size: a 1.1 plugin never looks past its own fields.
+ *   1.3  memory layouts (cases/LAYOUTS.md): strided_views and max_pool_bytes
+ *        appended to mlagate_backend. A table of an older minor reads both as
+ *        0: contiguous tensors and pools of at most 2^31 bytes, as before.
  */
 #ifndef MLAGATE_PLUGIN_H_
 #define MLAGATE_PLUGIN_H_
@@ -77,7 +80,7 @@
 #include <stdint.h>
 
 #define MLAGATE_PLUGIN_ABI_VERSION 1u
-#define MLAGATE_PLUGIN_ABI_MINOR 2u
+#define MLAGATE_PLUGIN_ABI_MINOR 3u
 #define MLAGATE_PLUGIN_ENTRY_SYMBOL "mlagate_plugin_entry"
 
 #if defined(_WIN32)
@@ -447,6 +450,21 @@ typedef struct {
      run() does. */
   int32_t (*prepare)(void* self, const mlagate_problem* problem, const mlagate_args* args, char* message,
                      size_t message_size);
+
+  /* ---- ABI 1.3 (an older table ends here: both read as 0) ---- */
+
+  /* Nonzero: the decode op's q_lat, q_pe, o_lat and lse may come as strided
+     views, as vLLM hands them (the `strided` layout): DLTensor.strides as
+     given (the last dim's stride 1), q_lat and q_pe slices of one fused
+     [T, N, L+R] tensor, o_lat and lse inside larger buffers whose other bytes
+     must stay as they are (mlagate checks them). kDLCPU backends only in this
+     mlagate (a kDLCUDA backend that sets it is refused). 0: contiguous. */
+  uint32_t strided_views;
+  /* The largest page pool the kernels address, in bytes (the `pool2g` and
+     `pool4g` layouts put a case's pages past 2^31 and 2^32 bytes of the
+     pool: NOT_SUPPORTED past this). 0: 2^31, what signed 32-bit byte offsets
+     reach. */
+  int64_t max_pool_bytes;
 } mlagate_backend;
 
 typedef struct {

@@ -42,8 +42,9 @@ struct Plugin {
 void decode(Backend& b, PlantedFault fault, const mlagate_problem& p, const mlagate_decode_args& a) {
   const DType dt = model_dtype(p);
   DecodeArgs d;
-  d.q_lat = view(a.q_lat, dt, "q_lat");
-  d.q_pe = view(a.q_pe, dt, "q_pe");
+  const bool strided = fault == PlantedFault::kLayouts;  // cpu.paged honours strides (ABI 1.3)
+  d.q_lat = view(a.q_lat, dt, "q_lat", strided);
+  d.q_pe = view(a.q_pe, dt, "q_pe", strided);
   const PagedCache cache = cache_from(p, a.kv_cache, &a.block_table);
   d.cache = &cache;
   const TensorView seq = view(a.seq_lens, DType::kI32, "seq_lens");
@@ -55,8 +56,8 @@ void decode(Backend& b, PlantedFault fault, const mlagate_problem& p, const mlag
   d.block_table_rows = rows;
   d.scale = p.scale;
   d.k_scale = p.k_scale;
-  d.o_lat = view(a.o_lat, dt, "o_lat");
-  d.lse = view(a.lse, DType::kF32, "lse");
+  d.o_lat = view(a.o_lat, dt, "o_lat", strided);
+  d.lse = view(a.lse, DType::kF32, "lse", strided);
   if (fault == PlantedFault::kThrows) throw std::runtime_error("planted: an exception thrown across the C boundary");
   b.decode(d);
   auto* o = static_cast<std::uint16_t*>(d.o_lat.data);
@@ -175,6 +176,10 @@ const mlagate_plugin* cpu_paged_plugin_table(const char* name, PlantedFault faul
     t.destroy = nullptr;  // the table lives as long as the (never unmapped) library
     t.graph_ops = MLAGATE_OP_DECODE;
     t.prepare = prepare;
+    if (fault == PlantedFault::kLayouts) {
+      t.strided_views = 1;
+      t.max_pool_bytes = std::int64_t{1} << 40;
+    }
     s->plugin.abi_version = fault == PlantedFault::kBadAbi ? 99 : MLAGATE_PLUGIN_ABI_VERSION;
     s->plugin.struct_size = sizeof(mlagate_plugin);
     s->plugin.library = "cpu_paged_plugin";

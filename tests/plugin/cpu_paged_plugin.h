@@ -21,6 +21,7 @@ enum class PlantedFault {
   kPrepareFails, // prepare() returns MLAGATE_STATUS_ERROR
   kAbi10,        // the tables laid out as ABI 1.0 (no graph_ops, prepare, abi_minor): two backends
   kNewerMinor,   // abi_minor one past this header's
+  kLayouts,      // not a fault: declares ABI 1.3's strided_views and a 1 TiB max_pool_bytes, and honours strides
   kGarbageMinor, // abi_minor as an unzeroed table held it in the report (1802464627)
   kAbi11,        // built against the 1.1 header: abi_minor 1 (1.2 changed no struct it hands over)
 };

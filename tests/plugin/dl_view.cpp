@@ -22,13 +22,18 @@ DType dtype_of(const DLDataType& t) {
                               std::to_string(t.bits));
 }
 
-TensorView view(const DLTensor& t, DType want, const char* name) {
+TensorView view(const DLTensor& t, DType want, const char* name, bool strided) {
   if (t.device.device_type != kDLCPU) throw std::invalid_argument(std::string(name) + ": not a host tensor");
   const DType dt = dtype_of(t.dtype);
   if (dt != want)
     throw std::invalid_argument(std::string(name) + ": dtype " + std::string(dtype_name(dt)) + ", expected " +
                                 std::string(dtype_name(want)));
   Shape shape(t.shape, t.shape + t.ndim);
+  if (strided && t.strides) {
+    TensorView v{dt, std::move(shape), static_cast<char*>(t.data) + t.byte_offset};
+    v.strides.assign(t.strides, t.strides + t.ndim);
+    return v;
+  }
   if (t.strides) {
     std::int64_t expect = 1;
     for (int i = t.ndim - 1; i >= 0; --i) {

@@ -19,7 +19,9 @@ namespace mlagate::test_plugin {
 
 DType dtype_of(const DLDataType& t);  // throws std::invalid_argument for others
 // A host DLTensor as a TensorView; throws std::invalid_argument naming `name`.
-TensorView view(const DLTensor& t, DType want, const char* name);
+// strided: its strides kept (a backend declaring ABI 1.3's strided_views);
+// otherwise anything but row-major contiguous is refused.
+TensorView view(const DLTensor& t, DType want, const char* name, bool strided = false);
 bool absent(const DLTensor& t);  // data NULL, ndim 0: an optional tensor not given
 
 template <class T>

@@ -153,6 +153,34 @@ TEST(PluginLoad, AnUnzeroedTablesGarbageMinorIsNamed) {
   EXPECT_FALSE(contains(e, "newer than this mlagate")) << e;
 }
 
+// ABI 1.3: a backend that declares strided views gets vLLM's views of the
+// strided layout (DLTensor strides) and passes; its pool limit is its own.
+// One built against an older minor, or that declares neither, is never
+// handed a strided view or a pool past 2^31 bytes: NOT_SUPPORTED, the reason said.
+TEST(PluginLoad, Abi13LayoutsAreHandedOnlyWhereDeclared) {
+  std::vector<BackendEntry> with = load_plugin(lib("mlagate_cpu_paged_layouts_plugin"));
+  std::vector<BackendEntry> without = load_plugin(lib("mlagate_cpu_paged_plugin"));
+  const std::unique_ptr<Backend> a = with[0].make({}), b = without[0].make({});
+  EXPECT_TRUE(a->capabilities().strided_views);
+  EXPECT_EQ(a->capabilities().max_pool_bytes, std::int64_t{1} << 40);
+  EXPECT_FALSE(b->capabilities().strided_views);
+  EXPECT_EQ(b->capabilities().max_pool_bytes, std::int64_t{1} << 31);
+  std::vector<CaseSpec> cases = cases_of("smoke", "small_decode", 16);
+  ASSERT_EQ(cases.size(), 1u);
+  cases[0].layout = parse_layout("strided");
+  const auto strided_a = run_one_backend(with[0].make({}), cases, Op::kDecode);
+  ASSERT_EQ(strided_a.size(), 1u);
+  EXPECT_EQ(strided_a[0].status, Status::kPassed) << strided_a[0].message;
+  const auto strided_b = run_one_backend(without[0].make({}), cases, Op::kDecode);
+  ASSERT_EQ(strided_b.size(), 1u);
+  EXPECT_EQ(strided_b[0].status, Status::kNotSupported);
+  cases[0].layout = parse_layout("pool4g");
+  EXPECT_TRUE(a->supports(cases[0], Op::kDecode).ok);
+  const Support no = b->supports(cases[0], Op::kDecode);
+  EXPECT_FALSE(no.ok);
+  EXPECT_TRUE(contains(no.reason, "addresses pools of at most 2147483648 bytes")) << no.reason;
+}
+
 ServingMode graph_mode() { return modes::CudaGraph{{8, 64, 512}, make_graph_store()}; }
 
 std::vector<Record> run_graph_mode(std::unique_ptr<Backend> b, const std::vector<CaseSpec>& cases) {
