@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <list>
 #include <mutex>
 #include <string>
@@ -192,12 +193,21 @@ Case case_layout(const CaseSpec& spec) {
 
 int shared_prefix_tokens(const CaseSpec& spec) {
   if (!spec.layout.shared) return 0;
-  int p = -1;
-  for (std::size_t i = 0; i < spec.batch.seq_lens.size(); ++i) {
-    const int c = spec.batch.seq_lens[i] - spec.batch.query_lens[i];
-    if (c > 0) p = p < 0 ? c : std::min(p, c);
+  // The prefix P that shares the most tokens: (requests with context >= P,
+  // less the one that owns it) x P, over P = each request's context; the
+  // longer on a tie. A batch of similar contexts shares its shortest; one
+  // request of a few tokens does not stop two long ones from sharing.
+  std::vector<int> ctx;
+  for (std::size_t i = 0; i < spec.batch.seq_lens.size(); ++i)
+    if (spec.batch.seq_lens[i] - spec.batch.query_lens[i] > 0) ctx.push_back(spec.batch.seq_lens[i] - spec.batch.query_lens[i]);
+  std::sort(ctx.begin(), ctx.end(), std::greater<>());
+  int best = 0;
+  std::int64_t most = 0;
+  for (std::size_t k = 1; k < ctx.size(); ++k) {  // ctx[k]: k + 1 requests have at least it
+    const std::int64_t shared = static_cast<std::int64_t>(k) * ctx[k];
+    if (shared > most) most = shared, best = ctx[k];
   }
-  return std::max(p, 0);
+  return best;
 }
 
 namespace {
@@ -210,7 +220,7 @@ void share_prefix_rows(Case& c) {
   const std::int64_t L = c.spec.dims.kv_lora_rank, R = c.spec.dims.rope_dim;
   int owner = -1;
   for (int i = 0; i < c.num_requests; ++i) {
-    if (c.context_lens[static_cast<std::size_t>(i)] <= 0) continue;
+    if (c.context_lens[static_cast<std::size_t>(i)] < p) continue;  // too short a context to hold the prefix
     if (owner < 0) {
       owner = i;
       continue;

@@ -54,10 +54,13 @@ struct Case {
 // (every token through the reference encoding and back; empty for auto).
 void fill_cache_values(Case& c);
 
-// Layout shared (prefix caching): the number of leading context tokens every
-// request with cached context has in common (the smallest such context), 0
-// for other layouts. generate_case makes those tokens' kv_c and k_pe rows the
-// first such request's; the cache maps their full blocks to the same pages.
+// Layout shared (prefix caching): the number P of leading context tokens the
+// requests with at least P tokens of context have in common, 0 for other
+// layouts. P is the request context that shares the most tokens ((requests
+// with context >= P) - 1) x P, the longer on a tie: a batch of similar
+// contexts shares its shortest. generate_case makes those requests' first P
+// kv_c and k_pe rows the first such request's; the cache maps their full
+// blocks to the same pages.
 int shared_prefix_tokens(const CaseSpec& spec);
 
 // Validates the spec (InvalidCase) and draws the inputs.

@@ -262,10 +262,10 @@ PagedCache build_paged_cache(const Case& c, int block_size, const CacheOptions& 
   pc.entry_bytes = format.bytes;
 
   // Logical blocks: request i takes ceil(s_i / bs) consecutive blocks from 1.
-  // Layout shared: every request with context after the first maps the full
-  // blocks of the common prefix to the first one's (prefix caching shares
-  // whole blocks only) and takes the rest of its blocks of its own.
-  const int shared_blocks = shared_prefix_tokens(c.spec) / block_size;
+  // Layout shared: every request holding the prefix (cases/case.h) after the
+  // first maps the prefix's full blocks to the first one's (prefix caching
+  // shares whole blocks only) and takes the rest of its blocks of its own.
+  const int prefix = shared_prefix_tokens(c.spec), shared_blocks = prefix / block_size;
   int owner = -1;
   std::vector<int> first_block(static_cast<std::size_t>(c.num_requests));
   std::vector<int> nblocks(static_cast<std::size_t>(c.num_requests));
@@ -274,7 +274,7 @@ PagedCache build_paged_cache(const Case& c, int block_size, const CacheOptions& 
   for (int i = 0; i < c.num_requests; ++i) {
     const auto k = static_cast<std::size_t>(i);
     const int nb = (c.seq_lens[k] + block_size - 1) / block_size;
-    if (shared_blocks > 0 && c.context_lens[k] > 0) {
+    if (shared_blocks > 0 && c.context_lens[k] >= prefix) {
       if (owner < 0) owner = i;
       else shared[k] = shared_blocks;
     }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "cases/case.h"
 #include "cases/errors.h"
 #include "harness/reliability/memory_estimate.h"
 
@@ -214,9 +215,21 @@ void CaseDrawer::draw_layout(std::uint64_t index, int attempt, const Backend& b,
     } catch (const std::exception&) {
       continue;
     }
+    // A shared layout that shares no whole block at the case's block size is the contiguous case again.
+    const Capabilities caps = b.capabilities();
+    const int bs = t.block_size ? t.block_size : (caps.block_sizes.empty() ? 16 : caps.block_sizes.front());
+    if (l.shared && shared_prefix_tokens(t) < bs) continue;
     if (b.supports(t, op).ok) ok.push_back(l);
   }
-  if (!ok.empty()) c.layout = r.pick(ok);
+  if (ok.empty()) return;
+  // Shared pages are the part the fewest cases can take (two requests with a
+  // whole block of common context): where one can, half its draws share.
+  const auto shared = std::find_if(ok.begin(), ok.end(), [](const LayoutSpec& l) { return l.shared; });
+  if (space_.layouts.empty() && shared != ok.end() && r.percent(50)) {
+    c.layout = *shared;
+    return;
+  }
+  c.layout = r.pick(ok);
 }
 
 std::optional<DrawnCase> CaseDrawer::draw(std::uint64_t index) const {

@@ -95,6 +95,7 @@ void cover(Json& cov, const CaseSpec& c, Op op, int block_size) {
   add("q_magnitude", number(c.q_magnitude));
   add("k_scale", number(c.k_scale));
   add("keys per case", bucket(c.num_kv_tokens()));
+  add("layout", layout_name(c.layout));
   if (c.sparse.active()) {
     add("index_pattern", std::string(index_pattern_name(c.sparse.pattern)));
     if (c.sparse.topk) add("topk", bucket(c.sparse.topk));
