@@ -246,14 +246,19 @@ class Search {
   // drew, shrinking and triage apart), at least one. No budget: no limit.
   // Under a budget with no round yet, a probe learns the pace: one case per
   // 30 s of budget, 1 to 4 (a first round of 16 cases at 1.7 s each overran
-  // an 8 s budget threefold).
+  // an 8 s budget threefold); then rounds at most double.
   std::uint64_t cases_that_fit() const {
     const double drawn = static_cast<double>(state_["cases"]["drawn"].get<long long>());
     const double search_s = state_["search_s"].get<double>();
     if (!deadline_) return UINT64_MAX;
-    if (drawn <= 0 || search_s <= 0) return static_cast<std::uint64_t>(std::clamp(opt_.budget_s / 30, 1.0, 4.0));
+    const auto probe = static_cast<std::uint64_t>(std::clamp(opt_.budget_s / 30, 1.0, 4.0));
+    if (drawn <= 0 || search_s <= 0) return probe;
     const double fit = seconds_left() / (search_s / drawn);
-    return fit < 1 ? 1 : static_cast<std::uint64_t>(fit);
+    // At most as many as drawn so far (rounds double): a pace from a few
+    // cases of very different cost says little (a fast probe case let a
+    // round of 16 overrun an 8 s budget by 12 s).
+    const auto most = std::max<std::uint64_t>(probe, static_cast<std::uint64_t>(drawn));
+    return fit < 1 ? 1 : std::min(most, static_cast<std::uint64_t>(fit));
   }
 
   // Where the search's time goes (--profile; the state's profile_s): each
