@@ -101,6 +101,49 @@ std::int64_t TensorView::stride(std::size_t d) const {
   return s;
 }
 
+std::size_t TensorView::span_bytes() const {
+  const std::int64_t n = numel();
+  if (n == 0) return 0;
+  return static_cast<std::size_t>(offset_of(n - 1) + 1) * dtype_size(dtype);
+}
+
+namespace {
+// Each innermost row of a view as (element offset, row length), in order;
+// rows are runs of contiguous elements when the last dim's stride is 1.
+template <class F>
+void for_each_view_row(const TensorView& v, F&& f) {
+  const std::int64_t n = v.numel();
+  if (n == 0) return;
+  const bool unit = v.shape.empty() || v.stride(v.shape.size() - 1) == 1;
+  const std::int64_t w = unit && !v.shape.empty() ? v.shape.back() : 1;
+  for (std::int64_t i = 0; i < n; i += w) f(i, v.offset_of(i), w);
+}
+}  // namespace
+
+void TensorView::pack_into(void* dst) const {
+  const std::size_t e = dtype_size(dtype);
+  if (strides.empty()) {
+    std::memcpy(dst, data, nbytes());
+    return;
+  }
+  for_each_view_row(*this, [&](std::int64_t i, std::int64_t off, std::int64_t w) {
+    std::memcpy(static_cast<std::byte*>(dst) + i * e, static_cast<const std::byte*>(data) + off * e,
+                static_cast<std::size_t>(w) * e);
+  });
+}
+
+void TensorView::unpack_from(const void* src) const {
+  const std::size_t e = dtype_size(dtype);
+  if (strides.empty()) {
+    std::memcpy(data, src, nbytes());
+    return;
+  }
+  for_each_view_row(*this, [&](std::int64_t i, std::int64_t off, std::int64_t w) {
+    std::memcpy(static_cast<std::byte*>(data) + off * e, static_cast<const std::byte*>(src) + i * e,
+                static_cast<std::size_t>(w) * e);
+  });
+}
+
 std::int64_t TensorView::offset_of(std::int64_t i) const {
   if (strides.empty()) return i;
   std::int64_t off = 0;

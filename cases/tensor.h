@@ -43,6 +43,13 @@ struct TensorView {
   // Element offset of logical (row-major flat) element i.
   std::int64_t offset_of(std::int64_t i) const;
   std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype); }
+  // Bytes from data to the end of the last element: what a copy of the view
+  // with its strides (and whatever lies between its rows) covers.
+  std::size_t span_bytes() const;
+  // The elements in row-major order into / from a packed buffer of nbytes()
+  // (what an adapter's .contiguous() or output.copy_(o) does).
+  void pack_into(void* dst) const;
+  void unpack_from(const void* src) const;
   template <class T>
   T* as() const {
     if (sizeof(T) != dtype_size(dtype)) throw std::logic_error("TensorView::as: element size mismatch");

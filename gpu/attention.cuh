@@ -244,6 +244,18 @@ __device__ __forceinline__ long long decode_flat_row(const std::int32_t* query_s
   return static_cast<long long>(query_start[g.request]) * heads + r;
 }
 
+// Where flat row f = t * heads + h of a [T, N, width] tensor starts, in
+// elements, for the strided views of layout strided (cases/LAYOUTS.md): a
+// token stride and a head stride. heads == 0 (the default) is the packed
+// layout, row f at f * width.
+struct RowStrides {
+  long long token = 0, head = 0;
+  int heads = 0;
+  __host__ __device__ long long at(long long f, long long width) const {
+    return heads ? (f / heads) * token + (f % heads) * head : f * width;
+  }
+};
+
 // Decode over the paged cache: rows r = u * N + n of request b (token u, head n),
 // query [q_lat | q_pe], keys = the cache entries through the block table,
 // values = the first L elements of each key.
@@ -262,6 +274,7 @@ struct PagedDecodeProblem {
   int dk, dv;  // L + R, L
   double scale;
   bool bf16;
+  RowStrides q_lat_rows, q_pe_rows;  // packed unless the views are strided
 
   __device__ int key_count(const RowGroup& g) const { return seq_lens[g.request]; }
   __device__ int visible(const RowGroup& g, int r) const { return decode_visible(seq_lens, query_start, heads, g, r); }
@@ -269,7 +282,7 @@ struct PagedDecodeProblem {
   template <class Acc>
   __device__ Acc query(const RowGroup& g, int r, int e) const {
     const long long f = flat_row(g, r);
-    const std::uint16_t bits = e < L ? q_lat[f * L + e] : q_pe[f * R + (e - L)];
+    const std::uint16_t bits = e < L ? q_lat[q_lat_rows.at(f, L) + e] : q_pe[q_pe_rows.at(f, R) + (e - L)];
     return static_cast<Acc>(model_to_float(bits, bf16));
   }
   __device__ long long key_row(const RowGroup& g, int j) const {
@@ -381,18 +394,19 @@ struct ModelSink {
   long long rows;
   bool bf16;
   SinkFaults faults;
+  RowStrides o_rows, lse_rows;  // packed unless the outputs are strided views
 
   template <class Acc>
   __device__ void store_o(long long row, int /*split*/, int d, Acc x) const {
     if (row == faults.skip_row) return;
-    o[row * dv + d] = to_model_bits(static_cast<float>(x), bf16);
+    o[o_rows.at(row, dv) + d] = to_model_bits(static_cast<float>(x), bf16);
   }
   template <class Acc>
   __device__ void store_lse(long long row, int /*split*/, Acc x) const {
-    lse[row] = static_cast<float>(x);
+    lse[lse_rows.at(row, 1)] = static_cast<float>(x);
   }
   __device__ void after() const {
-    if (faults.write_past_end) o[rows * dv] = 0;
+    if (faults.write_past_end) o[o_rows.at(rows - 1, dv) + dv] = 0;  // the element after the last row
   }
 };
 

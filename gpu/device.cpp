@@ -154,10 +154,20 @@ float Event::elapsed_since(const Event& start) const {
   return ms;
 }
 
-GuardedDeviceOutput::GuardedDeviceOutput(const TensorView& host, std::string name, cudaStream_t s)
-    : buf_(host.nbytes() + 2 * kGuardBytes), bytes_(host.nbytes()), name_(std::move(name)) {
+GuardedDeviceOutput::GuardedDeviceOutput(const TensorView& host, std::string name, cudaStream_t s, Writes w)
+    : buf_((w == Writes::kPacked ? host.nbytes() : host.span_bytes()) + 2 * kGuardBytes),
+      bytes_(w == Writes::kPacked ? host.nbytes() : host.span_bytes()),
+      writes_(w),
+      name_(std::move(name)) {
   buf_.fill(kGuardByte, s);
-  buf_.upload(host.data, bytes_, s, kGuardBytes);
+  if (w == Writes::kPacked && !host.strides.empty()) {
+    std::vector<std::byte> packed(bytes_);
+    host.pack_into(packed.data());
+    buf_.upload(packed.data(), bytes_, s, kGuardBytes);
+    MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));  // `packed` dies here
+  } else {
+    buf_.upload(host.data, bytes_, s, kGuardBytes);
+  }
 }
 
 std::string GuardedDeviceOutput::check_guards(cudaStream_t s) const {
@@ -175,8 +185,36 @@ std::string GuardedDeviceOutput::check_guards(cudaStream_t s) const {
 }
 
 void GuardedDeviceOutput::download_to(const TensorView& host, cudaStream_t s) const {
-  if (host.nbytes() != bytes_) throw std::logic_error("GuardedDeviceOutput::download_to: size mismatch");
+  const bool packed = writes_ == Writes::kPacked;
+  if ((packed ? host.nbytes() : host.span_bytes()) != bytes_)
+    throw std::logic_error("GuardedDeviceOutput::download_to: size mismatch");
+  if (packed && !host.strides.empty()) {
+    std::vector<std::byte> tmp(bytes_);
+    buf_.download(tmp.data(), bytes_, s, kGuardBytes);
+    host.unpack_from(tmp.data());
+    return;
+  }
   buf_.download(host.data, bytes_, s, kGuardBytes);
+}
+
+DeviceBuffer upload_view(const TensorView& host, cudaStream_t s) {
+  DeviceBuffer b(host.span_bytes());
+  if (b.size()) b.upload(host.data, b.size(), s);
+  return b;
+}
+
+DeviceBuffer upload_packed(const TensorView& host, cudaStream_t s) {
+  DeviceBuffer b(host.nbytes());
+  if (!b.size()) return b;
+  if (host.strides.empty()) {
+    b.upload(host.data, b.size(), s);
+    return b;
+  }
+  std::vector<std::byte> packed(b.size());
+  host.pack_into(packed.data());
+  b.upload(packed.data(), b.size(), s);
+  MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));  // `packed` dies here
+  return b;
 }
 
 void check_guards_or_throw(std::initializer_list<const GuardedDeviceOutput*> outputs, cudaStream_t s) {

@@ -148,8 +148,15 @@ class GuardedDeviceOutput {
  public:
   static constexpr std::size_t kGuardBytes = 256;
   static constexpr unsigned char kGuardByte = 0xA5;
+  // How the kernel writes the output. kAsViewed: with the host view's strides,
+  // into a device copy of the view's whole span (a strided view's padding
+  // included, so a write into it comes back to the host, where the harness
+  // checks it). kPacked: row-major into a buffer of its own, copied back into
+  // the view's elements only (an adapter's output.copy_(o), as vLLM does for
+  // kernels that allocate their output).
+  enum class Writes { kAsViewed, kPacked };
 
-  GuardedDeviceOutput(const TensorView& host, std::string name, cudaStream_t s);
+  GuardedDeviceOutput(const TensorView& host, std::string name, cudaStream_t s, Writes w = Writes::kAsViewed);
   void* data() const { return static_cast<unsigned char*>(buf_.data()) + kGuardBytes; }
   template <class T>
   T* as() const {
@@ -163,8 +170,15 @@ class GuardedDeviceOutput {
  private:
   DeviceBuffer buf_;
   std::size_t bytes_ = 0;
+  Writes writes_ = Writes::kAsViewed;
   std::string name_;
 };
+
+// A device copy of a host input view. upload_view: the view's whole span, so
+// the kernel reads it with the view's strides from the returned buffer's
+// start; upload_packed: its elements row-major (an adapter's .contiguous()).
+DeviceBuffer upload_view(const TensorView& host, cudaStream_t s);
+DeviceBuffer upload_packed(const TensorView& host, cudaStream_t s);
 
 // Throws OutOfBoundsWriteError with the first violated guard among the outputs.
 void check_guards_or_throw(std::initializer_list<const GuardedDeviceOutput*> outputs, cudaStream_t s);

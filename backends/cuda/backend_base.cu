@@ -106,6 +106,11 @@ KvFormat kv_format_of(const PagedCache& cache, float k_scale) {
                           " is not read by the CUDA kernels");
 }
 
+RowStrides row_strides(const TensorView& v) {
+  if (v.strides.empty()) return {};
+  return {v.stride(0), v.stride(1), static_cast<int>(v.shape.at(1))};
+}
+
 cudaStream_t CudaBackend::stream() {
   if (!stream_) stream_ = std::make_unique<Stream>();
   return stream_->get();
@@ -149,6 +154,8 @@ PagedDecodeProblem decode_problem(const DecodeArgs& a, const KvFormat& kv, const
   pb.dv = L;
   pb.scale = a.scale;
   pb.bf16 = a.q_lat.dtype == DType::kBF16;
+  pb.q_lat_rows = row_strides(a.q_lat);
+  pb.q_pe_rows = row_strides(a.q_pe);
   return pb;
 }
 
@@ -166,8 +173,10 @@ std::unique_ptr<CudaBackend::DecodeInputs> CudaBackend::upload_decode(const Deco
 
   auto in = std::make_unique<DecodeInputs>();
   in->cache = DeviceCacheStore::instance().get(cache, s);
-  in->q_lat = upload_array(static_cast<const std::uint16_t*>(a.q_lat.data), a.q_lat.numel(), s);
-  in->q_pe = upload_array(static_cast<const std::uint16_t*>(a.q_pe.data), a.q_pe.numel(), s);
+  // Strided views (a backend that declares them) go up as they are: the
+  // kernels read them with their strides.
+  in->q_lat = upload_view(a.q_lat, s);
+  in->q_pe = upload_view(a.q_pe, s);
   const std::size_t B = a.seq_lens.size();
   std::vector<std::int32_t> meta;  // seq_lens [B] | query_start [B + 1] | table rows [B]
   meta.insert(meta.end(), a.seq_lens.begin(), a.seq_lens.end());
@@ -188,6 +197,8 @@ std::unique_ptr<CudaBackend::DecodeInputs> CudaBackend::upload_decode(const Deco
   call.max_seq_len = B ? *std::max_element(a.seq_lens.begin(), a.seq_lens.end()) : 0;
   call.o_lat = in->o.get();
   call.lse = in->lse.get();
+  call.o_rows = row_strides(a.o_lat);
+  call.lse_rows = row_strides(a.lse);
   call.stream = s;
   return in;
 }
@@ -229,6 +240,9 @@ std::unique_ptr<DecodeGraph> CudaBackend::capture_decode(const DecodeArgs& a) {
     Graph(CudaBackend& b, const DecodeArgs& a) : s_(b.stream()) {
       require_device();
       check_decode_args(a);
+      // The serving modes run the contiguous layout only (cases/LAYOUTS.md).
+      for (const TensorView* v : {&a.q_lat, &a.q_pe, &a.o_lat, &a.lse})
+        if (!v->strides.empty()) throw NotSupportedError("decode graph: strided views are not captured (contiguous layout only)");
       const PagedCache& c = *a.cache;
       const int T = static_cast<int>(a.q_lat.shape[0]), N = static_cast<int>(a.q_lat.shape[1]);
       B_ = a.seq_lens.size();

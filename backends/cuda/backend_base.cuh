@@ -19,6 +19,10 @@ namespace mlagate::gpu {
 // the kernels cannot read.
 KvFormat kv_format_of(const PagedCache& cache, float k_scale);
 
+// A [T, N, ...] view's token and head strides for a kernel (packed where the
+// view has none): layout strided's views (cases/LAYOUTS.md).
+RowStrides row_strides(const TensorView& v);
+
 class CudaBackend : public Backend {
  public:
   void decode(const DecodeArgs& a) final;
@@ -45,6 +49,7 @@ class CudaBackend : public Backend {
     int max_seq_len = 0;
     GuardedDeviceOutput* o_lat = nullptr;  // [T, N, L] model dtype
     GuardedDeviceOutput* lse = nullptr;    // [T, N] fp32
+    RowStrides o_rows, lse_rows;  // packed, or the strided views' (Capabilities::strided_views)
     cudaStream_t stream = nullptr;
   };
   // One decode's kernels, planned once (split count, workspaces, poisoned on

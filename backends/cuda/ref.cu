@@ -60,6 +60,7 @@ class RefBackend final : public CudaBackend {
     caps.dtypes = {DType::kBF16, DType::kF16};
     caps.kv_dtypes = {KvCacheDtype::kAuto, KvCacheDtype::kFp8, KvCacheDtype::kFp8E4m3, KvCacheDtype::kFp8DsMla};
     caps.max_pool_bytes = std::numeric_limits<std::int64_t>::max();  // 64-bit slots: gpu/attention.cuh
+    caps.strided_views = true;  // q, o and lse read and written with their token and head strides (RowStrides)
     return caps;
   }
   void prefill(const PrefillArgs& a) override;
@@ -72,7 +73,7 @@ class RefBackend final : public CudaBackend {
       Plan(const DecodeCall& call, const detail::CudaFaults& faults)
           : call_(call),
             sink_{call.o_lat->as<std::uint16_t>(), call.lse->as<float>(), call.pb.dv, call.rows, call.pb.bf16,
-                  SinkFaults{faults.skip_row, faults.write_past_end}} {}
+                  SinkFaults{faults.skip_row, faults.write_past_end}, call.o_rows, call.lse_rows} {}
       void enqueue(cudaStream_t s) override {
         launch_attention<PagedDecodeProblem, ModelSink, float, false>(call_.pb, sink_, call_.groups, call_.num_groups,
                                                                       1, s);

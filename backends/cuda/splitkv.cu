@@ -26,8 +26,12 @@ constexpr int kMaxForcedSplits = 65535;  // grid.y limit
 // all empty gives o = 0 and lse = -inf. A NaN partial lse (a split that never
 // wrote its row) makes the row NaN rather than being skipped.
 __global__ void __launch_bounds__(256) combine_kernel(const float* part_o, const float* part_lse, int splits,
-                                                      long long rows, int dv, std::uint16_t* o, float* lse, bool bf16) {
+                                                      long long rows, int dv, std::uint16_t* o_out, float* lse_out,
+                                                      RowStrides o_rows, RowStrides lse_rows, bool bf16) {
   const long long row = blockIdx.x;
+  // This row's output and lse (strided views: layout strided, cases/LAYOUTS.md).
+  std::uint16_t* o = o_out + o_rows.at(row, dv);
+  float* lse = lse_out + lse_rows.at(row, 1);
   const float ninf = -__int_as_float(0x7f800000);
   float m = ninf;
   for (int s = 0; s < splits; ++s) {
@@ -36,8 +40,8 @@ __global__ void __launch_bounds__(256) combine_kernel(const float* part_o, const
     if (m != m) break;
   }
   if (m == ninf) {
-    for (int d = threadIdx.x; d < dv; d += blockDim.x) o[row * dv + d] = to_model_bits(0.f, bf16);
-    if (threadIdx.x == 0) lse[row] = ninf;
+    for (int d = threadIdx.x; d < dv; d += blockDim.x) o[d] = to_model_bits(0.f, bf16);
+    if (threadIdx.x == 0) *lse = ninf;
     return;
   }
   float sum = 0.f;
@@ -53,9 +57,9 @@ __global__ void __launch_bounds__(256) combine_kernel(const float* part_o, const
       if (x == ninf) continue;
       acc += expf(x - l) * part_o[(s * rows + row) * dv + d];
     }
-    o[row * dv + d] = to_model_bits(acc, bf16);
+    o[d] = to_model_bits(acc, bf16);
   }
-  if (threadIdx.x == 0) lse[row] = l;
+  if (threadIdx.x == 0) *lse = l;
 }
 
 class SplitKvBackend final : public CudaBackend {
@@ -77,6 +81,7 @@ class SplitKvBackend final : public CudaBackend {
     caps.dtypes = {DType::kBF16, DType::kF16};
     caps.kv_dtypes = {KvCacheDtype::kAuto, KvCacheDtype::kFp8, KvCacheDtype::kFp8E4m3, KvCacheDtype::kFp8DsMla};
     caps.max_pool_bytes = std::numeric_limits<std::int64_t>::max();  // 64-bit slots: gpu/attention.cuh
+    caps.strided_views = true;  // q, o and lse read and written with their token and head strides (RowStrides)
     return caps;
   }
 
@@ -102,7 +107,7 @@ class SplitKvBackend final : public CudaBackend {
         if (call_.rows > 0) {
           combine_kernel<<<static_cast<unsigned>(call_.rows), 256, 0, s>>>(
               part_o_.as<float>(), part_lse_.as<float>(), splits_, call_.rows, call_.pb.dv,
-              call_.o_lat->as<std::uint16_t>(), call_.lse->as<float>(), call_.pb.bf16);
+              call_.o_lat->as<std::uint16_t>(), call_.lse->as<float>(), call_.o_rows, call_.lse_rows, call_.pb.bf16);
           MLAGATE_CUDA_CHECK_LAUNCH();
         }
       }

@@ -276,8 +276,10 @@ class FaDecodeCall final : public libs::PreparedDecode {
     N_ = N;
 
     cache_ = gpu::DeviceCacheStore::instance().get(cache, s);
-    q_pe_ = upload_array(static_cast<const std::uint16_t*>(a.q_pe.data), static_cast<std::size_t>(T_) * N * R, s);
-    q_v_ = upload_array(static_cast<const std::uint16_t*>(a.q_lat.data), static_cast<std::size_t>(T_) * N * L, s);
+    // q = q_pe and q_v = q_nope as vLLM hands them (slices of one fused q
+    // under layout strided), their strides in the params below.
+    q_pe_ = gpu::upload_view(a.q_pe, s);
+    q_v_ = gpu::upload_view(a.q_lat, s);
     const std::vector<std::int32_t> table = libs::gather_table_rows(a);
     table_ = upload_array(table.data(), table.size(), s);
     seqused_ = upload_array(a.seq_lens.data(), a.seq_lens.size(), s);
@@ -358,8 +360,8 @@ class FaDecodeCall final : public libs::PreparedDecode {
     p.q_ptr = q_pe_.data();
     p.k_ptr = base + L;  // the k_pe columns of each entry
     p.v_ptr = base;      // the kv_c columns
-    p.q_row_stride = static_cast<std::int64_t>(N) * R;
-    p.q_head_stride = R;
+    p.q_row_stride = a.q_pe.stride(0);
+    p.q_head_stride = a.q_pe.stride(1);
     p.k_row_stride = D;
     p.k_head_stride = R;  // one kv head
     p.k_batch_stride = page_stride;
@@ -367,9 +369,9 @@ class FaDecodeCall final : public libs::PreparedDecode {
     p.v_head_stride = L;
     p.v_batch_stride = page_stride;
     p.v_dim_stride = 1;
-    p.o_ptr = out.o;
-    p.o_row_stride = static_cast<std::int64_t>(N) * L;
-    p.o_head_stride = L;
+    p.o_ptr = out.o;  // mha_fwd's out=, with the view's strides; lse is transposed into a packed [T, N]
+    p.o_row_stride = a.o_lat.stride(0);
+    p.o_head_stride = a.o_lat.stride(1);
     p.cu_seqlens_q = cu_q_.as<int>();
     p.seqused_k = seqused_.as<int>();
     lse_hb_ = DeviceBuffer(static_cast<std::size_t>(N) * T_ * sizeof(float));
@@ -415,8 +417,8 @@ class FaDecodeCall final : public libs::PreparedDecode {
     p.skip_scheduler_metadata_computation = true;
     point_into_metadata(p, meta);
     p.qv_ptr = q_v_.data();
-    p.qv_row_stride = static_cast<std::int64_t>(N) * L;
-    p.qv_head_stride = L;
+    p.qv_row_stride = a.q_lat.stride(0);
+    p.qv_head_stride = a.q_lat.stride(1);
     if (p.num_splits > kMaxSplits) throw NotSupportedError("num_splits > 256 not supported");
     if (p.num_splits > 1) partials_.allocate(p, T_, s);
   }
@@ -554,6 +556,7 @@ class FlashAttnMlaBackend final : public Backend {
     c.dtypes = {DType::kBF16, DType::kF16};
     c.kv_dtypes = {KvCacheDtype::kAuto};
     c.max_pool_bytes = std::numeric_limits<std::int64_t>::max();  // tried past 4 GiB by the layout suite (cases/LAYOUTS.md)
+    c.strided_views = true;  // q (q_pe), q_v (q_lat) and o with their strides (Flash_fwd_params), lse packed
     c.device_inputs = true;
     return c;
   }
@@ -587,7 +590,9 @@ class FlashAttnMlaBackend final : public Backend {
         return Support::no(why);
     return s;
   }
-  void decode(const DecodeArgs& a) override { libs::run_decode(a, stream(), prepare_fn()); }
+  void decode(const DecodeArgs& a) override {
+    libs::run_decode(a, stream(), prepare_fn(), {.lse = gpu::GuardedDeviceOutput::Writes::kPacked});
+  }
   std::unique_ptr<DecodeBench> prepare_decode_bench(const DecodeArgs& a) override {
     return libs::make_decode_bench(a, stream(), prepare_fn(), "includes the lse transpose [N, T] -> [T, N] (one small kernel)");
   }

@@ -79,8 +79,10 @@ class FlashInferCall final : public libs::PreparedDecode {
     if (L != kHeadDimCkv || R != kHeadDimKpe)
       throw NotSupportedError("built for head_dim_ckv 512, head_dim_kpe 64");
     cache_ = gpu::DeviceCacheStore::instance().get(cache, s);
-    q_nope_ = gpu::upload_array(static_cast<const std::uint16_t*>(a.q_lat.data), a.q_lat.numel(), s);
-    q_pe_ = gpu::upload_array(static_cast<const std::uint16_t*>(a.q_pe.data), a.q_pe.numel(), s);
+    // As vLLM hands them: q_nope and q_pe as they are (slices of one fused q
+    // under layout strided), their token and head strides in the params below.
+    q_nope_ = gpu::upload_view(a.q_lat, s);
+    q_pe_ = gpu::upload_view(a.q_pe, s);
 
     // The plan, from host copies of the batch: qo_indptr = query_start_loc,
     // kv_indptr = each request's first entry of the block table, kv_len = seq_lens.
@@ -143,17 +145,19 @@ class FlashInferCall final : public libs::PreparedDecode {
     p.work_indptr = at_offset<std::int32_t>(ib, plan_.work_indptr_offset);
     p.block_size = flashinfer::uint_fastdiv(static_cast<std::uint32_t>(cache.block_size));
     p.num_heads = flashinfer::uint_fastdiv(static_cast<std::uint32_t>(N));
-    // Strides in elements: q [T, N, L] / [T, N, R], entries [blocks, bs, L + R], o [T, N, L].
-    p.q_nope_stride_n = N * L;
-    p.q_nope_stride_h = L;
-    p.q_pe_stride_n = N * R;
-    p.q_pe_stride_h = R;
+    // Strides in elements: q [T, N, L] / [T, N, R] and o [T, N, L] the views'
+    // (packed, or layout strided's), entries [blocks, bs, L + R]. lse is
+    // written packed (final_lse has no stride): OutputWrites in decode().
+    p.q_nope_stride_n = static_cast<std::uint32_t>(a.q_lat.stride(0));
+    p.q_nope_stride_h = static_cast<std::uint32_t>(a.q_lat.stride(1));
+    p.q_pe_stride_n = static_cast<std::uint32_t>(a.q_pe.stride(0));
+    p.q_pe_stride_h = static_cast<std::uint32_t>(a.q_pe.stride(1));
     p.ckv_stride_page = cache.block_size * (L + R);
     p.ckv_stride_n = L + R;
     p.kpe_stride_page = cache.block_size * (L + R);
     p.kpe_stride_n = L + R;
-    p.o_stride_n = N * L;
-    p.o_stride_h = L;
+    p.o_stride_n = static_cast<std::uint32_t>(a.o_lat.stride(0));
+    p.o_stride_h = static_cast<std::uint32_t>(a.o_lat.stride(1));
     p.sm_scale = static_cast<float>(a.scale);
     // fp8: x = e4m3 * k_scale for both fields (mlagate's per-tensor scale).
     p.ckv_scale = std::is_same_v<DTypeKV, __nv_fp8_e4m3> ? a.k_scale : 1.f;
@@ -273,6 +277,7 @@ class FlashInferMlaBackend final : public Backend {
     c.dtypes = {DType::kBF16, DType::kF16};
     c.kv_dtypes = {KvCacheDtype::kAuto, KvCacheDtype::kFp8, KvCacheDtype::kFp8E4m3};
     c.max_pool_bytes = std::numeric_limits<std::int64_t>::max();  // tried past 4 GiB by the layout suite (cases/LAYOUTS.md)
+    c.strided_views = true;  // q_nope, q_pe and o with their strides (MLAParams), lse packed
     return c;
   }
   Support supports(const CaseSpec& spec, Op op) const override {
@@ -296,7 +301,9 @@ class FlashInferMlaBackend final : public Backend {
     }
     return s;
   }
-  void decode(const DecodeArgs& a) override { libs::run_decode(a, stream(), prepare); }
+  void decode(const DecodeArgs& a) override {
+    libs::run_decode(a, stream(), prepare, {.lse = gpu::GuardedDeviceOutput::Writes::kPacked});
+  }
   std::unique_ptr<DecodeGraph> capture_decode(const DecodeArgs& a) override {
     return libs::make_decode_graph(a, stream(), prepare, "FlashInfer in a CUDA graph (re-planned in place)");
   }

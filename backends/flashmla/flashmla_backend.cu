@@ -29,6 +29,23 @@
 namespace mlagate {
 namespace {
 
+// q_lat [T, N, L] and q_pe [T, N, R] -> one [T, N, L + R] row per (token,
+// head), as vLLM's FlashMLA backend cats them (torch.cat(q, dim=-1)) before
+// the call: from their strides (the slices of layout strided) or packed.
+std::vector<std::uint16_t> packed_query(const DecodeArgs& a) {
+  const std::int64_t rows = a.q_lat.shape[0] * a.q_lat.shape[1], L = a.q_lat.shape[2], R = a.q_pe.shape[2], D = L + R;
+  std::vector<std::uint16_t> q(static_cast<std::size_t>(rows * D));
+  const auto* ql = static_cast<const std::uint16_t*>(a.q_lat.data);
+  const auto* qp = static_cast<const std::uint16_t*>(a.q_pe.data);
+  for (std::int64_t row = 0; row < rows; ++row) {
+    const std::uint16_t* l = ql + a.q_lat.offset_of(row * L);
+    const std::uint16_t* r = qp + a.q_pe.offset_of(row * R);
+    std::copy(l, l + L, q.begin() + row * D);
+    std::copy(r, r + R, q.begin() + row * D + L);
+  }
+  return q;
+}
+
 using gpu::DeviceBuffer;
 using gpu::upload_array;
 
@@ -65,14 +82,7 @@ class FlashMlaCall final : public libs::PreparedDecode {
     bf16_ = a.q_lat.dtype == DType::kBF16;
 
     cache_ = gpu::DeviceCacheStore::instance().get(cache, s);
-    // q [T, N, L] and q_pe [T, N, R] -> one [T, N, L + R] row per (token, head).
-    std::vector<std::uint16_t> q(static_cast<std::size_t>(T) * N * D);
-    const auto* ql = static_cast<const std::uint16_t*>(a.q_lat.data);
-    const auto* qp = static_cast<const std::uint16_t*>(a.q_pe.data);
-    for (std::int64_t row = 0; row < static_cast<std::int64_t>(T) * N; ++row) {
-      std::copy(ql + row * L, ql + (row + 1) * L, q.begin() + row * D);
-      std::copy(qp + row * R, qp + (row + 1) * R, q.begin() + row * D + L);
-    }
+    const std::vector<std::uint16_t> q = packed_query(a);
     q_ = upload_array(q.data(), q.size(), s);
     const std::vector<std::int32_t> table = libs::gather_table_rows(a);
     table_ = upload_array(table.data(), table.size(), s);
@@ -200,14 +210,7 @@ class FlashMlaCall final : public libs::PreparedDecode {
     }
     if (cache.num_blocks > capacity_blocks_ || cache.table_width > width_)
       throw std::invalid_argument("flashmla graph: the cache is larger than the captured one");
-    const int D = L_ + R_;
-    std::vector<std::uint16_t> q(static_cast<std::size_t>(T_) * N_ * D);
-    const auto* ql = static_cast<const std::uint16_t*>(a.q_lat.data);
-    const auto* qp = static_cast<const std::uint16_t*>(a.q_pe.data);
-    for (std::int64_t row = 0; row < static_cast<std::int64_t>(T_) * N_; ++row) {
-      std::copy(ql + row * L_, ql + (row + 1) * L_, q.begin() + row * D);
-      std::copy(qp + row * R_, qp + (row + 1) * R_, q.begin() + row * D + L_);
-    }
+    const std::vector<std::uint16_t> q = packed_query(a);
     q_.upload(q.data(), q.size() * sizeof(std::uint16_t), s);
     const std::vector<std::int32_t> table = libs::gather_table_rows(a, width_);
     table_.upload(table.data(), table.size() * sizeof(std::int32_t), s);
@@ -260,6 +263,7 @@ class FlashMlaBackend final : public Backend {
     c.dtypes = {DType::kBF16, DType::kF16};
     c.kv_dtypes = {KvCacheDtype::kAuto};
     c.max_pool_bytes = std::numeric_limits<std::int64_t>::max();  // tried past 4 GiB by the layout suite (cases/LAYOUTS.md)
+    c.strided_views = true;  // q gathered from the views (packed_query), o and lse copied into them
     return c;
   }
   Support supports(const CaseSpec& spec, Op op) const override {
@@ -282,7 +286,12 @@ class FlashMlaBackend final : public Backend {
     }
     return s;
   }
-  void decode(const DecodeArgs& a) override { libs::run_decode(a, stream(), prepare); }
+  // FlashMLA allocates its o and lse; vLLM copies o into the layer's output:
+  // both written packed and copied into the views (OutputWrites).
+  void decode(const DecodeArgs& a) override {
+    using W = gpu::GuardedDeviceOutput::Writes;
+    libs::run_decode(a, stream(), prepare, {.o = W::kPacked, .lse = W::kPacked});
+  }
   std::unique_ptr<DecodeBench> prepare_decode_bench(const DecodeArgs& a) override {
     return libs::make_decode_bench(a, stream(), prepare, "");
   }

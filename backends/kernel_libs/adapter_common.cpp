@@ -71,6 +71,8 @@ std::unique_ptr<DecodeGraph> make_decode_graph(const DecodeArgs& a, cudaStream_t
                                                std::string note) {
   gpu::require_device();
   validate_decode_args(a);
+  for (const TensorView* v : {&a.q_lat, &a.q_pe, &a.o_lat, &a.lse})
+    if (!v->strides.empty()) throw NotSupportedError("decode graph: strided views are not captured (contiguous layout only)");
   return std::make_unique<Graph>(a, s, prepare, std::move(note));
 }
 
@@ -101,10 +103,10 @@ std::vector<std::int32_t> gather_table_rows(const DecodeArgs& a, int width) {
   return out;
 }
 
-double run_decode(const DecodeArgs& a, cudaStream_t s, const PrepareFn& prepare) {
+double run_decode(const DecodeArgs& a, cudaStream_t s, const PrepareFn& prepare, OutputWrites w) {
   gpu::require_device();
   validate_decode_args(a);
-  gpu::GuardedDeviceOutput o(a.o_lat, "o_lat", s), lse(a.lse, "lse", s);
+  gpu::GuardedDeviceOutput o(a.o_lat, "o_lat", s, w.o), lse(a.lse, "lse", s, w.lse);
   std::unique_ptr<PreparedDecode> p = prepare(a, {o.data(), lse.as<float>()}, s);
   gpu::Event start, stop;
   start.record(s);
@@ -122,7 +124,7 @@ std::unique_ptr<DecodeBench> make_decode_bench(const DecodeArgs& a, cudaStream_t
                                                std::string note) {
   gpu::require_device();
   validate_decode_args(a);
-  gpu::DeviceBuffer o(a.o_lat.nbytes()), lse(a.lse.nbytes());
+  gpu::DeviceBuffer o(std::max(a.o_lat.nbytes(), a.o_lat.span_bytes())), lse(std::max(a.lse.nbytes(), a.lse.span_bytes()));
   std::unique_ptr<PreparedDecode> p = prepare(a, {o.data(), lse.as<float>()}, s);
   MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));  // preparation done before the first timed launch
   return std::make_unique<Bench>(std::move(o), std::move(lse), std::move(p), std::move(note));

@@ -44,22 +44,34 @@ struct DeviceOutputs {
   float* lse = nullptr;
 };
 
+// How an adapter's kernels write o and lse when the harness hands strided
+// views (layout strided, Capabilities::strided_views): with the views' token
+// and head strides (kAsViewed: the adapter passes a.o_lat's strides to the
+// kernel), or row-major into a buffer of their own that is copied into the
+// views (kPacked: what vLLM does for a kernel that allocates its output).
+// Contiguous views are the same either way.
+struct OutputWrites {
+  gpu::GuardedDeviceOutput::Writes o = gpu::GuardedDeviceOutput::Writes::kAsViewed;
+  gpu::GuardedDeviceOutput::Writes lse = gpu::GuardedDeviceOutput::Writes::kAsViewed;
+};
+
 using PrepareFn = std::function<std::unique_ptr<PreparedDecode>(const DecodeArgs&, const DeviceOutputs&, cudaStream_t)>;
 
 // The whole decode(): device check, validation, outputs poisoned from the
 // host views inside guard bands, prepare, launch timed with events, sync,
 // guard check, copy back. Returns the launch's kernel milliseconds.
-double run_decode(const DecodeArgs& a, cudaStream_t s, const PrepareFn& prepare);
+double run_decode(const DecodeArgs& a, cudaStream_t s, const PrepareFn& prepare, OutputWrites w = {});
 
 // prepare_decode_bench(): the same preparation, outputs in device buffers the
 // returned handle owns; note() is the handle's note.
 std::unique_ptr<DecodeBench> make_decode_bench(const DecodeArgs& a, cudaStream_t s, const PrepareFn& prepare,
-                                               std::string note);
+                                               std::string note);  // outputs of the views' span: either writes fit
 
 // capture_decode(): the prepared call refreshed in place (PreparedDecode::
 // refresh), a warm-up launch, then launch() captured in a CUDA graph; replays
 // refresh and cudaGraphLaunch into persistent guarded outputs. Throws
-// NotSupportedError when the prepared call cannot refresh in place.
+// NotSupportedError when the prepared call cannot refresh in place, or for
+// strided views (the serving modes run the contiguous layout only).
 std::unique_ptr<DecodeGraph> make_decode_graph(const DecodeArgs& a, cudaStream_t s, const PrepareFn& prepare,
                                                std::string note);
 

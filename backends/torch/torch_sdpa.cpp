@@ -54,16 +54,25 @@ at::ScalarType scalar_type(DType d) {
 
 // A view as a tensor on the GPU: a copy of a host view, or a device view
 // (TensorView::on_device, prefill's k and v) as it is, not copied.
+// A strided host view (layout strided) keeps its strides on the host and
+// arrives on the GPU as torch's .to() makes it (a dense copy).
 at::Tensor upload(const TensorView& v) {
   std::vector<std::int64_t> shape(v.shape.begin(), v.shape.end());
   const at::TensorOptions o = at::TensorOptions().dtype(scalar_type(v.dtype));
   if (v.on_device) return at::from_blob(v.data, shape, o.device(at::kCUDA, c10::cuda::current_device()));
+  if (!v.strides.empty()) return at::from_blob(v.data, shape, v.strides, o).to(at::kCUDA);
   return at::from_blob(v.data, shape, o).to(at::kCUDA);
 }
 
 // Copies a GPU tensor into a host view of the same number of elements and dtype.
 void download(const at::Tensor& t, const TensorView& dst, std::int64_t first_elem) {
   const at::Tensor host = t.to(at::kCPU, scalar_type(dst.dtype)).contiguous();
+  if (!dst.strides.empty()) {  // a strided view (layout strided): its elements only, as output.copy_(o)
+    if (first_elem != 0 || host.numel() != dst.numel())
+      throw std::logic_error("torch.sdpa: a strided output is written whole");
+    dst.unpack_from(host.data_ptr());
+    return;
+  }
   std::memcpy(static_cast<std::byte*>(dst.data) + first_elem * static_cast<std::int64_t>(dtype_size(dst.dtype)),
               host.data_ptr(), static_cast<std::size_t>(host.numel()) * dtype_size(dst.dtype));
 }
@@ -289,6 +298,7 @@ class TorchSdpaBackend final : public Backend {
     c.dtypes = {DType::kBF16, DType::kF16};
     c.kv_dtypes = {KvCacheDtype::kAuto, KvCacheDtype::kFp8, KvCacheDtype::kFp8E4m3};
     c.device_inputs = true;  // prefill reads k and v from device memory in place (upload())
+    c.strided_views = true;  // decode: q gathered by torch (cat), o and lse copied into the views (download())
     return c;
   }
   Support supports(const CaseSpec& spec, Op op) const override;

@@ -219,6 +219,52 @@ TEST(CudaGuards, OutOfBoundsWriteIsIncorrect) {
   std::printf("planted out-of-bounds write: %d records INCORRECT\n", caught);
 }
 
+// Layout strided on the device (cases/LAYOUTS.md): cuda.ref and cuda.splitkv
+// read q_lat / q_pe as slices of one fused q and write o / lse with the
+// views' strides. Both pass every strided record of the layout suite, decode
+// and layer. The device copy of a strided output is the view's span, from its
+// first element to its last: the planted one-past-the-end write (the element
+// after the last head row, where the row's padding starts) lands in the guard
+// band past the span and is INCORRECT as an out-of-bounds write, as it is for
+// contiguous outputs (writes into the padding between rows come back to the
+// host, where the padding check sees them: bug.writes_row_padding).
+TEST(CudaStrided, StridedViewsPassAndAWritePastTheLastRowIsCaught) {
+  MLAGATE_REQUIRE_GPU();
+  std::vector<CaseSpec> cases;
+  for (const CaseSpec& c : load_suite("layout").cases)
+    if (c.layout.strided && !c.sparse.active()) cases.push_back(c);
+  ASSERT_FALSE(cases.empty());
+  RunConfig cfg;
+  cfg.cases = cases;
+  cfg.ops = {Op::kDecode, Op::kLayer};
+  int passed = 0;
+  {
+    std::vector<std::unique_ptr<Backend>> bs;
+    bs.push_back(make_cuda_ref());
+    bs.push_back(make_cuda_splitkv({}));
+    for (const Record& r : run_cases(cfg, bs)) {
+      EXPECT_TRUE(r.status == Status::kPassed || r.status == Status::kNotSupported)
+          << r.backend << " " << r.op << " " << r.case_id << ": " << r.message;
+      passed += r.status == Status::kPassed;
+    }
+  }
+  EXPECT_GE(passed, 8);
+  cfg.ops = {Op::kDecode};
+  int caught = 0, ran = 0;
+  std::vector<std::unique_ptr<Backend>> planted;
+  planted.push_back(detail::make_cuda_ref_with_faults({.write_past_end = true}));
+  for (const Record& r : run_cases(cfg, planted)) {
+    if (r.status == Status::kNotSupported) continue;
+    ++ran;
+    EXPECT_EQ(r.status, Status::kIncorrect) << r.case_id << ": " << r.message;
+    EXPECT_NE(r.message.find("out-of-bounds write: byte 0 past the end of o_lat"), std::string::npos) << r.message;
+    caught += r.status == Status::kIncorrect;
+  }
+  EXPECT_GT(ran, 0);
+  std::printf("strided views on the device: %d records passed; the planted write past the last row caught on %d of %d\n",
+              passed, caught, ran);
+}
+
 // A kernel that never writes one row: the poisoned device output comes back
 // as NaN there, NONFINITE with the row located.
 TEST(CudaPoison, UnwrittenRowIsNonfinite) {
