@@ -128,15 +128,25 @@ std::string_view index_pattern_name(IndexPattern p) {
     case IndexPattern::kInvalidRows: return "invalid_rows";
     case IndexPattern::kLengths: return "lens";
     case IndexPattern::kOutOfRange: return "oob";
+    case IndexPattern::kLengthsGarbage: return "lens_garbage";
   }
   return "?";
 }
 
+const std::vector<IndexPattern>& index_patterns() {
+  static const std::vector<IndexPattern> v = {IndexPattern::kRandom,     IndexPattern::kDuplicates,
+                                              IndexPattern::kInvalidRows, IndexPattern::kLengths,
+                                              IndexPattern::kOutOfRange, IndexPattern::kLengthsGarbage};
+  return v;
+}
+
 IndexPattern parse_index_pattern(std::string_view s) {
-  for (IndexPattern p : {IndexPattern::kRandom, IndexPattern::kDuplicates, IndexPattern::kInvalidRows, IndexPattern::kLengths,
-                         IndexPattern::kOutOfRange})
+  std::string names;
+  for (IndexPattern p : index_patterns()) {
     if (s == index_pattern_name(p)) return p;
-  throw InputError("unknown index pattern '" + std::string(s) + "' (expected random, dup, invalid_rows, lens or oob)");
+    names += (names.empty() ? "" : ", ") + std::string(index_pattern_name(p));
+  }
+  throw InputError("unknown index pattern '" + std::string(s) + "' (expected one of " + names + ")");
 }
 
 std::string_view lse_pattern_name(LsePattern p) {

@@ -45,9 +45,15 @@ enum class IndexPattern : std::uint8_t {
   kLengths,      // topk_length given; the slots past it name poisoned (null-block) entries
   kOutOfRange,   // as random, but the unused slots name indices >= s_kv instead of -1 (FlashMLA's
                  // other invalid form; only sparse_prefill defines it: reference/SPARSE.md)
+  kLengthsGarbage,  // as lens, but the slots past topk_length hold garbage, never -1: real keys of
+                    // the request, poisoned slots and indices past the pool (flashinfer #5095)
 };
-std::string_view index_pattern_name(IndexPattern p);  // "random", "dup", "invalid_rows", "lens", "oob"
+// Every pattern, in the order names are listed (the one list: parsing, explore).
+const std::vector<IndexPattern>& index_patterns();
+std::string_view index_pattern_name(IndexPattern p);  // "random", "dup", "invalid_rows", "lens", "oob", "lens_garbage"
 IndexPattern parse_index_pattern(std::string_view s);  // throws InputError
+// Whether rows come with topk_length (the slots past it are never read).
+constexpr bool has_topk_length(IndexPattern p) { return p == IndexPattern::kLengths || p == IndexPattern::kLengthsGarbage; }
 
 struct SparseSpec {
   int topk = 0;        // V3.2: index slots per token into the case's cache (any width, not only multiples of 64)

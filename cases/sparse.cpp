@@ -64,6 +64,27 @@ void past_end_row(std::int32_t* row, int K, std::uint64_t seed, int token) {
   }
 }
 
+// The lens_garbage pattern: each slot past a row's length gets one of three
+// kinds of garbage, drawn per slot, never -1 (flashinfer #5095: a kernel that
+// needs -1 there past 64 query tokens): a real key of the request (a kernel
+// that reads it is wrong but finite), a poisoned null-block slot (NaN) or an
+// index past the pool (a read out of bounds).
+void garbage_tail(std::int32_t* row, int K, int n, int visible, std::uint64_t seed, int token) {
+  static const std::uint64_t kind = gen::tensor_key("topk_garbage_kind"), key = gen::tensor_key("topk_garbage_key"),
+                             far = gen::tensor_key("topk_garbage_far");
+  for (int k = n; k < K; ++k) {
+    const std::uint64_t at = (static_cast<std::uint64_t>(token) << 20) + static_cast<std::uint64_t>(k);
+    switch (gen::below(3, seed, kind, at)) {
+      case 0:
+        row[k] = visible > 0 ? static_cast<std::int32_t>(gen::below(static_cast<std::uint64_t>(visible), seed, key, at))
+                             : kIndexPoisoned;
+        break;
+      case 1: row[k] = kIndexPoisoned; break;
+      default: row[k] = kIndexFar + static_cast<std::int32_t>(gen::below(kPastEndFar, seed, far, at)); break;
+    }
+  }
+}
+
 void fill_normal16(Tensor& t, std::uint64_t seed, const char* name) {
   const std::uint64_t st = gen::stream(seed, gen::tensor_key(name));
   std::uint16_t (*round)(float) = t.dtype() == DType::kBF16 ? f32_to_bf16 : f32_to_f16;
@@ -130,7 +151,7 @@ std::shared_ptr<const SparseInputs> generate_sparse(const Case& c) {
     IndexSet& m = s->main;
     m.width = sp.topk;
     m.pos.assign(static_cast<std::size_t>(T) * sp.topk, kIndexInvalid);
-    if (sp.pattern == IndexPattern::kLengths) m.length.assign(static_cast<std::size_t>(T), 0);
+    if (has_topk_length(sp.pattern)) m.length.assign(static_cast<std::size_t>(T), 0);
     const std::uint64_t key = gen::tensor_key("topk_indices");
     for (int t = 0; t < T; ++t) {
       std::int32_t* row = m.pos.data() + static_cast<std::size_t>(t) * sp.topk;
@@ -141,11 +162,12 @@ std::shared_ptr<const SparseInputs> generate_sparse(const Case& c) {
       pick_distinct(std::max(visible, 0), n, seed, key, t, pool, pick);
       if (sp.pattern == IndexPattern::kDuplicates)
         for (int k = 3; k < n; k += 4) pick[static_cast<std::size_t>(k)] = pick[static_cast<std::size_t>(k - 3)];
-      if (sp.pattern == IndexPattern::kLengths) {
+      if (has_topk_length(sp.pattern)) {
         // Valid ones first, then slots that must never be read.
         std::fill(row, row + sp.topk, kIndexPoisoned);
         std::copy(pick.begin(), pick.end(), row);
         m.length[static_cast<std::size_t>(t)] = n;
+        if (sp.pattern == IndexPattern::kLengthsGarbage) garbage_tail(row, sp.topk, n, std::max(visible, 0), seed, t);
       } else {
         scatter_row(pick, sp.topk, seed, key ^ 1u, t, row);
         if (sp.pattern == IndexPattern::kOutOfRange) past_end_row(row, sp.topk, seed, t);
@@ -242,12 +264,15 @@ Tensor global_slots(const Case& owner, const IndexSet& set, const PagedCache& ca
   Tensor out(DType::kI32, {T, set.width});
   std::int32_t* o = out.data<std::int32_t>();
   const std::vector<int> req = token_requests(owner);
+  const std::int64_t capacity = static_cast<std::int64_t>(cache.num_blocks) * cache.block_size;
   for (int t = 0; t < T; ++t)
     for (int k = 0; k < set.width; ++k) {
       const std::int32_t p = set.pos[static_cast<std::size_t>(t) * set.width + k];
       std::int64_t slot = -1;
       if (p == kIndexPoisoned)
         slot = k % std::max(1, cache.block_size);  // the null block: never assigned, poisoned
+      else if (is_past_end(p) && k >= set.count(t))
+        slot = past_end_index(p, s_kv ? *s_kv : capacity);  // garbage past the length (lens_garbage): past the pool
       else if (is_past_end(p))
         slot = s_kv ? past_end_index(p, *s_kv) : -1;
       else if (p >= 0)

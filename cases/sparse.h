@@ -94,7 +94,8 @@ void extra_positions(const Case& c, int t, std::vector<int>& out);
 // slot of the null block (poisoned) for kIndexPoisoned; and the lengths.
 // Past-the-end codes become -1 without `s_kv` (the ops that define only -1:
 // sparse_decode), else indices >= *s_kv (sparse_prefill, whose flat buffer has
-// s_kv rows).
+// s_kv rows); past a row's length (lens_garbage) they are always indices past
+// the buffer (*s_kv, else the pool's slots): garbage no kernel may read.
 Tensor global_slots(const Case& owner, const IndexSet& set, const PagedCache& cache,
                     std::optional<std::int64_t> s_kv = std::nullopt);
 // V4's window rows as global slots: [T, window], -1 past each token's count,

@@ -40,7 +40,9 @@ void check_rows(const IndexSet& s, const std::vector<int>& req, const std::vecto
     for (int k = 0; k < s.width; ++k) {
       const std::int32_t v = s.pos[t * static_cast<std::size_t>(s.width) + static_cast<std::size_t>(k)];
       const int have = keys[static_cast<std::size_t>(req[t])];
-      const bool ok = v == kIndexInvalid || (v == kIndexPoisoned && k >= n) || (past_end && is_past_end(v)) ||
+      // Past the length (the lens patterns): poisoned slots, and for
+      // lens_garbage indices past the pool too.
+      const bool ok = v == kIndexInvalid || (v == kIndexPoisoned && k >= n) || ((past_end || k >= n) && is_past_end(v)) ||
                       (v >= 0 && v < have);
       if (!ok)
         io::bad(w / what, "index " + std::to_string(v) + " at token " + std::to_string(t) + ", slot " + std::to_string(k) +
@@ -138,7 +140,7 @@ StoredSparse read_sparse_group(hid_t g, const Case& c, const io::Where& w, io::B
     check_rows(s, req, keys, ws, name, past_end);
   };
   if (spec.topk > 0)
-    read_set(inputs->main, spec.topk, "indices", spec.pattern == IndexPattern::kLengths, c.seq_lens,
+    read_set(inputs->main, spec.topk, "indices", has_topk_length(spec.pattern), c.seq_lens,
              spec.pattern == IndexPattern::kOutOfRange);
   if (spec.compress > 0) {
     inputs->compressed = compressed_layout(c);

@@ -275,11 +275,15 @@ class CpuSparse final : public Backend {
       std::vector<float> o(static_cast<std::size_t>(N * dv)), lse(static_cast<std::size_t>(N));
 #pragma omp for schedule(dynamic)
       for (Index t = 0; t < T; ++t) {
-        const Index n = a.topk_length.empty() || faults_.ignores_topk_length ? K : a.topk_length[static_cast<std::size_t>(t)];
+        const bool by_sentinel = faults_.tail_needs_invalid && T > 64;  // planted
+        const Index n = a.topk_length.empty() || faults_.ignores_topk_length || by_sentinel
+                            ? K
+                            : a.topk_length[static_cast<std::size_t>(t)];
         keys.resize(n, D);
         Index used = 0;
         for (Index k = 0; k < n; ++k) {
           std::int32_t r = idx[t * K + k];
+          if (by_sentinel && r == -1) break;
           if (r < 0 && faults_.reads_invalid_index) r = 0;  // planted: -1 clamped to row 0
           if (r >= S && faults_.past_end_wraps) r = static_cast<std::int32_t>(r % S);  // planted: wrapped into the buffer
           // -1 and any index >= S_kv name no key (FlashMLA's sparse prefill).
@@ -341,10 +345,12 @@ class CpuSparse final : public Backend {
   void collect(const TensorView& idx, std::span<const std::int32_t> lens, Index t, const PagedCache* cache,
                std::vector<std::pair<const PagedCache*, std::int64_t>>& named) const {
     const Index K = idx.shape[1];
-    const Index n = lens.empty() || faults_.ignores_topk_length ? K : lens[static_cast<std::size_t>(t)];
+    const bool by_sentinel = faults_.tail_needs_invalid && idx.shape[0] > 64;  // planted
+    const Index n = lens.empty() || faults_.ignores_topk_length || by_sentinel ? K : lens[static_cast<std::size_t>(t)];
     const std::int64_t capacity = static_cast<std::int64_t>(cache->num_blocks) * cache->block_size;
     for (Index k = 0; k < n; ++k) {
       std::int64_t slot = idx.as<std::int32_t>()[t * K + k];
+      if (by_sentinel && slot == -1) break;
       if (slot < 0 && faults_.reads_invalid_index) slot = 0;  // planted: -1 read as slot 0 (the null block)
       if (slot < 0 || slot >= capacity) continue;
       named.emplace_back(cache, slot);

@@ -14,6 +14,8 @@ struct SparseFaults {
   bool reads_invalid_index = false;   // -1 read as slot 0 (the null block) instead of skipped
   bool past_end_wraps = false;        // sparse_prefill: an index >= S_kv read as row index % S_kv, not skipped
   bool ignores_topk_length = false;   // every slot of a row read, past topk_length too
+  bool tail_needs_invalid = false;    // past 64 query tokens, a row ends at its first -1, not at topk_length
+                                      // (flashinfer #5095: lanes past the length must be -1 there)
   bool drops_sink = false;            // the sink left out of the denominator
   bool sink_in_lse = false;           // the sink counted in the returned lse
   bool reader_pow2_scales = false;    // fp8_ds_mla tile scales read as 2^exponent (a raw-rule cache misread)

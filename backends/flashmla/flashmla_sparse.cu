@@ -387,7 +387,7 @@ class FlashMlaSparse final : public gpu::CudaBackend {
         if (spec.scale_rule != ScaleRule::kPow2 && !raw_scales_)
           return Support::no("fp8_ds_mla:raw: the V3.2 kernel converts each fp32 tile scale to bf16 "
                              "(scales[i] = (bf16)scales_float[i]), exact only for power-of-two scales (pow2)");
-        if (spec.sparse.pattern == IndexPattern::kLengths)
+        if (has_topk_length(spec.sparse.pattern))
           return Support::no("V3.2 sparse decode takes no topk_length (KU_ASSERT(params.topk_length == nullptr))");
       } else {
         if (D != 512) return Support::no("V4 (MODEL1) sparse decode needs d_qk 512");

@@ -176,9 +176,7 @@ CaseSpec CaseDrawer::draw_spec(DrawRng& r, const Backend& b, Op op) const {
   }
   if (is_sparse_op(op)) {
     std::vector<IndexPattern> pats = space_.patterns;
-    if (pats.empty())
-      pats = {IndexPattern::kRandom, IndexPattern::kDuplicates, IndexPattern::kInvalidRows, IndexPattern::kLengths,
-              IndexPattern::kOutOfRange};
+    if (pats.empty()) pats = index_patterns();
     c.sparse.pattern = r.pick(pats);
     c.sparse.sink = r.percent(50);
     if (c.dims == dims_preset("v4")) {

@@ -185,6 +185,48 @@ TEST(SparseIndices, PatternsDuplicatesEmptyRowsAndLengths) {
   }
 }
 
+// lens_garbage (flashinfer #5095): the lens pattern's valid slots and lengths,
+// and past each length garbage of three kinds and never -1: real keys of the
+// request, poisoned null-block slots, and indices past the pool.
+TEST(SparseIndices, LensGarbageFillsThePastLengthLanesWithGarbageNeverInvalid) {
+  EXPECT_EQ(parse_index_pattern("lens_garbage"), IndexPattern::kLengthsGarbage);
+  EXPECT_TRUE(has_topk_length(IndexPattern::kLengthsGarbage));
+  EXPECT_NE(v32_spec(IndexPattern::kLengthsGarbage).id().find("/idx=lens_garbage"), std::string::npos);
+  const Case g = generate_case(v32_spec(IndexPattern::kLengthsGarbage));
+  const Case l = generate_case(v32_spec(IndexPattern::kLengths));
+  const IndexSet& m = g.sparse->main;
+  ASSERT_EQ(m.length, l.sparse->main.length);
+  const PagedCache pc = build_paged_cache(g, 16);
+  const std::int64_t capacity = static_cast<std::int64_t>(pc.num_blocks) * pc.block_size;
+  const Tensor slots = global_slots(g, m, pc);
+  int real = 0, poisoned = 0, past = 0;
+  std::vector<int> a, b;
+  for (int t = 0; t < g.num_tokens; ++t) {
+    main_positions(g, t, a);
+    main_positions(l, t, b);
+    EXPECT_EQ(a, b) << "token " << t << ": the keys within the length are lens's";
+    for (int k = m.length[static_cast<std::size_t>(t)]; k < m.width; ++k) {
+      const std::int32_t p = m.pos[static_cast<std::size_t>(t) * m.width + k];
+      const std::int32_t s = slots.data<std::int32_t>()[t * m.width + k];
+      EXPECT_NE(s, -1) << "token " << t << " slot " << k;
+      if (p >= 0) {
+        ++real;
+        EXPECT_EQ(s, pc.slot_of(token_requests(g)[static_cast<std::size_t>(t)], p));
+      } else if (p == kIndexPoisoned) {
+        ++poisoned;
+        EXPECT_EQ(s / 16, 0) << "the null block";
+      } else {
+        ++past;
+        EXPECT_TRUE(is_past_end(p));
+        EXPECT_GE(s, capacity) << "an index past the pool";
+      }
+    }
+  }
+  EXPECT_GT(real, 0);
+  EXPECT_GT(poisoned, 0);
+  EXPECT_GT(past, 0);
+}
+
 // The oob pattern: the random pattern's rows with every -1 replaced by a
 // past-the-end code of each kind; global_slots gives the decode op -1 there
 // and the prefill op indices >= s_kv (exactly s_kv, s_kv + 1..64, INT32_MAX

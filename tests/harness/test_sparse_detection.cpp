@@ -115,6 +115,45 @@ TEST(SparseGate, EveryPlantedSparseBugIsCaught) {
   }
 }
 
+// flashinfer #5095's class: a sparse kernel that, past 64 query tokens, ends
+// a row at its first -1 instead of at topk_length. It passes every case of 64
+// tokens or fewer and every lens row whose tail is -1; the layout suite's
+// batches of 72 and 90 tokens with the lanes past the length poisoned (lens)
+// or garbage (lens_garbage) catch it, and the correct backend passes them.
+TEST(SparseGate, ATailThatNeedsInvalidLanesPast64TokensIsCaught) {
+  std::vector<CaseSpec> many, few;
+  for (const CaseSpec& c : load_suite("layout").cases)
+    if (has_topk_length(c.sparse.pattern)) (c.num_tokens() > 64 ? many : few).push_back(c);
+  for (const CaseSpec& c : load_suite("sparse").cases)
+    if (has_topk_length(c.sparse.pattern) && c.num_tokens() <= 64) few.push_back(c);
+  ASSERT_FALSE(many.empty());
+  ASSERT_FALSE(few.empty());
+  SparseFaults f;
+  f.tail_needs_invalid = true;
+  std::vector<std::unique_ptr<Backend>> bs;
+  bs.push_back(detail::make_cpu_sparse_with_faults(f, "planted.tail_needs_invalid"));
+  bs.push_back(make_cpu_sparse());
+  const std::vector<Record> rs = run_cases(gate(many, {Op::kSparseDecode}), bs);
+  int caught = 0, correct_passed = 0;
+  for (const Record& r : rs) {
+    EXPECT_NE(r.status, Status::kCrashed) << r.message;
+    if (r.backend == "cpu.sparse") {
+      EXPECT_TRUE(r.status == Status::kPassed || r.status == Status::kNotSupported) << r.case_id << ": " << r.message;
+      correct_passed += r.status == Status::kPassed;
+    } else {
+      caught += r.status == Status::kIncorrect || r.status == Status::kNonfinite;
+    }
+  }
+  EXPECT_GE(caught, 3);
+  EXPECT_GT(correct_passed, 0);
+  std::vector<std::unique_ptr<Backend>> planted;
+  planted.push_back(detail::make_cpu_sparse_with_faults(f, "planted.tail_needs_invalid"));
+  for (const Record& r : run_cases(gate(few, {Op::kSparseDecode}), planted))
+    EXPECT_TRUE(r.status == Status::kPassed || r.status == Status::kNotSupported) << r.case_id << ": " << r.message;
+  std::printf("tail_needs_invalid: caught on %d of %zu records past 64 tokens; passes %zu cases of <= 64\n", caught,
+              rs.size() / 2, few.size());
+}
+
 // sparse_prefill's other form of "no key", an index >= S_kv (FlashMLA's
 // flash_mla_sparse_fwd: "-1 or any number >= s_kv"): a prefill kernel that
 // wraps such an index into the buffer (index % S_kv) passes every case of the
