@@ -42,6 +42,7 @@ bool from_dl_dtype(DLDataType d, DType& out) {
 struct Exported {
   DLManagedTensor managed{};
   Shape shape;
+  std::vector<std::int64_t> strides;  // elements; empty: compact
   std::shared_ptr<const void> owner;
 };
 
@@ -92,7 +93,7 @@ PyTensor PyTensor::owning(Tensor t) {
 
 PyTensor PyTensor::copy_of(const TensorView& v) {
   Tensor t = Tensor::for_overwrite(v.dtype, v.shape);
-  if (v.nbytes()) std::memcpy(t.bytes(), v.data, v.nbytes());
+  if (v.nbytes()) v.pack_into(t.bytes());  // a strided view's elements, packed
   return owning(std::move(t));
 }
 
@@ -106,7 +107,10 @@ pyb::capsule to_dlpack(const PyTensor& t) {
   d.ndim = static_cast<std::int32_t>(e->shape.size());
   d.dtype = dl_dtype(t.view.dtype);
   d.shape = e->shape.data();
-  d.strides = nullptr;
+  // A strided view (layout strided, a backend that declares strided_views)
+  // goes out with its strides: torch.from_dlpack and numpy.from_dlpack keep them.
+  e->strides = t.view.strides;
+  d.strides = e->strides.empty() ? nullptr : e->strides.data();
   d.byte_offset = 0;
   e->managed.manager_ctx = e;
   e->managed.deleter = delete_exported;
@@ -124,6 +128,12 @@ pyb::dict array_interface(const PyTensor& t) {
   for (std::size_t i = 0; i < t.view.shape.size(); ++i) shape[i] = pyb::int_(t.view.shape[i]);
   d["shape"] = shape;
   d["typestr"] = typestr(t.view.dtype);
+  if (!t.view.strides.empty()) {  // in bytes, as numpy counts them
+    pyb::tuple st(t.view.strides.size());
+    for (std::size_t i = 0; i < t.view.strides.size(); ++i)
+      st[i] = pyb::int_(t.view.strides[i] * static_cast<std::int64_t>(dtype_size(t.view.dtype)));
+    d["strides"] = st;
+  }
   // Inputs read-only (a kernel must not write into what the next one reads), outputs writable.
   d["data"] = pyb::make_tuple(reinterpret_cast<std::uintptr_t>(t.view.data), !t.output);
   d["version"] = 3;

@@ -322,6 +322,10 @@ void set_backends(const pyb::list& decls) {
                                  h.attr("kv_dtypes").cast<std::vector<std::string>>(),
                                  h.attr("query_len_support").cast<std::string>(),
                                  h.attr("reorder_threshold").cast<int>());
+    // Layouts (cases/LAYOUTS.md): strided views handed as they are; pools past
+    // the default 2^31 bytes where the backend says it addresses them.
+    d->caps.strided_views = h.attr("strided_views").cast<bool>();
+    if (!h.attr("max_pool_bytes").is_none()) d->caps.max_pool_bytes = h.attr("max_pool_bytes").cast<std::int64_t>();
     d->dispatch = h.attr("_dispatch");
     d->supports = h.attr("_supports");
     // --cuda-graph: only for backends declared capturable.
@@ -391,7 +395,7 @@ PYBIND11_MODULE(_mlagate, m) {
   // into the runner's buffer, with tensor_from_python's dtype and shape rules.
   m.def("copy_into", [](const PyTensor& dst, const pyb::handle& src, const std::string& what) {
     const Tensor t = tensor_from_python(src, dst.view.dtype, dst.view.shape, what);
-    if (t.nbytes()) std::memcpy(dst.view.data, t.bytes(), t.nbytes());
+    if (t.nbytes()) dst.view.unpack_from(t.bytes());  // into a strided view's elements only
   });
   m.def("op_outputs", [](const std::string& op) { return op_outputs(parse_op(op)); });
 }

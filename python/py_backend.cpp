@@ -230,7 +230,7 @@ class PyBackend final : public Backend {
 
   void decode(const DecodeArgs& a) override {
     call(Op::kDecode, [&] { return decode_args(a, Hold::kBorrow); },
-         {{"q_lat", a.q_lat}, {"q_pe", a.q_pe}, {"kv_cache", cache_view(*a.cache)}});
+         {{"q_lat", a.q_lat}, {"q_pe", a.q_pe}, {"kv_cache", cache_view(*a.cache), a.cache}});
   }
   // --cuda-graph: the Python layer's graph (mlagate/__init__.py, _TorchDecodeGraph or
   // _HostDecodeGraph) over the core's persistent arguments (persistent_decode_graph).
@@ -251,7 +251,7 @@ class PyBackend final : public Backend {
         a,
         [this, graph](const DecodeArgs& p, bool capture) {
           answer([&] { return graph_step(*graph, p, capture); },
-                 {{"q_lat", p.q_lat}, {"q_pe", p.q_pe}, {"kv_cache", cache_view(*p.cache)}});
+                 {{"q_lat", p.q_lat}, {"q_pe", p.q_pe}, {"kv_cache", cache_view(*p.cache), p.cache}});
         },
         "Python graph (torch.cuda.CUDAGraph on cuda, persistent buffers on cpu)");
   }
@@ -260,7 +260,7 @@ class PyBackend final : public Backend {
     call(Op::kPrefill, [&] { return prefill_args(a, Hold::kBorrow); }, {{"q", a.q}, {"k", a.k}, {"v", a.v}});
   }
   void sparse_decode(const SparseDecodeArgs& a) override {
-    std::vector<Input> in{{"q", a.q}, {"kv_cache", cache_view(*a.cache)}, {"indices", a.indices},
+    std::vector<Input> in{{"q", a.q}, {"kv_cache", cache_view(*a.cache), a.cache}, {"indices", a.indices},
                           {"extra_indices", a.extra_indices}};
     if (a.extra_cache) in.push_back({"extra_kv_cache", cache_view(*a.extra_cache)});
     call(Op::kSparseDecode, [&] { return sparse_decode_args(a, Hold::kBorrow); }, in);
@@ -279,11 +279,23 @@ class PyBackend final : public Backend {
   struct Input {
     const char* name;
     TensorView view;
+    const PagedCache* cache = nullptr;  // set for a paged cache's view
   };
   // The inputs are the case's own, lent: a function that writes into them
   // would hand the next backend (and --repeat's next run) other inputs. Its
   // record says so instead.
-  static std::uint64_t print(const TensorView& v) { return fingerprint(v.data, v.data ? v.nbytes() : 0); }
+  // A strided view's whole span (its padding between rows included); a placed
+  // pool (layouts pool2g/pool4g) by its live ranges, not its gigabytes of gap.
+  static std::uint64_t print(const Input& in) {
+    if (in.cache && in.cache->data.placement().placed()) {
+      std::uint64_t h = 0;
+      in.cache->data.for_each_live_range([&](std::int64_t b, std::int64_t e) {
+        h = h * 1099511628211ull ^ fingerprint(in.cache->data.bytes() + b, static_cast<std::size_t>(e - b));
+      });
+      return h;
+    }
+    return fingerprint(in.view.data, in.view.data ? in.view.span_bytes() : 0);
+  }
 
   template <class MakeArgs>
   void call(Op op, MakeArgs make, const std::vector<Input>& inputs) {
@@ -294,10 +306,10 @@ class PyBackend final : public Backend {
   template <class Ask>
   void answer(Ask ask, const std::vector<Input>& inputs) {
     std::vector<std::uint64_t> before;
-    for (const Input& in : inputs) before.push_back(print(in.view));
+    for (const Input& in : inputs) before.push_back(print(in));
     invoke(ask);
     for (std::size_t i = 0; i < inputs.size(); ++i)
-      if (print(inputs[i].view) != before[i])
+      if (print(inputs[i]) != before[i])
         throw WrongOutputError(std::string("wrote into its input '") + inputs[i].name +
                                "' (inputs are read-only: later records in this process read them)");
   }

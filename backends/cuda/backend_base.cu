@@ -132,14 +132,14 @@ namespace {
 // block table (rows of `table_width`), and the metadata [seq_lens | query_start
 // | table rows] of a's B requests.
 PagedDecodeProblem decode_problem(const DecodeArgs& a, const KvFormat& kv, const DeviceBuffer& q_lat,
-                                  const DeviceBuffer& q_pe, const DeviceBuffer& cache, const DeviceBuffer& table,
+                                  const DeviceBuffer& q_pe, const void* cache, const DeviceBuffer& table,
                                   const DeviceBuffer& meta, int table_width) {
   const std::size_t B = a.seq_lens.size();
   const int L = static_cast<int>(a.q_lat.shape[2]), R = static_cast<int>(a.q_pe.shape[2]);
   PagedDecodeProblem pb{};
   pb.q_lat = q_lat.as<std::uint16_t>();
   pb.q_pe = q_pe.as<std::uint16_t>();
-  pb.cache = cache.as<unsigned char>();
+  pb.cache = static_cast<const unsigned char*>(cache);
   pb.block_table = table.as<std::int32_t>();
   pb.seq_lens = meta.as<std::int32_t>();
   pb.query_start = pb.seq_lens + B;
@@ -189,7 +189,7 @@ std::unique_ptr<CudaBackend::DecodeInputs> CudaBackend::upload_decode(const Deco
   in->lse = std::make_unique<GuardedDeviceOutput>(a.lse, "lse", s);
 
   DecodeCall& call = in->call;
-  call.pb = decode_problem(a, kv, in->q_lat, in->q_pe, in->cache->data, in->cache->block_table, in->meta,
+  call.pb = decode_problem(a, kv, in->q_lat, in->q_pe, in->cache->layer(), in->cache->block_table, in->meta,
                            cache.table_width);
   call.groups = in->groups.as<RowGroup>();
   call.num_groups = static_cast<int>(groups.size());
@@ -268,7 +268,7 @@ std::unique_ptr<DecodeGraph> CudaBackend::capture_decode(const DecodeArgs& a) {
       o_ = std::make_unique<GuardedDeviceOutput>(a.o_lat, "o_lat", s_);
       lse_ = std::make_unique<GuardedDeviceOutput>(a.lse, "lse", s_);
       refresh(a);
-      call_.pb = decode_problem(a, kv_format_of(c, a.k_scale), q_lat_, q_pe_, cache_, table_, meta_, width_);
+      call_.pb = decode_problem(a, kv_format_of(c, a.k_scale), q_lat_, q_pe_, cache_.data(), table_, meta_, width_);
       call_.groups = groups_.as<RowGroup>();
       call_.num_groups = static_cast<int>(groups.size());
       call_.rows = static_cast<long long>(T) * N;
@@ -378,7 +378,7 @@ void CudaBackend::cache_write(PagedCache& cache, const TensorView& kv_c, const T
     Event start, stop;
     start.record(s);
     write_entries_kernel<<<static_cast<unsigned>(n), kWriteThreads, 0, s>>>(
-        dc->data.as<unsigned char>(), f, cache.scale_rule == ScaleRule::kPow2, static_cast<int>(R),
+        dc->layer_as<unsigned char>(), f, cache.scale_rule == ScaleRule::kPow2, static_cast<int>(R),
         d_kv.as<std::uint16_t>(), d_pe.as<std::uint16_t>(), d_slots.as<long long>());
     MLAGATE_CUDA_CHECK_LAUNCH();
     stop.record(s);
@@ -389,8 +389,11 @@ void CudaBackend::cache_write(PagedCache& cache, const TensorView& kv_c, const T
   // wrong slot shows on the host too); the device copy is kept under its new
   // content for the decode that follows.
   cache.data.for_each_live_range([&](std::int64_t b, std::int64_t e) {
-    dc->data.download(cache.data.bytes() + b, static_cast<std::size_t>(e - b), s, static_cast<std::size_t>(b));
+    dc->data.download(cache.data.bytes() + b, static_cast<std::size_t>(e - b), s, dc->before + static_cast<std::size_t>(b));
   });
+  // The stacked cache's other layers on the device (layout strided): a write
+  // there is as wrong as one into the host's (PageStore::check_other_layers).
+  if (const std::string w = dc->other_layers_change(s); !w.empty()) throw OutOfBoundsWriteError("cache_write: " + w);
   dc->key = cache_key(cache);
   DeviceCacheStore::instance().adopt(std::move(dc));
 }

@@ -48,7 +48,9 @@ CacheKey cache_key(const PagedCache& c) {
   const std::int64_t meta[] = {static_cast<std::int64_t>(c.kv_dtype), static_cast<std::int64_t>(c.elem_dtype),
                                c.block_size, c.num_blocks, c.entry_bytes, c.table_width,
                                c.block_table.empty() ? 0 : c.block_table.dim(0),
-                               static_cast<std::int64_t>(c.data.nbytes())};
+                               static_cast<std::int64_t>(c.data.nbytes()),
+                               // the stacked cache's other layers: a device copy has them too
+                               c.data.placement().before, c.data.placement().after};
   CacheKey k = hash_bytes(reinterpret_cast<const unsigned char*>(meta), sizeof meta, 1);
   k = combine(k, hash_bytes(reinterpret_cast<const unsigned char*>(c.block_table.bytes()), c.block_table.nbytes(), 2));
   // The live bytes (a huge pool's gap is never written, cases/page_store.h).
@@ -70,10 +72,26 @@ CacheKey cache_key(const PagedCache& c) {
   return k;
 }
 
-void upload_pool(DeviceBuffer& dst, const PagedCache& host, cudaStream_t s) {
+void upload_pool(DeviceBuffer& dst, const PagedCache& host, cudaStream_t s, std::size_t offset) {
   host.data.for_each_live_range([&](std::int64_t b, std::int64_t e) {
-    dst.upload(host.data.bytes() + b, static_cast<std::size_t>(e - b), s, static_cast<std::size_t>(b));
+    dst.upload(host.data.bytes() + b, static_cast<std::size_t>(e - b), s, offset + static_cast<std::size_t>(b));
   });
+}
+
+std::string DeviceCache::other_layers_change(cudaStream_t s) const {
+  const auto check = [&](std::size_t from, std::size_t n, const char* where) -> std::string {
+    if (n == 0) return {};
+    std::vector<unsigned char> h(n);
+    data.download(h.data(), n, s, from);
+    for (std::size_t i = 0; i < n; ++i)
+      if (h[i] != static_cast<unsigned char>(PageStore::kOtherLayerByte))
+        return std::string("a write into another layer of the stacked cache (device), ") + where + ", byte " +
+               std::to_string(i) + " of " + std::to_string(n);
+    return {};
+  };
+  std::string w = check(0, before, "the layers before this one");
+  if (w.empty()) w = check(data.size() - after, after, "the layers after this one");
+  return w;
 }
 
 DeviceCacheStore& DeviceCacheStore::instance() {
@@ -117,8 +135,15 @@ std::shared_ptr<const DeviceCache> DeviceCacheStore::get(const PagedCache& host,
   if (auto hit = find(k)) return hit;
   auto c = std::make_shared<DeviceCache>();
   c->key = k;
-  c->data = DeviceBuffer(host.data.nbytes());
-  upload_pool(c->data, host, s);
+  c->before = static_cast<std::size_t>(host.data.placement().before);
+  c->after = static_cast<std::size_t>(host.data.placement().after);
+  c->data = DeviceBuffer(c->before + host.data.nbytes() + c->after);
+  const auto other = static_cast<int>(PageStore::kOtherLayerByte);
+  if (c->before) MLAGATE_CUDA_CHECK(cudaMemsetAsync(c->data.data(), other, c->before, s));
+  if (c->after)
+    MLAGATE_CUDA_CHECK(cudaMemsetAsync(static_cast<unsigned char*>(c->data.data()) + c->before + host.data.nbytes(), other,
+                                       c->after, s));
+  upload_pool(c->data, host, s, c->before);
   c->block_table = DeviceBuffer(host.block_table.nbytes());
   c->block_table.upload(host.block_table.bytes(), host.block_table.nbytes(), s);
   MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -130,6 +155,8 @@ std::shared_ptr<const DeviceCache> DeviceCacheStore::get(const PagedCache& host,
 std::shared_ptr<DeviceCache> DeviceCacheStore::copy_for_write(const PagedCache& host, cudaStream_t s) {
   std::shared_ptr<const DeviceCache> base = get(host, s);
   auto c = std::make_shared<DeviceCache>();
+  c->before = base->before;
+  c->after = base->after;
   c->data = DeviceBuffer(base->data.size());
   c->block_table = DeviceBuffer(base->block_table.size());
   MLAGATE_CUDA_CHECK(cudaMemcpyAsync(c->data.data(), base->data.data(), base->data.size(), cudaMemcpyDeviceToDevice, s));

@@ -8,6 +8,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "cases/paged_cache.h"
 #include "gpu/device.h"
@@ -22,19 +23,31 @@ struct CacheKey {
 // combined in order: the value does not depend on the thread count).
 CacheKey cache_key(const PagedCache& c);
 
-// A cache's pool into device memory of at least its size, at the same offsets:
-// its live bytes only (cases/page_store.h). A huge pool's gap, never written
-// on the host, keeps whatever the device memory held, as unused pages of a
-// serving engine's pool do.
-void upload_pool(DeviceBuffer& dst, const PagedCache& host, cudaStream_t s);
+// A cache's pool into device memory of at least its size, at the same offsets
+// (+ `offset`): its live bytes only (cases/page_store.h). A huge pool's gap,
+// never written on the host, keeps whatever the device memory held, as unused
+// pages of a serving engine's pool do.
+void upload_pool(DeviceBuffer& dst, const PagedCache& host, cudaStream_t s, std::size_t offset = 0);
 
 // A PagedCache's bytes [num_blocks, block_size, entry_bytes] and block table
-// [rows, width] int32 on the device.
+// [rows, width] int32 on the device. Under layout strided the pool is one
+// layer of a stacked cache there too: `before` and `after` bytes of other
+// layers (PageStore::kOtherLayerByte) around it, so the kernels get a pointer
+// at a nonzero offset into a larger allocation, as vLLM's per-layer views.
 struct DeviceCache {
   CacheKey key;
-  DeviceBuffer data;
+  DeviceBuffer data;  // [before | the pool | after]
   DeviceBuffer block_table;
+  std::size_t before = 0, after = 0;
   std::size_t bytes() const { return data.size() + block_table.size(); }
+  void* layer() const { return static_cast<unsigned char*>(data.data()) + before; }
+  template <class T>
+  T* layer_as() const {
+    return static_cast<T*>(layer());
+  }
+  // Empty when the other layers hold their byte, else where the first write
+  // into them went (synchronizes s).
+  std::string other_layers_change(cudaStream_t s) const;
 };
 
 class DeviceCacheStore {

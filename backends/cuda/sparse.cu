@@ -397,7 +397,7 @@ class SparseBackend final : public CudaBackend {
     if (a.extra_cache) extra = DeviceCacheStore::instance().get(*a.extra_cache, s);
 
     SparseProblem pb = common(a.q, a.scale, static_cast<int>(a.o.shape[2]));
-    pb.cache = sparse_cache_of(*a.cache, main->data.as<unsigned char>());
+    pb.cache = sparse_cache_of(*a.cache, main->layer_as<unsigned char>());
     DeviceBuffer q = upload_array(static_cast<const std::uint16_t*>(a.q.data), a.q.numel(), s);
     DeviceBuffer sink = upload_array(a.sink.data(), a.sink.size(), s);
     DeviceBuffer idx, lens, meta, eidx, elens;
@@ -425,7 +425,7 @@ class SparseBackend final : public CudaBackend {
       if (a.extra_cache->kv_dtype != KvCacheDtype::kAuto && a.extra_cache->elem_dtype != a.q.dtype)
         throw std::invalid_argument("sparse_decode: the extra cache's model dtype differs from q's");
       pb.has_extra = true;
-      pb.extra = sparse_cache_of(*a.extra_cache, extra->data.as<unsigned char>());
+      pb.extra = sparse_cache_of(*a.extra_cache, extra->layer_as<unsigned char>());
       eidx = upload_array(a.extra_indices.as<std::int32_t>(), a.extra_indices.numel(), s);
       elens = upload_array(a.extra_topk_length.data(), a.extra_topk_length.size(), s);
       pb.extra_indices = eidx.as<std::int32_t>();

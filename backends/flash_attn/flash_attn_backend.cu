@@ -355,7 +355,7 @@ class FaDecodeCall final : public libs::PreparedDecode {
     Flash_fwd_params& p = params_;
     p = Flash_fwd_params{};
     p.is_bf16 = bf16_;
-    auto* base = static_cast<std::uint16_t*>(cache_->data.data());
+    auto* base = cache_->layer_as<std::uint16_t>();  // one layer of a stacked cache under layout strided
     const std::int64_t page_stride = static_cast<std::int64_t>(cache.block_size) * D;
     p.q_ptr = q_pe_.data();
     p.k_ptr = base + L;  // the k_pe columns of each entry

@@ -121,7 +121,7 @@ class FlashInferCall final : public libs::PreparedDecode {
     p.q_nope = q_nope_.as<DTypeQ>();
     p.q_pe = q_pe_.as<DTypeQ>();
     // Entry = [kv_c (L) | k_pe (R)] in the cache's element type, one kv head.
-    DTypeKV* entries = cache_->data.as<DTypeKV>();
+    DTypeKV* entries = cache_->layer_as<DTypeKV>();  // one layer of a stacked cache under layout strided
     p.ckv = entries;
     p.kpe = entries + L;
     p.final_o = static_cast<DTypeQ*>(out.o);

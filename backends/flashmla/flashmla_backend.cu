@@ -138,7 +138,7 @@ class FlashMlaCall final : public libs::PreparedDecode {
     p.scale_softmax = static_cast<float>(a.scale);
     p.scale_softmax_log2 = static_cast<float>(a.scale * kLog2e);
     p.q_ptr = q_.data();
-    p.k_ptr = cache_->data.data();
+    p.k_ptr = cache_->layer();  // one layer of a stacked cache under layout strided
     p.o_ptr = out.o;
     p.softmax_lse_ptr = out.lse;
     // Strides in elements of q [b, q_seq_per_hk, 1, d], k [blocks, 64, 1, d], o [b, 1, q_seq_per_hk, d_v].

@@ -292,10 +292,10 @@ struct SparseCall {
       if (has_extra) p.extra_kv = extra_data.as<cutlass::bfloat16_t>();
     } else {
       main_dev = gpu::DeviceCacheStore::instance().get(*a.cache, s);
-      p.kv = const_cast<cutlass::bfloat16_t*>(main_dev->data.as<cutlass::bfloat16_t>());
+      p.kv = const_cast<cutlass::bfloat16_t*>(main_dev->layer_as<cutlass::bfloat16_t>());
       if (has_extra) {
         extra_dev = gpu::DeviceCacheStore::instance().get(*a.extra_cache, s);
-        p.extra_kv = const_cast<cutlass::bfloat16_t*>(extra_dev->data.as<cutlass::bfloat16_t>());
+        p.extra_kv = const_cast<cutlass::bfloat16_t*>(extra_dev->layer_as<cutlass::bfloat16_t>());
       }
     }
     smxx::decode::run_get_decoding_sched_meta_kernel(sp);

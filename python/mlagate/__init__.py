@@ -206,6 +206,11 @@ class Backend:
     calls prepare, replays, and copies the outputs back); it must write args.o_lat and args.lse in
     place and launch on torch's current stream. With device="cpu" the call runs on persistent buffers
     (a host emulation).
+    strided_views=True: decode gets layout strided's views as they are (cases/LAYOUTS.md): q_lat and
+    q_pe slices of one fused [T, N, L+R] tensor, o_lat and lse in larger buffers (their strides
+    show in torch and numpy; write into them in place, or return the outputs). Without it those
+    records are NOT_SUPPORTED. max_pool_bytes: the largest page pool the kernel addresses (default
+    2^31); the pool2g / pool4g layouts' kv_cache is the whole pool (its gap reads as zeros).
     """
 
     def __init__(self, decode: Callable | None = None, prefill: Callable | None = None,
@@ -215,7 +220,8 @@ class Backend:
                  kv_dtypes: Iterable[str] = ("auto",), query_len_support: str = "varlen",
                  reorder_threshold: int = 1, supports: Callable | None = None, framework: str | None = None,
                  device: str = "cpu", description: str = "", name: str | None = None,
-                 cuda_graph: bool = False, prepare: Callable | None = None):
+                 cuda_graph: bool = False, prepare: Callable | None = None,
+                 strided_views: bool = False, max_pool_bytes: int | None = None):
         self.fns = {op: fn for op, fn in (("decode", decode), ("prefill", prefill),
                                           ("sparse_decode", sparse_decode), ("sparse_prefill", sparse_prefill),
                                           ("merge_states", merge_states))
@@ -250,6 +256,10 @@ class Backend:
         if cuda_graph and "decode" not in self.fns:
             raise ValueError("mlagate.Backend: cuda_graph=True needs a decode function (graphs capture decode)")
         self.cuda_graph, self.prepare = bool(cuda_graph), prepare
+        self.strided_views = bool(strided_views)
+        if max_pool_bytes is not None and int(max_pool_bytes) < 1:
+            raise ValueError("mlagate.Backend: max_pool_bytes must be positive (bytes of the largest pool addressed)")
+        self.max_pool_bytes = None if max_pool_bytes is None else int(max_pool_bytes)
         self.framework, self.device = framework, device
         self.name = name or ""
         self.description = description or "Python: " + ", ".join(
@@ -333,7 +343,8 @@ class Backend:
         return {"name": self.name, "description": self.description, "fns": refs,
                 "block_sizes": self.block_sizes, "dtypes": self.dtypes, "kv_dtypes": self.kv_dtypes,
                 "query_len_support": self.query_len_support, "reorder_threshold": self.reorder_threshold,
-                "framework": self.framework, "device": self.device, "cuda_graph": self.cuda_graph}
+                "framework": self.framework, "device": self.device, "cuda_graph": self.cuda_graph,
+                "strided_views": self.strided_views, "max_pool_bytes": self.max_pool_bytes}
 
 
 class _HostDecodeGraph:

@@ -52,7 +52,8 @@ def main() -> int:
                             query_len_support=b["query_len_support"], reorder_threshold=b["reorder_threshold"],
                             supports=supports, framework=b["framework"], device=b["device"],
                             description=b["description"], name=b["name"],
-                            cuda_graph=b.get("cuda_graph", False), prepare=prepare)
+                            cuda_graph=b.get("cuda_graph", False), prepare=prepare,
+                            strided_views=b.get("strided_views", False), max_pool_bytes=b.get("max_pool_bytes"))
         decls.append(d)
     mlagate._mlagate.set_backends(decls)
     sys.stdout.flush()

@@ -523,3 +523,57 @@ def test_merge_case_inputs_and_check():
     assert np.isinf(a.prefix_lse).any() and np.isposinf(a.prefix_lse).any()  # empty rows, FA2's +inf among them
     assert case.check(numpy_merge(a), "merge_states")
     assert case.check(naive_merge(a), "merge_states").status == "NONFINITE"
+
+
+# ------------------------------------------------------------------ layouts (cases/LAYOUTS.md)
+
+SEEN_STRIDES = []
+
+
+class _AsNumpy:
+    """An Args of framework="tensor" read as framework="numpy" would hand it (numpy_mla reads it)."""
+
+    def __init__(self, a):
+        self._a = a
+
+    def __getattr__(self, k):
+        v = getattr(self._a, k)
+        return mlagate.to_numpy(v) if isinstance(v, mlagate.Tensor) else v
+
+
+def recording_decode(a):
+    # The views as handed (zero-copy uint16 arrays: strides in bytes), then numpy_mla on them.
+    SEEN_STRIDES.append((np.asarray(a.q_lat).strides, np.asarray(a.q_pe).strides, np.asarray(a.o_lat).strides,
+                         np.asarray(a.lse).strides, a.q_lat.shape))
+    return numpy_mla.decode(_AsNumpy(a))
+
+
+def test_layouts_are_handed_only_where_declared():
+    """strided_views and max_pool_bytes as the CLI's backends declare them: a backend that declares
+    them gets layout strided's views (q_lat and q_pe slices of the fused q, row stride L+R; o_lat and
+    lse in larger buffers) and a pool past 2^31 bytes, and passes; one that does not gets
+    NOT_SUPPORTED with the reason."""
+    declared = mlagate.Backend(decode=numpy_mla.decode, framework="numpy", strided_views=True, max_pool_bytes=1 << 40)
+    plain = mlagate.Backend(decode=numpy_mla.decode, framework="numpy")
+    r = mlagate.run({"np.layouts": declared, "np.plain": plain}, suite="layout", op="decode",
+                    filter=r"^layout/small_decode/tp16/bf16/kv=auto/bs=16/seed=0/layout=(strided|pool2g)$",
+                    quiet=True, isolate="none")
+    by = {(x["backend"], x["id"].rsplit("=", 1)[1]): x for x in r.records}
+    assert len(by) == 4, [x["id"] for x in r.records]
+    for layout in ("strided", "pool2g"):
+        assert by[("np.layouts", layout)]["status"] == "PASSED", by[("np.layouts", layout)]["message"]
+        assert by[("np.plain", layout)]["status"] == "NOT_SUPPORTED"
+    assert "declares no strided views" in by[("np.plain", "strided")]["message"]
+    assert "addresses pools of at most 2147483648 bytes" in by[("np.plain", "pool2g")]["message"]
+
+    SEEN_STRIDES.clear()
+    r = mlagate.run({"t.strided": mlagate.Backend(decode=recording_decode, framework="tensor", strided_views=True)},
+                    suite="layout", op="decode", filter=r"^layout/small_decode/tp16/bf16/kv=auto/bs=16/seed=0/layout=strided$",
+                    quiet=True, isolate="none")
+    assert [x["status"] for x in r.records] == ["PASSED"], r.failures()
+    q, qpe, o, lse, (t, n, lat) = SEEN_STRIDES[0]
+    assert q == qpe == (n * (lat + 64) * 2, (lat + 64) * 2, 2)  # bf16, R = 64: one fused [T, N, 576] q
+    assert o == (n * (lat + 64) * 2, (lat + 64) * 2, 2)  # 64 elements of padding per head row
+    assert lse == ((n + 8) * 4, 4)  # 8 heads of padding per token
+    with pytest.raises(ValueError, match="max_pool_bytes"):
+        mlagate.Backend(decode=numpy_mla.decode, max_pool_bytes=0)

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/cache_store.h"
 #include "backends/cuda/cuda_backends.h"
 #include "cases/errors.h"
 #include "cases/suite.h"
@@ -263,6 +264,35 @@ TEST(CudaStrided, StridedViewsPassAndAWritePastTheLastRowIsCaught) {
   EXPECT_GT(ran, 0);
   std::printf("strided views on the device: %d records passed; the planted write past the last row caught on %d of %d\n",
               passed, caught, ran);
+}
+
+// Layout strided's stacked cache on the device: the device copy of the pool
+// sits between the other layers' bytes (the host's placement), every kernel
+// gets the layer's pointer, and a write into another layer is found.
+TEST(CudaStrided, TheDeviceCacheIsOneLayerOfAStackedCache) {
+  MLAGATE_REQUIRE_GPU();
+  CaseSpec spec;
+  spec.batch = {"stacked", {300, 40}, {1, 1}};
+  spec.tp = 16;
+  spec.layout.strided = true;
+  const Case c = generate_case(spec);
+  const PagedCache pc = build_paged_cache(c, 16);
+  ASSERT_GT(pc.data.placement().before, 0);
+  ASSERT_GT(pc.data.placement().after, 0);
+  gpu::Stream s;
+  const std::shared_ptr<const gpu::DeviceCache> dc = gpu::DeviceCacheStore::instance().get(pc, s.get());
+  EXPECT_EQ(dc->before, static_cast<std::size_t>(pc.data.placement().before));
+  EXPECT_EQ(dc->after, static_cast<std::size_t>(pc.data.placement().after));
+  EXPECT_EQ(dc->data.size(), dc->before + pc.data.nbytes() + dc->after);
+  EXPECT_EQ(dc->other_layers_change(s.get()), "");
+  // The layer's first bytes are the host pool's.
+  std::vector<std::byte> head(4096);
+  dc->data.download(head.data(), head.size(), s.get(), dc->before);
+  EXPECT_EQ(std::memcmp(head.data(), pc.data.bytes(), head.size()), 0);
+  // One byte written just past the layer: named.
+  MLAGATE_CUDA_CHECK(cudaMemsetAsync(static_cast<unsigned char*>(dc->layer()) + pc.data.nbytes(), 0, 1, s.get()));
+  EXPECT_NE(dc->other_layers_change(s.get()).find("the layers after this one, byte 0"), std::string::npos);
+  gpu::DeviceCacheStore::instance().clear();  // the entry was damaged on purpose
 }
 
 // A kernel that never writes one row: the poisoned device output comes back
