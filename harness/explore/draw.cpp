@@ -205,6 +205,8 @@ void CaseDrawer::draw_layout(std::uint64_t index, int attempt, const Backend& b,
     options = {layout_values().begin() + 1, layout_values().end()};
   }
   std::vector<LayoutSpec> ok;
+  const Capabilities caps = b.capabilities();  // once: a plugin's or Python backend's call is not free
+  const int bs = c.block_size ? c.block_size : (caps.block_sizes.empty() ? 16 : caps.block_sizes.front());
   for (const LayoutSpec& l : options) {
     CaseSpec t = c;
     t.layout = l;
@@ -214,8 +216,6 @@ void CaseDrawer::draw_layout(std::uint64_t index, int attempt, const Backend& b,
       continue;
     }
     // A shared layout that shares no whole block at the case's block size is the contiguous case again.
-    const Capabilities caps = b.capabilities();
-    const int bs = t.block_size ? t.block_size : (caps.block_sizes.empty() ? 16 : caps.block_sizes.front());
     if (l.shared && shared_prefix_tokens(t) < bs) continue;
     if (b.supports(t, op).ok) ok.push_back(l);
   }

@@ -24,17 +24,13 @@ OpRun run_decode_op(Backend& b, const Case& c, const PagedCache& cache, const Te
   ProducedOutput l{"lse", GuardedBuffer(DType::kF32, {T, N}, opt.poison, opt.reuse_buffers), N, 1, true};
   std::vector<std::int32_t> rows(static_cast<std::size_t>(c.num_requests));
   for (int i = 0; i < c.num_requests; ++i) rows[i] = i;
-  std::optional<StridedDecodeViews> strided;
-  if (c.spec.layout.strided) strided.emplace(q_lat, q_pe, o.buf.view(), l.buf.view());
-  const DecodeArgs a = strided ? decode_args(strided->q_lat(), strided->q_pe(), cache, {c.seq_lens, c.query_start_loc, rows},
-                                             c.spec.softmax_scale(), c.spec.k_scale, strided->o_lat(), strided->lse())
-                               : decode_args(q_lat.view(), q_pe.view(), cache, {c.seq_lens, c.query_start_loc, rows},
-                                             c.spec.softmax_scale(), c.spec.k_scale, o.buf.view(), l.buf.view());
+  // check_capabilities refused a strided case to a backend without strided views.
+  const LayoutDecodeCall call(c.spec.layout.strided, q_lat, q_pe, o.buf.view(), l.buf.view());
+  const DecodeArgs a = call.args(cache, {c.seq_lens, c.query_start_loc, rows}, c.spec.softmax_scale(), c.spec.k_scale);
   const auto t0 = Clock::now();
   b.decode(a);
   run.run_ms = backend_call_done(t0);
-  if (strided) run.guard_violation = strided->finish(o.buf.view(), l.buf.view());
-  if (run.guard_violation.empty()) run.guard_violation = cache.data.check_other_layers();
+  run.guard_violation = call.finish(cache);
   finish_kernel_op(run, o, l, c.num_requests, "decode");
   return run;
 }

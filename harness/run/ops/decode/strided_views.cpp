@@ -61,4 +61,22 @@ std::string StridedDecodeViews::finish(const TensorView& o, const TensorView& ls
   return where;
 }
 
+LayoutDecodeCall::LayoutDecodeCall(bool strided, const Tensor& q_lat, const Tensor& q_pe, const TensorView& o,
+                                   const TensorView& lse)
+    : q_lat_(q_lat), q_pe_(q_pe), o_(o), lse_(lse) {
+  if (strided) strided_.emplace(q_lat, q_pe, o, lse);
+}
+
+DecodeArgs LayoutDecodeCall::args(const PagedCache& cache, const DecodeBatch& batch, double scale, float k_scale) const {
+  if (strided_)
+    return decode_args(strided_->q_lat(), strided_->q_pe(), cache, batch, scale, k_scale, strided_->o_lat(), strided_->lse());
+  return decode_args(q_lat_.view(), q_pe_.view(), cache, batch, scale, k_scale, o_, lse_);
+}
+
+std::string LayoutDecodeCall::finish(const PagedCache& cache) const {
+  std::string where = strided_ ? strided_->finish(o_, lse_) : std::string();
+  if (where.empty()) where = cache.data.check_other_layers();
+  return where;
+}
+
 }  // namespace mlagate

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
+#include "backends/decode_args.h"
 #include "cases/tensor.h"
 
 namespace mlagate {
@@ -33,6 +35,24 @@ class StridedDecodeViews {
   std::int64_t t_, n_, l_, r_, esz_;
   Tensor fused_, o_, lse_;
   TensorView q_lat_, q_pe_, o_lat_, lse_view_;
+};
+
+// One decode call under the case's layout, as the decode op and the layer
+// op's decode step make it: vLLM's strided views where the case is strided
+// and the backend takes them, else the contiguous buffers; finish() says where
+// a write went past a view or into another layer of the stacked cache ("" if
+// nowhere) and leaves the payload in the contiguous outputs.
+class LayoutDecodeCall {
+ public:
+  LayoutDecodeCall(bool strided, const Tensor& q_lat, const Tensor& q_pe, const TensorView& o, const TensorView& lse);
+  DecodeArgs args(const PagedCache& cache, const DecodeBatch& batch, double scale, float k_scale) const;
+  std::string finish(const PagedCache& cache) const;
+
+ private:
+  const Tensor& q_lat_;
+  const Tensor& q_pe_;
+  TensorView o_, lse_;
+  std::optional<StridedDecodeViews> strided_;
 };
 
 }  // namespace mlagate

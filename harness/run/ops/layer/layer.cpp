@@ -155,21 +155,14 @@ void run_decodes(LayerRun& s, const std::vector<int>& dec_req) {
   GuardedBuffer d_lse(DType::kF32, {Td, N}, s.opt.poison, s.opt.reuse_buffers);
   std::vector<std::int32_t> rows(dec_req.begin(), dec_req.end());
   // Layout strided: the decode kernel gets vLLM's views where it declares them (cases/LAYOUTS.md).
-  std::optional<StridedDecodeViews> strided;
-  if (c.spec.layout.strided && s.b.capabilities().strided_views) strided.emplace(q_lat, q_pe, o_lat.view(), d_lse.view());
-  const DecodeArgs a =
-      strided ? decode_args(strided->q_lat(), strided->q_pe(), s.cache, {seq, qsl, rows}, c.spec.softmax_scale(),
-                            c.spec.k_scale, strided->o_lat(), strided->lse())
-              : decode_args(q_lat.view(), q_pe.view(), s.cache, {seq, qsl, rows}, c.spec.softmax_scale(), c.spec.k_scale,
-                            o_lat.view(), d_lse.view());
+  const LayoutDecodeCall call(c.spec.layout.strided && s.b.capabilities().strided_views, q_lat, q_pe, o_lat.view(),
+                              d_lse.view());
+  const DecodeArgs a = call.args(s.cache, {seq, qsl, rows}, c.spec.softmax_scale(), c.spec.k_scale);
   const auto t0 = Clock::now();
   s.b.decode(a);
   s.run.run_ms += backend_call_done(t0);
-  if (strided) {
-    std::string where = strided->finish(o_lat.view(), d_lse.view());
-    if (s.run.guard_violation.empty()) s.run.guard_violation = std::move(where);
-  }
-  if (s.run.guard_violation.empty()) s.run.guard_violation = s.cache.data.check_other_layers();
+  std::string where = call.finish(s.cache);
+  if (s.run.guard_violation.empty()) s.run.guard_violation = std::move(where);
   note_guard(s.run, o_lat, "decode o_lat");
   note_guard(s.run, d_lse, "decode lse");
   project_latent_output(c, o_lat.view(), tokens, s.out);
