@@ -150,3 +150,35 @@ TEST(Layout, AStridedCacheIsOneLayerOfAStackAndItsNeighboursAreChecked) {
 
 }  // namespace
 }  // namespace mlagate
+
+namespace mlagate {
+namespace {
+
+// What the GPU adapters copy of a strided view (gpu::upload_view, the
+// packed outputs): span_bytes ends at the last element, not at the last
+// row's padding; pack_into / unpack_from move exactly the view's elements,
+// leaving the bytes between its rows alone.
+TEST(Layout, AStridedViewsSpanPackAndUnpackTouchOnlyItsElements) {
+  // A [2, 3, 4] uint16 view with rows of 6 (2 elements of padding per head row).
+  std::vector<std::uint16_t> buf(2 * 3 * 6, 0xEEEE);
+  for (std::size_t i = 0; i < buf.size(); ++i)
+    if (i % 6 < 4) buf[i] = static_cast<std::uint16_t>(i);
+  TensorView v{DType::kBF16, {2, 3, 4}, buf.data()};
+  v.strides = {18, 6, 1};
+  EXPECT_FALSE(v.contiguous());
+  EXPECT_EQ(v.span_bytes(), 68u) << "to the last element, at 1 * 18 + 2 * 6 + 3 = 33: 34 elements";
+  std::vector<std::uint16_t> packed(24);
+  v.pack_into(packed.data());
+  for (std::size_t i = 0; i < 24; ++i) EXPECT_EQ(packed[i], static_cast<std::uint16_t>((i / 4) * 6 + i % 4)) << i;
+  for (std::uint16_t& x : packed) x = static_cast<std::uint16_t>(x + 1000);
+  v.unpack_from(packed.data());
+  for (std::size_t i = 0; i < buf.size(); ++i)
+    EXPECT_EQ(buf[i], static_cast<std::uint16_t>(i % 6 < 4 ? i + 1000 : 0xEEEE)) << i;  // the padding untouched
+  // Contiguous: the whole buffer.
+  const TensorView c{DType::kF32, {2, 3}, buf.data()};
+  EXPECT_EQ(c.span_bytes(), c.nbytes());
+  EXPECT_EQ((TensorView{DType::kF32, {0, 3}, nullptr}).span_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace mlagate
