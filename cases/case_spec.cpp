@@ -26,19 +26,24 @@ Dims dims_preset(const std::string& name) {
   // DeepSeek V4: a 512-wide entry of 448 NoPE + 64 RoPE (P and V only shape the
   // absorbed queries; the sparse ops return the whole entry).
   if (name == "v4") return Dims{448, 64, 128, 128};
+  // NoPE MLA (GLM-5.3-Flash, vLLM's FLASHINFER_MLA_SPARSE_SM90 with head size
+  // 512 and kpe 0): the latent alone, no rotary part (R = 0). P and V are
+  // GLM's; only prefill and the layer's up-projections use them.
+  if (name == "nope") return Dims{512, 0, 192, 256};
   // "L.R.P.V", dims_label's form for dims that are no preset (shrunk or drawn
   // cases written back as suite files); validate() bounds the values.
   int l = 0, r = 0, p = 0, v = 0;
   char extra = 0;
   if (std::sscanf(name.c_str(), "%d.%d.%d.%d%c", &l, &r, &p, &v, &extra) == 4 && l > 0 && r >= 0 && p > 0 && v > 0)
     return Dims{l, r, p, v};
-  throw InputError("unknown dims preset '" + name + "' (expected deepseek, glm, v4 or L.R.P.V such as 256.32.64.64)");
+  throw InputError("unknown dims preset '" + name + "' (expected deepseek, glm, v4, nope or L.R.P.V such as 256.32.64.64)");
 }
 
 std::string dims_label(const Dims& d) {
   if (d == Dims{}) return "deepseek";
   if (d == Dims{512, 64, 192, 256}) return "glm";
   if (d == Dims{448, 64, 128, 128}) return "v4";
+  if (d == Dims{512, 0, 192, 256}) return "nope";
   return std::to_string(d.kv_lora_rank) + "." + std::to_string(d.rope_dim) + "." +
          std::to_string(d.nope_dim) + "." + std::to_string(d.v_head_dim);
 }

@@ -21,8 +21,8 @@ struct Dims {
   int head_size() const { return kv_lora_rank + rope_dim; }  // D = L + R
   bool operator==(const Dims&) const = default;
 };
-Dims dims_preset(const std::string& name);  // "deepseek" | "glm" | "v4" (L 448, R 64) | "L.R.P.V"; throws InputError
-std::string dims_label(const Dims& d);      // "deepseek", "glm", "v4" or "L.R.P.V"
+Dims dims_preset(const std::string& name);  // "deepseek" | "glm" | "v4" (L 448, R 64) | "nope" (L 512, R 0) | "L.R.P.V"; throws InputError
+std::string dims_label(const Dims& d);      // "deepseek", "glm", "v4", "nope" or "L.R.P.V"
 
 // A batch: per-request total lengths and new-token counts (SPEC: Batch specs).
 struct BatchSpec {

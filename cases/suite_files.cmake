@@ -11,4 +11,5 @@ set(MLAGATE_SUITE_FILES
   ${MLAGATE_CASES_DIR}/suites/v4.yaml
   ${MLAGATE_CASES_DIR}/suites/merge.yaml
   ${MLAGATE_CASES_DIR}/suites/layout.yaml
+  ${MLAGATE_CASES_DIR}/suites/nope.yaml
   ${MLAGATE_CASES_DIR}/suites/gate.yaml)

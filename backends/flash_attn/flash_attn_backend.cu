@@ -76,6 +76,8 @@ int round_up_headdimv(int d) {
 // The decode instantiations (hdim64_512): q/k head dim <= 64 with a V head dim
 // in (256, 512] (flash_api.cpp dispatches dv > 256 to 64 x 512).
 std::string decode_dims_reason(int L, int R) {
+  if (R == 0)  // NoPE MLA (dims nope): FA3's MLA path takes q = q_pe, k = k_pe; there is none
+    return "q_pe/k_pe head dim (R) 0: FA3's MLA decode takes q = q_pe and k = k_pe (NoPE MLA has no rotary part)";
   if (R > 64 || R % 8 != 0)
     return "q_pe/k_pe head dim (R) " + std::to_string(R) + ": the MLA instantiations take head dim <= 64, a multiple of 8";
   if (L <= 256 || L > 512 || L % 8 != 0)

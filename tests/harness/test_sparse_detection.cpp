@@ -204,3 +204,51 @@ TEST(SparseGate, AV4WriterThatIgnoresThePageLayoutFailsCacheWrite) {
 
 }  // namespace
 }  // namespace mlagate
+
+namespace mlagate {
+namespace {
+
+// NoPE MLA (dims nope: L 512, R 0; cases/suites/nope.yaml): the correct CPU
+// backends pass every dense and sparse case of the nope suite, and a planted
+// sparse bug (topk_length ignored) is still caught there: a latent-only cache
+// changes nothing in what the gate can see.
+TEST(NopeGate, TheCorrectBackendsPassTheNopeSuiteAndAPlantedBugIsCaught) {
+  const std::vector<CaseSpec> cases = suite_cases("nope");
+  ASSERT_FALSE(cases.empty());
+  for (const CaseSpec& c : cases) {
+    EXPECT_EQ(c.dims.rope_dim, 0) << c.id();
+    EXPECT_NE(c.id().find("/dims=nope"), std::string::npos) << c.id();
+  }
+  std::vector<std::unique_ptr<Backend>> bs;
+  bs.push_back(make_cpu_paged());
+  bs.push_back(make_cpu_splitkv());
+  bs.push_back(make_cpu_sparse());
+  std::map<std::string, int> passed;
+  for (const Record& r : run_cases(gate(cases, {Op::kDecode, Op::kLayer, Op::kPrefill, Op::kCacheWrite, Op::kSparseDecode,
+                                                Op::kSparsePrefill}),
+                                   bs)) {
+    EXPECT_TRUE(r.status == Status::kPassed || r.status == Status::kNotSupported)
+        << r.backend << " " << r.op << " " << r.case_id << ": " << r.message;
+    if (r.status == Status::kPassed) ++passed[r.backend + " " + r.op];
+  }
+  for (const char* k : {"cpu.paged decode", "cpu.paged layer", "cpu.paged prefill", "cpu.paged cache_write",
+                        "cpu.splitkv decode", "cpu.sparse sparse_decode", "cpu.sparse sparse_prefill",
+                        "cpu.sparse cache_write"})
+    EXPECT_GE(passed[k], 4) << k;
+  SparseFaults f;
+  f.ignores_topk_length = true;
+  std::vector<std::unique_ptr<Backend>> planted;
+  planted.push_back(detail::make_cpu_sparse_with_faults(f, "planted.ignores_topk_length"));
+  int caught = 0;
+  for (const Record& r : run_cases(gate(suite_cases("nope", [](const CaseSpec& c) { return has_topk_length(c.sparse.pattern); }),
+                                        {Op::kSparseDecode, Op::kSparsePrefill}),
+                                   planted))
+    caught += r.status == Status::kIncorrect || r.status == Status::kNonfinite;
+  EXPECT_GE(caught, 3);
+  std::printf("nope: %d cases; passed", static_cast<int>(cases.size()));
+  for (const auto& [k, n] : passed) std::printf(" %s %d,", k.c_str(), n);
+  std::printf(" planted ignores_topk_length caught on %d records\n", caught);
+}
+
+}  // namespace
+}  // namespace mlagate
