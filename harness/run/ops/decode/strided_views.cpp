@@ -9,13 +9,6 @@
 namespace mlagate {
 namespace {
 
-void copy_rows(const void* src, void* dst, std::int64_t bytes, std::int64_t src_stride, std::int64_t dst_stride,
-               std::int64_t rows) {
-  for (std::int64_t i = 0; i < rows; ++i)
-    std::memcpy(static_cast<std::byte*>(dst) + i * dst_stride, static_cast<const std::byte*>(src) + i * src_stride,
-                static_cast<std::size_t>(bytes));
-}
-
 std::string padding_change(const Tensor& t, std::int64_t payload, std::int64_t stride, const char* name, const char* row) {
   const std::int64_t rows = static_cast<std::int64_t>(t.nbytes()) / stride;
   for (std::int64_t i = 0; i < rows; ++i)
@@ -34,15 +27,8 @@ StridedDecodeViews::StridedDecodeViews(const Tensor& q_lat, const Tensor& q_pe, 
       fused_(q_lat.dtype(), {t_, n_, l_ + r_}),
       o_(Tensor::for_overwrite(o.dtype, {t_, n_, l_ + kOutPad})),
       lse_(Tensor::for_overwrite(DType::kF32, {t_, n_ + kLsePad})) {
-  for (std::int64_t row = 0; row < t_ * n_; ++row) {
-    std::memcpy(fused_.bytes() + row * (l_ + r_) * esz_, q_lat.bytes() + row * l_ * esz_, static_cast<std::size_t>(l_ * esz_));
-    std::memcpy(fused_.bytes() + (row * (l_ + r_) + l_) * esz_, q_pe.bytes() + row * r_ * esz_,
-                static_cast<std::size_t>(r_ * esz_));
-  }
   std::memset(o_.bytes(), static_cast<int>(GuardedBuffer::kGuardByte), o_.nbytes());
   std::memset(lse_.bytes(), static_cast<int>(GuardedBuffer::kGuardByte), lse_.nbytes());
-  copy_rows(o.data, o_.bytes(), l_ * esz_, l_ * esz_, (l_ + kOutPad) * esz_, t_ * n_);
-  copy_rows(lse.data, lse_.bytes(), n_ * 4, n_ * 4, (n_ + kLsePad) * 4, t_);
   q_lat_ = {q_lat.dtype(), {t_, n_, l_}, fused_.bytes()};
   q_lat_.strides = {n_ * (l_ + r_), l_ + r_, 1};
   q_pe_ = {q_lat.dtype(), {t_, n_, r_}, fused_.bytes() + l_ * esz_};
@@ -51,13 +37,19 @@ StridedDecodeViews::StridedDecodeViews(const Tensor& q_lat, const Tensor& q_pe, 
   o_lat_.strides = {n_ * (l_ + kOutPad), l_ + kOutPad, 1};
   lse_view_ = {DType::kF32, {t_, n_}, lse_.bytes()};
   lse_view_.strides = {n_ + kLsePad, 1};
+  // The inputs into their slices of the fused q, the outputs' (poisoned)
+  // payload into the padded buffers: the views' elements only.
+  q_lat_.unpack_from(q_lat.bytes());
+  q_pe_.unpack_from(q_pe.bytes());
+  o_lat_.unpack_from(o.data);
+  lse_view_.unpack_from(lse.data);
 }
 
 std::string StridedDecodeViews::finish(const TensorView& o, const TensorView& lse) const {
   std::string where = padding_change(o_, l_ * esz_, (l_ + kOutPad) * esz_, "o_lat", "head row");
   if (where.empty()) where = padding_change(lse_, n_ * 4, (n_ + kLsePad) * 4, "lse", "token row");
-  copy_rows(o_.bytes(), o.data, l_ * esz_, (l_ + kOutPad) * esz_, l_ * esz_, t_ * n_);
-  copy_rows(lse_.bytes(), lse.data, n_ * 4, (n_ + kLsePad) * 4, n_ * 4, t_);
+  o_lat_.pack_into(o.data);
+  lse_view_.pack_into(lse.data);
   return where;
 }
 
