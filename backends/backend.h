@@ -52,6 +52,12 @@ struct Capabilities {
   // to the end of its last block: pool layouts past it are NOT_SUPPORTED. The
   // default is what signed 32-bit byte offsets reach.
   std::int64_t max_pool_bytes = std::int64_t{1} << 31;
+  // sparse_decode reads a top-k row's valid slots as a prefix (FA3's seqused_k,
+  // FlashInfer's planned lengths): the harness hands its rows with every slot
+  // >= 0 first and -1 only as a tail, as vLLM's indexer emits them
+  // (valid_first_rows in backends/sparse_convert.h; rows with topk_length are
+  // handed as they are). Other backends get the -1s scattered through the row.
+  bool sparse_valid_prefix = false;
 };
 
 // Run-wide settings handed to backend factories by the registry (CLI flags).

@@ -189,6 +189,7 @@ class CpuSparse final : public Backend {
     caps.kv_dtypes = {KvCacheDtype::kAuto, KvCacheDtype::kFp8, KvCacheDtype::kFp8E4m3, KvCacheDtype::kFp8DsMla,
                       KvCacheDtype::kFp8V4};
     caps.max_pool_bytes = std::numeric_limits<std::int64_t>::max();  // slots and offsets in 64 bits
+    caps.sparse_valid_prefix = faults_.declare_valid_prefix;
     return caps;
   }
 
@@ -346,12 +347,15 @@ class CpuSparse final : public Backend {
                std::vector<std::pair<const PagedCache*, std::int64_t>>& named) const {
     const Index K = idx.shape[1];
     const bool by_sentinel = faults_.tail_needs_invalid && idx.shape[0] > 64;  // planted
-    const Index n = lens.empty() || faults_.ignores_topk_length || by_sentinel ? K : lens[static_cast<std::size_t>(t)];
+    Index n = lens.empty() || faults_.ignores_topk_length || by_sentinel ? K : lens[static_cast<std::size_t>(t)];
+    const bool by_count = faults_.valid_count_prefix && lens.empty();  // planted
+    if (by_count) n = std::count_if(idx.as<std::int32_t>() + t * K, idx.as<std::int32_t>() + (t + 1) * K,
+                                    [](std::int32_t v) { return v >= 0; });
     const std::int64_t capacity = static_cast<std::int64_t>(cache->num_blocks) * cache->block_size;
     for (Index k = 0; k < n; ++k) {
       std::int64_t slot = idx.as<std::int32_t>()[t * K + k];
       if (by_sentinel && slot == -1) break;
-      if (slot < 0 && faults_.reads_invalid_index) slot = 0;  // planted: -1 read as slot 0 (the null block)
+      if (slot < 0 && (faults_.reads_invalid_index || by_count)) slot = 0;  // planted: -1 read as slot 0 (the null block)
       if (slot < 0 || slot >= capacity) continue;
       named.emplace_back(cache, slot);
     }

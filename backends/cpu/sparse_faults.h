@@ -16,6 +16,10 @@ struct SparseFaults {
   bool ignores_topk_length = false;   // every slot of a row read, past topk_length too
   bool tail_needs_invalid = false;    // past 64 query tokens, a row ends at its first -1, not at topk_length
                                       // (flashinfer #5095: lanes past the length must be -1 there)
+  bool valid_count_prefix = false;    // sparse_decode: a row without topk_length read as its first
+                                      // count(slots >= 0) slots, a -1 among them as slot 0 (FA3's seqused_k
+                                      // and FlashInfer SM90's clamp, given -1s that are not a tail)
+  bool declare_valid_prefix = false;  // not a fault: the test double declares Capabilities::sparse_valid_prefix
   bool drops_sink = false;            // the sink left out of the denominator
   bool sink_in_lse = false;           // the sink counted in the returned lse
   bool reader_pow2_scales = false;    // fp8_ds_mla tile scales read as 2^exponent (a raw-rule cache misread)

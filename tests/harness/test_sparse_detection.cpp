@@ -154,6 +154,41 @@ TEST(SparseGate, ATailThatNeedsInvalidLanesPast64TokensIsCaught) {
               rs.size() / 2, few.size());
 }
 
+// FA3's sparse path (seqused_k = vLLM's valid count) and FlashInfer SM90's
+// (planned lengths, -1 clamped to slot 0) read a row's first valid-count
+// slots: given the suites' rows, whose -1s are scattered, such a kernel reads
+// slot 0 (the poisoned null block) and is caught. A backend that declares
+// Capabilities::sparse_valid_prefix gets every row with its valid slots first,
+// as vLLM's indexer emits them, and the same kernel then passes every record.
+TEST(SparseGate, AValidCountKernelIsCaughtOnScatteredRowsAndPassesWhereItDeclaresValidPrefixRows) {
+  std::vector<CaseSpec> cases;
+  for (const CaseSpec& c : load_suite("sparse").cases)
+    if (c.sparse.topk > 0 && !has_topk_length(c.sparse.pattern)) cases.push_back(c);
+  ASSERT_FALSE(cases.empty());
+  SparseFaults f;
+  f.valid_count_prefix = true;
+  std::vector<std::unique_ptr<Backend>> undeclared;
+  undeclared.push_back(detail::make_cpu_sparse_with_faults(f, "planted.valid_count_prefix"));
+  int caught = 0;
+  const std::vector<Record> rs = run_cases(gate(cases, {Op::kSparseDecode}), undeclared);
+  for (const Record& r : rs) {
+    EXPECT_NE(r.status, Status::kCrashed) << r.message;
+    caught += r.status == Status::kIncorrect || r.status == Status::kNonfinite;
+  }
+  EXPECT_GE(caught, 3);
+  f.declare_valid_prefix = true;
+  std::vector<std::unique_ptr<Backend>> declared;
+  declared.push_back(detail::make_cpu_sparse_with_faults(f, "declared.valid_count_prefix"));
+  int passed = 0;
+  for (const Record& r : run_cases(gate(cases, {Op::kSparseDecode}), declared)) {
+    EXPECT_TRUE(r.status == Status::kPassed || r.status == Status::kNotSupported) << r.case_id << ": " << r.message;
+    passed += r.status == Status::kPassed;
+  }
+  EXPECT_GT(passed, 3);
+  std::printf("valid_count_prefix: caught on %d of %zu records with scattered rows; %d passed with valid-first rows\n",
+              caught, rs.size(), passed);
+}
+
 // sparse_prefill's other form of "no key", an index >= S_kv (FlashMLA's
 // flash_mla_sparse_fwd: "-1 or any number >= s_kv"): a prefill kernel that
 // wraps such an index into the buffer (index % S_kv) passes every case of the

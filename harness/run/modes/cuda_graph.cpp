@@ -17,6 +17,7 @@
 #include <stdexcept>
 
 #include "backends/decode_args.h"
+#include "backends/sparse_convert.h"
 #include "cases/errors.h"
 #include "harness/run/serving_calls.h"
 #include "reports/profile.h"
@@ -289,7 +290,12 @@ class GraphRun {
   std::optional<SparseFull> sparse_inputs() {
     if (!sparse_) return std::nullopt;
     sparse_state(ctx_);
-    return sparse_full(ctx_, cfg_, r_.block_size, r_.timings.cache_ms);
+    SparseFull f = sparse_full(ctx_, cfg_, r_.block_size, r_.timings.cache_ms);
+    // The captured rows as the sparse op hands them (padding rows are a prefix already).
+    if (f.main_len.empty() && !f.main_slots.empty() && b_.capabilities().sparse_valid_prefix)
+      valid_first_rows(std::span(f.main_slots.data<std::int32_t>(), static_cast<std::size_t>(f.main_slots.numel())),
+                       f.main_slots.dim(0), f.main_slots.dim(1));
+    return f;
   }
   const PagedCache* extra() const { return sparse_ ? sf_->extra : nullptr; }
   GuardedBuffer out() const { return GuardedBuffer(c_.spec.dtype, {batch_.Tp(), N_, L_}, cfg_.exec.poison); }
