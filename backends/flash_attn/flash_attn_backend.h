@@ -30,6 +30,9 @@ std::unique_ptr<Backend> make_flash_attn_mla(const BackendOptions& options);
 // tokens unless --splits says otherwise.
 std::unique_ptr<Backend> make_flash_attn_mla_cudagraph(const BackendOptions& options);
 
+// vLLM's FLASH_ATTN_MLA_SPARSE: V3.2 sparse decode on FA3 (flash_attn_sparse.cu).
+std::unique_ptr<Backend> make_flash_attn_mla_sparse();
+
 namespace detail {
 // Tests only (never in the registry), the two pieces of state the library
 // leaves to its caller: the persistent buffer without zeroing its tail; and
