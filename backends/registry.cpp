@@ -58,10 +58,12 @@ const std::vector<BackendEntry>& backend_registry() {
 #endif
 #if MLAGATE_HAS_FLASHINFER_FA3
       {"flashinfer.mla.fa3", make_flashinfer_mla_fa3},
+      {"flashinfer.mla.sparse", make_flashinfer_mla_sparse},
 #endif
 #if MLAGATE_HAS_FLASH_ATTN
       {"flash_attn.mla", make_flash_attn_mla},
       {"flash_attn.mla.cudagraph", make_flash_attn_mla_cudagraph},
+      {"flash_attn.mla.sparse", make_flash_attn_mla_sparse},
 #endif
   };
   return kRegistry;

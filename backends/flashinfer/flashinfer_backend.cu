@@ -20,6 +20,7 @@
 #include "backends/cuda/cache_store.h"
 #include "backends/cuda/cuda_backends.h"
 #include "backends/flashinfer/flashinfer_backend.h"
+#include "backends/flashinfer/mla_plan.h"
 #include "backends/kernel_libs/adapter_common.h"
 #include "cases/errors.h"
 
@@ -40,29 +41,6 @@ constexpr int kHeadDimKpe = 64;
 // Page sizes offered to the harness: the kernel divides by any page size
 // (uint_fastdiv), these are the ones worth sweeping; the first is bs=auto.
 const std::vector<int> kPageSizes = {64, 1, 2, 4, 8, 16, 32, 128, 256};
-constexpr int kMaxWorks = 16384;  // MLAPlan's max_total_num_works: each work list holds this many
-constexpr std::size_t kIntWorkspaceBytes = std::size_t{8} << 20;  // FlashInfer's own default
-
-// Page-locked host memory (MLAPlan stages its work lists there before the upload).
-class PinnedBuffer {
- public:
-  explicit PinnedBuffer(std::size_t bytes) : bytes_(bytes) { MLAGATE_CUDA_CHECK(cudaMallocHost(&ptr_, bytes)); }
-  ~PinnedBuffer() { cudaFreeHost(ptr_); }
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  void* data() const { return ptr_; }
-  std::size_t size() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  std::size_t bytes_ = 0;
-};
-
-template <class T>
-T* at_offset(void* base, std::int64_t offset) {
-  return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
-}
-
 // Which of FlashInfer's two MLA kernels runs the plan.
 enum class Kernel { kFa2, kFa3 };
 
@@ -91,31 +69,12 @@ class FlashInferCall final : public libs::PreparedDecode {
     for (int i = 0; i < B; ++i) kv_indptr[i] = a.block_table_rows[i] * cache.table_width;
     kv_indptr[B] = static_cast<std::int32_t>(cache.block_table.dim(0) * cache.table_width);
 
-    const int sms = cuda_device_info().multiprocessors;
-    const std::size_t float_bytes = 2ull * sms * 128 * (2 * kHeadDimCkv + sizeof(float)) + 1024;
-    float_ws_ = DeviceBuffer(float_bytes);
+    float_ws_ = DeviceBuffer(fi::float_workspace_bytes(cuda_device_info().multiprocessors, kHeadDimCkv));
     float_ws_.fill(0xFF, s);  // partial outputs start as NaN: one never written shows
-    int_ws_ = DeviceBuffer(kIntWorkspaceBytes);
-    PinnedBuffer pinned(kIntWorkspaceBytes);
-    std::fill_n(static_cast<unsigned char*>(pinned.data()), pinned.size(), 0);
-    try {
-      const cudaError_t e = flashinfer::MLAPlan<std::int32_t>(
-          float_ws_.data(), float_bytes, int_ws_.data(), pinned.data(), kIntWorkspaceBytes, plan_, qo_indptr.data(),
-          kv_indptr.data(), kv_len.data(), static_cast<std::uint32_t>(B), static_cast<std::uint32_t>(N), kHeadDimCkv,
-          /*causal=*/true, s);
-      if (e != cudaSuccess) throw std::runtime_error(std::string("MLAPlan: ") + cudaGetErrorString(e));
-    } catch (const flashinfer::Error& e) {
-      throw std::runtime_error(std::string("MLAPlan: ") + e.what());
-    }
-    MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));  // the plan's upload reads the pinned buffer
-    // MLAPlan writes its work lists without a bound: more than kMaxWorks items
-    // overlap the next list. Refuse such a plan rather than run a corrupt one.
-    const int works = at_offset<std::int32_t>(pinned.data(), plan_.work_indptr_offset)[plan_.num_blks_y];
-    if (works > kMaxWorks)
-      throw NotSupportedError("the plan has " + std::to_string(works) + " work items; MLAPlan holds " +
-                              std::to_string(kMaxWorks));
+    int_ws_ = DeviceBuffer(fi::kIntWorkspaceBytes);
+    plan_ = fi::plan_mla(float_ws_, int_ws_, qo_indptr.data(), kv_indptr.data(), kv_len.data(), B, N, kHeadDimCkv,
+                         /*causal=*/true, s);
 
-    void* ib = int_ws_.data();
     Params& p = params_;
     p = Params{};
     p.q_nope = q_nope_.as<DTypeQ>();
@@ -126,23 +85,8 @@ class FlashInferCall final : public libs::PreparedDecode {
     p.kpe = entries + L;
     p.final_o = static_cast<DTypeQ*>(out.o);
     p.final_lse = out.lse;
-    p.partial_o = at_offset<DTypeQ>(float_ws_.data(), plan_.partial_o_offset);
-    p.partial_lse = at_offset<float>(float_ws_.data(), plan_.partial_lse_offset);
-    p.q_indptr = at_offset<std::int32_t>(ib, plan_.q_indptr_offset);
-    p.kv_indptr = at_offset<std::int32_t>(ib, plan_.kv_indptr_offset);
-    p.partial_indptr = at_offset<std::int32_t>(ib, plan_.partial_indptr_offset);
-    p.merge_packed_offset_start = at_offset<std::int32_t>(ib, plan_.merge_packed_offset_start_offset);
-    p.merge_packed_offset_end = at_offset<std::int32_t>(ib, plan_.merge_packed_offset_end_offset);
-    p.merge_partial_packed_offset_start = at_offset<std::int32_t>(ib, plan_.merge_partial_packed_offset_start_offset);
-    p.merge_partial_packed_offset_end = at_offset<std::int32_t>(ib, plan_.merge_partial_packed_offset_end_offset);
-    p.merge_partial_stride = at_offset<std::int32_t>(ib, plan_.merge_partial_stride_offset);
+    fi::point_params_at_plan(p, plan_, float_ws_, int_ws_);
     p.kv_indices = cache_->block_table.as<std::int32_t>();
-    p.q_len = at_offset<std::int32_t>(ib, plan_.q_len_offset);
-    p.kv_len = at_offset<std::int32_t>(ib, plan_.kv_len_offset);
-    p.q_start = at_offset<std::int32_t>(ib, plan_.q_start_offset);
-    p.kv_start = at_offset<std::int32_t>(ib, plan_.kv_start_offset);
-    p.kv_end = at_offset<std::int32_t>(ib, plan_.kv_end_offset);
-    p.work_indptr = at_offset<std::int32_t>(ib, plan_.work_indptr_offset);
     p.block_size = flashinfer::uint_fastdiv(static_cast<std::uint32_t>(cache.block_size));
     p.num_heads = flashinfer::uint_fastdiv(static_cast<std::uint32_t>(N));
     // Strides in elements: q [T, N, L] / [T, N, R] and o [T, N, L] the views'
@@ -167,7 +111,6 @@ class FlashInferCall final : public libs::PreparedDecode {
     B_ = B;
     N_ = N;
     T_ = a.q_lat.shape[0];
-    float_bytes_ = float_bytes;
   }
 
   // --cuda-graph: the first refresh moves the cache and the block table into
@@ -202,23 +145,8 @@ class FlashInferCall final : public libs::PreparedDecode {
     std::vector<std::int32_t> qo_indptr(a.query_start_loc.begin(), a.query_start_loc.end());
     std::vector<std::int32_t> kv_indptr(B_ + 1), kv_len(a.seq_lens.begin(), a.seq_lens.end());
     for (int i = 0; i <= B_; ++i) kv_indptr[i] = i * width_;
-    PinnedBuffer pinned(kIntWorkspaceBytes);
-    std::fill_n(static_cast<unsigned char*>(pinned.data()), pinned.size(), 0);
-    flashinfer::MLAPlanInfo plan{};
-    try {
-      const cudaError_t e = flashinfer::MLAPlan<std::int32_t>(
-          float_ws_.data(), float_bytes_, int_ws_.data(), pinned.data(), kIntWorkspaceBytes, plan, qo_indptr.data(),
-          kv_indptr.data(), kv_len.data(), static_cast<std::uint32_t>(B_), static_cast<std::uint32_t>(N_), kHeadDimCkv,
-          /*causal=*/true, s);
-      if (e != cudaSuccess) throw std::runtime_error(std::string("MLAPlan: ") + cudaGetErrorString(e));
-    } catch (const flashinfer::Error& e) {
-      throw std::runtime_error(std::string("MLAPlan: ") + e.what());
-    }
-    MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));  // the plan's upload reads the pinned buffer
-    const int works = at_offset<std::int32_t>(pinned.data(), plan.work_indptr_offset)[plan.num_blks_y];
-    if (works > kMaxWorks)
-      throw NotSupportedError("the plan has " + std::to_string(works) + " work items; MLAPlan holds " +
-                              std::to_string(kMaxWorks));
+    const flashinfer::MLAPlanInfo plan = fi::plan_mla(float_ws_, int_ws_, qo_indptr.data(), kv_indptr.data(),
+                                                      kv_len.data(), B_, N_, kHeadDimCkv, /*causal=*/true, s);
     if (plan.num_blks_x != plan_.num_blks_x || plan.num_blks_y != plan_.num_blks_y ||
         plan.work_indptr_offset != plan_.work_indptr_offset || plan.q_indptr_offset != plan_.q_indptr_offset ||
         plan.partial_o_offset != plan_.partial_o_offset || plan.partial_lse_offset != plan_.partial_lse_offset ||
@@ -255,7 +183,6 @@ class FlashInferCall final : public libs::PreparedDecode {
   DeviceBuffer own_cache_, own_table_;
   int width_ = 0, B_ = 0, N_ = 0;
   std::int64_t T_ = 0;
-  std::size_t float_bytes_ = 0;
 };
 
 template <Kernel K>

@@ -21,5 +21,12 @@ std::unique_ptr<Backend> make_flashinfer_mla_fa2();
 // kernel, BatchMLAPageAttentionHopper; built when CUTLASS headers are at hand
 // (MLAGATE_HAS_FLASHINFER_FA3), sm90 only.
 std::unique_ptr<Backend> make_flashinfer_mla_fa3();
+// vLLM's FLASHINFER_MLA_SPARSE_SM90: V3.2 / NoPE sparse decode on the FA3 kernel (flashinfer_sparse.cu).
+std::unique_ptr<Backend> make_flashinfer_mla_sparse();
+
+namespace detail {
+// Tests only: flashinfer.mla.sparse with kpe_scale = k_scale (vLLM passes 1.0).
+std::unique_ptr<Backend> make_flashinfer_mla_sparse_kpe_scaled();
+}  // namespace detail
 
 }  // namespace mlagate
