@@ -56,7 +56,8 @@ void read_entry(const PagedCache& c, std::int64_t slot, float* dst, const Sparse
         std::uint32_t bits;
         std::memcpy(&bits, buf + L + 4 * t, 4);
         if (f.reader_pow2_scales) bits &= 0xFF800000u;  // planted: a reader for power-of-two scales only
-        const float s = std::bit_cast<float>(bits);
+        float s = std::bit_cast<float>(bits);
+        if (f.raw_scales_as_bf16) s = bf16_to_f32(f32_to_bf16(s));  // planted: the scale rounded to bf16
         for (int i = t * 128; i < (t + 1) * 128; ++i) dst[i] = e4m3_to_f32(u8[i]) * s;
       }
       for (int i = 0; i < R; ++i) dst[L + i] = bf16_to_f32(bf16_at(L + 4 * (L / 128) + 2 * i));
@@ -287,6 +288,10 @@ class CpuSparse final : public Backend {
           if (by_sentinel && r == -1) break;
           if (r < 0 && faults_.reads_invalid_index) r = 0;  // planted: -1 clamped to row 0
           if (r >= S && faults_.past_end_wraps) r = static_cast<std::int32_t>(r % S);  // planted: wrapped into the buffer
+          if (r >= S && faults_.past_end_clamped) r = static_cast<std::int32_t>(S - 1);  // planted: clamped to the last row
+          if (faults_.dedups_indices && r >= 0 && r < S &&  // planted: a row named twice counted once
+              std::find(idx + t * K, idx + t * K + k, r) != idx + t * K + k)
+            continue;
           // -1 and any index >= S_kv name no key (FlashMLA's sparse prefill).
           if (r < 0 || r >= S) continue;
           for (Index x = 0; x < D; ++x) keys(used, x) = from16(kv[r * D + x], dt);
@@ -357,6 +362,9 @@ class CpuSparse final : public Backend {
       if (by_sentinel && slot == -1) break;
       if (slot < 0 && (faults_.reads_invalid_index || by_count)) slot = 0;  // planted: -1 read as slot 0 (the null block)
       if (slot < 0 || slot >= capacity) continue;
+      if (faults_.dedups_indices &&  // planted: a slot named twice counted once
+          std::find(named.begin(), named.end(), std::make_pair(cache, slot)) != named.end())
+        continue;
       named.emplace_back(cache, slot);
     }
   }

@@ -20,6 +20,10 @@ struct SparseFaults {
                                       // count(slots >= 0) slots, a -1 among them as slot 0 (FA3's seqused_k
                                       // and FlashInfer SM90's clamp, given -1s that are not a tail)
   bool declare_valid_prefix = false;  // not a fault: the test double declares Capabilities::sparse_valid_prefix
+  bool dedups_indices = false;        // a slot named twice in a row counted once (both ops)
+  bool past_end_clamped = false;      // sparse_prefill: an index >= S_kv read as row S_kv - 1, not skipped
+  bool raw_scales_as_bf16 = false;    // fp8_ds_mla tile scales rounded to bf16 before use (FlashMLA's V3.2
+                                      // decode does so: exact only for the pow2 rule)
   bool drops_sink = false;            // the sink left out of the denominator
   bool sink_in_lse = false;           // the sink counted in the returned lse
   bool reader_pow2_scales = false;    // fp8_ds_mla tile scales read as 2^exponent (a raw-rule cache misread)

@@ -154,6 +154,44 @@ TEST(SparseGate, ATailThatNeedsInvalidLanesPast64TokensIsCaught) {
               rs.size() / 2, few.size());
 }
 
+// Every sparse bug class the suites name fails on at least 3 records of the
+// sparse and v4 suites together (both sparse ops, the default gate), so that
+// no class rests on one or two cases: issue 56's bar.
+TEST(SparseGate, EveryBugClassFailsOnAtLeastThreeRecordsOfTheSparseAndV4Suites) {
+  auto f = [](auto set) {
+    SparseFaults x;
+    set(x);
+    return x;
+  };
+  const std::vector<std::pair<const char*, SparseFaults>> bugs = {
+      {"reads_invalid_index", f([](SparseFaults& x) { x.reads_invalid_index = true; })},
+      {"past_end_wraps", f([](SparseFaults& x) { x.past_end_wraps = true; })},
+      {"past_end_clamped", f([](SparseFaults& x) { x.past_end_clamped = true; })},
+      {"ignores_topk_length", f([](SparseFaults& x) { x.ignores_topk_length = true; })},
+      {"dedups_indices", f([](SparseFaults& x) { x.dedups_indices = true; })},
+      {"drops_sink", f([](SparseFaults& x) { x.drops_sink = true; })},
+      {"sink_in_lse", f([](SparseFaults& x) { x.sink_in_lse = true; })},
+      {"reader_pow2_scales", f([](SparseFaults& x) { x.reader_pow2_scales = true; })},
+      {"raw_scales_as_bf16", f([](SparseFaults& x) { x.raw_scales_as_bf16 = true; })},
+      {"window_off_by_one", f([](SparseFaults& x) { x.window_extra = 1; })},
+  };
+  std::vector<CaseSpec> cases = suite_cases("sparse");
+  for (const CaseSpec& c : suite_cases("v4")) cases.push_back(c);
+  for (const auto& [name, faults] : bugs) {
+    SCOPED_TRACE(name);
+    std::vector<std::unique_ptr<Backend>> bs;
+    bs.push_back(detail::make_cpu_sparse_with_faults(faults, std::string("planted.") + name));
+    int caught = 0;
+    const std::vector<Record> rs = run_cases(gate(cases, {Op::kSparseDecode, Op::kSparsePrefill}), bs);
+    for (const Record& r : rs) {
+      EXPECT_NE(r.status, Status::kCrashed) << r.message;
+      caught += r.status == Status::kIncorrect || r.status == Status::kNonfinite;
+    }
+    EXPECT_GE(caught, 3);
+    std::printf("%-22s fails on %d of %zu records of sparse + v4\n", name, caught, rs.size());
+  }
+}
+
 // FA3's sparse path (seqused_k = vLLM's valid count) and FlashInfer SM90's
 // (planned lengths, -1 clamped to slot 0) read a row's first valid-count
 // slots: given the suites' rows, whose -1s are scattered, such a kernel reads
