@@ -58,7 +58,9 @@ constexpr int kMaxSmParts = 160;       // the combine kernel's largest MAX_SPLIT
 
 constexpr double kLog2e = 1.4426950408889634;
 
-bool head_dim_ok(int d) { return d == 576 || d == 512; }
+// The sm90 dense kernel's one head size: FLASH_ASSERT(params.d == Config::HEAD_DIM_K), 576
+// (csrc/sm90/decode/dense/config.h); NoPE MLA's 512 would abort the process.
+bool head_dim_ok(int d) { return d == 576; }
 
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
@@ -78,7 +80,7 @@ class FlashMlaCall final : public libs::PreparedDecode {
       if (a.query_start_loc[i + 1] - a.query_start_loc[i] != s_q)
         throw NotSupportedError("FlashMLA takes one query length for the whole batch (q of shape [b, s_q, h, d])");
     if (cache.kv_dtype != KvCacheDtype::kAuto || cache.block_size != kPageBlockSize || L != kHeadDimV || !head_dim_ok(D))
-      throw NotSupportedError("FlashMLA dense decode: kv=auto, block size 64, d_v 512, d 576 or 512");
+      throw NotSupportedError("FlashMLA dense decode: kv=auto, block size 64, d_v 512, d 576");
     bf16_ = a.q_lat.dtype == DType::kBF16;
 
     cache_ = gpu::DeviceCacheStore::instance().get(cache, s);
@@ -272,7 +274,7 @@ class FlashMlaBackend final : public Backend {
     if (op != Op::kDecode && op != Op::kLayer) return s;
     const int L = spec.dims.kv_lora_rank, D = spec.dims.head_size();
     if (L != kHeadDimV) return Support::no("head_size_v (L) " + std::to_string(L) + " is not 512");
-    if (!head_dim_ok(D)) return Support::no("head_size_k (L + R) " + std::to_string(D) + " not in {576, 512}");
+    if (!head_dim_ok(D)) return Support::no("head_size_k (L + R) " + std::to_string(D) + " is not 576 (the sm90 dense kernel's HEAD_DIM_K)");
     const CudaDeviceInfo& dev = cuda_device_info();
     if (dev.available && !(dev.sm_major == 9 && dev.sm_minor == 0))
       return Support::no("dense decode needs sm90a; the device is sm_" + std::to_string(dev.sm_major) +

@@ -113,17 +113,21 @@ void upload_case(const Case& c, DeviceCase& d, bool with_weights, cudaStream_t s
     check_16bit(*t, name);
   auto up = [&](const Tensor& t) { return upload_array(reinterpret_cast<const std::uint16_t*>(t.bytes()), t.numel(), s); };
   d.q = up(c.q);
-  if (c.kv_c_cache.empty() != c.k_pe_cache.empty())
+  // The dequantized cache is there when kv_c_cache is; k_pe_cache then has
+  // k_pe's elements, none under NoPE MLA (R = 0), where it is empty too.
+  const bool dequantized = !c.kv_c_cache.empty();
+  if (dequantized ? c.k_pe_cache.numel() != c.k_pe.numel() : !c.k_pe_cache.empty())
     throw std::invalid_argument("cuda golden: kv_c_cache and k_pe_cache must both be set or both empty");
-  if (c.kv_c_cache.empty()) {
+  if (!dequantized) {
     d.kv_c = up(c.kv_c);
     d.k_pe = up(c.k_pe);
   } else {
-    if (c.kv_c_cache.dtype() != DType::kF32 || c.k_pe_cache.dtype() != DType::kF32 ||
-        c.kv_c_cache.numel() != c.kv_c.numel() || c.k_pe_cache.numel() != c.k_pe.numel())
+    if (c.kv_c_cache.dtype() != DType::kF32 || (c.k_pe_cache.numel() > 0 && c.k_pe_cache.dtype() != DType::kF32) ||
+        c.kv_c_cache.numel() != c.kv_c.numel())
       throw std::invalid_argument("cuda golden: kv_c_cache / k_pe_cache must be float32 of the inputs' shapes");
     d.kv_c_f32 = upload_array(c.kv_c_cache.data<float>(), static_cast<std::size_t>(c.kv_c_cache.numel()), s);
-    d.k_pe_f32 = upload_array(c.k_pe_cache.data<float>(), static_cast<std::size_t>(c.k_pe_cache.numel()), s);
+    d.k_pe_f32 = upload_array(c.k_pe_cache.numel() > 0 ? c.k_pe_cache.data<float>() : nullptr,
+                              static_cast<std::size_t>(c.k_pe_cache.numel()), s);
   }
   if (with_weights) {
     d.w_uk = up(c.w_uk);
