@@ -40,7 +40,9 @@ std::vector<std::int32_t> vllm_sm90_kv_lens(std::span<const std::int32_t> positi
   kpool = std::max(kpool, 1);
   std::vector<std::int32_t> lens(positions.size());
   for (std::size_t t = 0; t < positions.size(); ++t) {
-    const std::int32_t ctx = positions[t] + 1;
+    // A padding token of a captured batch (a request of seq_len 0: negative
+    // positions) has no key: length 0, as vLLM gives its padded rows.
+    const std::int32_t ctx = std::max(positions[t] + 1, 0);
     lens[t] = ctx <= index_topk ? ctx : index_topk + ctx % kpool;
   }
   return lens;

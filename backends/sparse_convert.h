@@ -32,7 +32,8 @@ std::vector<std::int32_t> vllm_valid_counts(std::span<const std::int32_t> slots,
 std::vector<std::int32_t> token_positions(std::span<const std::int32_t> seq_lens,
                                           std::span<const std::int32_t> query_start_loc);
 
-// FLASHINFER_MLA_SPARSE_SM90's per-row kv lengths from positions.
+// FLASHINFER_MLA_SPARSE_SM90's per-row kv lengths from positions (a negative
+// position, a padding token of a request with no key, gets 0).
 std::vector<std::int32_t> vllm_sm90_kv_lens(std::span<const std::int32_t> positions, int index_topk, int kpool = 1);
 
 // Its packed CSR: indptr [T+1] = prefix sums of lens; indices [indptr[T]] =

@@ -41,6 +41,8 @@ TEST(SparseConvert, Sm90LengthsComeFromPositionsNotFromTheRows) {
   EXPECT_EQ(vllm_sm90_kv_lens(V{0, 4, 2046, 2047, 2048, 5000}, 2048), (V{1, 5, 2047, 2048, 2048, 2048}));
   EXPECT_EQ(vllm_sm90_kv_lens(V{2047, 2048, 2050}, 2048, 4), (V{2048, 2049, 2051 % 4 + 2048}));
   EXPECT_EQ(vllm_sm90_kv_lens(V{3}, 2048, 0), (V{4}));  // kpool = max(tokens_per_state, 1)
+  // Padding tokens of a graph's padded batch: a seq_len 0 request of 3 query tokens sits at -3..-1.
+  EXPECT_EQ(vllm_sm90_kv_lens(token_positions(V{0}, V{0, 3}), 128), (V{0, 0, 0}));
 }
 
 TEST(SparseConvert, Sm90PacksAPackedCsrWithNegativesClampedToSlotZero) {

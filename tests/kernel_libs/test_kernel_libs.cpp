@@ -584,7 +584,11 @@ TEST(KernelLibs, VllmSparseBackendsPassTheSparseAndNopeSuites) {
         EXPECT_EQ(r.status, Status::kPassed) << r.case_id << ": " << r.message;
         passed += r.status == Status::kPassed;
       }
-      EXPECT_GT(passed, 0);
+      // FA3 takes q = q_pe: NoPE's R 0 is refused (every nope record NOT_SUPPORTED); the rest run.
+      if (name == "flash_attn.mla.sparse" && std::string(suite) == "nope")
+        EXPECT_EQ(passed + known, 0);
+      else
+        EXPECT_GT(passed, 0);
       std::printf("%-22s %-6s %3d passed, %2d known failures, %3d not supported\n", name.c_str(), suite, passed, known,
                   unsupported);
     }
