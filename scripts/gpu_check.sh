@@ -17,7 +17,10 @@
 # MLAGATE_GPU_TORCH=1 at configure: its pybind11 headers are torch's), runs
 # python/tests there (torch and CUDA tests included) and, with
 # MLAGATE_GPU_VLLM=<vLLM checkout or its triton_decode_attention.py>, vLLM's
-# Triton MLA decode through the module on the vllm, edges and fp8 suites.
+# Triton MLA decode through the module on the vllm, edges and fp8 suites;
+# MLAGATE_GPU_VLLM_SPARSE=<vLLM checkout or its triton_sparse_mla_kernel.py>
+# (else MLAGATE_GPU_VLLM where that is a checkout) adds vLLM's Triton sparse MLA
+# kernel (TRITON_MLA_SPARSE) on the sparse and nope suites' sparse_decode op.
 # The module needs a compiler that links the shared libstdc++: the image's
 # default CXX (/opt/gcc/bin/g++, a wrapper) links it statically, and a second
 # C++ runtime inside a Python extension crashes beside torch's. With the
@@ -252,6 +255,17 @@ if want python; then
       --json "$out/triton_merge.json" >"$out/triton_merge.log" 2>&1
     say "vllm.triton_merge on merge: exit $?, $((SECONDS - t0)) s wall"
     grep -E "^(skipped|vllm|TOTAL|PASS|FAIL)|skipped:" "$out/triton_merge.log" | tail -3 | tee -a "$summary"
+    # vLLM's Triton sparse MLA kernel on the sparse suite's decode op, and on nope, whose head size
+    # 512 it refuses (every record NOT_SUPPORTED: exit 4); skips ("skipped: ...") without a kernel file.
+    vllm_sparse="${MLAGATE_GPU_VLLM_SPARSE:-}"
+    [ -z "$vllm_sparse" ] && [ -d "${MLAGATE_GPU_VLLM:-}" ] && vllm_sparse=$MLAGATE_GPU_VLLM
+    for suite in sparse nope; do
+      t0=$SECONDS
+      python3 python/examples/vllm_triton_mla_sparse.py ${vllm_sparse:+--vllm "$vllm_sparse"} --suite "$suite" \
+        --op sparse_decode --json "$out/triton_sparse_$suite.json" >"$out/triton_sparse_$suite.log" 2>&1
+      say "vllm.triton_mla_sparse on $suite (sparse_decode): exit $?, $((SECONDS - t0)) s wall"
+      grep -E "^(vllm|TOTAL|PASS|FAIL)|skipped:|error:" "$out/triton_sparse_$suite.log" | tail -3 | tee -a "$summary"
+    done
   fi
 fi
 
