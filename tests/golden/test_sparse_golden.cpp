@@ -25,7 +25,7 @@ using namespace mlagate::testing;
 std::vector<CaseSpec> sparse_specs() {
   std::vector<CaseSpec> out;
   for (const CaseSpec& c : load_suite("sparse").cases)
-    if (c.batch.name == "sparse_mixed" && c.sparse.topk == 128 && c.kv_cache_dtype == KvCacheDtype::kAuto &&
+    if (c.batch.name == "sparse_mixed" && c.sparse.topk == 128 && c.sparse.sink && c.kv_cache_dtype == KvCacheDtype::kAuto &&
         (c.sparse.pattern == IndexPattern::kLengths || c.sparse.pattern == IndexPattern::kRandom))
       out.push_back(c);
   // Past-the-end codes (the oob pattern) stored and read back.
