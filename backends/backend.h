@@ -58,6 +58,9 @@ struct Capabilities {
   // (valid_first_rows in backends/sparse_convert.h; rows with topk_length are
   // handed as they are). Other backends get the -1s scattered through the row.
   bool sparse_valid_prefix = false;
+  // Non-empty: the engine's backend refuses decode context parallelism, and
+  // the --dcp mode is NOT_SUPPORTED with this reason (vLLM's own text).
+  std::string no_dcp;
 };
 
 // Run-wide settings handed to backend factories by the registry (CLI flags).

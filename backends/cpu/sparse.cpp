@@ -191,6 +191,7 @@ class CpuSparse final : public Backend {
                       KvCacheDtype::kFp8V4};
     caps.max_pool_bytes = std::numeric_limits<std::int64_t>::max();  // slots and offsets in 64 bits
     caps.sparse_valid_prefix = faults_.declare_valid_prefix;
+    if (faults_.declare_no_dcp) caps.no_dcp = "this test double refuses DCP";
     return caps;
   }
 

@@ -20,6 +20,7 @@ struct SparseFaults {
                                       // count(slots >= 0) slots, a -1 among them as slot 0 (FA3's seqused_k
                                       // and FlashInfer SM90's clamp, given -1s that are not a tail)
   bool declare_valid_prefix = false;  // not a fault: the test double declares Capabilities::sparse_valid_prefix
+  bool declare_no_dcp = false;        // not a fault: the test double declares Capabilities::no_dcp
   bool dedups_indices = false;        // a slot named twice in a row counted once (both ops)
   bool past_end_clamped = false;      // sparse_prefill: an index >= S_kv read as row S_kv - 1, not skipped
   bool raw_scales_as_bf16 = false;    // fp8_ds_mla tile scales rounded to bf16 before use (FlashMLA's V3.2

@@ -237,6 +237,7 @@ class FlashAttnMlaSparse final : public Backend {
     c.kv_dtypes = {KvCacheDtype::kAuto};
     c.max_pool_bytes = std::numeric_limits<std::int64_t>::max();  // a page (slot) index times a 64-bit page stride
     c.sparse_valid_prefix = true;  // seqused_k pages of each row are read
+    c.no_dcp = "FlashAttention MLA Sparse does not support DCP for now";  // supports_combination
     return c;
   }
   Support supports(const CaseSpec& spec, Op op) const override {

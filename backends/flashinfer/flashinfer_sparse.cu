@@ -233,6 +233,11 @@ class FlashInferMlaSparse final : public Backend {
     c.kv_dtypes = {KvCacheDtype::kAuto, KvCacheDtype::kFp8, KvCacheDtype::kFp8E4m3};
     c.max_pool_bytes = std::numeric_limits<std::int64_t>::max();  // a page (slot) index times a 64-bit page stride
     c.sparse_valid_prefix = true;  // the planned length's first slots of each row are read
+    // vLLM's supports_combination has no DCP check, but forward_mqa converts
+    // with the non-DCP function and plans lengths from global positions,
+    // which a rank's shard does not hold.
+    c.no_dcp = "FLASHINFER_MLA_SPARSE_SM90 plans each row's length from the token's global position "
+               "(_kv_lens_host) and converts with the non-DCP index function: a DCP shard holds fewer keys";
     return c;
   }
   Support supports(const CaseSpec& spec, Op op) const override {

@@ -60,6 +60,24 @@ Record run_serving(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, co
                 layout_name(ctx.c.spec.layout) + ")";
     return r;
   }
+  if (mode.get<modes::Dcp>()) {
+    // A backend whose engine refuses decode context parallelism says why
+    // (Capabilities::no_dcp); a case it takes in a plain run is then
+    // NOT_SUPPORTED under --dcp with that reason, any other keeps its own.
+    const std::string why = b.capabilities().no_dcp;
+    if (!why.empty() && b.supports(ctx.c.spec, op).ok) {
+      Record r;
+      r.case_id = ctx.c.spec.id();
+      r.backend = std::string(b.name());
+      r.op = std::string(op_name(op));
+      r.policy = cfg.policy.describe();
+      if (cfg.repro) r.repro = cfg.repro(ctx.c.spec, r.backend, op);
+      r.mode = mode.name();
+      r.status = Status::kNotSupported;
+      r.message = why;
+      return r;
+    }
+  }
   Record r = std::visit([&](const auto& m) { return m.run(ctx, b, op, cfg); }, mode.kind);
   r.mode = mode.name();
   return r;

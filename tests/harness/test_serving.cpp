@@ -14,6 +14,7 @@
 #include "../backends/planted.h"
 #include "../cli_call.h"
 #include "backends/cpu/cpu_backends.h"
+#include "backends/cpu/sparse_faults.h"
 #include "cases/errors.h"
 #include "cases/suite.h"
 #include "harness/run/runner.h"
@@ -338,6 +339,32 @@ TEST(Serving, SparseDcpAndDecodeLoops) {
     }
   std::printf("bug.sparse_lse_log2 under --dcp 2: %d of %zu records INCORRECT\n", r.counts.at(Status::kIncorrect),
               r.records.size());
+}
+
+// A backend that declares Capabilities::no_dcp (vLLM's FLASH_ATTN_MLA_SPARSE:
+// "does not support DCP for now") is NOT_SUPPORTED under --dcp with its
+// reason, on exactly the cases it takes in a plain run, which still pass.
+TEST(Serving, ABackendThatRefusesDcpIsNotSupportedUnderDcpWithItsReason) {
+  SparseFaults f;
+  f.declare_no_dcp = true;
+  const std::vector<CaseSpec> cases = load_suite("sparse").cases;
+  const ModeRun plain = run_with(detail::make_cpu_sparse_with_faults(f, "no_dcp.sparse"), ServingMode{},
+                                 {Op::kSparseDecode}, baseline(), cases);
+  EXPECT_EQ(plain.failures(), 0) << plain.first_failure();
+  ASSERT_GT(plain.passed(), 0);
+  const ModeRun r = run_with(detail::make_cpu_sparse_with_faults(f, "no_dcp.sparse"), dcp(2), {Op::kSparseDecode},
+                             baseline(), cases);
+  ASSERT_EQ(r.records.size(), plain.records.size());
+  int refused = 0;
+  for (const Record& rec : r.records) {
+    EXPECT_EQ(rec.status, Status::kNotSupported) << rec.case_id;
+    refused += rec.message == "this test double refuses DCP";
+  }
+  EXPECT_EQ(refused, plain.passed());
+  // The same backend without the declaration runs the mode (and passes).
+  const ModeRun with_dcp = run_with(make_cpu_sparse(), dcp(2), {Op::kSparseDecode}, baseline(), cases);
+  EXPECT_EQ(with_dcp.failures(), 0) << with_dcp.first_failure();
+  EXPECT_EQ(with_dcp.passed(), plain.passed());
 }
 
 // Graph mode on the sparse decode op: the sparse and v4 suites and the same
