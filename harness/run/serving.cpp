@@ -44,10 +44,7 @@ std::vector<Op> ServingMode::ops(bool auto_ops, const std::vector<Op>& asked, co
 
 Record run_serving(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, const ServingMode& mode) {
   if (!mode.takes(op)) throw std::logic_error(mode.name() + " does not run the " + std::string(op_name(op)) + " op");
-  if (!ctx.c.spec.layout.contiguous()) {
-    // The modes' persistent buffers, padded batches and steps are contiguous
-    // and fitted (a graph's persistent cache of a 4 GiB pool would be 4 GiB of
-    // memory): a layout is the plain run's to check (cases/LAYOUTS.md).
+  const auto not_supported = [&](std::string why) {
     Record r;
     r.case_id = ctx.c.spec.id();
     r.backend = std::string(b.name());
@@ -56,27 +53,21 @@ Record run_serving(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg, co
     if (cfg.repro) r.repro = cfg.repro(ctx.c.spec, r.backend, op);
     r.mode = mode.name();
     r.status = Status::kNotSupported;
-    r.message = "serving mode " + mode.name() + " runs the contiguous layout only (this case's: " +
-                layout_name(ctx.c.spec.layout) + ")";
+    r.message = std::move(why);
     return r;
-  }
+  };
+  if (!ctx.c.spec.layout.contiguous())
+    // The modes' persistent buffers, padded batches and steps are contiguous
+    // and fitted (a graph's persistent cache of a 4 GiB pool would be 4 GiB of
+    // memory): a layout is the plain run's to check (cases/LAYOUTS.md).
+    return not_supported("serving mode " + mode.name() + " runs the contiguous layout only (this case's: " +
+                         layout_name(ctx.c.spec.layout) + ")");
   if (mode.get<modes::Dcp>()) {
     // A backend whose engine refuses decode context parallelism says why
     // (Capabilities::no_dcp); a case it takes in a plain run is then
     // NOT_SUPPORTED under --dcp with that reason, any other keeps its own.
     const std::string why = b.capabilities().no_dcp;
-    if (!why.empty() && b.supports(ctx.c.spec, op).ok) {
-      Record r;
-      r.case_id = ctx.c.spec.id();
-      r.backend = std::string(b.name());
-      r.op = std::string(op_name(op));
-      r.policy = cfg.policy.describe();
-      if (cfg.repro) r.repro = cfg.repro(ctx.c.spec, r.backend, op);
-      r.mode = mode.name();
-      r.status = Status::kNotSupported;
-      r.message = why;
-      return r;
-    }
+    if (!why.empty() && b.supports(ctx.c.spec, op).ok) return not_supported(why);
   }
   Record r = std::visit([&](const auto& m) { return m.run(ctx, b, op, cfg); }, mode.kind);
   r.mode = mode.name();
