@@ -5,6 +5,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "backends/backend.h"
+#include "cases/tensor.h"
+
 namespace mlagate {
 
 namespace {
@@ -72,6 +75,12 @@ void valid_first_rows(std::span<std::int32_t> slots, std::int64_t T, std::int64_
   check_size(slots, T, K, "valid_first_rows");
   for (std::int64_t t = 0; t < T; ++t)
     std::stable_partition(slots.begin() + t * K, slots.begin() + (t + 1) * K, [](std::int32_t v) { return v >= 0; });
+}
+
+void order_rows_for(const Backend& b, Tensor& slots, bool with_lengths) {
+  if (with_lengths || slots.numel() == 0 || !b.capabilities().sparse_valid_prefix) return;
+  valid_first_rows(std::span(slots.data<std::int32_t>(), static_cast<std::size_t>(slots.numel())), slots.dim(0),
+                   slots.dim(1));
 }
 
 }  // namespace mlagate

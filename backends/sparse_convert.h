@@ -23,6 +23,9 @@
 
 namespace mlagate {
 
+class Backend;
+class Tensor;
+
 // vLLM's valid_counts: per row of [T, K] slots, how many are >= 0.
 std::vector<std::int32_t> vllm_valid_counts(std::span<const std::int32_t> slots, std::int64_t T, std::int64_t K);
 
@@ -51,5 +54,11 @@ PackedRows vllm_sm90_pack(std::span<const std::int32_t> slots, std::int64_t T, s
 // partition). The set of keys a row names is unchanged, so the reference
 // output is too.
 void valid_first_rows(std::span<std::int32_t> slots, std::int64_t T, std::int64_t K);
+
+// The harness's hand-over of [T, K] top-k rows to `b`: valid_first_rows when
+// `b` declares Capabilities::sparse_valid_prefix and the rows come without
+// topk_length; as they are otherwise. One rule for the sparse op, the serving
+// calls and graph mode.
+void order_rows_for(const Backend& b, Tensor& slots, bool with_lengths);
 
 }  // namespace mlagate

@@ -98,9 +98,7 @@ CallResult call_sparse_decode(Backend& b, const Case& c, const SparseFull& f, co
   a.cache = f.cache;
   if (!f.main_slots.empty()) {
     main_rows = gather_tokens(f.main_slots, call.tokens);
-    if (f.main_len.empty() && b.capabilities().sparse_valid_prefix)  // as the sparse op hands them
-      valid_first_rows(std::span(main_rows.data<std::int32_t>(), static_cast<std::size_t>(main_rows.numel())),
-                       main_rows.dim(0), main_rows.dim(1));
+    order_rows_for(b, main_rows, !f.main_len.empty());  // as the sparse op hands them
     a.indices = main_rows.view();
     lens(f.main_len, main_len);
     a.topk_length = main_len;

@@ -292,9 +292,7 @@ class GraphRun {
     sparse_state(ctx_);
     SparseFull f = sparse_full(ctx_, cfg_, r_.block_size, r_.timings.cache_ms);
     // The captured rows as the sparse op hands them (padding rows are a prefix already).
-    if (f.main_len.empty() && !f.main_slots.empty() && b_.capabilities().sparse_valid_prefix)
-      valid_first_rows(std::span(f.main_slots.data<std::int32_t>(), static_cast<std::size_t>(f.main_slots.numel())),
-                       f.main_slots.dim(0), f.main_slots.dim(1));
+    order_rows_for(b_, f.main_slots, !f.main_len.empty());
     return f;
   }
   const PagedCache* extra() const { return sparse_ ? sf_->extra : nullptr; }

@@ -79,9 +79,7 @@ OpRun run_sparse_decode_op(Backend& b, const Case& c, const PagedCache& cache, c
     main_slots = global_slots(c, sp.main, cache);
     // A backend that reads the valid slots as a prefix gets them first, as
     // vLLM's indexer emits them (backends/sparse_convert.h).
-    if (sp.main.length.empty() && b.capabilities().sparse_valid_prefix)
-      valid_first_rows(std::span(main_slots.data<std::int32_t>(), static_cast<std::size_t>(main_slots.numel())),
-                       main_slots.dim(0), main_slots.dim(1));
+    order_rows_for(b, main_slots, !sp.main.length.empty());
     a.indices = main_slots.view();
     a.topk_length = sp.main.length;
   }
