@@ -147,10 +147,7 @@ class FlashInferCall final : public libs::PreparedDecode {
     for (int i = 0; i <= B_; ++i) kv_indptr[i] = i * width_;
     const flashinfer::MLAPlanInfo plan = fi::plan_mla(float_ws_, int_ws_, qo_indptr.data(), kv_indptr.data(),
                                                       kv_len.data(), B_, N_, kHeadDimCkv, /*causal=*/true, s);
-    if (plan.num_blks_x != plan_.num_blks_x || plan.num_blks_y != plan_.num_blks_y ||
-        plan.work_indptr_offset != plan_.work_indptr_offset || plan.q_indptr_offset != plan_.q_indptr_offset ||
-        plan.partial_o_offset != plan_.partial_o_offset || plan.partial_lse_offset != plan_.partial_lse_offset ||
-        plan.kv_len_offset != plan_.kv_len_offset || plan.merge_partial_stride_offset != plan_.merge_partial_stride_offset)
+    if (!fi::same_layout(plan, plan_))
       throw NotSupportedError("flashinfer graph: MLAPlan laid this batch out differently from the captured one "
                               "(another grid or other workspace offsets): the graph cannot replay it");
     return true;

@@ -143,11 +143,7 @@ class SparseCall final : public SparseCallBase {
       plan_ = plan;
       fi::point_params_at_plan(params_, plan_, float_ws_, int_ws_);
       planned_ = true;
-    } else if (plan.num_blks_x != plan_.num_blks_x || plan.num_blks_y != plan_.num_blks_y ||
-               plan.work_indptr_offset != plan_.work_indptr_offset || plan.q_indptr_offset != plan_.q_indptr_offset ||
-               plan.partial_o_offset != plan_.partial_o_offset || plan.partial_lse_offset != plan_.partial_lse_offset ||
-               plan.kv_len_offset != plan_.kv_len_offset ||
-               plan.merge_partial_stride_offset != plan_.merge_partial_stride_offset) {
+    if (!fi::same_layout(plan, plan_))
       throw NotSupportedError("flashinfer.mla.sparse graph: MLAPlan laid this batch out differently from the captured "
                               "one (another grid or other workspace offsets): the graph cannot replay it");
     }

@@ -69,6 +69,16 @@ inline flashinfer::MLAPlanInfo plan_mla(gpu::DeviceBuffer& float_ws, gpu::Device
   return plan;
 }
 
+// Whether a later plan lays the work out as `captured` did: the grid and the
+// workspace offsets a captured kernel keeps (a graph replays only such a plan).
+inline bool same_layout(const flashinfer::MLAPlanInfo& plan, const flashinfer::MLAPlanInfo& captured) {
+  return plan.num_blks_x == captured.num_blks_x && plan.num_blks_y == captured.num_blks_y &&
+         plan.work_indptr_offset == captured.work_indptr_offset && plan.q_indptr_offset == captured.q_indptr_offset &&
+         plan.partial_o_offset == captured.partial_o_offset && plan.partial_lse_offset == captured.partial_lse_offset &&
+         plan.kv_len_offset == captured.kv_len_offset &&
+         plan.merge_partial_stride_offset == captured.merge_partial_stride_offset;
+}
+
 // The plan's lists and partial buffers as the params' pointers (what
 // FlashInfer's batch_mla_run.cu / batch_mla_sm90_run.cu do).
 template <class Params>
