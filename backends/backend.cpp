@@ -375,6 +375,7 @@ void sparse_window_slots(const SparseDecodeArgs& a, std::vector<std::int32_t>& s
 }
 
 std::unique_ptr<DecodeBench> Backend::prepare_decode_bench(const DecodeArgs&) { return nullptr; }
+std::unique_ptr<DecodeBench> Backend::prepare_sparse_decode_bench(const SparseDecodeArgs&) { return nullptr; }
 
 }  // namespace mlagate
 

@@ -196,6 +196,10 @@ class Backend {
   // benchmarkable. The handle may keep pointers into args' host data until it
   // is destroyed; outputs land in device buffers the handle owns.
   virtual std::unique_ptr<DecodeBench> prepare_decode_bench(const DecodeArgs& args);
+  // (optional) the same for the sparse decode op (`mlagate bench` on cases
+  // with top-k rows): everything the call needs made once, launch() enqueues
+  // the kernels of one sparse decode. nullptr (the default): not benchmarkable.
+  virtual std::unique_ptr<DecodeBench> prepare_sparse_decode_bench(const SparseDecodeArgs& args);
 
   // (optional) CUDA-graph mode (`--cuda-graph`, harness/run/SERVING.md): capture
   // one decode of `args` (a batch padded to a capture size) with persistent

@@ -154,6 +154,45 @@ float Event::elapsed_since(const Event& start) const {
   return ms;
 }
 
+CapturedGraph::CapturedGraph(cudaStream_t s, const std::function<void()>& enqueue) {
+  MLAGATE_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  try {
+    enqueue();
+  } catch (...) {
+    cudaGraph_t partial = nullptr;
+    if (cudaStreamEndCapture(s, &partial) == cudaSuccess && partial) cudaGraphDestroy(partial);
+    throw;
+  }
+  MLAGATE_CUDA_CHECK(cudaStreamEndCapture(s, &graph_));
+  try {
+    MLAGATE_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+  } catch (...) {
+    reset();
+    throw;
+  }
+}
+CapturedGraph::~CapturedGraph() { reset(); }
+CapturedGraph::CapturedGraph(CapturedGraph&& o) noexcept
+    : graph_(std::exchange(o.graph_, nullptr)), exec_(std::exchange(o.exec_, nullptr)) {}
+CapturedGraph& CapturedGraph::operator=(CapturedGraph&& o) noexcept {
+  if (this != &o) {
+    reset();
+    graph_ = std::exchange(o.graph_, nullptr);
+    exec_ = std::exchange(o.exec_, nullptr);
+  }
+  return *this;
+}
+void CapturedGraph::reset() noexcept {
+  if (exec_) cudaGraphExecDestroy(exec_);
+  if (graph_) cudaGraphDestroy(graph_);
+  exec_ = nullptr;
+  graph_ = nullptr;
+}
+void CapturedGraph::launch(cudaStream_t s) const {
+  if (!exec_) throw std::logic_error("CapturedGraph::launch: nothing was captured");
+  MLAGATE_CUDA_CHECK(cudaGraphLaunch(exec_, s));
+}
+
 GuardedDeviceOutput::GuardedDeviceOutput(const TensorView& host, std::string name, cudaStream_t s, Writes w)
     : buf_((w == Writes::kPacked ? host.nbytes() : host.span_bytes()) + 2 * kGuardBytes),
       bytes_(w == Writes::kPacked ? host.nbytes() : host.span_bytes()),

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -138,6 +139,30 @@ class Event {
 
  private:
   cudaEvent_t e_ = nullptr;
+};
+
+// The work `enqueue` puts on stream `s`, captured as a CUDA graph (relaxed
+// capture mode, as a serving engine captures its decode) and instantiated;
+// launch() replays it on any stream. Owns both the graph and its executable.
+// The buffers the captured kernels use belong to the caller and must outlive
+// it. A throw from `enqueue` ends the capture before it propagates, so the
+// stream is never left capturing.
+class CapturedGraph {
+ public:
+  CapturedGraph() = default;
+  CapturedGraph(cudaStream_t s, const std::function<void()>& enqueue);
+  ~CapturedGraph();
+  CapturedGraph(CapturedGraph&& o) noexcept;
+  CapturedGraph& operator=(CapturedGraph&& o) noexcept;
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  void launch(cudaStream_t s) const;  // std::logic_error when nothing was captured
+  explicit operator bool() const { return exec_ != nullptr; }
+
+ private:
+  void reset() noexcept;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
 };
 
 // A kernel output on the device: [guard | payload | guard]. The payload starts

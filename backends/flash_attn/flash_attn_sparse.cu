@@ -28,6 +28,7 @@
 #include "backends/cuda/cuda_backends.h"
 #include "backends/flash_attn/fa3_host.h"
 #include "backends/flash_attn/flash_attn_backend.h"
+#include "backends/kernel_libs/adapter_common.h"
 #include "backends/sparse_convert.h"
 #include "cases/errors.h"
 
@@ -212,12 +213,7 @@ class SparseCall {
 
 struct Graph {
   std::unique_ptr<SparseCall> call;
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  ~Graph() {
-    if (exec) cudaGraphExecDestroy(exec);
-    if (graph) cudaGraphDestroy(graph);
-  }
+  gpu::CapturedGraph graph;  // last: destroyed before the call's buffers
 };
 
 class FlashAttnMlaSparse final : public Backend {
@@ -281,17 +277,25 @@ class FlashAttnMlaSparse final : public Backend {
             g->call->refresh(p);
             g->call->launch();  // the warm-up, whose outputs the capture's record reads
             MLAGATE_CUDA_CHECK(cudaStreamSynchronize(stream()));
-            MLAGATE_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeRelaxed));
-            g->call->launch();
-            MLAGATE_CUDA_CHECK(cudaStreamEndCapture(stream(), &g->graph));
-            MLAGATE_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
+            g->graph = gpu::CapturedGraph(stream(), [&] { g->call->launch(); });
           } else {
             g->call->refresh(p);
-            MLAGATE_CUDA_CHECK(cudaGraphLaunch(g->exec, stream()));
+            g->graph.launch(stream());
           }
           g->call->finish(p);
         },
         "CUDA graph");
+  }
+  // `mlagate bench`: the call uploaded, then its forward (mha_fwd's prepare
+  // kernel, the attention kernel, the combine when split, the lse transpose)
+  // timed as a graph.
+  std::unique_ptr<DecodeBench> prepare_sparse_decode_bench(const SparseDecodeArgs& a) override {
+    check_call(a);
+    if (a.q.shape[0] == 0) throw NotSupportedError("an empty batch is not timed");
+    auto call = std::make_shared<SparseCall>(a, stream(), false);
+    call->refresh(a);
+    return libs::graph_bench(call, stream(), [c = call.get()] { c->launch(); },
+                            "prepare + attention (+ combine) kernels, lse transposed");
   }
 
  private:

@@ -32,6 +32,7 @@
 #include "backends/cuda/cuda_backends.h"
 #include "backends/flashinfer/flashinfer_backend.h"
 #include "backends/flashinfer/mla_plan.h"
+#include "backends/kernel_libs/adapter_common.h"
 #include "backends/sparse_convert.h"
 #include "cases/errors.h"
 
@@ -202,12 +203,7 @@ std::unique_ptr<SparseCallBase> make_call(const SparseDecodeArgs& a, bool kpe_sc
 
 struct Graph {
   std::unique_ptr<SparseCallBase> call;
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  ~Graph() {
-    if (exec) cudaGraphExecDestroy(exec);
-    if (graph) cudaGraphDestroy(graph);
-  }
+  gpu::CapturedGraph graph;  // last: destroyed before the call's buffers
 };
 
 class FlashInferMlaSparse final : public Backend {
@@ -278,17 +274,23 @@ class FlashInferMlaSparse final : public Backend {
             g->call->refresh(p);
             g->call->launch();  // the warm-up, whose outputs the capture's record reads
             MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));
-            MLAGATE_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
-            g->call->launch();
-            MLAGATE_CUDA_CHECK(cudaStreamEndCapture(s, &g->graph));
-            MLAGATE_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
+            g->graph = gpu::CapturedGraph(s, [&] { g->call->launch(); });
           } else {
             g->call->refresh(p);
-            MLAGATE_CUDA_CHECK(cudaGraphLaunch(g->exec, s));
+            g->graph.launch(s);
           }
           g->call->finish(p);
         },
         "CUDA graph (planned on the host before each replay)");
+  }
+  // `mlagate bench`: the call uploaded and planned on the host (outside, as
+  // vLLM's builder plans before the forward), then the kernel timed as a graph.
+  std::unique_ptr<DecodeBench> prepare_sparse_decode_bench(const SparseDecodeArgs& a) override {
+    check_call(a);
+    if (a.q.shape[0] == 0) throw NotSupportedError("an empty batch is not timed");
+    std::shared_ptr<SparseCallBase> call = make_call(a, kpe_scaled_, stream(), false);
+    call->refresh(a);
+    return libs::graph_bench(call, stream(), [c = call.get()] { c->launch(); }, "the MLA kernel (planned outside)");
   }
 
  private:

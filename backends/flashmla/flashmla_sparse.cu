@@ -26,6 +26,7 @@
 #include "backends/cuda/cache_store.h"
 #include "backends/cuda/cuda_backends.h"
 #include "backends/flashmla/flashmla_backend.h"
+#include "backends/kernel_libs/adapter_common.h"
 #include "cases/errors.h"
 #include "gpu/device.h"
 
@@ -333,12 +334,7 @@ struct SparseCall {
 
 struct Graph {
   std::unique_ptr<SparseCall> call;
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  ~Graph() {
-    if (exec) cudaGraphExecDestroy(exec);
-    if (graph) cudaGraphDestroy(graph);
-  }
+  gpu::CapturedGraph graph;  // last: destroyed before the call's buffers
 };
 
 // A CudaBackend for its stream and kernel timing (detail::cuda_last_kernel_ms);
@@ -431,17 +427,26 @@ class FlashMlaSparse final : public gpu::CudaBackend {
             g->call->refresh(p);
             g->call->launch();  // the warm-up
             MLAGATE_CUDA_CHECK(cudaStreamSynchronize(g->call->s));
-            MLAGATE_CUDA_CHECK(cudaStreamBeginCapture(g->call->s, cudaStreamCaptureModeRelaxed));
-            g->call->launch_kernels();
-            MLAGATE_CUDA_CHECK(cudaStreamEndCapture(g->call->s, &g->graph));
-            MLAGATE_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
+            g->graph = gpu::CapturedGraph(g->call->s, [&] { g->call->launch_kernels(); });
           } else {
             g->call->refresh(p);
-            MLAGATE_CUDA_CHECK(cudaGraphLaunch(g->exec, g->call->s));
+            g->graph.launch(g->call->s);
           }
           g->call->finish(p);
         },
         "CUDA graph");
+  }
+
+  // `mlagate bench`: the call prepared and its scheduler metadata made, then
+  // the decode and combine kernels (what graph mode captures) timed as a graph.
+  std::unique_ptr<DecodeBench> prepare_sparse_decode_bench(const SparseDecodeArgs& a) override {
+    gpu::require_device();
+    check_scale_rule(a);
+    auto call = std::make_shared<SparseCall>(stream(), a, false);
+    if (call->T == 0) throw NotSupportedError("an empty batch is not timed");
+    call->refresh(a);
+    return libs::graph_bench(call, call->s, [c = call.get()] { c->launch_kernels(); },
+                            "decode + combine kernels, heads copied out (scheduler metadata made outside)");
   }
 
   void sparse_prefill(const SparsePrefillArgs& a) override {

@@ -75,6 +75,15 @@ std::unique_ptr<DecodeBench> make_decode_bench(const DecodeArgs& a, cudaStream_t
 std::unique_ptr<DecodeGraph> make_decode_graph(const DecodeArgs& a, cudaStream_t s, const PrepareFn& prepare,
                                                std::string note);
 
+// `mlagate bench` for a prepared call that owns its device buffers (`call`,
+// kept alive by the handle): `enqueue` (the call's kernels on its stream `s`)
+// is run once as a warm-up, then captured as a CUDA graph; the handle's
+// launch() replays the graph on the timer's stream, so the timed region holds
+// exactly the kernels one call enqueues. The sparse adapters use it: their
+// calls launch on their own stream, with the stream in their kernels' params.
+std::unique_ptr<DecodeBench> graph_bench(std::shared_ptr<void> call, cudaStream_t s, const std::function<void()>& enqueue,
+                                         std::string note);
+
 // The rows of the cache's block table the requests use, in request order, as
 // a contiguous [B, width] int32 table (a library that takes a plain
 // [B, max_blocks] table cannot be given mlagate's row indirection).

@@ -14,12 +14,15 @@
 #include <string>
 
 #include "backends/registry.h"
+#include "backends/sparse_convert.h"
 #include "cases/case.h"
 #include "cases/errors.h"
 #include "cases/fp8.h"
 #include "cases/paged_cache.h"
+#include "cases/sparse.h"
 #include "cases/suite.h"
 #include "reference/glue.h"
+#include "reference/sparse_reference.h"
 #include "mlagate/config.h"
 #if MLAGATE_HAS_CUDA
 #include "backends/cuda/bench_timer.h"
@@ -44,7 +47,16 @@ BatchSpec uniform_batch(const std::string& name, int batch, int seq_len, int que
 struct SetDef {
   std::string description;
   std::vector<std::pair<BatchSpec, std::vector<int>>> batches;  // batch, TP degrees (heads = 128 / tp)
+  SparseSpec sparse{};                                 // active: the sets of the sparse decode op
+  std::vector<KvCacheDtype> kv{KvCacheDtype::kAuto};   // each batch x TP once per cache dtype
 };
+
+// DeepSeek V3.2's decode (index_topk 2048): every token's row names 2048 keys.
+SparseSpec v32_topk(int topk) {
+  SparseSpec s;
+  s.topk = topk;
+  return s;
+}
 
 // The case sets, defined here once. "full": issue 9's side-by-side shapes
 // (DeepSeek dims, bf16, auto cache, each backend's preferred block size),
@@ -61,6 +73,23 @@ const std::map<std::string, SetDef>& set_defs() {
     m["tiny"] = {"two small cases for tests (b=2, s_k 256; decode and spec decode s_q=2; 8 heads)",
                  {{uniform_batch("b2_s256", 2, 256, 1, false), {16}},
                   {uniform_batch("spec2_b2_s256", 2, 256, 2, true), {16}}}};
+    // The sparse decode op side by side: each cache dtype one of the sparse
+    // backends reads (auto: FA3's and FlashInfer's; fp8_ds_mla: FlashMLA's;
+    // per-tensor fp8: FlashInfer's; cuda.sparse reads all three).
+    const std::vector<KvCacheDtype> sparse_kv{KvCacheDtype::kAuto, KvCacheDtype::kFp8DsMla, KvCacheDtype::kFp8};
+    m["sparse-full"] = {"DeepSeek V3.2 sparse decode, top-k 2048: b=64 and b=128 at s_k 8192, spec decode s_q=2 "
+                        "(b=64); TP 1 and 8 (128 and 16 heads); caches auto, fp8_ds_mla and fp8",
+                        {{uniform_batch("sparse_b64_s8192", 64, 8192, 1, false), {1, 8}},
+                         {uniform_batch("sparse_b128_s8192", 128, 8192, 1, false), {1, 8}},
+                         {uniform_batch("sparse_spec2_b64_s8192", 64, 8192, 2, true), {1, 8}}},
+                        v32_topk(2048),
+                        sparse_kv};
+    m["sparse-tiny"] = {"two small sparse decode cases for tests (b=2, s_k 256, top-k 128; s_q 1 and 2; 8 heads; "
+                        "caches auto, fp8_ds_mla and fp8)",
+                        {{uniform_batch("sparse_b2_s256", 2, 256, 1, false), {16}},
+                         {uniform_batch("sparse_spec2_b2_s256", 2, 256, 2, true), {16}}},
+                        v32_topk(128),
+                        sparse_kv};
     return m;
   }();
   return defs;
@@ -81,12 +110,16 @@ BenchCaseSet bench_case_set(const std::string& name) {
     set.description = it->second.description;
     for (const auto& [batch, tps] : it->second.batches) {
       for (int tp : tps) {
-        CaseSpec s;
-        s.suite = "bench-" + name;
-        s.batch = batch;
-        s.tp = tp;
-        s.validate();
-        set.cases.push_back(std::move(s));
+        for (KvCacheDtype kv : it->second.kv) {
+          CaseSpec s;
+          s.suite = "bench-" + name;
+          s.batch = batch;
+          s.tp = tp;
+          s.sparse = it->second.sparse;
+          s.kv_cache_dtype = kv;
+          s.validate();
+          set.cases.push_back(std::move(s));
+        }
       }
     }
     return set;
@@ -128,6 +161,30 @@ DecodeWork ideal_decode_work(const CaseSpec& spec, int block_size) {
   const double T = spec.num_tokens();
   w.bytes_read += T * N * (L + R) * model;               // q_lat, q_pe
   w.bytes_written += T * N * L * model + T * N * 4.0;    // o_lat, lse (fp32)
+  return w;
+}
+
+DecodeWork ideal_sparse_decode_work(const Case& c) {
+  const CaseSpec& spec = c.spec;
+  if (!c.sparse) throw InputError("ideal_sparse_decode_work: not a sparse case");
+  const Dims& d = spec.dims;
+  const double N = spec.num_heads(), L = d.kv_lora_rank, R = d.rope_dim, Dv = spec.sparse_dv();
+  const double model = static_cast<double>(dtype_size(spec.dtype));
+  const double entry =
+      make_entry_format(spec.kv_format(), spec.dtype, d.kv_lora_rank, d.rope_dim, spec.k_scale).bytes;
+  DecodeWork w;
+  std::vector<int> keys, extra;
+  for (int t = 0; t < c.num_tokens; ++t) {
+    main_positions(c, t, keys);
+    extra_positions(c, t, extra);  // the compressed cache has the main cache's format
+    const double n = static_cast<double>(keys.size() + extra.size());
+    w.bytes_read += n * entry;
+    w.flops += 2.0 * N * n * ((L + R) + Dv);
+  }
+  const double T = c.num_tokens;
+  w.bytes_read += T * (c.sparse->main.width + c.sparse->extra.width) * sizeof(std::int32_t);  // index rows
+  w.bytes_read += T * N * (L + R) * model;         // q
+  w.bytes_written += T * N * Dv * model + T * N * 4.0;  // o, lse (fp32)
   return w;
 }
 
@@ -181,7 +238,7 @@ void print_table(std::FILE* out, const std::vector<Row>& rows, double peak_gbs) 
     std::fprintf(out, "%11s %5zu %8.1f %5.1f%% %7.2f %7.2f  %s\n", time_str(r.median_ms).c_str(), r.samples_ms.size(), gbs,
                  100.0 * gbs / peak_gbs, r.work.flops / (r.median_ms * 1e-3) / 1e12, r.x_fastest, r.note.c_str());
   }
-  if (!no_bench.empty()) std::fprintf(out, "\nnot benchmarkable (no prepare_decode_bench): %s\n", no_bench.c_str());
+  if (!no_bench.empty()) std::fprintf(out, "\nnot benchmarkable (no prepare_decode_bench, or prepare_sparse_decode_bench for cases with index sets): %s\n", no_bench.c_str());
 }
 
 void write_json(const std::string& path, const std::vector<Row>& rows, const nlohmann::json& head) {
@@ -294,20 +351,24 @@ int bench_on_gpu(const BenchOptions& opt, const BenchCaseSet& set,
 
   std::vector<Row> rows;
   for (const CaseSpec& spec : set.cases) {
+    // Cases with index sets time the sparse decode op, the others the decode op.
+    const bool sparse = spec.sparse.active();
+    const Op op = sparse ? Op::kSparseDecode : Op::kDecode;
     std::vector<Row> case_rows;
     for (const auto& b : backends) {
       Row r;
       r.case_id = spec.id();
       r.label = spec.batch.name + " tp" + std::to_string(spec.tp);
+      if (spec.kv_cache_dtype != KvCacheDtype::kAuto) r.label += " " + std::string(kv_cache_dtype_name(spec.kv_cache_dtype));
       r.backend = std::string(b->name());
       r.batch = spec.num_requests();
       r.max_seq = *std::max_element(spec.batch.seq_lens.begin(), spec.batch.seq_lens.end());
       r.max_q = *std::max_element(spec.batch.query_lens.begin(), spec.batch.query_lens.end());
       r.heads = spec.num_heads();
-      const Support s = b->supports(spec, Op::kDecode);
+      const Support s = b->supports(spec, op);
       if (s.ok) {
         r.block_size = resolve_block_size(b->capabilities(), spec);
-        r.work = ideal_decode_work(spec, r.block_size);
+        if (!sparse) r.work = ideal_decode_work(spec, r.block_size);
       } else {
         r.status = "NOT_SUPPORTED";
         r.reason = s.reason;
@@ -317,36 +378,72 @@ int bench_on_gpu(const BenchOptions& opt, const BenchCaseSet& set,
     const bool any = std::any_of(case_rows.begin(), case_rows.end(), [](const Row& r) { return r.ok(); });
     if (any) {
       const Case c = generate_case(spec);
-      Tensor q_lat, q_pe;
+      Tensor q_lat, q_pe, q_sparse;
       std::vector<int> tokens(static_cast<std::size_t>(c.num_tokens));
       std::iota(tokens.begin(), tokens.end(), 0);
       absorb_queries(c, tokens, q_lat, q_pe);
+      if (sparse) q_sparse = sparse_query(c, q_lat.view());
+      const DecodeWork sparse_work = sparse ? ideal_sparse_decode_work(c) : DecodeWork{};
       std::vector<std::int32_t> table_rows(static_cast<std::size_t>(c.num_requests));
       std::iota(table_rows.begin(), table_rows.end(), 0);
-      std::map<int, PagedCache> caches;  // block size -> cache with the new tokens written
+      std::map<int, PagedCache> caches, extra_caches;  // block size -> cache (new tokens written); V4's compressed one
       for (std::size_t k = 0; k < backends.size(); ++k) {
         Row& r = case_rows[k];
         if (!r.ok()) continue;
         auto it = caches.find(r.block_size);
         if (it == caches.end()) it = caches.emplace(r.block_size, build_paged_cache(c, r.block_size)).first;
         const std::int64_t T = c.num_tokens, N = spec.num_heads(), L = spec.dims.kv_lora_rank;
-        Tensor o_lat(spec.dtype, {T, N, L}), lse(DType::kF32, {T, N});
+        Tensor o_lat(spec.dtype, {T, N, sparse ? spec.sparse_dv() : L}), lse(DType::kF32, {T, N});
         DecodeArgs a;
-        a.q_lat = q_lat.view();
-        a.q_pe = q_pe.view();
-        a.cache = &it->second;
-        a.seq_lens = c.seq_lens;
-        a.query_start_loc = c.query_start_loc;
-        a.block_table_rows = table_rows;
-        a.scale = spec.softmax_scale();
-        a.k_scale = spec.k_scale;
-        a.o_lat = o_lat.view();
-        a.lse = lse.view();
+        SparseDecodeArgs sa;
+        Tensor main_slots, extra_slots;  // the sparse call's index rows, alive while it is timed
+        if (sparse) {
+          r.work = sparse_work;
+          sa.q = q_sparse.view();
+          sa.cache = &it->second;
+          if (spec.sparse.window > 0) {
+            sa.window = spec.sparse.window;
+          } else {
+            main_slots = global_slots(c, c.sparse->main, it->second);
+            order_rows_for(*backends[k], main_slots, !c.sparse->main.length.empty());  // as the sparse op hands them
+            sa.indices = main_slots.view();
+            sa.topk_length = c.sparse->main.length;
+          }
+          if (!c.sparse->extra.empty()) {
+            auto e = extra_caches.find(r.block_size);
+            if (e == extra_caches.end())
+              e = extra_caches.emplace(r.block_size, build_paged_cache(c.sparse->compressed, r.block_size)).first;
+            extra_slots = global_slots(c, c.sparse->extra, e->second);
+            sa.extra_cache = &e->second;
+            sa.extra_indices = extra_slots.view();
+            sa.extra_topk_length = c.sparse->extra.length;
+          }
+          sa.seq_lens = c.seq_lens;
+          sa.query_start_loc = c.query_start_loc;
+          sa.block_table_rows = table_rows;
+          sa.sink = c.sparse->sink;
+          sa.scale = spec.softmax_scale();
+          sa.o = o_lat.view();
+          sa.lse = lse.view();
+        } else {
+          a.q_lat = q_lat.view();
+          a.q_pe = q_pe.view();
+          a.cache = &it->second;
+          a.seq_lens = c.seq_lens;
+          a.query_start_loc = c.query_start_loc;
+          a.block_table_rows = table_rows;
+          a.scale = spec.softmax_scale();
+          a.k_scale = spec.k_scale;
+          a.o_lat = o_lat.view();
+          a.lse = lse.view();
+        }
         try {
-          std::unique_ptr<DecodeBench> handle = backends[k]->prepare_decode_bench(a);
+          std::unique_ptr<DecodeBench> handle =
+              sparse ? backends[k]->prepare_sparse_decode_bench(sa) : backends[k]->prepare_decode_bench(a);
           if (!handle) {
             r.status = "NO_BENCH";
-            r.reason = "the backend implements no prepare_decode_bench";
+            r.reason = sparse ? "the backend implements no prepare_sparse_decode_bench"
+                              : "the backend implements no prepare_decode_bench";
             continue;
           }
           r.note = handle->note();

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "cases/case.h"
 #include "cases/case_spec.h"
 
 namespace mlagate {
@@ -38,6 +39,13 @@ struct DecodeWork {
   double bytes() const { return bytes_read + bytes_written; }
 };
 DecodeWork ideal_decode_work(const CaseSpec& spec, int block_size);
+// The sparse decode op (cases with top-k rows or V4's window): a kernel reads
+// each key a token's row names (duplicates and -1 as the row has them: -1
+// none, a duplicate twice, as FlashMLA gathers every index; V4: the window's
+// keys and the compressed rows'), the index rows and q; it writes o and lse.
+// FLOPs = 2 * N * (Dqk + Dv) per (token, key read). V4's block-table reads
+// are not counted. The case must be generated (its index sets drawn).
+DecodeWork ideal_sparse_decode_work(const Case& c);
 
 struct BenchOptions {
   std::string backends = "*";  // globs, comma-separated

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_backends.h"
+#include "cases/case.h"
 #include "cases/errors.h"
 #include "harness/bench/bench.h"
 #include "harness/cli/cli.h"
@@ -83,6 +84,55 @@ TEST(BenchCaseSets, FullHasTheIssueShapes) {
   for (const auto& [name, h] : heads) EXPECT_EQ(h, both) << name;
 }
 
+const CaseSpec& sparse_tiny(const std::string& batch, KvCacheDtype kv) {
+  static const BenchCaseSet set = bench_case_set("sparse-tiny");
+  for (const CaseSpec& c : set.cases)
+    if (c.batch.name == batch && c.kv_cache_dtype == kv) return c;
+  throw std::runtime_error("no sparse-tiny case " + batch);
+}
+
+// Top-k 128 of 256 keys: each token's row names 128 distinct keys (the random
+// pattern draws min(topk, visible) of them), read once per token in the
+// cache's entry bytes, plus the [T, 128] int32 rows and q [T, 8, 576] bf16.
+TEST(BenchAccounting, SparseDecodeCountsTheKeysEachRowNames) {
+  const std::map<KvCacheDtype, double> entry{
+      {KvCacheDtype::kAuto, 1152.0}, {KvCacheDtype::kFp8DsMla, 656.0}, {KvCacheDtype::kFp8, 576.0}};
+  for (const auto& [kv, bytes] : entry) {
+    const Case c = generate_case(sparse_tiny("sparse_b2_s256", kv));
+    ASSERT_EQ(c.num_tokens, 2);
+    const DecodeWork w = ideal_sparse_decode_work(c);
+    EXPECT_EQ(w.bytes_read, 2 * 128 * bytes + 2 * 128 * 4.0 + 2.0 * 8 * 576 * 2) << kv_cache_dtype_name(kv);
+    EXPECT_EQ(w.bytes_written, 2.0 * 8 * 512 * 2 + 2.0 * 8 * 4);
+    EXPECT_EQ(w.flops, 2.0 * (2.0 * 8 * 128 * (576 + 512)));
+  }
+  // Spec decode: 4 tokens, each its own 128 keys.
+  const Case spec = generate_case(sparse_tiny("sparse_spec2_b2_s256", KvCacheDtype::kAuto));
+  ASSERT_EQ(spec.num_tokens, 4);
+  EXPECT_EQ(ideal_sparse_decode_work(spec).flops, 4.0 * (2.0 * 8 * 128 * (576 + 512)));
+  // -1 slots are not read: a top-k wider than the context names only its keys.
+  CaseSpec wide = sparse_tiny("sparse_b2_s256", KvCacheDtype::kAuto);
+  wide.sparse.topk = 512;
+  const DecodeWork ww = ideal_sparse_decode_work(generate_case(wide));
+  EXPECT_EQ(ww.bytes_read, 2 * 256 * 1152.0 + 2 * 512 * 4.0 + 2.0 * 8 * 576 * 2);
+  EXPECT_THROW(ideal_sparse_decode_work(generate_case(tiny("b2_s256"))), InputError);
+}
+
+// The sparse sets: top-k 2048 (V3.2's index_topk) at 128 and 16 heads, each
+// batch in the three cache dtypes the sparse backends read.
+TEST(BenchCaseSets, SparseFullHasV32Shapes) {
+  const BenchCaseSet set = bench_case_set("sparse-full");
+  EXPECT_EQ(set.cases.size(), 3u * 2u * 3u);
+  std::map<std::string, int> per_batch;
+  for (const CaseSpec& c : set.cases) {
+    EXPECT_EQ(c.sparse.topk, 2048);
+    EXPECT_FALSE(c.sparse.v4());
+    EXPECT_TRUE(c.num_heads() == 128 || c.num_heads() == 16) << c.id();
+    EXPECT_EQ(c.batch.seq_lens.front(), 8192);
+    ++per_batch[c.batch.name];
+  }
+  EXPECT_EQ(per_batch, (std::map<std::string, int>{{"sparse_b128_s8192", 6}, {"sparse_b64_s8192", 6}, {"sparse_spec2_b64_s8192", 6}}));
+}
+
 TEST(BenchCaseSets, SuitesWorkAndUnknownNamesAreInputErrors) {
   EXPECT_FALSE(bench_case_set("smoke").cases.empty());
   EXPECT_THROW(bench_case_set("no_such_set"), InputError);
@@ -135,6 +185,45 @@ TEST(Bench, TinyCaseSetOnTheGpu) {
   }
   ASSERT_EQ(fastest.size(), 2u);
   for (const auto& [id, x] : fastest) EXPECT_EQ(x, 1.0) << id;
+}
+
+// The sparse decode op on the tiny sparse set: cuda.sparse times every case
+// (it reads the three cache dtypes); every other sparse backend in the build
+// times the cases it declares and is NOT_SUPPORTED on the rest, never ERROR
+// or NO_BENCH; the bytes are the sparse accounting's.
+TEST(Bench, SparseTinyCaseSetOnTheGpu) {
+  const std::string json =
+      (std::filesystem::temp_directory_path() / ("mlagate_bench_sparse_" + std::to_string(::getpid()) + ".json")).string();
+  const int rc = cli({"bench", "--case-set", "sparse-tiny", "--backend", "*sparse*", "--min-time", "0.02", "--json", json});
+  if (!cuda_device_info().available) {
+    EXPECT_EQ(rc, kExitUsage) << "without a GPU the bench must say so and exit 2";
+    GTEST_SKIP() << cuda_device_info().error;
+  }
+  ASSERT_EQ(rc, kExitPassed);
+  std::ifstream f(json);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  std::filesystem::remove(json);
+  std::map<std::string, int> ok;
+  for (const auto& r : j.at("rows")) {
+    const std::string backend = r.at("backend"), status = r.at("status");
+    ASSERT_TRUE(status == "ok" || status == "NOT_SUPPORTED") << r.dump();
+    if (backend == "cuda.sparse") EXPECT_EQ(status, "ok") << r.dump();
+    if (status != "ok") continue;
+    ++ok[backend];
+    const std::string id = r.at("case");
+    for (const KvCacheDtype kv : {KvCacheDtype::kAuto, KvCacheDtype::kFp8DsMla, KvCacheDtype::kFp8})
+      for (const char* batch : {"sparse_b2_s256", "sparse_spec2_b2_s256"}) {
+        const CaseSpec& c = sparse_tiny(batch, kv);
+        if (c.id() != id) continue;
+        const DecodeWork w = ideal_sparse_decode_work(generate_case(c));
+        EXPECT_EQ(r.at("bytes_read").get<double>(), w.bytes_read) << id;
+        EXPECT_EQ(r.at("flops").get<double>(), w.flops) << id;
+      }
+    EXPECT_GT(r.at("time_ms_median").get<double>(), 0.0);
+    EXPECT_LT(r.at("pct_hbm_peak").get<double>(), 100.0);
+  }
+  EXPECT_EQ(ok["cuda.sparse"], 6);
+  for (const auto& [backend, n] : ok) std::printf("%-24s %d sparse-tiny rows timed\n", backend.c_str(), n);
 }
 
 }  // namespace
