@@ -23,7 +23,7 @@ struct ExploreSpace {
   IntRange seq_len{0, 131072};         // per request; 0 only as padding requests (see padding)
   IntRange query_len{1, 128};
   IntRange heads{1, 128};              // heads on the rank, not only 128 / TP
-  std::vector<std::string> dims{"deepseek", "glm", "v4"};
+  std::vector<std::string> dims{"deepseek", "glm", "v4", "nope"};
   std::vector<DType> dtypes{DType::kBF16, DType::kF16};
   std::vector<KvCacheFormat> kv_dtypes;  // empty: every format the backend declares (fp8_ds_mla with both rules)
   std::vector<int> block_sizes;          // empty: every block size the backend declares

@@ -19,7 +19,7 @@ constexpr std::array kFactKeys = {
     FactKey{"heads", FactKind::kNumber, "heads on this rank (total_heads / tp)"},
     FactKey{"total_heads", FactKind::kNumber, "heads of the model"},
     FactKey{"dtype", FactKind::kWord, "model dtype: bf16, fp16 (fp32: merge cases)"},
-    FactKey{"dims", FactKind::kWord, "MLA dims: deepseek, glm, v4 or L.R.P.V"},
+    FactKey{"dims", FactKind::kWord, "MLA dims: deepseek, glm, v4, nope or L.R.P.V"},
     FactKey{"kv", FactKind::kWord, "kv cache dtype: auto, fp8, fp8_e4m3, fp8_ds_mla, fp8_v4"},
     FactKey{"kv_format", FactKind::kWord, "kv cache format with its scale rule: fp8_ds_mla:raw"},
     FactKey{"k_scale", FactKind::kNumber, "the per-tensor cache scale"},

@@ -73,7 +73,7 @@ TEST(ExploreDraw, SameSeedSameCasesAndTheBoundariesAreReached) {
   EXPECT_EQ(layouts.size(), 5u) << "contiguous and every layout part (cases/LAYOUTS.md) are drawn";
   EXPECT_GT(differ, 390) << "another seed draws other cases";
   // The whole draw, pinned: integer arithmetic only, so any machine draws these ids.
-  EXPECT_EQ(h, 16729754484143817212u) << "draw hash (update when the draw changes on purpose): " << h;
+  EXPECT_EQ(h, 6936444809200538718u) << "draw hash (update when the draw changes on purpose): " << h;
   EXPECT_GT(pow2_heads, 40);
   EXPECT_GT(odd_heads, 40);
   EXPECT_GT(padding, 10);
@@ -81,7 +81,7 @@ TEST(ExploreDraw, SameSeedSameCasesAndTheBoundariesAreReached) {
   EXPECT_GT(long_ctx, 0);
   EXPECT_GT(bs1, 0);
   EXPECT_EQ(ops.size(), 4u) << "layer, decode, prefill, cache_write";
-  EXPECT_EQ(dims.size(), 3u);
+  EXPECT_EQ(dims.size(), 4u) << "deepseek, glm, v4, nope";
   EXPECT_EQ(kvs.size(), 5u) << "auto, fp8, fp8_e4m3, fp8_ds_mla:pow2, fp8_ds_mla:raw";
 }
 
