@@ -353,6 +353,7 @@ class Search {
           // A drawn case an entry selects that passed: counted, never a failure
           // of the search (the entry's trigger is narrower than its selector).
           Json& x = state_["xpass"][r.expected.entry];
+          if (!x.is_object()) x = Json::object();  // the entry's first XPASS (value() throws on null)
           x["count"] = x.value("count", 0LL) + 1;
         } else if (status_is_failure(r.status)) failure(r, *it->second);
       }

@@ -180,6 +180,21 @@ TEST(ExploreCauses, OnePerPlantedBugAndKnownOnesAreNoFindings) {
   ASSERT_TRUE(rep2["known"].contains("one-past")) << rep2.dump(1);
   EXPECT_GT(rep2["known"]["one-past"]["count"].get<long long>(), 0);
   for (const Json& f : rep2["findings"]) EXPECT_NE(f["backend"], "verdicts.reads_one_past") << f.dump();
+
+  // An entry that selects passing records: each is an XPASS, counted under the
+  // entry, and the search ends PASS (its first XPASS once stopped explore with
+  // an internal error on the GPU, where the kernel libraries' entries select
+  // cases a drawn search passes).
+  std::ofstream(d / "xpass.yaml") << "schema: mlagate.expect/1\nexpect:\n  - id: cpu-passes\n    backend: cpu.paged\n"
+                                     "    reason: no failure expected; selects every record\n";
+  ASSERT_EQ(run_mlagate({"explore", "--backend", "cpu.paged", "--suite", (d / "space.yaml").string(), "--cases", "4",
+                         "--no-shrink", "--seed", "3", "--expect", (d / "xpass.yaml").string(), "--out", (d / "z").string()},
+                        d),
+            0)
+      << slurp(d / "stdout.txt") << slurp(d / "stderr.txt");
+  const Json rep3 = Json::parse(slurp(d / "z" / "report.json"));
+  EXPECT_EQ(rep3["xpass"]["cpu-passes"]["count"].get<long long>(), rep3["records"]["PASSED"].get<long long>()) << rep3.dump(1);
+  EXPECT_GT(rep3["xpass"]["cpu-passes"]["count"].get<long long>(), 0);
 }
 
 }  // namespace
