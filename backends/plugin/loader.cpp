@@ -270,9 +270,11 @@ class PluginBackend final : public Backend {
     DlTensors t(b_.device);
     mlagate_args args = empty_args(stage);
     mlagate_decode_args& d = args.decode;
-    // Strided views reach kDLCPU backends that declare them (ABI 1.3), whose stage lends host pointers.
-    d.q_lat = t.make(stage.input(a.q_lat.data, a.q_lat.nbytes()), a.q_lat.dtype, a.q_lat.shape, a.q_lat.strides);
-    d.q_pe = t.make(stage.input(a.q_pe.data, a.q_pe.nbytes()), a.q_pe.dtype, a.q_pe.shape, a.q_pe.strides);
+    // Strided views (ABI 1.3, only to backends that declare them): a host
+    // stage lends the harness's pointers, a CUDA stage uploads each view's
+    // whole span (its outputs are device copies of the span: padding included).
+    d.q_lat = t.make(stage.input(a.q_lat.data, a.q_lat.span_bytes()), a.q_lat.dtype, a.q_lat.shape, a.q_lat.strides);
+    d.q_pe = t.make(stage.input(a.q_pe.data, a.q_pe.span_bytes()), a.q_pe.dtype, a.q_pe.shape, a.q_pe.strides);
     d.kv_cache = t.make(stage.input(cache.data.bytes(), cache.data.nbytes()), DType::kU8, cache.data.shape());
     d.block_table = t.make(stage.input(table.data(), table.size() * 4), DType::kI32, {b, cache.block_table.dim(1)});
     d.seq_lens = t.make(stage.input(a.seq_lens.data(), a.seq_lens.size_bytes()), DType::kI32, {b});
@@ -493,9 +495,6 @@ void check_backend(const std::string& path, int index, const mlagate_backend& b,
     refuse(path, who + ": device " + plugin::dl_device_str(b.device) + " (kDLCPU or kDLCUDA expected)");
   // 1.3: memory layouts (zero in older tables).
   if (b.strided_views > 1) refuse(path, who + ": strided_views must be 0 or 1");
-  if (b.strided_views && b.device.device_type != kDLCPU)
-    refuse(path, who + ": strided_views is offered to kDLCPU backends only in this mlagate (a kDLCUDA backend gets "
-                       "contiguous tensors: leave it 0)");
   if (b.max_pool_bytes < 0) refuse(path, who + ": max_pool_bytes must be >= 0 (0: 2^31)");
 }
 

@@ -13,7 +13,8 @@
 // reduction and keeps its own online softmax (max, sum, o in registers); the
 // warps' states are merged through shared memory at the end. fp32 throughout,
 // output rounded to the model dtype. kv cache dtypes auto (bf16 or fp16
-// entries) and fp8 / fp8_e4m3 (e4m3fn * k_scale); L <= 512.
+// entries) and fp8 / fp8_e4m3 (e4m3fn * k_scale); L <= 512. Its q and
+// outputs may be strided views (strided_views, ABI 1.3).
 //
 // example.cuda_sparse (plugin ABI 1.2): the sparse decode op with the same
 // block shape; a row's keys are its top-k slots (V3.2: indices, topk_length,
@@ -35,12 +36,26 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kMaxL = 512;  // o_lat elements a lane holds: kMaxL / 32
 
+// A [T, N, ...] tensor's token and head strides in elements: the DLTensor's
+// own (strided_views: vLLM hands q_lat and q_pe as slices of one fused
+// tensor, o_lat and lse inside larger buffers), or the compact ones.
+struct RowStrides {
+  long long t, n;
+};
+RowStrides row_strides(const DLTensor& x) {
+  if (x.strides) return {x.strides[0], x.strides[1]};
+  long long inner = 1;
+  for (int d = 2; d < x.ndim; ++d) inner *= x.shape[d];
+  return {x.shape[1] * inner, inner};
+}
+
 struct Params {
-  const unsigned short *q_lat, *q_pe;  // [T, N, L], [T, N, R] model-dtype bits
+  const unsigned short *q_lat, *q_pe;  // [T, N, L], [T, N, R] model-dtype bits, rows at q_lat_rows / q_pe_rows
   const unsigned char* cache;          // [num_blocks, block_size, entry_bytes]
   const int *table, *seq_lens, *qsl;   // [B, W], [B], [B + 1]
-  unsigned short* o_lat;               // [T, N, L]
-  float* lse;                          // [T, N]
+  unsigned short* o_lat;               // [T, N, L], rows at o_rows
+  float* lse;                          // [T, N], rows at lse_rows
+  RowStrides q_lat_rows, q_pe_rows, o_rows, lse_rows;
   int B, N, L, R, W, block_size, entry_bytes, kv_c_offset, k_pe_offset;
   int elem_bytes;  // 2: model-dtype entries (auto); 1: e4m3fn (fp8, fp8_e4m3)
   float scale, k_scale;
@@ -90,8 +105,8 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(Params p) {
   const int visible = max(0, min(s, s - ql + u + 1));  // causal: keys 0 .. s - ql + u
 
   for (int i = threadIdx.x; i < D; i += blockDim.x)
-    q[i] = widen<kBf16>(i < p.L ? p.q_lat[(static_cast<long long>(t) * p.N + n) * p.L + i]
-                                : p.q_pe[(static_cast<long long>(t) * p.N + n) * p.R + (i - p.L)]);
+    q[i] = widen<kBf16>(i < p.L ? p.q_lat[t * p.q_lat_rows.t + n * p.q_lat_rows.n + i]
+                                : p.q_pe[t * p.q_pe_rows.t + n * p.q_pe_rows.n + (i - p.L)]);
   __syncthreads();
 
   float m = -INFINITY, l = 0.f, o[kMaxL / 32];
@@ -120,10 +135,10 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(Params p) {
     if (lane + 32 * k < p.L) warp_o[warp * p.L + lane + 32 * k] = o[k];
   __syncthreads();
 
-  const long long out = (static_cast<long long>(t) * p.N + n) * p.L;
+  const long long out = t * p.o_rows.t + n * p.o_rows.n, lse_at = t * p.lse_rows.t + n * p.lse_rows.n;
   if (visible == 0) {  // a row with no key: o = 0, lse = -inf
     for (int i = threadIdx.x; i < p.L; i += blockDim.x) p.o_lat[out + i] = narrow<kBf16>(0.f);
-    if (threadIdx.x == 0) p.lse[static_cast<long long>(t) * p.N + n] = -INFINITY;
+    if (threadIdx.x == 0) p.lse[lse_at] = -INFINITY;
     return;
   }
   float M = -INFINITY;
@@ -135,7 +150,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(Params p) {
     for (int w = 0; w < kWarps; ++w) acc += warp_o[w * p.L + i] * __expf(warp_m[w] - M);
     p.o_lat[out + i] = narrow<kBf16>(acc / total);
   }
-  if (threadIdx.x == 0) p.lse[static_cast<long long>(t) * p.N + n] = M + logf(total);
+  if (threadIdx.x == 0) p.lse[lse_at] = M + logf(total);
 }
 
 int32_t say(char* msg, size_t size, const char* text, int32_t status) {
@@ -169,6 +184,10 @@ int32_t run(void*, const mlagate_problem* p, const mlagate_args* args, char* msg
   k.qsl = static_cast<const int*>(a.query_start_loc.data);
   k.o_lat = static_cast<unsigned short*>(a.o_lat.data);
   k.lse = static_cast<float*>(a.lse.data);
+  k.q_lat_rows = row_strides(a.q_lat);
+  k.q_pe_rows = row_strides(a.q_pe);
+  k.o_rows = row_strides(a.o_lat);
+  k.lse_rows = row_strides(a.lse);
   k.B = p->num_requests;
   k.N = p->num_heads;
   k.L = p->kv_lora_rank;
@@ -444,6 +463,9 @@ mlagate_backend make_backend() {
   // run() launches on args->stream only and reads seq_lens, the table and the
   // query offsets from the args' buffers: it can be captured as it is (ABI 1.1).
   b.graph_ops = MLAGATE_OP_DECODE;
+  // q_lat, q_pe, o_lat and lse are read and written through their DLTensor
+  // strides (row_strides), as vLLM's views come (ABI 1.3).
+  b.strided_views = 1;
   return b;
 }
 

@@ -457,8 +457,10 @@ typedef struct {
      views, as vLLM hands them (the `strided` layout): DLTensor.strides as
      given (the last dim's stride 1), q_lat and q_pe slices of one fused
      [T, N, L+R] tensor, o_lat and lse inside larger buffers whose other bytes
-     must stay as they are (mlagate checks them). kDLCPU backends only in this
-     mlagate (a kDLCUDA backend that sets it is refused). 0: contiguous. */
+     must stay as they are (mlagate checks them). A kDLCUDA backend gets each
+     view's whole span on the device (data points at its first element, the
+     padding between rows included), the outputs' padding holding mlagate's
+     bytes. 0: contiguous. */
   uint32_t strided_views;
   /* The largest page pool the kernels address, in bytes (the `pool2g` and
      `pool4g` layouts put a case's pages past 2^31 and 2^32 bytes of the

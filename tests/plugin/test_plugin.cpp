@@ -537,5 +537,38 @@ TEST(PluginCuda, ExampleSparseDecodePassesTheSparseAndV4Suites) {
 #endif
 }
 
+// ABI 1.3 on the device: the CUDA example plugin declares strided_views and
+// reads q_lat / q_pe and writes o_lat / lse through the DLTensor strides of
+// the spans mlagate uploads (the fused q's other half and the outputs'
+// padding lie between the rows). Every strided case of the layout suite that
+// it takes passes the decode op (the padding checked untouched) and the
+// layer op around it. A stage that handed packed data with the views'
+// strides, or a kernel that ignored them, would read the wrong rows.
+TEST(PluginCuda, ExampleDecodeTakesStridedViews) {
+#ifndef MLAGATE_TEST_CUDA_EXAMPLE_PLUGIN
+  GTEST_SKIP() << "mlagate built without CUDA: the CUDA example plugin is not built";
+#else
+  std::vector<BackendEntry> entries = load_plugin(MLAGATE_TEST_CUDA_EXAMPLE_PLUGIN);
+  auto it = std::find_if(entries.begin(), entries.end(), [](const BackendEntry& e) { return e.name == "example.cuda_decode"; });
+  ASSERT_NE(it, entries.end());
+  EXPECT_TRUE(it->make({})->capabilities().strided_views);  // loads without a GPU
+  MLAGATE_REQUIRE_GPU();
+  std::vector<CaseSpec> cases;
+  for (const CaseSpec& c : load_suite("layout").cases)
+    if (c.layout.strided) cases.push_back(c);
+  ASSERT_FALSE(cases.empty());
+  for (const Op op : {Op::kDecode, Op::kLayer}) {
+    int passed = 0;
+    for (const Record& r : run_one_backend(it->make({}), cases, op)) {
+      if (r.status == Status::kNotSupported) continue;
+      EXPECT_EQ(r.status, Status::kPassed) << op_name(op) << " " << r.case_id << ": " << r.message;
+      passed += r.status == Status::kPassed;
+    }
+    EXPECT_GE(passed, 8) << op_name(op);
+    std::printf("example.cuda_decode, %s: %d strided layout records passed\n", std::string(op_name(op)).c_str(), passed);
+  }
+#endif
+}
+
 }  // namespace
 }  // namespace mlagate
