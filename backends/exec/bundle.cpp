@@ -80,7 +80,7 @@ std::string type_str(const StoredType& t) {
 // One output dataset into its destination view, converting what a program may
 // reasonably write: the dtype's own bits (16-bit floats as uint16 with a
 // dtype attribute), or any float type, rounded to the destination dtype (RNE).
-void read_output(const TensorGroup& g, const ExpectedOutput& o, MissingOutput missing) {
+void read_packed_output(const TensorGroup& g, const ExpectedOutput& o, MissingOutput missing) {
   const std::string what = g.path() + (g.path().back() == '/' ? "" : "/") + o.name;
   if (!g.has_link(o.name)) {
     if (missing == MissingOutput::kCrashed) throw std::runtime_error(what + ": missing dataset");
@@ -136,7 +136,37 @@ void read_output(const TensorGroup& g, const ExpectedOutput& o, MissingOutput mi
                                  : o.dest.dtype == DType::kF32 ? " (a float type)" : ""));
 }
 
+// A strided destination (a backend that declares strided_views; SCHEMA.md,
+// "Strided views") takes either form: the view's shape, unpacked into its
+// elements, or its whole span as one flat dataset (the program wrote into the
+// larger buffer, as a kernel writes into vLLM's output slice), copied over
+// the span: padding included, where the harness checks it untouched.
+void read_output(const TensorGroup& g, const ExpectedOutput& o, MissingOutput missing) {
+  if (o.dest.contiguous()) return read_packed_output(g, o, missing);
+  const std::int64_t span = static_cast<std::int64_t>(o.dest.span_bytes() / dtype_size(o.dest.dtype));
+  if (g.has_link(o.name)) {
+    const StoredDataset ds = g.open_dataset(o.name);
+    if (ds.is_simple() && ds.dims() == std::vector<std::uint64_t>{static_cast<std::uint64_t>(span)}) {
+      read_packed_output(g, {o.name, TensorView{o.dest.dtype, {span}, o.dest.data}}, missing);
+      return;
+    }
+  }
+  Tensor packed(o.dest.dtype, o.dest.shape);
+  read_packed_output(g, {o.name, packed.view()}, missing);
+  o.dest.unpack_from(packed.bytes());
+}
+
 }  // namespace
+
+void add_strided_input(BundleCall& call, const std::string& name, const TensorView& v) {
+  if (v.contiguous()) {
+    call.inputs.push_back({name, v});
+    return;
+  }
+  const std::int64_t span = static_cast<std::int64_t>(v.span_bytes() / dtype_size(v.dtype));
+  call.inputs.push_back({name, TensorView{v.dtype, {span}, v.data}});
+  call.strides.push_back({name + "_strides", std::vector<std::int64_t>(v.strides.begin(), v.strides.end())});
+}
 
 int bundle_schema_version(std::span<const BundleCall> calls) {
   for (const BundleCall& c : calls)
@@ -157,7 +187,12 @@ void write_bundle(const std::string& path, const std::string& backend, std::span
     TensorGroup g = cg.create_group(std::to_string(i));
     write_problem(g, calls[i].problem);
     for (const auto& [aname, v] : calls[i].int_attrs) g.write_attr(aname, v);
-    for (const auto& [tname, view] : calls[i].inputs) g.write_tensor(tname, view.dtype, view.shape, view.data);
+    for (const auto& [tname, view] : calls[i].inputs) {
+      if (!view.contiguous()) throw std::logic_error("write_bundle: " + tname + " is a strided view (add_strided_input)");
+      g.write_tensor(tname, view.dtype, view.shape, view.data);
+    }
+    for (const auto& [tname, st] : calls[i].strides)
+      g.write_tensor(tname, DType::kI64, {static_cast<std::int64_t>(st.size())}, st.data());
   }
   f.close();
 }

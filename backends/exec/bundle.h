@@ -30,8 +30,18 @@ inline constexpr int kBundleSchemaVersion = 2;
 struct BundleCall {
   plugin::Problem problem;
   std::vector<std::pair<std::string, std::int64_t>> int_attrs;
-  std::vector<std::pair<std::string, TensorView>> inputs;
+  std::vector<std::pair<std::string, TensorView>> inputs;  // contiguous views
+  // Strided views' element strides ("q_lat_strides": [T, N, L] strides), one
+  // int64 dataset each, beside the view's span (add_strided_input).
+  std::vector<std::pair<std::string, std::vector<std::int64_t>>> strides;
 };
+
+// A tensor of the call as it is: a contiguous view as a dataset of its shape;
+// a strided view (a backend that declares strided_views) as its whole span,
+// one flat dataset of its dtype from its first element to its last (whatever
+// lies between the rows included), plus NAME_strides, its strides in
+// elements (SCHEMA.md, "Strided views").
+void add_strided_input(BundleCall& call, const std::string& name, const TensorView& v);
 
 // The schema version a bundle of these calls is stamped with.
 int bundle_schema_version(std::span<const BundleCall> calls);
@@ -59,7 +69,9 @@ enum class MissingOutput {
   kIncorrect,  // WrongOutputError naming the dataset and what the group holds instead (the sparse ops)
 };
 
-// Reads call `index` of an outputs file. A dataset of the wrong shape or dtype
+// Reads call `index` of an outputs file. A strided destination view takes its
+// shape (unpacked into its elements) or its whole span (copied over it,
+// padding included). A dataset of the wrong shape or dtype
 // throws WrongOutputError (an INCORRECT record); a missing or unreadable file
 // or group throws std::runtime_error (CRASHED), a missing dataset as `missing`
 // says.

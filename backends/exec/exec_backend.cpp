@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <limits>
 #include <cctype>
 #include <cmath>
 #include <cstring>
@@ -71,11 +72,19 @@ class ExecBackend final : public Backend {
     const std::vector<std::int32_t> table = plugin::call_block_table(a);
     const PagedCache& cache = *a.cache;
     const std::int64_t b = static_cast<std::int64_t>(a.seq_lens.size());
-    call.inputs = {{"q_lat", a.q_lat},
-                   {"q_pe", a.q_pe},
-                   {"kv_cache", cache.data.view()},
-                   {"block_table", TensorView{DType::kI32, {b, cache.block_table.dim(1)}, const_cast<std::int32_t*>(table.data())}},
-                   {"query_start_loc", TensorView{DType::kI32, {b + 1}, const_cast<std::int32_t*>(a.query_start_loc.data())}}};
+    // Strided views (only to a program that declares strided_views): q_lat and
+    // q_pe as their spans with their strides; the outputs' spans as they are
+    // now (the harness's poison and padding), for a program that writes into
+    // them in place and hands the spans back.
+    exec::add_strided_input(call, "q_lat", a.q_lat);
+    exec::add_strided_input(call, "q_pe", a.q_pe);
+    call.inputs.push_back({"kv_cache", cache.data.view()});
+    call.inputs.push_back(
+        {"block_table", TensorView{DType::kI32, {b, cache.block_table.dim(1)}, const_cast<std::int32_t*>(table.data())}});
+    call.inputs.push_back(
+        {"query_start_loc", TensorView{DType::kI32, {b + 1}, const_cast<std::int32_t*>(a.query_start_loc.data())}});
+    if (!a.o_lat.contiguous()) exec::add_strided_input(call, "o_lat_span", a.o_lat);
+    if (!a.lse.contiguous()) exec::add_strided_input(call, "lse_span", a.lse);
     add_cache_attrs(call, "", cache);
     invoke(call, {{"o_lat", a.o_lat}, {"lse", a.lse}});
   }
@@ -312,14 +321,21 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-int parse_int(const std::string& key, const std::string& v) {
+std::int64_t parse_int64(const std::string& key, const std::string& v) {
   try {
     std::size_t pos = 0;
-    const int x = std::stoi(v, &pos);
+    const long long x = std::stoll(v, &pos);
     if (pos == v.size()) return x;
   } catch (const std::exception&) {
   }
   throw InputError("--exec-caps: " + key + ": '" + v + "' is not an integer");
+}
+
+int parse_int(const std::string& key, const std::string& v) {
+  const std::int64_t x = parse_int64(key, v);
+  if (x < std::numeric_limits<int>::min() || x > std::numeric_limits<int>::max())
+    throw InputError("--exec-caps: " + key + ": '" + v + "' is out of range");
+  return static_cast<int>(x);
 }
 
 }  // namespace
@@ -377,9 +393,17 @@ Capabilities parse_exec_caps(const std::string& text) {
     } else if (key == "kv_dtypes") {
       c.kv_dtypes.clear();
       for (const auto& k : list) c.kv_dtypes.push_back(parse_kv_cache_dtype(k));
+    } else if (key == "strided_views") {
+      if (value != "0" && value != "1") throw InputError("--exec-caps: strided_views must be 0 or 1, not '" + value + "'");
+      c.strided_views = value == "1";
+    } else if (key == "max_pool_bytes") {
+      const std::int64_t n = parse_int64(key, value);
+      if (n < 0) throw InputError("--exec-caps: max_pool_bytes must be >= 0 (0: 2^31)");
+      c.max_pool_bytes = n == 0 ? default_exec_caps().max_pool_bytes : n;
     } else {
       throw InputError("--exec-caps: unknown key '" + key +
-                       "' (ops, block_sizes, query_len, reorder_threshold, dtypes, kv_dtypes)");
+                       "' (ops, block_sizes, query_len, reorder_threshold, dtypes, kv_dtypes, strided_views, "
+                       "max_pool_bytes)");
     }
   }
   return c;

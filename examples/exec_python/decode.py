@@ -7,6 +7,12 @@ mlagate writes a case bundle (HDF5) per kernel call and runs this program:
         --exec 'python3 examples/exec_python/decode.py {in} {out}' --exec-name py.decode \
         --exec-caps 'ops=decode block_sizes=16,32 query_len=VARLEN reorder_threshold=1000000'
 
+It takes strided views too (add strided_views=1 to --exec-caps, and run the
+layout suite): q_lat and q_pe then come as their spans with NAME_strides,
+and o_lat and lse are written in place into their spans (o_lat_span,
+lse_span) and handed back whole, as a kernel writes into vLLM's output
+slices (SCHEMA.md, "Strided views").
+
 It reads every call of the bundle, computes the absorbed decode (SPEC: The
 two paths, reference/SPEC.md) through the paged cache and writes o_lat and lse of each call to the
 outputs file; calls of other ops get status "not_supported". The file formats
@@ -67,11 +73,31 @@ def keys_of(g, cache, slots):
     raise ValueError(f"unexpected kv cache dtype {kind}")
 
 
+def tensor(g, name, shape):
+    """Input `name` of a call: a dataset of its shape, or (strided_views) its
+    span with NAME_strides, viewed through those strides in elements."""
+    data = g[name][()]
+    if name + "_strides" not in g:
+        return data
+    strides = [int(s) * data.itemsize for s in g[name + "_strides"][()]]
+    return np.lib.stride_tricks.as_strided(data, shape=shape, strides=strides, writeable=False)
+
+
+def narrow(x, dtype):
+    """float32 -> 16-bit model-dtype bits (uint16), round to nearest even."""
+    if dtype == "float16":
+        return x.astype(np.float16).view(np.uint16)
+    b = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+
+
 def decode(g):
     """One decode call: o_lat [T, N, L], lse [T, N] in float32."""
     dtype = text(g.attrs["dtype"])
     L, bs, scale = int(g.attrs["kv_lora_rank"]), int(g.attrs["block_size"]), np.float32(g.attrs["scale"])
-    q = np.concatenate([widen(g["q_lat"][()], dtype), widen(g["q_pe"][()], dtype)], axis=-1)  # [T, N, L + R]
+    T, N, R = int(g.attrs["num_tokens"]), int(g.attrs["num_heads"]), int(g.attrs["rope_dim"])
+    q_lat, q_pe = tensor(g, "q_lat", (T, N, L)), tensor(g, "q_pe", (T, N, R))
+    q = np.concatenate([widen(q_lat, dtype), widen(q_pe, dtype)], axis=-1)  # [T, N, L + R]
     cache, table = g["kv_cache"][()], g["block_table"][()]
     seq_lens, qsl = g["seq_lens"][()], g["query_start_loc"][()]
     T, N = q.shape[0], q.shape[1]
@@ -106,8 +132,22 @@ def main(bundle_path, outputs_path):
                 res.attrs["message"] = f"decode.py implements decode, not {op}"
                 continue
             o_lat, lse = decode(g)
-            res["o_lat"] = o_lat  # float32: mlagate rounds it to the model dtype
-            res["lse"] = lse
+            if "o_lat_span" in g:  # strided outputs: written in place, the whole spans handed back
+                dtype = text(g.attrs["dtype"])
+                span = g["o_lat_span"][()].copy()  # model-dtype bits, padding as mlagate left it
+                st = [int(s) * span.itemsize for s in g["o_lat_span_strides"][()]]
+                np.lib.stride_tricks.as_strided(span, o_lat.shape, st)[...] = narrow(o_lat, dtype)
+                res["o_lat"] = span
+                res["o_lat"].attrs["dtype"] = g["o_lat_span"].attrs["dtype"]
+            else:
+                res["o_lat"] = o_lat  # float32: mlagate rounds it to the model dtype
+            if "lse_span" in g:
+                span = g["lse_span"][()].copy()
+                st = [int(s) * span.itemsize for s in g["lse_span_strides"][()]]
+                np.lib.stride_tricks.as_strided(span, lse.shape, st)[...] = lse
+                res["lse"] = span
+            else:
+                res["lse"] = lse
 
 
 if __name__ == "__main__":

@@ -32,8 +32,13 @@ std::string caps_str(const Capabilities& caps) {
   for (DType t : caps.dtypes) dts += (dts.empty() ? "" : ",") + std::string(dtype_short(t));
   for (KvCacheDtype k : caps.kv_dtypes) kvs += (kvs.empty() ? "" : ",") + std::string(kv_cache_dtype_name(k));
   // The same keys as --exec-caps, so a line can be pasted back as one.
-  return "ops=" + ops + " block_sizes=" + bss + " query_len=" + std::string(query_len_support_name(caps.query_len_support)) +
-         " reorder_threshold=" + std::to_string(caps.reorder_threshold) + " dtypes=" + dts + " kv_dtypes=" + kvs;
+  std::string s = "ops=" + ops + " block_sizes=" + bss + " query_len=" +
+                  std::string(query_len_support_name(caps.query_len_support)) +
+                  " reorder_threshold=" + std::to_string(caps.reorder_threshold) + " dtypes=" + dts + " kv_dtypes=" + kvs;
+  // The layouts a backend takes (cases/LAYOUTS.md), where it declares more than the default.
+  if (caps.strided_views) s += " strided_views=1";
+  if (caps.max_pool_bytes != Capabilities{}.max_pool_bytes) s += " max_pool_bytes=" + std::to_string(caps.max_pool_bytes);
+  return s;
 }
 
 }  // namespace

@@ -40,6 +40,48 @@ Record run_exec(const std::string& command, double timeout_s = 60, Op op = Op::k
   return r.front();
 }
 
+// Strided views (strided_views=1): the example program reads q_lat / q_pe
+// through their spans and strides and writes o_lat / lse in place into their
+// spans, and every strided decode case of the layout suite passes; the same
+// values with one byte past a head row's end changed fail as a write past the
+// view (the padding comes back with the span and is checked). Without the
+// declaration the program is never handed a strided case.
+TEST(ExecLayouts, StridedViewsReachTheProgramAsSpans) {
+  if (kPython.empty()) GTEST_SKIP() << "no python3 with h5py and numpy";
+  const std::string example = std::string(MLAGATE_TEST_SOURCE_DIR) + "/examples/exec_python/decode.py";
+  const auto run = [](const std::string& command, const std::string& caps) {
+    ExecConfig c;
+    c.name = "exec.strided";
+    c.command = command;
+    c.caps = parse_exec_caps(caps);
+    std::vector<std::unique_ptr<Backend>> bs;
+    bs.push_back(exec_backend_entry(c).make({}));
+    RunConfig cfg;
+    for (const CaseSpec& s : load_suite("layout").cases)
+      if (s.layout.strided && s.layout.pool == PoolSize::kFitted && !s.sparse.active()) cfg.cases.push_back(s);
+    cfg.ops = {Op::kDecode};
+    return run_cases(cfg, bs);
+  };
+  const std::string caps = "ops=decode block_sizes=16,1,64 query_len=VARLEN reorder_threshold=1000000 kv_dtypes=auto,fp8,fp8_e4m3";
+  int passed = 0;
+  for (const Record& r : run(kPython + " " + example + " {in} {out}", caps + " strided_views=1")) {
+    if (r.status == Status::kNotSupported) continue;
+    EXPECT_EQ(r.status, Status::kPassed) << r.case_id << ": " << r.message;
+    passed += r.status == Status::kPassed;
+  }
+  EXPECT_GE(passed, 4);
+  int caught = 0;
+  for (const Record& r : run(kPython + " " + kHostile + " strided_pad {in} {out}", caps + " strided_views=1")) {
+    if (r.status == Status::kNotSupported) continue;
+    EXPECT_NE(r.status, Status::kPassed) << r.case_id;
+    EXPECT_NE(r.message.find("o_lat: a write past the view into its larger buffer"), std::string::npos) << r.message;
+    ++caught;
+  }
+  EXPECT_EQ(caught, passed);
+  for (const Record& r : run(kPython + " " + example + " {in} {out}", caps))
+    EXPECT_EQ(r.status, Status::kNotSupported) << r.case_id;
+}
+
 TEST(ExecConfig, CommandMustNameBothFilesAndCapsParse) {
   ExecConfig c;
   c.command = "prog {in}";
@@ -55,6 +97,13 @@ TEST(ExecConfig, CommandMustNameBothFilesAndCapsParse) {
   EXPECT_EQ(caps.reorder_threshold, 4);
   EXPECT_EQ(caps.dtypes, std::vector<DType>{DType::kBF16});
   EXPECT_EQ(caps.kv_dtypes, (std::vector<KvCacheDtype>{KvCacheDtype::kAuto, KvCacheDtype::kFp8}));
+  const Capabilities layouts = parse_exec_caps("strided_views=1 max_pool_bytes=1099511627776");
+  EXPECT_TRUE(layouts.strided_views);
+  EXPECT_EQ(layouts.max_pool_bytes, std::int64_t{1} << 40);
+  EXPECT_FALSE(parse_exec_caps("ops=decode").strided_views);
+  EXPECT_EQ(parse_exec_caps("max_pool_bytes=0").max_pool_bytes, std::int64_t{1} << 31);
+  EXPECT_THROW(parse_exec_caps("strided_views=2"), InputError);
+  EXPECT_THROW(parse_exec_caps("max_pool_bytes=-1"), InputError);
   EXPECT_THROW(parse_exec_caps("opps=decode"), InputError);
   EXPECT_THROW(parse_exec_caps("ops=layer"), InputError);
   EXPECT_THROW(parse_exec_caps("block_sizes=x"), InputError);
