@@ -279,8 +279,9 @@ class DecodeBench {
  public:
   virtual ~DecodeBench() = default;
   virtual void launch(void* cuda_stream) = 0;
-  // What the timed region includes besides the kernels ("" = kernels only),
-  // e.g. "includes a copy of the cache into the library's layout".
+  // What the timed region holds where it is worth saying ("" = the kernels
+  // alone): "includes a copy of the cache into the library's layout", or
+  // which kernels a captured graph replays ("decode + combine kernels, ...").
   virtual std::string note() const { return {}; }
 };
 

@@ -161,9 +161,17 @@ CapturedGraph::CapturedGraph(cudaStream_t s, const std::function<void()>& enqueu
   } catch (...) {
     cudaGraph_t partial = nullptr;
     if (cudaStreamEndCapture(s, &partial) == cudaSuccess && partial) cudaGraphDestroy(partial);
+    cudaGetLastError();  // an invalidated capture's error is this throw's, not a later launch's
     throw;
   }
-  MLAGATE_CUDA_CHECK(cudaStreamEndCapture(s, &graph_));
+  const cudaError_t end = cudaStreamEndCapture(s, &graph_);
+  if (end != cudaSuccess) {
+    cudaGetLastError();
+    if (graph_) cudaGraphDestroy(graph_);
+    graph_ = nullptr;
+    throw CudaError(std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end) +
+                    " (the work captured must launch on the capturing stream only and never synchronize)");
+  }
   try {
     MLAGATE_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
   } catch (...) {

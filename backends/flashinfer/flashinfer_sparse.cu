@@ -144,10 +144,10 @@ class SparseCall final : public SparseCallBase {
       plan_ = plan;
       fi::point_params_at_plan(params_, plan_, float_ws_, int_ws_);
       planned_ = true;
+    }
     if (!fi::same_layout(plan, plan_))
       throw NotSupportedError("flashinfer.mla.sparse graph: MLAPlan laid this batch out differently from the captured "
                               "one (another grid or other workspace offsets): the graph cannot replay it");
-    }
     DTypeKV* entries = nullptr;
     if (own_cache_.data()) {
       if (a.cache->data.nbytes() > own_cache_.size())

@@ -122,8 +122,8 @@ double run_decode(const DecodeArgs& a, cudaStream_t s, const PrepareFn& prepare,
 
 std::unique_ptr<DecodeBench> graph_bench(std::shared_ptr<void> call, cudaStream_t s, const std::function<void()>& enqueue,
                                          std::string note) {
-  // The graph goes last in the handle (destroyed first): its kernels point
-  // into the call's buffers.
+  // The graph is declared after the call (destroyed before it): its kernels
+  // point into the call's buffers.
   class Handle final : public DecodeBench {
    public:
     Handle(std::shared_ptr<void> call, gpu::CapturedGraph g, std::string note)
@@ -137,6 +137,7 @@ std::unique_ptr<DecodeBench> graph_bench(std::shared_ptr<void> call, cudaStream_
     std::string note_;
   };
   enqueue();  // the warm-up: first-launch costs and any lazily made state outside the capture
+  MLAGATE_CUDA_CHECK(cudaGetLastError());        // a launch the warm-up could not make (configuration)
   MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));  // its faults surface here, not in the bench's timing
   gpu::CapturedGraph g(s, enqueue);
   return std::make_unique<Handle>(std::move(call), std::move(g), std::move(note));

@@ -87,8 +87,10 @@ def narrow(x, dtype):
     """float32 -> 16-bit model-dtype bits (uint16), round to nearest even."""
     if dtype == "float16":
         return x.astype(np.float16).view(np.uint16)
-    b = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+    x = np.ascontiguousarray(x, np.float32)
+    b = x.view(np.uint32).astype(np.uint64)
+    bits = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FC0), bits)  # a NaN stays NaN (rounding would carry it to inf)
 
 
 def decode(g):

@@ -473,7 +473,8 @@ int bench_on_gpu(const BenchOptions& opt, const BenchCaseSet& set,
   std::fprintf(out, "\n");
   print_table(out, rows, info.hbm_peak_gbs);
   std::fprintf(out,
-               "\nGB/s: bytes an ideal kernel moves (visible keys' cache entries once, q, block table; o, lse) / "
+               "\nGB/s: bytes an ideal kernel moves (visible keys' cache entries once, q, block table; o, lse; sparse rows: each "
+               "key a token's row names, once per token, and the index rows instead of the table) / "
                "median time (n: timed iterations). TFLOPS: 2 N (Dqk + Dv) per (token, visible key). x fast: time / "
                "fastest of the case.\n"
                "%s on %s\n",
