@@ -11,15 +11,16 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
 
 #include "backends/registry.h"
-#include "backends/sparse_convert.h"
 #include "cases/case.h"
 #include "cases/errors.h"
 #include "cases/fp8.h"
 #include "cases/paged_cache.h"
 #include "cases/sparse.h"
+#include "harness/run/ops/sparse/sparse_op.h"
 #include "cases/suite.h"
 #include "reference/glue.h"
 #include "reference/sparse_reference.h"
@@ -395,36 +396,19 @@ int bench_on_gpu(const BenchOptions& opt, const BenchCaseSet& set,
         const std::int64_t T = c.num_tokens, N = spec.num_heads(), L = spec.dims.kv_lora_rank;
         Tensor o_lat(spec.dtype, {T, N, sparse ? spec.sparse_dv() : L}), lse(DType::kF32, {T, N});
         DecodeArgs a;
-        SparseDecodeArgs sa;
-        Tensor main_slots, extra_slots;  // the sparse call's index rows, alive while it is timed
+        std::optional<SparseDecodeCall> sa;  // the sparse op's arguments, alive while they are timed
         if (sparse) {
           r.work = sparse_work;
-          sa.q = q_sparse.view();
-          sa.cache = &it->second;
-          if (spec.sparse.window > 0) {
-            sa.window = spec.sparse.window;
-          } else {
-            main_slots = global_slots(c, c.sparse->main, it->second);
-            order_rows_for(*backends[k], main_slots, !c.sparse->main.length.empty());  // as the sparse op hands them
-            sa.indices = main_slots.view();
-            sa.topk_length = c.sparse->main.length;
-          }
+          const PagedCache* extra = nullptr;
           if (!c.sparse->extra.empty()) {
             auto e = extra_caches.find(r.block_size);
             if (e == extra_caches.end())
               e = extra_caches.emplace(r.block_size, build_paged_cache(c.sparse->compressed, r.block_size)).first;
-            extra_slots = global_slots(c, c.sparse->extra, e->second);
-            sa.extra_cache = &e->second;
-            sa.extra_indices = extra_slots.view();
-            sa.extra_topk_length = c.sparse->extra.length;
+            extra = &e->second;
           }
-          sa.seq_lens = c.seq_lens;
-          sa.query_start_loc = c.query_start_loc;
-          sa.block_table_rows = table_rows;
-          sa.sink = c.sparse->sink;
-          sa.scale = spec.softmax_scale();
-          sa.o = o_lat.view();
-          sa.lse = lse.view();
+          sa.emplace(*backends[k], c, it->second, extra, q_sparse);
+          sa->args.o = o_lat.view();
+          sa->args.lse = lse.view();
         } else {
           a.q_lat = q_lat.view();
           a.q_pe = q_pe.view();
@@ -439,7 +423,7 @@ int bench_on_gpu(const BenchOptions& opt, const BenchCaseSet& set,
         }
         try {
           std::unique_ptr<DecodeBench> handle =
-              sparse ? backends[k]->prepare_sparse_decode_bench(sa) : backends[k]->prepare_decode_bench(a);
+              sparse ? backends[k]->prepare_sparse_decode_bench(sa->args) : backends[k]->prepare_decode_bench(a);
           if (!handle) {
             r.status = "NO_BENCH";
             r.reason = sparse ? "the backend implements no prepare_sparse_decode_bench"

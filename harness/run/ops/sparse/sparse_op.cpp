@@ -63,36 +63,41 @@ OpRun call_sparse_kernel(Backend& b, void (Backend::*kernel)(const Args&), Args&
 
 }  // namespace
 
-OpRun run_sparse_decode_op(Backend& b, const Case& c, const PagedCache& cache, const PagedCache* extra, const Tensor& q,
-                           const ExecOptions& opt) {
+SparseDecodeCall::SparseDecodeCall(const Backend& b, const Case& c, const PagedCache& cache, const PagedCache* extra,
+                                   const Tensor& q)
+    : rows_(static_cast<std::size_t>(c.num_requests)) {
   const SparseInputs& sp = *c.sparse;
-  Outputs out = make_outputs(c, opt);
-  std::vector<std::int32_t> rows(static_cast<std::size_t>(c.num_requests));
-  for (int i = 0; i < c.num_requests; ++i) rows[static_cast<std::size_t>(i)] = i;
-  SparseDecodeArgs a;
-  a.q = q.view();
-  a.cache = &cache;
-  Tensor main_slots, extra_slots;
+  for (int i = 0; i < c.num_requests; ++i) rows_[static_cast<std::size_t>(i)] = i;
+  args.q = q.view();
+  args.cache = &cache;
   if (c.spec.sparse.window > 0) {
-    a.window = c.spec.sparse.window;
+    args.window = c.spec.sparse.window;
   } else {
-    main_slots = global_slots(c, sp.main, cache);
+    main_slots_ = global_slots(c, sp.main, cache);
     // A backend that reads the valid slots as a prefix gets them first, as
     // vLLM's indexer emits them (backends/sparse_convert.h).
-    order_rows_for(b, main_slots, !sp.main.length.empty());
-    a.indices = main_slots.view();
-    a.topk_length = sp.main.length;
+    order_rows_for(b, main_slots_, !sp.main.length.empty());
+    args.indices = main_slots_.view();
+    args.topk_length = sp.main.length;
   }
-  a.seq_lens = c.seq_lens;
-  a.query_start_loc = c.query_start_loc;
-  a.block_table_rows = rows;
+  args.seq_lens = c.seq_lens;
+  args.query_start_loc = c.query_start_loc;
+  args.block_table_rows = rows_;
   if (extra) {
-    extra_slots = global_slots(c, sp.extra, *extra);
-    a.extra_cache = extra;
-    a.extra_indices = extra_slots.view();
-    a.extra_topk_length = sp.extra.length;
+    extra_slots_ = global_slots(c, sp.extra, *extra);
+    args.extra_cache = extra;
+    args.extra_indices = extra_slots_.view();
+    args.extra_topk_length = sp.extra.length;
   }
-  return call_sparse_kernel(b, &Backend::sparse_decode, a, c, out, "sparse_decode");
+  args.sink = sp.sink;
+  args.scale = c.spec.softmax_scale();
+}
+
+OpRun run_sparse_decode_op(Backend& b, const Case& c, const PagedCache& cache, const PagedCache* extra, const Tensor& q,
+                           const ExecOptions& opt) {
+  Outputs out = make_outputs(c, opt);
+  SparseDecodeCall call(b, c, cache, extra, q);
+  return call_sparse_kernel(b, &Backend::sparse_decode, call.args, c, out, "sparse_decode");
 }
 
 OpRun run_sparse_prefill_op(Backend& b, const Case& c, const PagedCache& cache, const PagedCache* extra, const Tensor& q,

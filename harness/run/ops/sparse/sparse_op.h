@@ -18,6 +18,27 @@
 
 namespace mlagate {
 
+// A sparse decode call's inputs for backend `b` on a case, as the sparse op
+// hands them: the case's top-k rows as global slots of `cache` (valid-first
+// where `b` declares sparse_valid_prefix, backends/sparse_convert.h) with
+// their lengths, or V4's window; the compressed cache `extra` (or nullptr)
+// with its rows; the batch, every request on its own table row; the sink and
+// the scale. `args` views the index tensors and rows held here, so a call is
+// built in place and never copied or moved. The caller sets args.o and args.lse.
+class SparseDecodeCall {
+ public:
+  SparseDecodeCall(const Backend& b, const Case& c, const PagedCache& cache, const PagedCache* extra, const Tensor& q);
+  SparseDecodeCall(const SparseDecodeCall&) = delete;
+  SparseDecodeCall& operator=(const SparseDecodeCall&) = delete;
+
+ private:
+  Tensor main_slots_, extra_slots_;
+  std::vector<std::int32_t> rows_;
+
+ public:
+  SparseDecodeArgs args;
+};
+
 // cache: the case's cache (new tokens written); extra: V4's compressed cache
 // of the same block size, or nullptr; q: sparse_query's [T, N, L+R].
 OpRun run_sparse_decode_op(Backend& b, const Case& c, const PagedCache& cache, const PagedCache* extra, const Tensor& q,
