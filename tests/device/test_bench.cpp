@@ -146,22 +146,40 @@ TEST(BenchCaseSets, SuitesWorkAndUnknownNamesAreInputErrors) {
 
 using test::cli;
 
+// `mlagate bench ARGS --json FILE` in this process: its exit code and, on a
+// GPU, the JSON it wrote. Without a GPU the command must say so and exit 2
+// (checked here); `gpu` is false and the caller skips.
+struct BenchRun {
+  bool gpu = false;
+  int rc = -1;
+  nlohmann::json j;
+};
+BenchRun bench_run(std::vector<std::string> args, const std::string& tag) {
+  const std::string json =
+      (std::filesystem::temp_directory_path() / ("mlagate_bench_" + tag + std::to_string(::getpid()) + ".json")).string();
+  args.insert(args.begin(), "bench");
+  args.insert(args.end(), {"--json", json});
+  BenchRun out;
+  out.rc = cli(args);
+  if (!cuda_device_info().available) {
+    EXPECT_EQ(out.rc, kExitUsage) << "without a GPU the bench must say so and exit 2";
+    return out;
+  }
+  out.gpu = true;
+  if (std::ifstream f(json); f) out.j = nlohmann::json::parse(f);
+  std::filesystem::remove(json);
+  return out;
+}
+
 // The command end to end on the tiny set: every (case, CUDA backend) row runs;
 // the JSON's bytes are the accounting's, GB/s is bytes / median time, the
 // fastest of each case has ratio 1 and nobody beats the HBM peak (L2 is flushed).
 TEST(Bench, TinyCaseSetOnTheGpu) {
-  const std::string json =
-      (std::filesystem::temp_directory_path() / ("mlagate_bench_" + std::to_string(::getpid()) + ".json")).string();
   // The dense decode backends by name: cuda.sparse (also cuda.*) has no decode.
-  const int rc = cli({"bench", "--case-set", "tiny", "--backend", "cuda.ref,cuda.splitkv", "--min-time", "0.02", "--json", json});
-  if (!cuda_device_info().available) {
-    EXPECT_EQ(rc, kExitUsage) << "without a GPU the bench must say so and exit 2";
-    GTEST_SKIP() << cuda_device_info().error;
-  }
-  ASSERT_EQ(rc, kExitPassed);
-  std::ifstream f(json);
-  const nlohmann::json j = nlohmann::json::parse(f);
-  std::filesystem::remove(json);
+  const BenchRun b = bench_run({"--case-set", "tiny", "--backend", "cuda.ref,cuda.splitkv", "--min-time", "0.02"}, "");
+  if (!b.gpu) GTEST_SKIP() << cuda_device_info().error;
+  ASSERT_EQ(b.rc, kExitPassed);
+  const nlohmann::json& j = b.j;
   const double peak = j.at("hbm_peak_gbs");
   EXPECT_GT(peak, 1000.0);  // H100 / H200: 3.35 / 4.9 TB/s
   ASSERT_EQ(j.at("rows").size(), 4u);  // 2 cases x {cuda.ref, cuda.splitkv}
@@ -193,17 +211,10 @@ TEST(Bench, TinyCaseSetOnTheGpu) {
 // ERROR or NO_BENCH (the host's cpu.sparse* are NO_BENCH); the bytes are the
 // sparse accounting's.
 TEST(Bench, SparseTinyCaseSetOnTheGpu) {
-  const std::string json =
-      (std::filesystem::temp_directory_path() / ("mlagate_bench_sparse_" + std::to_string(::getpid()) + ".json")).string();
-  const int rc = cli({"bench", "--case-set", "sparse-tiny", "--backend", "*sparse*", "--min-time", "0.02", "--json", json});
-  if (!cuda_device_info().available) {
-    EXPECT_EQ(rc, kExitUsage) << "without a GPU the bench must say so and exit 2";
-    GTEST_SKIP() << cuda_device_info().error;
-  }
-  ASSERT_EQ(rc, kExitPassed);
-  std::ifstream f(json);
-  const nlohmann::json j = nlohmann::json::parse(f);
-  std::filesystem::remove(json);
+  const BenchRun b = bench_run({"--case-set", "sparse-tiny", "--backend", "*sparse*", "--min-time", "0.02"}, "sparse_");
+  if (!b.gpu) GTEST_SKIP() << cuda_device_info().error;
+  ASSERT_EQ(b.rc, kExitPassed);
+  const nlohmann::json& j = b.j;
   std::map<std::string, int> ok;
   for (const auto& r : j.at("rows")) {
     const std::string backend = r.at("backend"), status = r.at("status");

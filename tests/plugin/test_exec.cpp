@@ -12,6 +12,7 @@
 #include "cases/errors.h"
 #include "cases/suite.h"
 #include "harness/run/runner.h"
+#include "tests/plugin/exec_backends.h"
 
 namespace mlagate {
 namespace {
@@ -23,13 +24,7 @@ const std::string kHostile = std::string(MLAGATE_TEST_SOURCE_DIR) + "/tests/plug
 
 Record run_exec(const std::string& command, double timeout_s = 60, Op op = Op::kDecode,
                 const std::string& caps = "ops=decode,prefill,cache_write") {
-  ExecConfig c;
-  c.name = "exec.test";
-  c.command = command;
-  c.caps = parse_exec_caps(caps);
-  c.timeout_s = timeout_s;
-  std::vector<std::unique_ptr<Backend>> bs;
-  bs.push_back(exec_backend_entry(c).make({}));
+  auto bs = test::exec_backends("exec.test", command, caps, timeout_s);
   RunConfig cfg;
   for (const CaseSpec& s : load_suite("smoke").cases)
     if (s.batch.name == "small_decode") cfg.cases.push_back(s);
@@ -50,12 +45,7 @@ TEST(ExecLayouts, StridedViewsReachTheProgramAsSpans) {
   if (kPython.empty()) GTEST_SKIP() << "no python3 with h5py and numpy";
   const std::string example = std::string(MLAGATE_TEST_SOURCE_DIR) + "/examples/exec_python/decode.py";
   const auto run = [](const std::string& command, const std::string& caps) {
-    ExecConfig c;
-    c.name = "exec.strided";
-    c.command = command;
-    c.caps = parse_exec_caps(caps);
-    std::vector<std::unique_ptr<Backend>> bs;
-    bs.push_back(exec_backend_entry(c).make({}));
+    auto bs = test::exec_backends("exec.strided", command, caps);
     RunConfig cfg;
     for (const CaseSpec& s : load_suite("layout").cases)
       if (s.layout.strided && s.layout.pool == PoolSize::kFitted && !s.sparse.active()) cfg.cases.push_back(s);

@@ -13,6 +13,7 @@
 #include "cases/suite.h"
 #include "harness/run/runner.h"
 #include "tests/cli_call.h"
+#include "tests/plugin/exec_backends.h"
 
 namespace mlagate {
 namespace {
@@ -38,12 +39,7 @@ std::vector<CaseSpec> cases_of(const std::string& suite, const std::string& id_p
 
 // Both sparse ops of `cases` on `command`, in this process (records in case, op order).
 std::vector<Record> run_sparse(const std::string& command, const std::vector<CaseSpec>& cases) {
-  ExecConfig c;
-  c.name = "exec.sparse";
-  c.command = command;
-  c.caps = parse_exec_caps(kCaps);
-  std::vector<std::unique_ptr<Backend>> bs;
-  bs.push_back(exec_backend_entry(c).make({}));
+  auto bs = test::exec_backends("exec.sparse", command, kCaps);
   RunConfig cfg;
   cfg.cases = cases;
   cfg.ops = {Op::kSparseDecode, Op::kSparsePrefill};
