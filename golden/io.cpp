@@ -359,6 +359,16 @@ void check_tensor(hid_t loc, const std::string& name, DType dtype, const Shape& 
   check_dataset(ds, dtype, shape, w);
 }
 
+std::vector<double> f64_values(const Tensor& t) {
+  const double* p = t.data<double>();
+  return {p, p + t.numel()};
+}
+
+std::vector<std::int32_t> i32_values(const Tensor& t) {
+  const auto* p = t.data<std::int32_t>();
+  return {p, p + t.numel()};
+}
+
 Tensor read_tensor(hid_t loc, const std::string& name, DType dtype, const Shape& shape, const Where& parent,
                    Budget& budget, ContentHash* hash_out) {
   const Where w = parent / name;

@@ -7,15 +7,6 @@
 
 namespace mlagate::golden {
 
-namespace {
-
-std::vector<double> to_vector(const Tensor& t) {
-  const double* p = t.data<double>();
-  return {p, p + t.numel()};
-}
-
-}  // namespace
-
 void write_merge_group(hid_t g, const Case& c, const MergeReference& ref, const io::Where& w) {
   const MergeInputs& in = *c.merge;
   const h5::Group mg = io::create_group(g, kMergeGroup, w);
@@ -42,8 +33,8 @@ StoredMerge read_merge_group(hid_t g, const CaseSpec& spec, const io::Where& w, 
   in->suffix_output = io::read_tensor(mg.get(), "suffix_output", spec.dtype, {T, N, D}, wm, budget);
   in->suffix_lse = io::read_tensor(mg.get(), "suffix_lse", DType::kF32, {T, N}, wm, budget);
   StoredMerge st;
-  st.ref.out = to_vector(io::read_tensor(mg.get(), "out", DType::kF64, {T, N, D}, wm, budget));
-  st.ref.lse = to_vector(io::read_tensor(mg.get(), "lse", DType::kF64, {T, N}, wm, budget));
+  st.ref.out = io::f64_values(io::read_tensor(mg.get(), "out", DType::kF64, {T, N, D}, wm, budget));
+  st.ref.lse = io::f64_values(io::read_tensor(mg.get(), "lse", DType::kF64, {T, N}, wm, budget));
   for (std::size_t i = 0; i < st.ref.out.size(); ++i)
     if (!std::isfinite(st.ref.out[i])) io::bad(wm / "out", "non-finite reference at element " + std::to_string(i));
   for (std::size_t i = 0; i < st.ref.lse.size(); ++i)

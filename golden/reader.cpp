@@ -3,7 +3,6 @@
 // content hashes, block ids < num_blocks, the slot mapping, a memory budget.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <set>
@@ -29,18 +28,6 @@ using io::Where;
 
 constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
 constexpr std::int64_t kIntMin = std::numeric_limits<int>::min();
-
-std::vector<double> to_vector(const Tensor& t) {
-  std::vector<double> v(static_cast<std::size_t>(t.numel()));
-  if (!v.empty()) std::memcpy(v.data(), t.bytes(), t.nbytes());
-  return v;
-}
-
-std::vector<std::int32_t> to_i32(const Tensor& t) {
-  std::vector<std::int32_t> v(static_cast<std::size_t>(t.numel()));
-  if (!v.empty()) std::memcpy(v.data(), t.bytes(), t.nbytes());
-  return v;
-}
 
 std::string fmt_value(double v) { return format_g(v, 9); }
 
@@ -148,8 +135,8 @@ struct GoldenReader::Impl {
     s.dims.nope_dim = static_cast<int>(io::read_int(g, "nope_dim", w, kIntMin, kIntMax));
     s.dims.v_head_dim = static_cast<int>(io::read_int(g, "v_head_dim", w, kIntMin, kIntMax));
     const std::int64_t B = io::read_int(g, "num_requests", w, 1, schema::kMaxRequests);
-    const std::vector<std::int32_t> seq = to_i32(io::read_tensor(g, "seq_lens", DType::kI32, {B}, w, budget));
-    const std::vector<std::int32_t> ql = to_i32(io::read_tensor(g, "query_lens", DType::kI32, {B}, w, budget));
+    const std::vector<std::int32_t> seq = io::i32_values(io::read_tensor(g, "seq_lens", DType::kI32, {B}, w, budget));
+    const std::vector<std::int32_t> ql = io::i32_values(io::read_tensor(g, "query_lens", DType::kI32, {B}, w, budget));
     s.batch.seq_lens.assign(seq.begin(), seq.end());
     s.batch.query_lens.assign(ql.begin(), ql.end());
     s.sparse = golden::read_sparse_spec(g, w);
@@ -185,7 +172,7 @@ struct GoldenReader::Impl {
     if (io::read_int(g, "num_heads", w, kIntMin, kIntMax) != s.num_heads()) bad(w, "num_heads disagrees with total_heads / tp");
     if (io::read_int(g, "num_tokens", w, kIntMin, kIntMax) != s.num_tokens()) bad(w, "num_tokens disagrees with query_lens");
     if (io::read_int(g, "num_kv_tokens", w, kIntMin, kIntMax) != s.num_kv_tokens()) bad(w, "num_kv_tokens disagrees with seq_lens");
-    h.query_start_loc = to_i32(io::read_tensor(g, "query_start_loc", DType::kI32, {B + 1}, w, budget));
+    h.query_start_loc = io::i32_values(io::read_tensor(g, "query_start_loc", DType::kI32, {B + 1}, w, budget));
     std::int32_t acc = 0;
     for (std::int64_t i = 0; i <= B; ++i) {
       if (h.query_start_loc[static_cast<std::size_t>(i)] != acc) bad(w, "query_start_loc is not the prefix sum of query_lens");
@@ -286,8 +273,8 @@ struct GoldenReader::Impl {
     const Where wg = w / schema::kGoldenGroup;
     const std::int64_t T = h.spec.num_tokens(), N = h.spec.num_heads(), V = h.spec.dims.v_head_dim;
     ReferenceOutputs out;
-    out.out = to_vector(io::read_tensor(gg.get(), "out", DType::kF64, {T, N * V}, wg, budget));
-    out.lse = to_vector(io::read_tensor(gg.get(), "lse", DType::kF64, {T, N}, wg, budget));
+    out.out = io::f64_values(io::read_tensor(gg.get(), "out", DType::kF64, {T, N * V}, wg, budget));
+    out.lse = io::f64_values(io::read_tensor(gg.get(), "lse", DType::kF64, {T, N}, wg, budget));
     check_reference(out.out, h, N, V, false, wg / "out");
     check_reference(out.lse, h, N, 1, true, wg / "lse");
     return out;
@@ -303,8 +290,8 @@ struct GoldenReader::Impl {
     PreparedCase::DecodeReference r;
     r.q_lat = io::read_tensor(dg.get(), "q_lat", h.spec.dtype, {T, N, d.kv_lora_rank}, wd, budget);
     r.q_pe = io::read_tensor(dg.get(), "q_pe", h.spec.dtype, {T, N, d.rope_dim}, wd, budget);
-    r.o_lat = to_vector(io::read_tensor(dg.get(), "o_lat", DType::kF64, {T, N, d.kv_lora_rank}, wd, budget));
-    r.lse = to_vector(io::read_tensor(dg.get(), "lse", DType::kF64, {T, N}, wd, budget));
+    r.o_lat = io::f64_values(io::read_tensor(dg.get(), "o_lat", DType::kF64, {T, N, d.kv_lora_rank}, wd, budget));
+    r.lse = io::f64_values(io::read_tensor(dg.get(), "lse", DType::kF64, {T, N}, wd, budget));
     check_reference(r.o_lat, h, N, d.kv_lora_rank, false, wd / "o_lat");
     check_reference(r.lse, h, N, 1, true, wd / "lse");
     return r;
@@ -338,7 +325,7 @@ struct GoldenReader::Impl {
       if (h.spec.sparse.active()) bad(wb, "layer err_baseline stored for a sparse case");
       const std::int64_t B = h.spec.num_requests();
       for (const char* name : {"layer_out", "layer_lse"}) {
-        const std::vector<double> v = to_vector(io::read_tensor(bg.get(), name, DType::kF64, {2, B}, wb, budget));
+        const std::vector<double> v = io::f64_values(io::read_tensor(bg.get(), name, DType::kF64, {2, B}, wb, budget));
         check(v, wb / name);
         auto& dst = std::string(name) == "layer_out" ? b.layer_out : b.layer_lse;
         dst[0].assign(v.begin(), v.begin() + B);
@@ -349,7 +336,7 @@ struct GoldenReader::Impl {
         {"decode_op", &b.decode_op}, {"prefill_op", &b.prefill_op}, {"sparse", &b.sparse}};
     for (const auto& [name, dst] : ops) {
       if (!io::has_link(bg.get(), name, wb)) continue;
-      const std::vector<double> v = to_vector(io::read_tensor(bg.get(), name, DType::kF64, {2}, wb, budget));
+      const std::vector<double> v = io::f64_values(io::read_tensor(bg.get(), name, DType::kF64, {2}, wb, budget));
       check(v, wb / name);
       *dst = std::array<double, 2>{v[0], v[1]};
     }

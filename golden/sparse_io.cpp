@@ -16,11 +16,6 @@ namespace {
 
 constexpr std::int64_t kIntMax = 1 << 30;
 
-std::vector<std::int32_t> to_i32(const Tensor& t) {
-  const auto* p = t.data<std::int32_t>();
-  return {p, p + t.numel()};
-}
-
 Tensor i32_tensor(const std::vector<std::int32_t>& v, Shape shape) {
   Tensor t(DType::kI32, std::move(shape));
   std::copy(v.begin(), v.end(), t.data<std::int32_t>());
@@ -135,8 +130,8 @@ StoredSparse read_sparse_group(hid_t g, const Case& c, const io::Where& w, io::B
   auto read_set = [&](IndexSet& s, int width, const char* name, bool lengths, const std::vector<std::int32_t>& keys,
                       bool past_end) {
     s.width = width;
-    s.pos = to_i32(io::read_tensor(sg.get(), name, DType::kI32, {T, width}, ws, budget));
-    if (lengths) s.length = to_i32(io::read_tensor(sg.get(), std::string(name) + "_length", DType::kI32, {T}, ws, budget));
+    s.pos = io::i32_values(io::read_tensor(sg.get(), name, DType::kI32, {T, width}, ws, budget));
+    if (lengths) s.length = io::i32_values(io::read_tensor(sg.get(), std::string(name) + "_length", DType::kI32, {T}, ws, budget));
     check_rows(s, req, keys, ws, name, past_end);
   };
   if (spec.topk > 0)

@@ -84,6 +84,9 @@ Shape dataset_shape(hid_t loc, const std::string& name, const Where& w);
 // chunks), the dtype attribute and the content hash (read_content_hash).
 Tensor read_tensor(hid_t loc, const std::string& name, DType dtype, const Shape& shape, const Where& w, Budget& budget,
                    ContentHash* hash_out = nullptr);
+// A read fp64 / int32 tensor's values as a vector (what the readers keep).
+std::vector<double> f64_values(const Tensor& t);
+std::vector<std::int32_t> i32_values(const Tensor& t);
 // Everything read_tensor checks but the content: link, dtype, shape, storage,
 // the dtype attribute and well-formed hash attributes (run --golden's
 // validation of stored inputs and cache data it does not read).
