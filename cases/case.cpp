@@ -21,13 +21,12 @@
 
 namespace mlagate {
 
-namespace {
-
 void fill_normal(Tensor& t, std::uint64_t seed, const char* name, double factor) {
   const std::uint64_t st = gen::stream(seed, gen::tensor_key(name));
   const std::int64_t n = t.numel();
-  // Model dtypes are 16-bit: round through our own RNE conversion.
-  std::uint16_t (*round)(float) = t.dtype() == DType::kBF16 ? f32_to_bf16 : f32_to_f16;
+  // Model dtypes are 16-bit: round through our own RNE conversion (inline
+  // and branch-free, so each chunk's rounding is a vector loop).
+  const bool bf16 = t.dtype() == DType::kBF16;
   std::uint16_t* out = t.data<std::uint16_t>();
   // Chunks of normals_at (the same values as normal_at, several at a time).
   constexpr std::int64_t kChunk = 2048;
@@ -38,10 +37,17 @@ void fill_normal(Tensor& t, std::uint64_t seed, const char* name, double factor)
     for (std::int64_t c = 0; c < n; c += kChunk) {
       const std::int64_t m = std::min(kChunk, n - c);
       gen::normals_at(st, static_cast<std::uint64_t>(c), m, v);
-      for (std::int64_t i = 0; i < m; ++i) out[c + i] = round(static_cast<float>(v[i] * factor));
+      std::uint16_t* o = out + c;
+      if (bf16) {
+        for (std::int64_t i = 0; i < m; ++i) o[i] = f32_to_bf16(static_cast<float>(v[i] * factor));
+      } else {
+        for (std::int64_t i = 0; i < m; ++i) o[i] = f32_to_f16(static_cast<float>(v[i] * factor));
+      }
     }
   }
 }
+
+namespace {
 
 // A tensor's values depend on the seed, its name, dtype and shape alone, so a
 // suite's cases draw the same ones again and again: the weights at each TP

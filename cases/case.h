@@ -63,6 +63,10 @@ void fill_cache_values(Case& c);
 // blocks to the same pages.
 int shared_prefix_tokens(const CaseSpec& spec);
 
+// t (bf16 or fp16) = factor x the normals of (seed, name), element i the
+// generator's normal i, rounded to t's dtype (RNE).
+void fill_normal(Tensor& t, std::uint64_t seed, const char* name, double factor = 1.0);
+
 // Validates the spec (InvalidCase) and draws the inputs.
 Case generate_case(const CaseSpec& spec);
 // The case fields the spec alone gives (counts, per-request lengths and

@@ -7,8 +7,6 @@
 
 namespace mlagate {
 
-std::uint16_t f32_to_f16(float x) { return f32_bits_to_f16(std::bit_cast<std::uint32_t>(x)); }
-
 float f16_to_f32(std::uint16_t h) {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::uint32_t exp = (h >> 10) & 0x1Fu;

@@ -100,61 +100,80 @@ using VecD = double __attribute__((vector_size(8 * kLanes)));
 // Scalars broadcast as std::uint64_t (clang refuses unsigned long long there).
 constexpr std::uint64_t u64(unsigned long long v) { return static_cast<std::uint64_t>(v); }
 
-VecU mix64v(VecU x) {
+[[gnu::always_inline]] inline VecU mix64v(VecU x) {
   x += u64(0x9E3779B97F4A7C15ull);
   x = (x ^ (x >> 30)) * u64(0xBF58476D1CE4E5B9ull);
   x = (x ^ (x >> 27)) * u64(0x94D049BB133111EBull);
   return x ^ (x >> 31);
 }
 
-VecD to_unit_v(VecU b) { return (__builtin_convertvector(b >> 11, VecD) + 0.5) * 0x1.0p-53; }
+[[gnu::always_inline]] inline VecD to_unit_v(VecU b) { return (__builtin_convertvector(b >> 11, VecD) + 0.5) * 0x1.0p-53; }
 
-// det_log for the polar method's s = a^2 + b^2 in (0, 1): never subnormal
-// there (a, b are odd multiples of 2^-53, so s >= 2^-106), which drops its
-// scaling branch; every other operation is det_log's, in its order.
-VecD polar_log_v(VecD x) {
-  const VecU u = __builtin_bit_cast(VecU, x);
-  VecI e = reinterpret_cast<VecI>((u >> 52) & u64(0x7FF)) - std::int64_t{1023};
-  const VecU mu = (u & u64(0x000FFFFFFFFFFFFFull)) | u64(0x3FF0000000000000ull);
-  VecD m = __builtin_bit_cast(VecD, mu);
-  const VecI high = m > 1.4142135623730951;  // -1 where true
-  m = high ? m * 0.5 : m;
-  e -= high;
-  const VecD z = (m - 1.0) / (m + 1.0);
-  const VecD z2 = z * z;
-  VecD s = VecD{} + 1.0 / 23.0;
-  for (int k = 21; k >= 1; k -= 2) s = s * z2 + 1.0 / k;
-  const VecD log_m = 2.0 * z * s;
+// det_log's series coefficients 1/23, 1/21, ..., 1/1, as constants: written
+// `1.0 / k` inside the loop, GCC left a scalar division per term in the
+// vector code (the compiler folds these with IEEE division, so the values
+// are the ones det_log divides out at run time).
+constexpr double kInvOdd[12] = {1.0 / 23, 1.0 / 21, 1.0 / 19, 1.0 / 17, 1.0 / 15, 1.0 / 13,
+                                1.0 / 11, 1.0 / 9,  1.0 / 7,  1.0 / 5,  1.0 / 3,  1.0 / 1};
+
+// kGroups x kLanes polar-method candidates: lane (g, i) takes index hash
+// h[g][i] in round k[g][i] (normal_at's loop variable). ok: accepted
+// (0 < s < 1); res: its normal where accepted (rejected lanes compute on
+// s = 0.5 and their res is never read). Each step is written once per group,
+// so the groups' dependency chains (the series, the two divisions, the square
+// root) overlap in the pipeline; one group alone waits on each in turn.
+// det_log for s in (0, 1): never subnormal there (a, b are odd multiples of
+// 2^-53, so s >= 2^-106), which drops its scaling branch; every other
+// operation is det_log's, in its order.
+constexpr int kGroups = 2;
+[[gnu::always_inline]] inline void polar_candidates(const VecU* h, const VecU* k, VecD* res, VecI* ok) {
+  VecD a[kGroups], s[kGroups], m[kGroups], ed[kGroups], z[kGroups], z2[kGroups], p[kGroups];
+#pragma GCC unroll 4
+  for (int g = 0; g < kGroups; ++g) {
+    a[g] = 2.0 * to_unit_v(mix64v(h[g] ^ ((k[g] * u64(2)) * u64(0xD6E8FEB86659FD93ull)))) - 1.0;
+    const VecD b = 2.0 * to_unit_v(mix64v(h[g] ^ ((k[g] * u64(2) + u64(1)) * u64(0xD6E8FEB86659FD93ull)))) - 1.0;
+    const VecD s0 = a[g] * a[g] + b * b;
+    ok[g] = (s0 > 0.0) & (s0 < 1.0);
+    s[g] = ok[g] ? s0 : VecD{} + 0.5;
+    const VecU u = __builtin_bit_cast(VecU, s[g]);
+    VecI e = reinterpret_cast<VecI>((u >> 52) & u64(0x7FF)) - std::int64_t{1023};
+    m[g] = __builtin_bit_cast(VecD, (u & u64(0x000FFFFFFFFFFFFFull)) | u64(0x3FF0000000000000ull));
+    const VecI high = m[g] > 1.4142135623730951;  // -1 where true
+    m[g] = high ? m[g] * 0.5 : m[g];
+    e -= high;
+    ed[g] = __builtin_convertvector(e, VecD);
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < kGroups; ++g) z[g] = (m[g] - 1.0) / (m[g] + 1.0);
+#pragma GCC unroll 4
+  for (int g = 0; g < kGroups; ++g) z2[g] = z[g] * z[g], p[g] = VecD{} + kInvOdd[0];
+#pragma GCC unroll 11
+  for (int j = 1; j < 12; ++j)
+#pragma GCC unroll 4
+    for (int g = 0; g < kGroups; ++g) p[g] = p[g] * z2[g] + kInvOdd[j];
   constexpr double kLn2Hi = 0x1.62e42fefa3800p-1;
   constexpr double kLn2Lo = 0x1.ef35793c76730p-45;
-  const VecD ed = __builtin_convertvector(e, VecD);
-  return ed * kLn2Hi + (log_m + ed * kLn2Lo);
-}
-
-// One polar-method candidate per lane: index hash h, round k (normal_at's
-// loop variable). ok: accepted (0 < s < 1); res: its normal where accepted.
-// Rejected lanes compute on s = 0.5 and their res is never read.
-void polar_candidates(VecU h, VecU k, VecD& res, VecI& ok) {
-  const VecD a = 2.0 * to_unit_v(mix64v(h ^ ((k * u64(2)) * u64(0xD6E8FEB86659FD93ull)))) - 1.0;
-  const VecD b = 2.0 * to_unit_v(mix64v(h ^ ((k * u64(2) + u64(1)) * u64(0xD6E8FEB86659FD93ull)))) - 1.0;
-  const VecD s = a * a + b * b;
-  ok = (s > 0.0) & (s < 1.0);
-  const VecD si = ok ? s : VecD{} + 0.5;
-  const VecD t = -2.0 * polar_log_v(si) / si;
-  VecD r;
-  for (int i = 0; i < kLanes; ++i) r[i] = __builtin_sqrt(t[i]);  // t > 0: IEEE sqrt, no errno
-  res = a * r;
+#pragma GCC unroll 4
+  for (int g = 0; g < kGroups; ++g) {
+    const VecD log_m = 2.0 * z[g] * p[g];
+    const VecD log_s = ed[g] * kLn2Hi + (log_m + ed[g] * kLn2Lo);
+    const VecD t = -2.0 * log_s / s[g];
+    VecD r;
+    for (int i = 0; i < kLanes; ++i) r[i] = __builtin_sqrt(t[i]);  // t > 0: IEEE sqrt, no errno
+    res[g] = a[g] * r;
+  }
 }
 
 }  // namespace
 
 void normals_at(std::uint64_t st, std::uint64_t first, std::int64_t n, double* out) {
-  // Every index's first candidate, kLanes at a time; the indices whose
+  // Every index's first candidate, kStep at a time; the indices whose
   // candidate was rejected (about 21%) queue with their next round and go
-  // through again, kLanes at a time, until none is left. That computes about
+  // through again, kStep at a time, until none is left. That computes about
   // 1.3 candidates a normal, where lanes kept in step until their last one
   // was accepted computed about 2.7. Each index's candidates are normal_at's,
   // in its order, so the bits are its bits (tests/cases: test_generator).
+  constexpr int kStep = kLanes * kGroups;
   constexpr int kBlock = 512;
   std::uint64_t pending_h[kBlock], pending_k[kBlock];
   std::int64_t pending_at[kBlock];
@@ -163,17 +182,21 @@ void normals_at(std::uint64_t st, std::uint64_t first, std::int64_t n, double* o
   for (std::int64_t block = 0; block < n; block += kBlock) {
     const int m = static_cast<int>(std::min<std::int64_t>(kBlock, n - block));
     int pending = 0;
-    for (int base = 0; base < m; base += kLanes) {
-      const int lanes = std::min(kLanes, m - base);
-      const VecU h = mix64v((lane + (first + static_cast<std::uint64_t>(block + base))) ^ st);
-      VecD res;
-      VecI ok;
-      polar_candidates(h, VecU{}, res, ok);
+    for (int base = 0; base < m; base += kStep) {
+      VecU h[kGroups], k[kGroups] = {};
+#pragma GCC unroll 4
+      for (int g = 0; g < kGroups; ++g)
+        h[g] = mix64v((lane + (first + static_cast<std::uint64_t>(block + base + g * kLanes))) ^ st);
+      VecD res[kGroups];
+      VecI ok[kGroups];
+      polar_candidates(h, k, res, ok);
+      const int lanes = std::min(kStep, m - base);  // past n: computed, never written
       for (int i = 0; i < lanes; ++i) {
-        if (ok[i]) {
-          out[block + base + i] = res[i];
+        const int g = i / kLanes, l = i % kLanes;
+        if (ok[g][l]) {
+          out[block + base + i] = res[g][l];
         } else {
-          pending_h[pending] = h[i];
+          pending_h[pending] = h[g][l];
           pending_k[pending] = 1;
           pending_at[pending++] = block + base + i;
         }
@@ -183,22 +206,24 @@ void normals_at(std::uint64_t st, std::uint64_t first, std::int64_t n, double* o
       // Compacted in place: the kept entry j goes to a slot at or before j,
       // and a batch's lanes are loaded before any of them is written.
       int kept = 0;
-      for (int base = 0; base < pending; base += kLanes) {
-        const int lanes = std::min(kLanes, pending - base);
-        VecU h{}, k{};
-        for (int i = 0; i < lanes; ++i) h[i] = pending_h[base + i], k[i] = pending_k[base + i];
-        VecD res;
-        VecI ok;
+      for (int base = 0; base < pending; base += kStep) {
+        const int lanes = std::min(kStep, pending - base);
+        VecU h[kGroups] = {}, k[kGroups] = {};
+        for (int i = 0; i < lanes; ++i)
+          h[i / kLanes][i % kLanes] = pending_h[base + i], k[i / kLanes][i % kLanes] = pending_k[base + i];
+        VecD res[kGroups];
+        VecI ok[kGroups];
         polar_candidates(h, k, res, ok);
         for (int i = 0; i < lanes; ++i) {
+          const int g = i / kLanes, l = i % kLanes;
           const std::int64_t at = pending_at[base + i];
-          if (ok[i]) {
-            out[at] = res[i];
-          } else if (k[i] + 1 == 64) {
+          if (ok[g][l]) {
+            out[at] = res[g][l];
+          } else if (k[g][l] + 1 == 64) {
             out[at] = 0.0;  // 64 rejections in a row: normal_at's 0
           } else {
-            pending_h[kept] = h[i];
-            pending_k[kept] = k[i] + 1;
+            pending_h[kept] = h[g][l];
+            pending_k[kept] = k[g][l] + 1;
             pending_at[kept++] = at;
           }
         }

@@ -85,14 +85,6 @@ void garbage_tail(std::int32_t* row, int K, int n, int visible, std::uint64_t se
   }
 }
 
-void fill_normal16(Tensor& t, std::uint64_t seed, const char* name) {
-  const std::uint64_t st = gen::stream(seed, gen::tensor_key(name));
-  std::uint16_t (*round)(float) = t.dtype() == DType::kBF16 ? f32_to_bf16 : f32_to_f16;
-  std::uint16_t* out = t.data<std::uint16_t>();
-  for (std::int64_t i = 0; i < t.numel(); ++i)
-    out[i] = round(static_cast<float>(gen::normal_at(st, static_cast<std::uint64_t>(i))));
-}
-
 // V4's compressed cache: entry j of request i summarizes tokens
 // j*ratio .. (j+1)*ratio - 1; the compressor is not under test, so its
 // entries are drawn like any key.
@@ -101,8 +93,8 @@ Case make_compressed(const Case& c) {
   const CaseSpec& spec = k.spec;
   k.kv_c = Tensor(spec.dtype, {k.num_kv_tokens, spec.dims.kv_lora_rank});
   k.k_pe = Tensor(spec.dtype, {k.num_kv_tokens, spec.dims.rope_dim});
-  fill_normal16(k.kv_c, c.spec.seed, "kv_c_compressed");
-  fill_normal16(k.k_pe, c.spec.seed, "k_pe_compressed");
+  fill_normal(k.kv_c, c.spec.seed, "kv_c_compressed");
+  fill_normal(k.k_pe, c.spec.seed, "k_pe_compressed");
   fill_cache_values(k);
   return k;
 }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <vector>
 
 namespace mlagate {
 namespace {
@@ -137,6 +138,45 @@ TEST(F16, EveryPatternRoundTripsAndDecodesExactly) {
       ASSERT_EQ(f32_to_f16(f), h) << std::hex << i;
     }
   }
+}
+
+// The case-by-case statement of fp32 -> fp16 (RNE, subnormals, overflow to
+// inf, quiet NaN), against which f32_bits_to_f16's branch-free form is held.
+std::uint16_t f16_by_cases(std::uint32_t u) {
+  const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  const std::uint32_t abs = u & 0x7FFFFFFFu;
+  if (abs >= 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7C00u | (abs > 0x7F800000u ? 0x0200u : 0u));
+  if (abs >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);
+  const int exp = static_cast<int>(abs >> 23) - 127;
+  const std::uint32_t mant = (abs & 0x007FFFFFu) | 0x00800000u;
+  if (exp < -25) return sign;
+  if (exp < -14) {
+    const int shift = -exp - 1;
+    const std::uint32_t kept = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    return static_cast<std::uint16_t>(sign | (kept + ((rem > half || (rem == half && (kept & 1u))) ? 1u : 0u)));
+  }
+  std::uint32_t h = (static_cast<std::uint32_t>(exp + 15) << 10) | ((mant >> 13) & 0x3FFu);
+  const std::uint32_t rem = mant & 0x1FFFu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return static_cast<std::uint16_t>(sign | h);
+}
+
+TEST(F16, BranchFreeFormEqualsTheCaseByCaseOneOnEveryBoundary) {
+  // Every half value, the fp32 midpoint to the next one and its neighbours
+  // (where RNE decides), both signs; the ends of each path; then a sweep of
+  // all 2^32 patterns in steps of 997 (every exponent, NaN payloads).
+  std::vector<std::uint32_t> at;
+  for (std::uint32_t h = 0; h < 0x7C00u; ++h) {
+    const float lo = f16_to_f32(static_cast<std::uint16_t>(h)), hi = f16_to_f32(static_cast<std::uint16_t>(h + 1));
+    const std::uint32_t mid = u32(static_cast<float>((static_cast<double>(lo) + hi) / 2));  // exact in fp32
+    for (std::uint32_t v : {u32(lo), mid - 1, mid, mid + 1}) at.push_back(v), at.push_back(v | 0x80000000u);
+  }
+  for (std::uint32_t v : {0x33000000u, 0x33000001u, 0x387FFFFFu, 0x38800000u, 0x477FEFFFu, 0x477FF000u, 0x7F7FFFFFu,
+                          0x7F800000u, 0x7F800001u, 0x7FC00000u, 0x7FFFFFFFu, 0x00000001u, 0x007FFFFFu})
+    at.push_back(v), at.push_back(v | 0x80000000u);
+  for (std::uint64_t v = 0; v <= 0xFFFFFFFFull; v += 997) at.push_back(static_cast<std::uint32_t>(v));
+  for (std::uint32_t u : at) ASSERT_EQ(f32_bits_to_f16(u), f16_by_cases(u)) << std::hex << u;
+  EXPECT_GT(at.size(), 4000000u);
 }
 
 TEST(F16, RoundsTiesToEvenInNormals) {

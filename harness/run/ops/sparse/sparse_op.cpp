@@ -30,7 +30,8 @@ Outputs make_outputs(const Case& c, const ExecOptions& opt) {
 void flatten_cache(const PagedCache& cache, DType dt, Tensor& kv, std::int64_t row0) {
   const std::int64_t L = cache.kv_lora_rank, R = cache.rope_dim;
   const std::int64_t slots = static_cast<std::int64_t>(cache.num_blocks) * cache.block_size;
-  std::uint16_t (*round)(float) = dt == DType::kBF16 ? f32_to_bf16 : f32_to_f16;
+  const bool bf16 = dt == DType::kBF16;
+  const auto round = [bf16](float x) { return bf16 ? f32_to_bf16(x) : f32_to_f16(x); };
   std::vector<float> a(static_cast<std::size_t>(L)), b(static_cast<std::size_t>(R));
   for (std::int64_t s = 0; s < slots; ++s) {
     std::uint16_t* out = kv.data<std::uint16_t>() + (row0 + s) * (L + R);
