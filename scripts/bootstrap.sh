@@ -15,7 +15,7 @@ esac
 # Debian 12 packages the build needs; the list lives here and in the README.
 packages=(build-essential cmake ninja-build git libeigen3-dev libcli11-dev nlohmann-json3-dev
           libyaml-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libpugixml-dev libhdf5-dev
-          python3-h5py python3-numpy python3-dev python3-pytest python3-venv pybind11-dev libtorch-dev libopenblas0-pthread clang chromium)
+          python3-h5py python3-numpy python3-dev python3-pytest python3-venv pybind11-dev libtorch-dev libopenblas0-pthread clang chromium ccache)
 missing=()
 # `test` only: a single-node Slurm for the job-array test (tests/slurm, skipped without it).
 if [ "$mode" = test ]; then packages+=(slurmctld slurmd slurm-client munge); fi
@@ -30,7 +30,15 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-cmake --preset cpu
+# Through ccache where it is installed: a rebuild, and the configure matrix
+# (scripts/config_matrix.sh, a test) after the build, reuse these objects.
+# Relative paths (CCACHE_BASEDIR) let build folders at the same depth share them.
+launcher=()
+if command -v ccache > /dev/null; then
+  export CCACHE_BASEDIR="$PWD" CCACHE_DEPEND=1 CCACHE_NOHASHDIR=1
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
+cmake --preset cpu "${launcher[@]}"
 if [ "$mode" = run ]; then
   # What `run` needs alone (mlagate and the modules it loads); the tests build with `test`.
   cmake --build --preset cpu -j"$(nproc)" --target mlagate
