@@ -3,7 +3,6 @@
 #include "cases/case.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -22,23 +21,7 @@
 
 namespace mlagate {
 
-namespace {
-std::atomic<NormalDrawer> g_normal_drawer{nullptr};
-}  // namespace
-
-void set_normal_drawer(NormalDrawer d) { g_normal_drawer.store(d); }
-NormalDrawer normal_drawer() { return g_normal_drawer.load(); }
-
 void fill_normal(Tensor& t, std::uint64_t seed, const char* name, double factor) {
-  const NormalDrawer drawer = normal_drawer();
-  if (drawer && t.numel() >= kDrawOnDeviceElements &&
-      drawer(gen::stream(seed, gen::tensor_key(name)), t.numel(), factor, t.dtype() == DType::kBF16,
-             t.data<std::uint16_t>()))
-    return;
-  fill_normal_on_cpu(t, seed, name, factor);
-}
-
-void fill_normal_on_cpu(Tensor& t, std::uint64_t seed, const char* name, double factor) {
   const std::uint64_t st = gen::stream(seed, gen::tensor_key(name));
   const std::int64_t n = t.numel();
   // Model dtypes are 16-bit: round through our own RNE conversion (inline

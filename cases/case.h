@@ -64,33 +64,8 @@ void fill_cache_values(Case& c);
 int shared_prefix_tokens(const CaseSpec& spec);
 
 // t (bf16 or fp16) = factor x the normals of (seed, name), element i the
-// generator's normal i, rounded to t's dtype (RNE). Tensors of at least
-// kDrawOnDeviceElements go to the process's normal drawer when one is set.
+// generator's normal i, rounded to t's dtype (RNE).
 void fill_normal(Tensor& t, std::uint64_t seed, const char* name, double factor = 1.0);
-// The same on the CPU whatever drawer is set: for tests that compare a drawer with it.
-void fill_normal_on_cpu(Tensor& t, std::uint64_t seed, const char* name, double factor = 1.0);
-
-// A device that draws fill_normal's values: out[i] = the 16-bit rounding of
-// factor x gen::normal_at(stream, i) for i < n, the CPU's bits; false leaves
-// the tensor to the CPU. Set per process (reference/cuda's cuda_draw_normals
-// with --reference cuda: the case inputs are the largest host work of a GPU
-// run); called from any thread.
-using NormalDrawer = bool (*)(std::uint64_t stream, std::int64_t n, double factor, bool bf16, std::uint16_t* out);
-inline constexpr std::int64_t kDrawOnDeviceElements = std::int64_t{1} << 18;
-void set_normal_drawer(NormalDrawer d);
-NormalDrawer normal_drawer();
-
-// Sets a drawer for its lifetime, then puts the previous one back.
-class NormalDrawerScope {
- public:
-  explicit NormalDrawerScope(NormalDrawer d) : previous_(normal_drawer()) { set_normal_drawer(d); }
-  ~NormalDrawerScope() { set_normal_drawer(previous_); }
-  NormalDrawerScope(const NormalDrawerScope&) = delete;
-  NormalDrawerScope& operator=(const NormalDrawerScope&) = delete;
-
- private:
-  NormalDrawer previous_;
-};
 
 // Validates the spec (InvalidCase) and draws the inputs.
 Case generate_case(const CaseSpec& spec);

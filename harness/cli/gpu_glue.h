@@ -7,9 +7,7 @@
 // memory); and the baseline emulation's attention cores (the fixed
 // order of reference/sdpa_emulation.h, the same bits on any GPU; not the
 // Eigen path's bits, so err_baseline differs from a CPU run's in its last
-// bits, as the fp64 reference's does); and the case inputs' normals
-// (cuda_draw_normals: the CPU generator's bits, checked on a sample at the
-// first draw). Built only with CUDA.
+// bits, as the fp64 reference's does). Built only with CUDA.
 #pragma once
 
 #include <cstdlib>
@@ -24,17 +22,15 @@ namespace mlagate {
 
 class GpuGlue {
  public:
-  GpuGlue(bool on, bool emulate, bool draw)
-      : release_{on, on && emulate, on && draw}, scope_(on ? cuda_project_rows : row_projector()),
+  GpuGlue(bool on, bool emulate)
+      : release_{on, on && emulate}, scope_(on ? cuda_project_rows : row_projector()),
         staging_(on ? staging_for_run() : device_staging()),
-        emulator_(on && emulate ? cuda_emulate_attention : attention_emulator()),
-        drawer_(on && draw ? cuda_draw_normals : normal_drawer()) {}
+        emulator_(on && emulate ? cuda_emulate_attention : attention_emulator()) {}
 
   // For a run whose reference is `reference`. MLAGATE_GLUE_DEVICE=cpu keeps
   // all of it on the CPU (the same bits but the emulation's), and
-  // MLAGATE_EMULATION_DEVICE=cpu the baseline emulation alone (Eigen's bits),
-  // MLAGATE_GENERATE_DEVICE=cpu the case inputs alone (the same bits): for
-  // measuring what the GPU saves (PERFORMANCE.md).
+  // MLAGATE_EMULATION_DEVICE=cpu the baseline emulation alone (Eigen's bits):
+  // for measuring what the GPU saves (PERFORMANCE.md).
   static bool on_cpu(const char* var) {
     const char* v = std::getenv(var);
     return v && std::string_view(v) == "cpu";
@@ -53,23 +49,20 @@ class GpuGlue {
     return &upload_only;
   }
   explicit GpuGlue(std::string_view reference)
-      : GpuGlue(reference == "cuda" && !on_cpu("MLAGATE_GLUE_DEVICE"), !on_cpu("MLAGATE_EMULATION_DEVICE"),
-                !on_cpu("MLAGATE_GENERATE_DEVICE")) {}
+      : GpuGlue(reference == "cuda" && !on_cpu("MLAGATE_GLUE_DEVICE"), !on_cpu("MLAGATE_EMULATION_DEVICE")) {}
 
  private:
   struct Release {
-    bool projector, emulator, drawer;
+    bool projector, emulator;
     ~Release() {
       // After the scopes have put the previous ones back.
       if (projector) cuda_release_row_projector();
       if (emulator) cuda_release_attention_emulator();
-      if (drawer) cuda_release_normal_drawer();
     }
   } release_;
   RowProjectorScope scope_;
   DeviceStagingScope staging_;
   AttentionEmulatorScope emulator_;
-  NormalDrawerScope drawer_;
 };
 
 }  // namespace mlagate

@@ -54,19 +54,6 @@ void cuda_project_rows_on_device(const Case& c, const TensorView& kv_c, const Te
 // buffers); the next call makes them again.
 void cuda_release_row_projector();
 
-// A NormalDrawer (cases/case.h): fill_normal's values drawn on the GPU, bit
-// for bit gen::normal_at's (draw_normals.cu: the same integer hashing, each
-// double operation an explicit round-to-nearest intrinsic, the 16-bit
-// rounding cases/encoding.h's code), copied back into out. The first call of
-// a process compares a sample of every kind with the host's bits and, if any
-// differs, says so once and returns false from then on (the CPU draws); so
-// does a CUDA error or a process without a GPU. Serialized by a lock; its
-// stream and buffer stay until cuda_release_normal_drawer().
-bool cuda_draw_normals(std::uint64_t stream, std::int64_t n, double factor, bool bf16, std::uint16_t* out);
-// That sample check alone, for tests: true when every bit agrees.
-bool cuda_normal_drawer_agrees();
-void cuda_release_normal_drawer();
-
 // An AttentionEmulator (reference/sdpa_emulation.h): the baseline emulation's
 // attention core on the GPU, byte for byte what emulate_attention_fixed_order
 // writes (every non-NaN element; a NaN's payload is not promised). The
