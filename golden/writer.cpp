@@ -22,7 +22,7 @@
 #include "reference/kv_projection.h"
 #include "reference/sdpa_emulation.h"
 #include "reference/sparse_reference.h"
-#include "mlagate/config.h"
+#include "mlagate/version.h"
 #include "reference/fp64_reference.h"
 
 namespace mlagate {

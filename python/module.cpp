@@ -27,7 +27,7 @@
 #include "harness/run/runner.h"
 #include "harness/verdicts/expectations.h"
 #include "harness/verdicts/facts.h"
-#include "mlagate/config.h"
+#include "mlagate/version.h"
 #include "python/dlpack.h"
 #include "python/py_backend.h"
 #include "reports/report.h"

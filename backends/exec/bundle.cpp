@@ -10,7 +10,7 @@
 #include "cases/encoding.h"
 #include "cases/errors.h"
 #include "golden/tensor_file.h"
-#include "mlagate/config.h"
+#include "mlagate/version.h"
 
 namespace mlagate::exec {
 

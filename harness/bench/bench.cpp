@@ -25,6 +25,7 @@
 #include "reference/glue.h"
 #include "reference/sparse_reference.h"
 #include "mlagate/config.h"
+#include "mlagate/version.h"
 #if MLAGATE_HAS_CUDA
 #include "backends/cuda/bench_timer.h"
 #endif

@@ -15,7 +15,7 @@
 #include "harness/bench/bench.h"
 #include "harness/cli/commands.h"
 #include "harness/cli/options.h"
-#include "mlagate/config.h"
+#include "mlagate/version.h"
 
 namespace mlagate {
 

@@ -40,6 +40,7 @@
 #include "harness/verdicts/expectations.h"
 #include "harness/verdicts/facts.h"
 #include "mlagate/config.h"
+#include "mlagate/version.h"
 #include "reports/profile.h"
 #include "reports/report.h"
 #include "reports/shard.h"

@@ -21,6 +21,7 @@
 #include "harness/verdicts/matrix.h"
 #include "harness/verdicts/triage.h"
 #include "mlagate/config.h"
+#include "mlagate/version.h"
 #include "reports/report.h"
 #include "cases/suite.h"
 

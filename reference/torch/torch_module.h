@@ -14,7 +14,7 @@
 #include <span>
 #include <string>
 
-#include "mlagate/config.h"
+#include "mlagate/version.h"
 #include "reference/torch/torch_reference.h"
 
 namespace mlagate::torch_module {
