@@ -47,6 +47,20 @@ double uniform(std::uint64_t seed, std::uint64_t tensor, std::uint64_t index, st
   return to_unit(bits(seed, tensor, index, sub));
 }
 
+namespace {
+
+// det_log's series coefficients 1/23, 1/21, ..., 1/1 and ln 2 split so that
+// e * hi is exact; det_log and normals_at's vector form share them. As
+// constants because written `1.0 / k` inside the loop, GCC left a scalar
+// division per term in the vector code (the compiler folds them with IEEE
+// division: the values a run-time division gives).
+constexpr double kInvOdd[12] = {1.0 / 23, 1.0 / 21, 1.0 / 19, 1.0 / 17, 1.0 / 15, 1.0 / 13,
+                                1.0 / 11, 1.0 / 9,  1.0 / 7,  1.0 / 5,  1.0 / 3,  1.0 / 1};
+constexpr double kLn2Hi = 0x1.62e42fefa3800p-1;
+constexpr double kLn2Lo = 0x1.ef35793c76730p-45;
+
+}  // namespace
+
 double det_log(double x) {
   // x = m * 2^e with m in [sqrt(1/2), sqrt(2)); log m = 2 atanh(z), z = (m-1)/(m+1).
   std::uint64_t u = std::bit_cast<std::uint64_t>(x);
@@ -64,11 +78,9 @@ double det_log(double x) {
   const double z = (m - 1.0) / (m + 1.0);
   const double z2 = z * z;
   // |z| <= 0.1716: terms through z^23 leave < 1e-19 relative.
-  double s = 1.0 / 23.0;
-  for (int k = 21; k >= 1; k -= 2) s = s * z2 + 1.0 / k;
+  double s = kInvOdd[0];
+  for (int j = 1; j < 12; ++j) s = s * z2 + kInvOdd[j];
   const double log_m = 2.0 * z * s;
-  constexpr double kLn2Hi = 0x1.62e42fefa3800p-1;  // ln 2 split so e * hi is exact
-  constexpr double kLn2Lo = 0x1.ef35793c76730p-45;
   return static_cast<double>(e) * kLn2Hi + (log_m + static_cast<double>(e) * kLn2Lo);
 }
 
@@ -109,13 +121,6 @@ constexpr std::uint64_t u64(unsigned long long v) { return static_cast<std::uint
 
 [[gnu::always_inline]] inline VecD to_unit_v(VecU b) { return (__builtin_convertvector(b >> 11, VecD) + 0.5) * 0x1.0p-53; }
 
-// det_log's series coefficients 1/23, 1/21, ..., 1/1, as constants: written
-// `1.0 / k` inside the loop, GCC left a scalar division per term in the
-// vector code (the compiler folds these with IEEE division, so the values
-// are the ones det_log divides out at run time).
-constexpr double kInvOdd[12] = {1.0 / 23, 1.0 / 21, 1.0 / 19, 1.0 / 17, 1.0 / 15, 1.0 / 13,
-                                1.0 / 11, 1.0 / 9,  1.0 / 7,  1.0 / 5,  1.0 / 3,  1.0 / 1};
-
 // kGroups x kLanes polar-method candidates: lane (g, i) takes index hash
 // h[g][i] in round k[g][i] (normal_at's loop variable). ok: accepted
 // (0 < s < 1); res: its normal where accepted (rejected lanes compute on
@@ -151,8 +156,6 @@ constexpr int kGroups = 2;
   for (int j = 1; j < 12; ++j)
 #pragma GCC unroll 4
     for (int g = 0; g < kGroups; ++g) p[g] = p[g] * z2[g] + kInvOdd[j];
-  constexpr double kLn2Hi = 0x1.62e42fefa3800p-1;
-  constexpr double kLn2Lo = 0x1.ef35793c76730p-45;
 #pragma GCC unroll 4
   for (int g = 0; g < kGroups; ++g) {
     const VecD log_m = 2.0 * z[g] * p[g];
