@@ -32,12 +32,7 @@ fi
 
 # Through ccache where it is installed: a rebuild, and the configure matrix
 # (scripts/config_matrix.sh, a test) after the build, reuse these objects.
-# Relative paths (CCACHE_BASEDIR) let build folders at the same depth share them.
-launcher=()
-if command -v ccache > /dev/null; then
-  export CCACHE_BASEDIR="$PWD" CCACHE_DEPEND=1 CCACHE_NOHASHDIR=1
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
-fi
+source scripts/ccache_env.sh
 cmake --preset cpu "${launcher[@]}"
 if [ "$mode" = run ]; then
   # What `run` needs alone (mlagate and the modules it loads); the tests build with `test`.

@@ -13,7 +13,6 @@
 # Exit: 0 every one built, 1 one did not (its log: build/m-NAME/matrix.log).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-root=$PWD
 after="" all=0
 if [ "${1:-}" = --after ]; then after=$2; shift 2; fi
 if [ "${1:-}" = --all ]; then all=1; shift; fi
@@ -35,13 +34,8 @@ combos=(
   "minimal -DMLAGATE_WITH_CUDA=OFF -DMLAGATE_WITH_TORCH=OFF -DMLAGATE_PYTHON=OFF -DMLAGATE_BUILD_TESTS=OFF -DMLAGATE_BUILD_BENCH=OFF"
 )
 
-launcher=()
-if command -v ccache > /dev/null; then
-  export CCACHE_BASEDIR="$root" CCACHE_DEPEND=1 CCACHE_NOHASHDIR=1
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
-else
-  echo "config_matrix: no ccache: every combination compiles in full" >&2
-fi
+source scripts/ccache_env.sh  # launcher and CCACHE_*, as the main build has them
+((${#launcher[@]})) || echo "config_matrix: no ccache: every combination compiles in full" >&2
 
 failed=()
 for combo in "${combos[@]}"; do
@@ -51,11 +45,10 @@ for combo in "${combos[@]}"; do
   mkdir -p "$dir"
   t0=$SECONDS
   targets=(mlagate)
-  # --all: the Python module too where it is on (its own link of every library)
-  if [ "$all" = 1 ]; then targets+=(mlagate_python); fi
   # shellcheck disable=SC2086  # flags: several -D words
   if cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" $flags > "$dir/matrix.log" 2>&1 &&
-     { [ "$all" = 1 ] && grep -q "mlagate_python" "$dir/build.ninja" || targets=(mlagate); } &&
+     # --all: the Python module too where the combination has it (its own link of every library)
+     { [ "$all" = 0 ] || ! grep -q "mlagate_python" "$dir/build.ninja" || targets+=(mlagate_python); } &&
      cmake --build "$dir" -j"$(nproc)" --target "${targets[@]}" >> "$dir/matrix.log" 2>&1 &&
      "$dir/harness/mlagate" list backends > /dev/null 2>> "$dir/matrix.log"; then
     echo "config_matrix: $name: built ${targets[*]} in $((SECONDS - t0)) s ($flags)"
