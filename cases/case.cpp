@@ -248,11 +248,12 @@ Case generate_case(const CaseSpec& spec) {
   }
   const Dims& d = spec.dims;
   const std::int64_t N = spec.num_heads();
-  c.q = Tensor(spec.dtype, {c.num_tokens, N, d.nope_dim + d.rope_dim});
-  c.kv_c = Tensor(spec.dtype, {c.num_kv_tokens, d.kv_lora_rank});
-  c.k_pe = Tensor(spec.dtype, {c.num_kv_tokens, d.rope_dim});
-  c.w_uk = Tensor(spec.dtype, {d.kv_lora_rank, N, d.nope_dim});
-  c.w_uv = Tensor(spec.dtype, {d.kv_lora_rank, N, d.v_head_dim});
+  // Drawn below, every element: no zero-filling pass first.
+  c.q = Tensor::for_overwrite(spec.dtype, {c.num_tokens, N, d.nope_dim + d.rope_dim});
+  c.kv_c = Tensor::for_overwrite(spec.dtype, {c.num_kv_tokens, d.kv_lora_rank});
+  c.k_pe = Tensor::for_overwrite(spec.dtype, {c.num_kv_tokens, d.rope_dim});
+  c.w_uk = Tensor::for_overwrite(spec.dtype, {d.kv_lora_rank, N, d.nope_dim});
+  c.w_uv = Tensor::for_overwrite(spec.dtype, {d.kv_lora_rank, N, d.v_head_dim});
   // Weights scaled by 1/sqrt(L): unit-scale outputs, and LSE merging stays finite.
   const double w = 1.0 / std::sqrt(static_cast<double>(d.kv_lora_rank));
   fill_normal(c.q, spec.seed, "q", spec.q_magnitude);

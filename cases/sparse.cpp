@@ -91,8 +91,8 @@ void garbage_tail(std::int32_t* row, int K, int n, int visible, std::uint64_t se
 Case make_compressed(const Case& c) {
   Case k = compressed_layout(c);
   const CaseSpec& spec = k.spec;
-  k.kv_c = Tensor(spec.dtype, {k.num_kv_tokens, spec.dims.kv_lora_rank});
-  k.k_pe = Tensor(spec.dtype, {k.num_kv_tokens, spec.dims.rope_dim});
+  k.kv_c = Tensor::for_overwrite(spec.dtype, {k.num_kv_tokens, spec.dims.kv_lora_rank});  // drawn below, every element
+  k.k_pe = Tensor::for_overwrite(spec.dtype, {k.num_kv_tokens, spec.dims.rope_dim});
   fill_normal(k.kv_c, c.spec.seed, "kv_c_compressed");
   fill_normal(k.k_pe, c.spec.seed, "k_pe_compressed");
   fill_cache_values(k);

@@ -1,7 +1,6 @@
 // Host tensor storage and element access by dtype.
 #include "cases/tensor.h"
 
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -29,16 +28,6 @@ std::string shape_str(const Shape& s) {
 
 Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)) {
   bytes_.assign(static_cast<std::size_t>(shape_numel(shape_)) * dtype_size(dtype_), std::byte{0});
-}
-
-void Tensor::advise_huge_pages(void* p, std::size_t bytes) noexcept {
-  constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;
-  if (bytes < 8 * kHuge) return;
-  const auto begin = (reinterpret_cast<std::uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
-  const auto end = (reinterpret_cast<std::uintptr_t>(p) + bytes) & ~(kHuge - 1);
-#ifdef MADV_HUGEPAGE
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);  // advice only: errors ignored
-#endif
 }
 
 void parallel_memcpy(void* to, const void* from, std::size_t n) {

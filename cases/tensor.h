@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "cases/block_pool.h"
 #include "cases/dtype.h"
 
 namespace mlagate {
@@ -114,12 +115,11 @@ class Tensor {
   }
   DType dtype_ = DType::kF32;
   Shape shape_;
-  // Asks for transparent huge pages over a large allocation (no-op below a
-  // few MB or where THP is off): a TP 1 case's K and V are gigabytes, and
-  // faulting them in 4 KB pages was a measurable share of a run's wall.
-  static void advise_huge_pages(void* p, std::size_t bytes) noexcept;
   // resize() default-initialises (leaves bytes unset) where std::allocator
   // would value-initialise (zero) them: zeroing is the constructor's choice.
+  // Blocks of kBlockPoolMinBytes and more come from the process's pool of
+  // kept blocks (block_pool.h: a case's tensors are hundreds of MB, and
+  // faulting fresh pages in for every case was a third of explore's CPU).
   template <class T>
   struct DefaultInitAllocator : std::allocator<T> {
     template <class U>
@@ -130,9 +130,12 @@ class Tensor {
     template <class U>
     DefaultInitAllocator(const DefaultInitAllocator<U>&) noexcept {}
     T* allocate(std::size_t n) {
-      T* p = std::allocator<T>::allocate(n);
-      advise_huge_pages(p, n * sizeof(T));
-      return p;
+      if (n * sizeof(T) >= kBlockPoolMinBytes) return static_cast<T*>(block_pool_take(n * sizeof(T)));
+      return std::allocator<T>::allocate(n);
+    }
+    void deallocate(T* p, std::size_t n) noexcept {
+      if (n * sizeof(T) >= kBlockPoolMinBytes) block_pool_give(p, n * sizeof(T));
+      else std::allocator<T>::deallocate(p, n);
     }
     template <class U>
     void construct(U* p) noexcept {

@@ -1,0 +1,177 @@
+// The process's kept large blocks (block_pool.h): size classes of a quarter
+// step between powers of two, so a block serves any request of its class and a
+// request takes the smallest kept block of its class or the next two (at most
+// about 1.7x the bytes asked). Past the limit the least recently kept go back
+// to the system.
+#include "cases/block_pool.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <cstdlib>
+#include <iterator>
+#include <list>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+
+namespace mlagate {
+
+namespace {
+
+constexpr std::size_t kHuge = std::size_t{2} << 20;
+
+// The class's size: the request rounded up to 1, 1.25, 1.5 or 1.75 times a
+// power of two, then to whole 2 MiB pages (huge pages where THP allows).
+std::size_t class_bytes(std::size_t bytes) {
+  const int top = std::bit_width(bytes) - 1;  // 2^top <= bytes
+  const std::size_t quarter = (std::size_t{1} << top) / 4;
+  std::size_t c = (bytes + quarter - 1) / quarter * quarter;
+  c = (c + kHuge - 1) / kHuge * kHuge;
+  return c;
+}
+
+struct Kept {
+  void* p;
+  std::size_t bytes;  // its class size
+};
+
+struct Pool {
+  std::mutex mutex;
+  std::list<Kept> kept;  // most recently kept first
+  // The size of each block handed out: a request may get a block of a larger
+  // class than its own, and is given back under its own byte count.
+  std::unordered_map<void*, std::size_t> out;
+  std::size_t kept_bytes = 0;
+  std::size_t taken = 0, fresh = 0;
+  std::size_t limit = 0;
+  bool limit_read = false;
+};
+
+Pool& pool() {
+  static Pool* p = new Pool;  // never destroyed: blocks may be given back during static destruction
+  return *p;
+}
+
+std::size_t read_limit() {
+  if (const char* v = std::getenv("MLAGATE_BLOCK_POOL_MB"); v && *v) {
+    char* end = nullptr;
+    const unsigned long long mb = std::strtoull(v, &end, 10);
+    if (end && *end == '\0') return static_cast<std::size_t>(mb) << 20;
+  }
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  const std::size_t phys = pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page) : 0;
+  return std::min(phys / 8, std::size_t{4} << 30);
+}
+
+void* map_block(std::size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+  madvise(p, bytes, MADV_HUGEPAGE);  // advice only: errors ignored
+#endif
+  return p;
+}
+
+}  // namespace
+
+std::size_t block_pool_limit() {
+  Pool& P = pool();
+  const std::lock_guard lock(P.mutex);
+  if (!P.limit_read) P.limit = read_limit(), P.limit_read = true;
+  return P.limit;
+}
+
+void* block_pool_take(std::size_t bytes) {
+  const std::size_t want = class_bytes(bytes);
+  const std::size_t most = class_bytes(class_bytes(class_bytes(want + 1) + 1) + 1);  // this class and the next two
+  Pool& P = pool();
+  {
+    const std::lock_guard lock(P.mutex);
+    auto best = P.kept.end();
+    for (auto it = P.kept.begin(); it != P.kept.end(); ++it)
+      if (it->bytes >= want && it->bytes <= most && (best == P.kept.end() || it->bytes < best->bytes)) best = it;
+    if (best != P.kept.end()) {
+      const Kept k = *best;
+      P.kept_bytes -= k.bytes;
+      P.kept.erase(best);
+      P.out.emplace(k.p, k.bytes);
+      ++P.taken;
+      return k.p;
+    }
+    ++P.fresh;
+  }
+  void* p = map_block(want);
+  try {
+    const std::lock_guard lock(P.mutex);
+    P.out.emplace(p, want);
+  } catch (...) {
+    munmap(p, want);
+    throw;
+  }
+  return p;
+}
+
+void block_pool_give(void* p, std::size_t bytes) noexcept {
+  if (!p) return;
+  Pool& P = pool();
+  std::list<Kept> drop;
+  {
+    const std::lock_guard lock(P.mutex);
+    if (!P.limit_read) P.limit = read_limit(), P.limit_read = true;
+    std::size_t size = class_bytes(bytes);
+    if (const auto it = P.out.find(p); it != P.out.end()) {
+      size = it->second;
+      P.out.erase(it);
+    }
+    if (size > P.limit) {
+      drop.push_back({p, size});
+    } else {
+      try {
+        P.kept.push_front({p, size});
+        P.kept_bytes += size;
+      } catch (...) {
+        drop.push_back({p, size});
+      }
+      while (P.kept_bytes > P.limit) {  // the least recently kept go first
+        P.kept_bytes -= P.kept.back().bytes;
+        drop.splice(drop.end(), P.kept, std::prev(P.kept.end()));
+      }
+    }
+  }
+  for (const Kept& k : drop) munmap(k.p, k.bytes);  // outside the lock
+}
+
+void block_pool_set_limit(std::size_t bytes) {
+  Pool& P = pool();
+  std::list<Kept> drop;
+  {
+    const std::lock_guard lock(P.mutex);
+    P.limit = bytes, P.limit_read = true;
+    while (P.kept_bytes > P.limit) {
+      P.kept_bytes -= P.kept.back().bytes;
+      drop.splice(drop.end(), P.kept, std::prev(P.kept.end()));
+    }
+  }
+  for (const Kept& k : drop) munmap(k.p, k.bytes);
+}
+
+BlockPoolStats block_pool_stats() {
+  Pool& P = pool();
+  const std::lock_guard lock(P.mutex);
+  if (!P.limit_read) P.limit = read_limit(), P.limit_read = true;
+  return {P.taken, P.fresh, P.kept_bytes, P.limit};
+}
+
+void block_pool_release() {
+  Pool& P = pool();
+  const std::lock_guard lock(P.mutex);
+  for (const Kept& k : P.kept) munmap(k.p, k.bytes);
+  P.kept.clear();
+  P.kept_bytes = 0;
+}
+
+}  // namespace mlagate

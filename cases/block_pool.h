@@ -1,0 +1,41 @@
+// Large host blocks kept for reuse inside a process (Tensor's storage). A
+// block the size of a case's cache or weights comes from mmap, and every
+// first touch of its pages is a page fault in which the kernel zeroes the
+// page; freeing it gives the pages back. A run makes such tensors for every
+// case, so on the 2-core VM a third of explore's CPU samples were page faults
+// and the kernel's zeroing (perf, 2026-12-03). Blocks freed here are kept,
+// their pages resident, and handed to the next request of their size class:
+// the bytes a tensor holds are still only what its owner writes (Tensor's
+// constructor zero-fills, for_overwrite leaves them), so no value depends on
+// where a block came from.
+#pragma once
+
+#include <cstddef>
+
+namespace mlagate {
+
+struct BlockPoolStats {
+  std::size_t taken = 0;        // requests served from kept blocks
+  std::size_t fresh = 0;        // requests that allocated anew
+  std::size_t kept_bytes = 0;   // bytes kept now
+  std::size_t limit_bytes = 0;  // what it keeps at most
+};
+
+// Blocks below this go to operator new as before.
+inline constexpr std::size_t kBlockPoolMinBytes = std::size_t{4} << 20;
+
+// At least `bytes` (>= kBlockPoolMinBytes), 64-byte aligned; throws
+// std::bad_alloc. Give it back with the same `bytes`.
+void* block_pool_take(std::size_t bytes);
+void block_pool_give(void* p, std::size_t bytes) noexcept;
+
+// What the pool keeps at most: MLAGATE_BLOCK_POOL_MB where set (0 turns
+// keeping off), else an eighth of the machine's memory, at most 4 GiB.
+std::size_t block_pool_limit();
+// Sets it (tests, embedders); blocks kept past it are freed.
+void block_pool_set_limit(std::size_t bytes);
+BlockPoolStats block_pool_stats();
+// Frees every kept block (tests; a process that ends frees them anyway).
+void block_pool_release();
+
+}  // namespace mlagate
