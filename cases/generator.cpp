@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 
 namespace mlagate::gen {
 
@@ -194,6 +195,21 @@ void normals_at(std::uint64_t st, std::uint64_t first, std::int64_t n, double* o
       VecI ok[kGroups];
       polar_candidates(h, k, res, ok);
       const int lanes = std::min(kStep, m - base);  // past n: computed, never written
+      if (lanes == kStep) {
+        // Every lane stored (a rejected lane's slot is written again when its
+        // index comes out of the queue below) and the rejected queued without
+        // a branch: a branch per lane on ok, taken about one time in five at
+        // random, cost more than the stores.
+        for (int g = 0; g < kGroups; ++g) std::memcpy(out + block + base + g * kLanes, &res[g], sizeof(VecD));
+        for (int i = 0; i < kStep; ++i) {
+          const int g = i / kLanes, l = i % kLanes;
+          pending_h[pending] = h[g][l];
+          pending_k[pending] = 1;
+          pending_at[pending] = block + base + i;
+          pending += ok[g][l] == 0;
+        }
+        continue;
+      }
       for (int i = 0; i < lanes; ++i) {
         const int g = i / kLanes, l = i % kLanes;
         if (ok[g][l]) {
