@@ -12,13 +12,18 @@ case "$mode" in
   *) echo "usage: scripts/bootstrap.sh run|test [mlagate run arguments]" >&2; exit 2 ;;
 esac
 
-# Debian 12 packages the build needs; the list lives here and in the README.
+# Debian 12 packages; the lists live here and in the README. `run` needs
+# what builds and runs the binary: the tests' own packages (Python's, clang
+# for the fuzzer, chromium for the HTML render, a single-node Slurm) come with
+# `test`, which is also what .ci/run calls.
 packages=(build-essential cmake ninja-build git libeigen3-dev libcli11-dev nlohmann-json3-dev
           libyaml-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libpugixml-dev libhdf5-dev
-          python3-h5py python3-numpy python3-dev python3-pytest python3-venv pybind11-dev libtorch-dev libopenblas0-pthread clang chromium ccache)
+          libtorch-dev libopenblas0-pthread ccache)
+if [ "$mode" = test ]; then
+  packages+=(python3-h5py python3-numpy python3-dev python3-pytest python3-venv pybind11-dev clang chromium
+             slurmctld slurmd slurm-client munge)
+fi
 missing=()
-# `test` only: a single-node Slurm for the job-array test (tests/slurm, skipped without it).
-if [ "$mode" = test ]; then packages+=(slurmctld slurmd slurm-client munge); fi
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
@@ -33,7 +38,17 @@ fi
 # Through ccache where it is installed: a rebuild, and the configure matrix
 # (scripts/config_matrix.sh, a test) after the build, reuse these objects.
 source scripts/ccache_env.sh
-cmake --preset cpu "${launcher[@]}"
+# `run` on a machine without an NVIDIA GPU leaves the CUDA backends out: none
+# of them could run here, and their compiles are a sixth of the build (2-core
+# VM, 2026-12-03, ccache off: 244 s without, 288 s with). `test` builds them whenever nvcc
+# is there (CI: CUDA code must compile), and the objects both builds share
+# come back from ccache.
+cuda=ON
+if [ "$mode" = run ] && ! { [ -e /dev/nvidia0 ] || nvidia-smi -L > /dev/null 2>&1; }; then
+  cuda=OFF
+  echo "bootstrap: no NVIDIA GPU here: building without the CUDA backends (bootstrap.sh test builds them)"
+fi
+cmake --preset cpu "${launcher[@]}" -DMLAGATE_WITH_CUDA=$cuda
 if [ "$mode" = run ]; then
   # What `run` needs alone (mlagate and the modules it loads); the tests build with `test`.
   cmake --build --preset cpu -j"$(nproc)" --target mlagate
