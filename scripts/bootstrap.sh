@@ -13,15 +13,17 @@ case "$mode" in
 esac
 
 # Debian 12 packages; the lists live here and in the README. `run` needs
-# what builds and runs the binary: the tests' own packages (Python's, clang
-# for the fuzzer, chromium for the HTML render, a single-node Slurm) come with
-# `test`, which is also what .ci/run calls.
+# what builds and runs the binary and its default suite. `test` (what .ci/run
+# calls) adds the tests' own packages (Python's, clang for the fuzzer,
+# chromium for the HTML render, a single-node Slurm) and libtorch: Debian's
+# 1.13 gives the torch reference (`--reference torch`, a module loaded on
+# first use) and no backend (torch.sdpa.* needs libtorch >= 2), and its
+# dependencies (OpenCV, Qt, LLVM, ...) were most of a fresh machine's apt time.
 packages=(build-essential cmake ninja-build git libeigen3-dev libcli11-dev nlohmann-json3-dev
-          libyaml-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libpugixml-dev libhdf5-dev
-          libtorch-dev libopenblas0-pthread ccache)
+          libyaml-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libpugixml-dev libhdf5-dev ccache)
 if [ "$mode" = test ]; then
-  packages+=(python3-h5py python3-numpy python3-dev python3-pytest python3-venv pybind11-dev clang chromium
-             slurmctld slurmd slurm-client munge)
+  packages+=(libtorch-dev libopenblas0-pthread python3-h5py python3-numpy python3-dev python3-pytest python3-venv
+             pybind11-dev clang chromium slurmctld slurmd slurm-client munge)
 fi
 missing=()
 for p in "${packages[@]}"; do
