@@ -68,7 +68,7 @@ class ExecBackend final : public Backend {
 
   void decode(const DecodeArgs& a) override {
     if (!has(Op::kDecode)) Backend::decode(a);
-    exec::BundleCall call{plugin::decode_problem(a, spec()), {}, {}};
+    exec::BundleCall call{plugin::decode_problem(a, spec()), {}, {}, {}};
     const std::vector<std::int32_t> table = plugin::call_block_table(a);
     const PagedCache& cache = *a.cache;
     const std::int64_t b = static_cast<std::int64_t>(a.seq_lens.size());
@@ -91,7 +91,7 @@ class ExecBackend final : public Backend {
 
   void prefill(const PrefillArgs& a) override {
     if (!has(Op::kPrefill)) Backend::prefill(a);
-    exec::BundleCall call{plugin::prefill_problem(a, spec()), {}, {}};
+    exec::BundleCall call{plugin::prefill_problem(a, spec()), {}, {}, {}};
     const std::int64_t b1 = static_cast<std::int64_t>(a.cu_seqlens_q.size());
     call.inputs = {{"q", a.q},
                    {"k", a.k},
@@ -104,7 +104,7 @@ class ExecBackend final : public Backend {
   void cache_write(PagedCache& cache, const TensorView& kv_c, const TensorView& k_pe,
                    std::span<const std::int64_t> slots) override {
     if (!has(Op::kCacheWrite)) return Backend::cache_write(cache, kv_c, k_pe, slots);
-    exec::BundleCall call{plugin::cache_write_problem(cache, kv_c, k_pe, slots.size(), spec()), {}, {}};
+    exec::BundleCall call{plugin::cache_write_problem(cache, kv_c, k_pe, slots.size(), spec()), {}, {}, {}};
     const std::int64_t n = static_cast<std::int64_t>(slots.size());
     call.inputs = {{"kv_c", kv_c},
                    {"k_pe", k_pe},
@@ -121,7 +121,7 @@ class ExecBackend final : public Backend {
     check_sparse_decode_args(a);
     const PagedCache& cache = *a.cache;
     const std::int64_t N = a.q.shape[1], B = static_cast<std::int64_t>(a.seq_lens.size());
-    exec::BundleCall call{sparse_problem(Op::kSparseDecode, a.q, a.o, cache.kv_lora_rank, cache.rope_dim), {}, {}};
+    exec::BundleCall call{sparse_problem(Op::kSparseDecode, a.q, a.o, cache.kv_lora_rank, cache.rope_dim), {}, {}, {}};
     plugin::Problem& p = call.problem;
     p.seq_lens.assign(a.seq_lens.begin(), a.seq_lens.end());
     for (std::int64_t i = 0; i < B; ++i) p.query_lens.push_back(a.query_start_loc[i + 1] - a.query_start_loc[i]);
@@ -179,7 +179,7 @@ class ExecBackend final : public Backend {
       L = s->dims.kv_lora_rank;
       R = s->dims.rope_dim;
     }
-    exec::BundleCall call{sparse_problem(Op::kSparsePrefill, a.q, a.o, L, R), {}, {}};
+    exec::BundleCall call{sparse_problem(Op::kSparsePrefill, a.q, a.o, L, R), {}, {}, {}};
     plugin::Problem& p = call.problem;
     // No requests: one "request" of T queries over the S_kv rows (as cache_write's n slots).
     p.seq_lens = {static_cast<std::int32_t>(S)};
