@@ -64,7 +64,7 @@ std::size_t read_limit() {
   }
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   const std::size_t phys = pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page) : 0;
-  return std::min(phys / 8, std::size_t{4} << 30);
+  return std::min(phys / 32, std::size_t{2} << 30);
 }
 
 void* map_block(std::size_t bytes) {

@@ -30,7 +30,8 @@ void* block_pool_take(std::size_t bytes);
 void block_pool_give(void* p, std::size_t bytes) noexcept;
 
 // What the pool keeps at most: MLAGATE_BLOCK_POOL_MB where set (0 turns
-// keeping off), else an eighth of the machine's memory, at most 4 GiB.
+// keeping off), else a 32nd of the machine's memory, at most 2 GiB (16
+// workers side by side keep at most half of it between them).
 std::size_t block_pool_limit();
 // Sets it (tests, embedders); blocks kept past it are freed.
 void block_pool_set_limit(std::size_t bytes);
