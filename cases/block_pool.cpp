@@ -1,8 +1,9 @@
 // The process's kept large blocks (block_pool.h): size classes of a quarter
-// step between powers of two, so a block serves any request of its class and a
-// request takes the smallest kept block of its class or the next two (at most
-// about 1.7x the bytes asked). Past the limit the least recently kept go back
-// to the system.
+// step between powers of two, in whole 2 MiB pages, so a block serves any
+// request of its class and a request takes the smallest kept block of its
+// class or the next one up (at most 1.5x the bytes asked for large blocks,
+// 2x just above 4 MiB where the 2 MiB rounding dominates). Past the limit the
+// least recently kept go back to the system.
 #include "cases/block_pool.h"
 
 #include <sys/mman.h>
@@ -27,6 +28,7 @@ constexpr std::size_t kHuge = std::size_t{2} << 20;
 // The class's size: the request rounded up to 1, 1.25, 1.5 or 1.75 times a
 // power of two, then to whole 2 MiB pages (huge pages where THP allows).
 std::size_t class_bytes(std::size_t bytes) {
+  bytes = std::max(bytes, kBlockPoolMinBytes);  // the pool's requests are never smaller
   const int top = std::bit_width(bytes) - 1;  // 2^top <= bytes
   const std::size_t quarter = (std::size_t{1} << top) / 4;
   std::size_t c = (bytes + quarter - 1) / quarter * quarter;
@@ -57,19 +59,28 @@ Pool& pool() {
 }
 
 std::size_t read_limit() {
-  if (const char* v = std::getenv("MLAGATE_BLOCK_POOL_MB"); v && *v) {
+  if (const char* v = std::getenv("MLAGATE_BLOCK_POOL_MB"); v && *v >= '0' && *v <= '9') {
     char* end = nullptr;
     const unsigned long long mb = std::strtoull(v, &end, 10);
-    if (end && *end == '\0') return static_cast<std::size_t>(mb) << 20;
+    // Whole megabytes up to a pebibyte; anything else (a sign, a unit) is ignored.
+    if (end && *end == '\0' && mb <= (1ull << 30)) return static_cast<std::size_t>(mb) << 20;
   }
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   const std::size_t phys = pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page) : 0;
   return std::min(phys / 32, std::size_t{2} << 30);
 }
 
+// `bytes` (whole 2 MiB pages) at a 2 MiB boundary, so that every page of the
+// block can be a huge page: mapped 2 MiB larger, the ends trimmed.
 void* map_block(std::size_t bytes) {
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw std::bad_alloc();
+  void* raw = mmap(nullptr, bytes + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) throw std::bad_alloc();
+  const auto at = reinterpret_cast<std::uintptr_t>(raw);
+  const std::uintptr_t begin = (at + kHuge - 1) & ~(std::uintptr_t{kHuge} - 1);
+  if (begin > at) munmap(raw, begin - at);
+  if (const std::uintptr_t tail = at + bytes + kHuge - (begin + bytes); tail > 0)
+    munmap(reinterpret_cast<void*>(begin + bytes), tail);
+  void* p = reinterpret_cast<void*>(begin);
 #ifdef MADV_HUGEPAGE
   madvise(p, bytes, MADV_HUGEPAGE);  // advice only: errors ignored
 #endif
@@ -87,7 +98,7 @@ std::size_t block_pool_limit() {
 
 void* block_pool_take(std::size_t bytes) {
   const std::size_t want = class_bytes(bytes);
-  const std::size_t most = class_bytes(class_bytes(class_bytes(want + 1) + 1) + 1);  // this class and the next two
+  const std::size_t most = class_bytes(want + 1);  // this class and the next one up
   Pool& P = pool();
   {
     const std::lock_guard lock(P.mutex);
@@ -96,9 +107,9 @@ void* block_pool_take(std::size_t bytes) {
       if (it->bytes >= want && it->bytes <= most && (best == P.kept.end() || it->bytes < best->bytes)) best = it;
     if (best != P.kept.end()) {
       const Kept k = *best;
+      P.out.emplace(k.p, k.bytes);  // first: if it throws, the block is still kept
       P.kept_bytes -= k.bytes;
       P.kept.erase(best);
-      P.out.emplace(k.p, k.bytes);
       ++P.taken;
       return k.p;
     }
@@ -118,7 +129,11 @@ void* block_pool_take(std::size_t bytes) {
 void block_pool_give(void* p, std::size_t bytes) noexcept {
   if (!p) return;
   Pool& P = pool();
-  std::list<Kept> drop;
+  // Nothing below allocates but the one list node of a kept block (whose
+  // failure unmaps the block instead): this runs in destructors.
+  void* unmap = nullptr;
+  std::size_t unmap_bytes = 0;
+  std::list<Kept> drop;  // filled by splicing, which allocates nothing
   {
     const std::lock_guard lock(P.mutex);
     if (!P.limit_read) P.limit = read_limit(), P.limit_read = true;
@@ -128,13 +143,13 @@ void block_pool_give(void* p, std::size_t bytes) noexcept {
       P.out.erase(it);
     }
     if (size > P.limit) {
-      drop.push_back({p, size});
+      unmap = p, unmap_bytes = size;
     } else {
       try {
         P.kept.push_front({p, size});
         P.kept_bytes += size;
       } catch (...) {
-        drop.push_back({p, size});
+        unmap = p, unmap_bytes = size;
       }
       while (P.kept_bytes > P.limit) {  // the least recently kept go first
         P.kept_bytes -= P.kept.back().bytes;
@@ -142,7 +157,8 @@ void block_pool_give(void* p, std::size_t bytes) noexcept {
       }
     }
   }
-  for (const Kept& k : drop) munmap(k.p, k.bytes);  // outside the lock
+  if (unmap) munmap(unmap, unmap_bytes);  // outside the lock
+  for (const Kept& k : drop) munmap(k.p, k.bytes);
 }
 
 void block_pool_set_limit(std::size_t bytes) {

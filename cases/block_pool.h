@@ -24,6 +24,21 @@ struct BlockPoolStats {
 // Blocks below this go to operator new as before.
 inline constexpr std::size_t kBlockPoolMinBytes = std::size_t{4} << 20;
 
+// Under AddressSanitizer Tensor's storage does not use the pool: its blocks
+// are outside ASan's heap, and a reused block would hide a read past a
+// tensor or after its end of life (the asan preset, the fuzz project).
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kBlockPoolForTensors = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool kBlockPoolForTensors = false;
+#else
+inline constexpr bool kBlockPoolForTensors = true;
+#endif
+#else
+inline constexpr bool kBlockPoolForTensors = true;
+#endif
+
 // At least `bytes` (>= kBlockPoolMinBytes), 64-byte aligned; throws
 // std::bad_alloc. Give it back with the same `bytes`.
 void* block_pool_take(std::size_t bytes);

@@ -3,6 +3,7 @@
 #include "cases/case.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -55,7 +56,19 @@ namespace {
 // degree. The most recent are kept (on 2 cores a TP 1 case's weights take
 // 0.5 s to draw, large_decode's cache rows 0.6 s), and workers side by side
 // share what they draw through the run's input store.
+std::atomic<bool> g_keep_drawn{true};
+
 void fill_kept(Tensor& t, std::uint64_t seed, const char* name, double factor) {
+  if (!g_keep_drawn.load(std::memory_order_relaxed)) {
+    // Still shared with the other workers of the run (one case's jobs may be
+    // spread over several).
+    InputClaim claim(normal_tensor_key(seed, name, factor, t.dtype(), t.shape()), t);
+    if (!claim.loaded()) {
+      fill_normal(t, seed, name, factor);
+      claim.publish(t);
+    }
+    return;
+  }
   struct Entry {
     std::uint64_t seed;
     std::string name;
@@ -93,6 +106,8 @@ void fill_kept(Tensor& t, std::uint64_t seed, const char* name, double factor) {
 }
 
 }  // namespace
+
+void set_keep_drawn_inputs(bool keep) { g_keep_drawn.store(keep, std::memory_order_relaxed); }
 
 void fill_cache_values(Case& c) {
   if (!is_fp8(c.spec.kv_cache_dtype)) {

@@ -69,6 +69,12 @@ void fill_normal(Tensor& t, std::uint64_t seed, const char* name, double factor 
 
 // Validates the spec (InvalidCase) and draws the inputs.
 Case generate_case(const CaseSpec& spec);
+// Whether generate_case keeps its large drawn tensors (the latent rows and
+// weights) for a later case of the same seed; on unless turned off. A run
+// whose cases all have distinct seeds (explore's rounds) turns it off: no
+// later case could use them, and copying them in cost a memcpy and the
+// fresh pages of each copy. The values drawn are the same either way.
+void set_keep_drawn_inputs(bool keep);
 // The case fields the spec alone gives (counts, per-request lengths and
 // offsets), tensors empty and the spec not validated: generate_case starts
 // from it, and readers of stored inputs (golden files) fill the tensors.

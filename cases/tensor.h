@@ -129,12 +129,13 @@ class Tensor {
     DefaultInitAllocator() = default;
     template <class U>
     DefaultInitAllocator(const DefaultInitAllocator<U>&) noexcept {}
+    static bool pooled(std::size_t n) { return kBlockPoolForTensors && n * sizeof(T) >= kBlockPoolMinBytes; }
     T* allocate(std::size_t n) {
-      if (n * sizeof(T) >= kBlockPoolMinBytes) return static_cast<T*>(block_pool_take(n * sizeof(T)));
+      if (pooled(n)) return static_cast<T*>(block_pool_take(n * sizeof(T)));
       return std::allocator<T>::allocate(n);
     }
     void deallocate(T* p, std::size_t n) noexcept {
-      if (n * sizeof(T) >= kBlockPoolMinBytes) block_pool_give(p, n * sizeof(T));
+      if (pooled(n)) block_pool_give(p, n * sizeof(T));
       else std::allocator<T>::deallocate(p, n);
     }
     template <class U>

@@ -46,9 +46,10 @@ source scripts/ccache_env.sh
 # is there (CI: CUDA code must compile), and the objects both builds share
 # come back from ccache.
 cuda=ON
-if [ "$mode" = run ] && ! { [ -e /dev/nvidia0 ] || nvidia-smi -L > /dev/null 2>&1; }; then
+if [ "$mode" = run ] && ! { compgen -G '/dev/nvidia[0-9]*' > /dev/null || [ -e /dev/dxg ] || nvidia-smi -L > /dev/null 2>&1; }; then
   cuda=OFF
-  echo "bootstrap: no NVIDIA GPU here: building without the CUDA backends (bootstrap.sh test builds them)"
+  echo "bootstrap: no NVIDIA GPU here: building without the CUDA backends (bootstrap.sh test builds them;"
+  echo "  build/cpu stays configured so until it runs, or until cmake --preset cpu -DMLAGATE_WITH_CUDA=ON)"
 fi
 cmake --preset cpu "${launcher[@]}" -DMLAGATE_WITH_CUDA=$cuda
 if [ "$mode" = run ]; then

@@ -16,10 +16,12 @@
 #include <future>
 #include <map>
 #include <optional>
+#include <set>
 #include <system_error>
 #include <thread>
 
 #include "backends/registry.h"
+#include "cases/case.h"
 #include "cases/errors.h"
 #include "cases/generator.h"
 #include "cases/input_store.h"
@@ -133,6 +135,14 @@ class RunCommand {
     if (shard_)
       std::erase_if(cfg_.cases, [this](const CaseSpec& c) { return shard_of(c.id(), shard_->count) != shard_->index; });
     apply_order(cfg_.cases, ra_.order);
+    {
+      // Drawn tensors are kept for a later case of their seed only where one
+      // can come (cases/case.h); explore's rounds draw a seed per case.
+      std::set<std::uint64_t> seeds;
+      bool repeats = false;
+      for (const CaseSpec& c : cfg_.cases) repeats = repeats || !seeds.insert(c.seed).second;
+      set_keep_drawn_inputs(repeats);
+    }
     if (ra_.repeat < 1) throw InputError("--repeat must be >= 1");
     cfg_.ops = resolve_ops(ra_.ops, cfg_.cases);
     if (serving_.active()) cfg_.ops = serving_.ops(ra_.ops == std::vector<std::string>{"auto"}, cfg_.ops, cfg_.cases);
