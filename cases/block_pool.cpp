@@ -72,6 +72,21 @@ std::size_t read_limit() {
 
 // `bytes` (whole 2 MiB pages) at a 2 MiB boundary, so that every page of the
 // block can be a huge page: mapped 2 MiB larger, the ends trimmed.
+// The limit, read on first use; P.mutex held.
+std::size_t limit_of(Pool& P) {
+  if (!P.limit_read) P.limit = read_limit(), P.limit_read = true;
+  return P.limit;
+}
+
+// Moves the least recently kept blocks past the limit into `drop` (splicing
+// allocates nothing), to be unmapped outside the lock; P.mutex held.
+void evict_past_limit(Pool& P, std::list<Kept>& drop) {
+  while (P.kept_bytes > limit_of(P)) {
+    P.kept_bytes -= P.kept.back().bytes;
+    drop.splice(drop.end(), P.kept, std::prev(P.kept.end()));
+  }
+}
+
 void* map_block(std::size_t bytes) {
   void* raw = mmap(nullptr, bytes + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) throw std::bad_alloc();
@@ -92,8 +107,7 @@ void* map_block(std::size_t bytes) {
 std::size_t block_pool_limit() {
   Pool& P = pool();
   const std::lock_guard lock(P.mutex);
-  if (!P.limit_read) P.limit = read_limit(), P.limit_read = true;
-  return P.limit;
+  return limit_of(P);
 }
 
 void* block_pool_take(std::size_t bytes) {
@@ -136,13 +150,12 @@ void block_pool_give(void* p, std::size_t bytes) noexcept {
   std::list<Kept> drop;  // filled by splicing, which allocates nothing
   {
     const std::lock_guard lock(P.mutex);
-    if (!P.limit_read) P.limit = read_limit(), P.limit_read = true;
     std::size_t size = class_bytes(bytes);
     if (const auto it = P.out.find(p); it != P.out.end()) {
       size = it->second;
       P.out.erase(it);
     }
-    if (size > P.limit) {
+    if (size > limit_of(P)) {
       unmap = p, unmap_bytes = size;
     } else {
       try {
@@ -151,10 +164,7 @@ void block_pool_give(void* p, std::size_t bytes) noexcept {
       } catch (...) {
         unmap = p, unmap_bytes = size;
       }
-      while (P.kept_bytes > P.limit) {  // the least recently kept go first
-        P.kept_bytes -= P.kept.back().bytes;
-        drop.splice(drop.end(), P.kept, std::prev(P.kept.end()));
-      }
+      evict_past_limit(P, drop);
     }
   }
   if (unmap) munmap(unmap, unmap_bytes);  // outside the lock
@@ -167,10 +177,7 @@ void block_pool_set_limit(std::size_t bytes) {
   {
     const std::lock_guard lock(P.mutex);
     P.limit = bytes, P.limit_read = true;
-    while (P.kept_bytes > P.limit) {
-      P.kept_bytes -= P.kept.back().bytes;
-      drop.splice(drop.end(), P.kept, std::prev(P.kept.end()));
-    }
+    evict_past_limit(P, drop);
   }
   for (const Kept& k : drop) munmap(k.p, k.bytes);
 }
@@ -178,8 +185,7 @@ void block_pool_set_limit(std::size_t bytes) {
 BlockPoolStats block_pool_stats() {
   Pool& P = pool();
   const std::lock_guard lock(P.mutex);
-  if (!P.limit_read) P.limit = read_limit(), P.limit_read = true;
-  return {P.taken, P.fresh, P.kept_bytes, P.limit};
+  return {P.taken, P.fresh, P.kept_bytes, limit_of(P)};
 }
 
 void block_pool_release() {

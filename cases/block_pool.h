@@ -39,7 +39,7 @@ inline constexpr bool kBlockPoolForTensors = true;
 inline constexpr bool kBlockPoolForTensors = true;
 #endif
 
-// At least `bytes` (>= kBlockPoolMinBytes), 64-byte aligned; throws
+// At least `bytes` (>= kBlockPoolMinBytes), at a 2 MiB boundary; throws
 // std::bad_alloc. Give it back with the same `bytes`.
 void* block_pool_take(std::size_t bytes);
 void block_pool_give(void* p, std::size_t bytes) noexcept;

@@ -58,17 +58,18 @@ namespace {
 // share what they draw through the run's input store.
 std::atomic<bool> g_keep_drawn{true};
 
-void fill_kept(Tensor& t, std::uint64_t seed, const char* name, double factor) {
-  if (!g_keep_drawn.load(std::memory_order_relaxed)) {
-    // Still shared with the other workers of the run (one case's jobs may be
-    // spread over several).
-    InputClaim claim(normal_tensor_key(seed, name, factor, t.dtype(), t.shape()), t);
-    if (!claim.loaded()) {
-      fill_normal(t, seed, name, factor);
-      claim.publish(t);
-    }
-    return;
+// Workers side by side draw each only once between them (input_store.h):
+// one case's jobs may be spread over several, kept or not.
+void fill_shared(Tensor& t, std::uint64_t seed, const char* name, double factor) {
+  InputClaim claim(normal_tensor_key(seed, name, factor, t.dtype(), t.shape()), t);
+  if (!claim.loaded()) {
+    fill_normal(t, seed, name, factor);
+    claim.publish(t);
   }
+}
+
+void fill_kept(Tensor& t, std::uint64_t seed, const char* name, double factor) {
+  if (!g_keep_drawn.load(std::memory_order_relaxed)) return fill_shared(t, seed, name, factor);
   struct Entry {
     std::uint64_t seed;
     std::string name;
@@ -88,14 +89,7 @@ void fill_kept(Tensor& t, std::uint64_t seed, const char* name, double factor) {
         return;
       }
   }
-  {
-    // Workers side by side draw each only once between them (input_store.h).
-    InputClaim claim(normal_tensor_key(seed, name, factor, t.dtype(), t.shape()), t);
-    if (!claim.loaded()) {
-      fill_normal(t, seed, name, factor);
-      claim.publish(t);
-    }
-  }
+  fill_shared(t, seed, name, factor);
   const std::lock_guard lock(mutex);
   kept.push_front(Entry{seed, name, factor, t});
   std::size_t bytes = 0;
