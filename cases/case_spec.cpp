@@ -52,6 +52,8 @@ double CaseSpec::softmax_scale() const {
   return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(dims.head_size()));
 }
 
+bool CaseSpec::takes(Op op) const { return ops.empty() || std::find(ops.begin(), ops.end(), op) != ops.end(); }
+
 int CaseSpec::num_tokens() const { return std::accumulate(batch.query_lens.begin(), batch.query_lens.end(), 0); }
 int CaseSpec::num_kv_tokens() const { return std::accumulate(batch.seq_lens.begin(), batch.seq_lens.end(), 0); }
 

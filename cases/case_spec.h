@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cases/dtype.h"
+#include "cases/op.h"
 
 namespace mlagate {
 
@@ -150,6 +151,12 @@ struct CaseSpec {
   SparseSpec sparse;             // sparse ops only (cases/sparse.h)
   MergeSpec merge;               // the merge_states op only (cases/merge.h)
   LayoutSpec layout;             // memory layout (cases/LAYOUTS.md); contiguous by default
+  // The ops this case runs in (a suite group's `ops`): a run gives it a record
+  // in each op of its --op that is listed here; empty: every op of the run.
+  // Not part of the id: a record names its op. explore's rounds give each
+  // drawn case its op, so one run per round covers every op.
+  std::vector<Op> ops;
+  bool takes(Op op) const;
 
   KvCacheFormat kv_format() const { return {kv_cache_dtype, scale_rule}; }
   // Width of the sparse ops' output per head: V3.2 returns the latent (L),

@@ -4,6 +4,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -302,7 +303,9 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
                                               // the merge_states op (cases/merge.h): a group with head_dim
                                               "tokens", "head_dim", "lse", "lse_gap",
                                               // memory layouts (cases/LAYOUTS.md)
-                                              "layout"};
+                                              "layout",
+                                              // the ops the group's cases run in (CaseSpec::ops)
+                                              "ops"};
   std::vector<std::unique_ptr<BatchSpec>> merge_batches;  // the batches `tokens` makes, alive while groups expand
   for (const auto& g : groups) {
     if (!g.IsMap()) fail_at(source, g, "each group must be a map");
@@ -467,6 +470,18 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
           for (double gap : gaps) merges.push_back(MergeSpec{d, p, gap});
       }
     }
+    // Not an axis: every case of the group takes these ops (each once). An op
+    // the case's kind does not run gives NOT_SUPPORTED records, as with --op.
+    std::vector<Op> ops;
+    if (g["ops"]) {
+      try {
+        for (const auto& t : str_list(source, g["ops"], "ops")) {
+          const Op op = parse_op(t);
+          if (std::find(ops.begin(), ops.end(), op) == ops.end()) ops.push_back(op);
+        }
+      } catch (const InputError& e) { fail_at(source, g["ops"], e.what()); }
+      if (ops.empty()) fail_at(source, g["ops"], "ops must name at least one op (leave it out for every op of the run)");
+    }
     for (const BatchSpec* b : specs)
       for (const MergeSpec& mg : merges)
       for (int tp : tps) for (int th : heads) for (DType dt : dtypes) for (KvCacheFormat kv : kvs)
@@ -491,11 +506,13 @@ Suite parse_suite_yaml(const std::string& text, const std::string& source) {
             if (sc != 0.0) c.scale = sc;
             c.k_scale = static_cast<float>(ks);
             c.reference_k_scale_rounded = ref_kscale_rounded;
+            c.ops = ops;
             try {
               c.validate();
             } catch (const InvalidCase& e) {
               fail_at(source, g, "impossible case " + c.id() + ": " + e.what());
             }
+
             suite.cases.push_back(std::move(c));
           }
   }

@@ -144,6 +144,7 @@ class RunCommand {
       set_keep_drawn_inputs(repeats);
     }
     if (ra_.repeat < 1) throw InputError("--repeat must be >= 1");
+    give_cases_their_ops(cfg_.cases, ra_.ops);
     cfg_.ops = resolve_ops(ra_.ops, cfg_.cases);
     if (serving_.active()) cfg_.ops = serving_.ops(ra_.ops == std::vector<std::string>{"auto"}, cfg_.ops, cfg_.cases);
     // A case beyond this machine's memory is refused before anything is allocated.
@@ -312,10 +313,11 @@ class RunCommand {
     if (journal_)
       for (const Record& r : journal_->previous()) finished_[Journal::key(r)] = r;
     all_cases_ = cfg_.cases;  // in-process resume narrows cfg_.cases
-    total_ = cfg_.cases.size() * backends_.size() * cfg_.ops.size();
+    total_ = job_count(cfg_, backends_.size());
     for (std::size_t ci = 0; ci < cfg_.cases.size(); ++ci)
       for (std::size_t bi = 0; bi < backends_.size(); ++bi)
-        for (Op op : cfg_.ops) done_count_ += finished_.count(job_key(ci, bi, op));
+        for (Op op : cfg_.ops)
+          if (cfg_.cases[ci].takes(op)) done_count_ += finished_.count(job_key(ci, bi, op));
     if (ra_.resume && !ra_.quiet)
       std::printf("resuming from %s: %zu of %zu records already finished\n", journal_path.c_str(), done_count_, total_);
   }
@@ -357,7 +359,7 @@ class RunCommand {
       std::erase_if(cfg_.cases, [&](const CaseSpec& c) {
         for (const auto& b : backends_)
           for (Op op : cfg_.ops)
-            if (!finished_.count(Journal::key(c.id(), std::string(b->name()), std::string(op_name(op))))) return false;
+            if (c.takes(op) && !finished_.count(Journal::key(c.id(), std::string(b->name()), std::string(op_name(op))))) return false;
         return true;
       });
       auto inner = cfg_.run_job;
@@ -379,7 +381,7 @@ class RunCommand {
       for (std::size_t ci = 0; ci < cfg_.cases.size(); ++ci)
         for (std::size_t bi = 0; bi < backends_.size(); ++bi)
           for (Op op : cfg_.ops)
-            if (!finished_.count(job_key(ci, bi, op))) jobs.push_back(Job{ci, bi, op});
+            if (cfg_.cases[ci].takes(op) && !finished_.count(job_key(ci, bi, op))) jobs.push_back(Job{ci, bi, op});
       IsolationOptions io;
       io.argv = worker_command();
       io.argv.insert(io.argv.end(), args_.begin() + 1, args_.end());

@@ -240,9 +240,10 @@ void RunArgs::add_options(CLI::App* app, bool for_replay) {
   app->add_option("--backend", backends, "backend globs, comma-separated (e.g. 'cpu.*')")->capture_default_str();
   extra.add_options(app);  // replay too: repro bundles of out-of-tree backends replay
   app->add_option("--op", ops,
-                  "ops: auto (layer for dense cases, sparse_decode and sparse_prefill for sparse ones, merge_states for merge "
-                  "cases), layer, decode, "
-                  "prefill, cache_write, sparse_decode, sparse_prefill, merge_states (comma-separated)")
+                  "ops: auto (the ops a suite group names in `ops`, else layer for dense cases, sparse_decode and "
+                  "sparse_prefill for sparse ones, merge_states for merge cases), layer, decode, "
+                  "prefill, cache_write, sparse_decode, sparse_prefill, merge_states (comma-separated; a case whose group "
+                  "names ops runs in those of them only)")
       ->delimiter(',')
       ->capture_default_str();
   policy.add_options(app);

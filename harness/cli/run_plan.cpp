@@ -57,9 +57,32 @@ void apply_order(std::vector<CaseSpec>& cases, const std::string& order) {
   throw InputError("--order '" + order + "' (expected given, reverse, shuffle:SEED or pairs)");
 }
 
-// --op: "auto" is layer for dense cases, the two sparse ops for sparse ones and
-// merge_states for merge cases;
-// each op once, in the order given.
+namespace {
+// What --op auto gives a case that names no ops.
+std::vector<Op> default_ops(const CaseSpec& c) {
+  if (c.merge.active()) return {Op::kMergeStates};
+  if (c.sparse.active()) return {Op::kSparseDecode, Op::kSparsePrefill};
+  return {Op::kLayer};
+}
+}  // namespace
+
+void give_cases_their_ops(std::vector<CaseSpec>& cases, const std::vector<std::string>& names) {
+  if (std::find(names.begin(), names.end(), "auto") == names.end()) return;
+  if (std::none_of(cases.begin(), cases.end(), [](const CaseSpec& c) { return !c.ops.empty(); })) return;
+  std::vector<Op> named;
+  for (const auto& o : names)
+    if (o != "auto") named.push_back(parse_op(o));
+  for (CaseSpec& c : cases) {
+    if (!c.ops.empty()) continue;
+    c.ops = named;
+    for (Op op : default_ops(c))
+      if (std::find(c.ops.begin(), c.ops.end(), op) == c.ops.end()) c.ops.push_back(op);
+  }
+}
+
+// --op: "auto" is the ops cases name (a suite group's `ops`), then layer for
+// the other dense cases, the two sparse ops for sparse ones and merge_states
+// for merge cases; each op once, in the order given.
 std::vector<Op> resolve_ops(const std::vector<std::string>& names, const std::vector<CaseSpec>& cases) {
   std::vector<Op> ops;
   auto add = [&ops](Op op) {
@@ -70,16 +93,14 @@ std::vector<Op> resolve_ops(const std::vector<std::string>& names, const std::ve
       add(parse_op(o));
       continue;
     }
-    const bool any_sparse = std::any_of(cases.begin(), cases.end(), [](const CaseSpec& c) { return c.sparse.active(); });
-    const bool any_merge = std::any_of(cases.begin(), cases.end(), [](const CaseSpec& c) { return c.merge.active(); });
-    const bool any_dense =
-        std::any_of(cases.begin(), cases.end(), [](const CaseSpec& c) { return !c.sparse.active() && !c.merge.active(); });
-    if (any_dense || cases.empty()) add(Op::kLayer);
-    if (any_sparse) {
-      add(Op::kSparseDecode);
-      add(Op::kSparsePrefill);
-    }
-    if (any_merge) add(Op::kMergeStates);
+    // A case that names its ops (a suite group's `ops`) brings those; the
+    // others, the default of their kind.
+    for (Op op : all_ops())
+      if (std::any_of(cases.begin(), cases.end(), [op](const CaseSpec& c) { return !c.ops.empty() && c.takes(op); })) add(op);
+    for (const CaseSpec& c : cases)
+      if (c.ops.empty())
+        for (Op op : default_ops(c)) add(op);
+    if (cases.empty()) add(Op::kLayer);
   }
   return ops;
 }

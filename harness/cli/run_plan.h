@@ -21,9 +21,15 @@ namespace mlagate {
 // --order: the cases in another order (every order runs the same records).
 void apply_order(std::vector<CaseSpec>& cases, const std::string& order);
 
-// --op: "auto" is layer for dense cases and the two sparse ops for sparse ones;
-// each op once, in the order given.
+// --op: "auto" is the ops cases name (CaseSpec::ops), then layer for the other
+// dense cases, the two sparse ops for sparse ones and merge_states for merge
+// ones; each op once, in the order given.
 std::vector<Op> resolve_ops(const std::vector<std::string>& names, const std::vector<CaseSpec>& cases);
+// --op auto where some cases name their ops: each case that names none is
+// given the ops --op names beside auto and its kind's default (layer; the
+// sparse ops; merge_states), so that it runs in those alone, not in every op
+// the others bring. Without auto, or with no case naming ops, nothing changes.
+void give_cases_their_ops(std::vector<CaseSpec>& cases, const std::vector<std::string>& names);
 
 // --devices: the device numbers as given, each once, or "all" alone: every GPU
 // this process sees (CUDA_VISIBLE_DEVICES' entries when set, else 0 .. count - 1).

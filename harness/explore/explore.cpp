@@ -294,72 +294,92 @@ class Search {
     }
     state_["cases"]["drawn"] = state_["cases"]["drawn"].get<long long>() + static_cast<long long>(n);
     if (drawn.empty()) return;
+    // One run for the round: each case carries the op it was drawn for
+    // (CaseSpec::ops; a case drawn twice, for two ops, carries both), so the
+    // run's processes, their memory and their workers serve every op. A round
+    // ran one process per op before: 14 starts where 2 do now on the CPU's
+    // default space, each with the block pool cold (PERFORMANCE.md).
     std::vector<CaseSpec> specs;
-    std::map<std::string, const DrawnCase*> by_id;
-    for (const DrawnCase& d : drawn) specs.push_back(d.spec);
-    for (const DrawnCase& d : drawn) by_id[d.spec.id()] = &d;
+    std::map<std::pair<std::string, Op>, const DrawnCase*> by_job;
+    std::map<std::string, std::size_t> spec_at;
+    std::set<Op> ops;
+    for (const DrawnCase& d : drawn) {
+      ops.insert(d.op);
+      by_job.emplace(std::pair{d.spec.id(), d.op}, &d);
+      const auto [it, fresh] = spec_at.emplace(d.spec.id(), specs.size());
+      if (fresh) {
+        specs.push_back(d.spec);
+        specs.back().ops = {d.op};
+      } else if (!specs[it->second].takes(d.op)) {
+        specs[it->second].ops.push_back(d.op);
+      }
+    }
     const std::string yaml = (dir_ / "rounds" / "round.yaml").string();
     {
       std::ofstream f(yaml);
       f << cases_as_suite_yaml(specs, "explore");
     }
-    std::set<Op> ops;
-    for (const DrawnCase& d : drawn) ops.insert(d.op);
+    std::string op_list;
+    for (Op op : ops) op_list += (op_list.empty() ? "" : ",") + std::string(op_name(op));
     std::set<std::string> ran_cases;
-    for (Op op : ops) {
-      const std::string json = (dir_ / "rounds" / (std::string(op_name(op)) + ".json")).string();
-      const std::string log = (dir_ / "rounds" / (std::string(op_name(op)) + ".log")).string();
-      const auto spawned = std::chrono::steady_clock::now();
-      fs::remove(json);
-      std::vector<std::string> argv = {worker_executable(), "run", "--suite", yaml, "--backend", opt_.backends,
-                                       "--op", std::string(op_name(op))};
-      for (const DrawnCase& d : drawn)
-        if (d.op == op) argv.insert(argv.end(), {"--case", d.spec.id()});
-      argv.insert(argv.end(), opt_.run_flags.begin(), opt_.run_flags.end());
-      for (const char* s : {"--no-progress", "-q", "--allow-nothing-ran", "--json"}) argv.push_back(s);
-      argv.push_back(json);
-      const int rc = spawn_and_wait(argv, log);
-      const double run_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - spawned).count();
-      last_runs_s_ += run_s;
-      if (g_stop_signal != 0) return;
-      JsonReport report;
-      try {
-        report = read_json_report(json);
-      } catch (const std::exception& e) {
-        // The run itself failed (an input error on a drawn case is explore's
-        // bug): kept as a harness error with its output, the search goes on.
-        Json err = {{"round_first_case", first}, {"op", op_name(op)}, {"exit_code", rc}, {"output", tail_of(log)}};
-        state_["harness_errors"].push_back(err);
-        add_profile("process", run_s);  // a run that gave no report: all of it is the process
-        if (!opt_.quiet) std::fprintf(stderr, "explore: a run of round %llu (%s) failed (exit %d): see %s\n",
-                                      static_cast<unsigned long long>(first), std::string(op_name(op)).c_str(), rc, log.c_str());
-        continue;
-      }
-      add_run_profile(report.run, run_s);
-      std::map<std::string, double> case_ms;
-      for (const Record& r : report.records) {
-        Json& counts = state_["records"];
-        const std::string st(status_name(r.status));
-        counts[st] = counts.value(st, 0) + 1;
-        state_["record_ms"] = state_["record_ms"].get<double>() + r.timings.total_ms;
-        case_ms[r.case_id] += r.timings.total_ms;
-        const auto it = by_id.find(r.case_id);
-        if (it == by_id.end()) continue;
-        if (ran(r.status)) {
-          if (ran_cases.insert(r.case_id).second) cover(state_["coverage"], it->second->spec, op, r.block_size);
-        }
-        if (r.expected.outcome == Expected::kXfail) known(r, *it->second);
-        else if (r.expected.outcome == Expected::kXpass) {
-          // A drawn case an entry selects that passed: counted, never a failure
-          // of the search (the entry's trigger is narrower than its selector).
-          Json& x = state_["xpass"][r.expected.entry];
-          if (!x.is_object()) x = Json::object();  // the entry's first XPASS (value() throws on null)
-          x["count"] = x.value("count", 0LL) + 1;
-        } else if (status_is_failure(r.status)) failure(r, *it->second);
-      }
-      for (const auto& [id, ms] : case_ms)
-        if (ms > state_["slowest"]["ms"].get<double>()) state_["slowest"] = {{"ms", ms}, {"case", id}};
+    const std::string json = (dir_ / "rounds" / "round.json").string();
+    const std::string log = (dir_ / "rounds" / "round.log").string();
+    const auto spawned = std::chrono::steady_clock::now();
+    fs::remove(json);
+    std::vector<std::string> argv = {worker_executable(), "run", "--suite", yaml, "--backend", opt_.backends, "--op", op_list};
+    argv.insert(argv.end(), opt_.run_flags.begin(), opt_.run_flags.end());
+    for (const char* s : {"--no-progress", "-q", "--allow-nothing-ran", "--json"}) argv.push_back(s);
+    argv.push_back(json);
+    const int rc = spawn_and_wait(argv, log);
+    const double run_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - spawned).count();
+    last_runs_s_ += run_s;
+    if (g_stop_signal != 0) return;
+    JsonReport report;
+    try {
+      report = read_json_report(json);
+    } catch (const std::exception& e) {
+      // The run itself failed (an input error on a drawn case is explore's
+      // bug): kept as a harness error with its output, the search goes on.
+      Json err = {{"round_first_case", first}, {"op", op_list}, {"exit_code", rc}, {"output", tail_of(log)}};
+      state_["harness_errors"].push_back(err);
+      add_profile("process", run_s);  // a run that gave no report: all of it is the process
+      if (!opt_.quiet) std::fprintf(stderr, "explore: the run of round %llu (%s) failed (exit %d): see %s\n",
+                                    static_cast<unsigned long long>(first), op_list.c_str(), rc, log.c_str());
+      return;
     }
+    add_run_profile(report.run, run_s);
+    // The records op by op, each op's in the run's order: the order a run per
+    // op gave them in, so findings are named and counted as they were.
+    std::vector<const Record*> records;
+    for (const Record& r : report.records) records.push_back(&r);
+    std::stable_sort(records.begin(), records.end(), [](const Record* a, const Record* b) {
+      return static_cast<int>(parse_op(a->op)) < static_cast<int>(parse_op(b->op));
+    });
+    std::map<std::string, double> case_ms;
+    for (const Record* rp : records) {
+      const Record& r = *rp;
+      Json& counts = state_["records"];
+      const std::string st(status_name(r.status));
+      counts[st] = counts.value(st, 0) + 1;
+      state_["record_ms"] = state_["record_ms"].get<double>() + r.timings.total_ms;
+      case_ms[r.case_id] += r.timings.total_ms;
+      const Op op = parse_op(r.op);
+      const auto it = by_job.find({r.case_id, op});
+      if (it == by_job.end()) continue;
+      if (ran(r.status)) {
+        if (ran_cases.insert(r.case_id).second) cover(state_["coverage"], it->second->spec, op, r.block_size);
+      }
+      if (r.expected.outcome == Expected::kXfail) known(r, *it->second);
+      else if (r.expected.outcome == Expected::kXpass) {
+        // A drawn case an entry selects that passed: counted, never a failure
+        // of the search (the entry's trigger is narrower than its selector).
+        Json& x = state_["xpass"][r.expected.entry];
+        if (!x.is_object()) x = Json::object();  // the entry's first XPASS (value() throws on null)
+        x["count"] = x.value("count", 0LL) + 1;
+      } else if (status_is_failure(r.status)) failure(r, *it->second);
+    }
+    for (const auto& [id, ms] : case_ms)
+      if (ms > state_["slowest"]["ms"].get<double>()) state_["slowest"] = {{"ms", ms}, {"case", id}};
     state_["cases"]["ran"] = state_["cases"]["ran"].get<long long>() + static_cast<long long>(ran_cases.size());
   }
 

@@ -417,6 +417,11 @@ std::string cases_as_suite_yaml(const std::vector<CaseSpec>& cases, const std::s
       y << "    sink: [" << (sp.sink ? "true" : "false") << "]\n"
         << "    index_pattern: [" << index_pattern_name(sp.pattern) << "]\n";
     if (!c.layout.contiguous()) y << "    layout: [" << layout_name(c.layout) << "]\n";
+    if (!c.ops.empty()) {
+      y << "    ops: [";
+      for (std::size_t i = 0; i < c.ops.size(); ++i) y << (i ? ", " : "") << op_name(c.ops[i]);
+      y << "]\n";
+    }
     if (c.merge.active())
       y << "    head_dim: [" << c.merge.head_dim << "]\n"
         << "    lse: [" << lse_pattern_name(c.merge.lse) << "]\n"
@@ -427,7 +432,7 @@ std::string cases_as_suite_yaml(const std::vector<CaseSpec>& cases, const std::s
   if (back.cases.size() != cases.size())
     throw std::logic_error(name + ": the suite file holds " + std::to_string(back.cases.size()) + " cases");
   for (std::size_t i = 0; i < cases.size(); ++i)
-    if (back.cases[i].id() != cases[i].id())
+    if (back.cases[i].id() != cases[i].id() || back.cases[i].ops != cases[i].ops)
       throw std::logic_error(name + ": " + cases[i].id() + " reads back as " + back.cases[i].id());
   return y.str();
 }

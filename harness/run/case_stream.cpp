@@ -99,7 +99,7 @@ CaseAhead::CaseAhead(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>
   }
   for (const auto& b : backends)
     for (Op op : cfg.ops) {
-      if (!valid) continue;
+      if (!valid || !spec.takes(op)) continue;
       try {
         op_driver(op).plan_ahead(*b, spec, cfg, p.work);
       } catch (...) {

@@ -247,9 +247,16 @@ Record invalid_case_record(const RunConfig& cfg, const CaseSpec& spec, const std
   return r;
 }
 
+std::size_t job_count(const RunConfig& cfg, std::size_t backends) {
+  std::size_t n = 0;
+  for (const CaseSpec& c : cfg.cases)
+    for (Op op : cfg.ops) n += c.takes(op) ? backends : 0;
+  return n;
+}
+
 std::vector<Record> run_cases(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& backends) {
   std::vector<Record> records;
-  const std::size_t total = cfg.cases.size() * backends.size() * cfg.ops.size();
+  const std::size_t total = job_count(cfg, backends.size());
   auto emit = [&](Record r) {
     records.push_back(std::move(r));
     if (cfg.on_record) cfg.on_record(records.back(), records.size(), total);
@@ -262,11 +269,13 @@ std::vector<Record> run_cases(const RunConfig& cfg, std::vector<std::unique_ptr<
       ctx = &stream.enter(spec);
     } catch (const InvalidCase& e) {
       for (auto& b : backends)
-        for (Op op : cfg.ops) emit(invalid_case_record(cfg, spec, std::string(b->name()), op, e.what()));
+        for (Op op : cfg.ops)
+          if (spec.takes(op)) emit(invalid_case_record(cfg, spec, std::string(b->name()), op, e.what()));
       continue;
     }
     for (auto& b : backends)
       for (Op op : cfg.ops) {
+        if (!spec.takes(op)) continue;
         if (cfg.stop && cfg.stop()) return records;
         emit(cfg.run_job ? cfg.run_job(*ctx, *b, op) : run_one(*ctx, *b, op, cfg));
       }

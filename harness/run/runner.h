@@ -22,6 +22,9 @@ namespace mlagate {
 
 std::vector<Record> run_cases(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& backends);
 
+// The run's records: each case in each of the run's ops it takes (CaseSpec::ops), per backend.
+std::size_t job_count(const RunConfig& cfg, std::size_t backends);
+
 // Runs one (case, backend, op) on an already generated case and golden; used by
 // run_cases and by tests. reference_decode_* are only read for Op::kDecode.
 Record run_one(CaseContext& ctx, Backend& b, Op op, const RunConfig& cfg);

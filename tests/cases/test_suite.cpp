@@ -180,6 +180,9 @@ TEST(SuiteYaml, ErrorsNameFileAndLine) {
       {"redefined spec", "name: b\nspecs:\n  small_decode: {seq_lens: [4], query_lens: [1]}\ngroups:\n  - specs: [x]\n",
        "bad.yaml:3:", "defined twice"},
       {"duplicate cases", "name: b\ngroups:\n  - specs: [small_decode]\n  - specs: [small_decode]\n", "bad.yaml", "duplicate"},
+      {"unknown op", "name: b\ngroups:\n  - specs: [small_decode]\n    ops: [decode, attend]\n", "bad.yaml:4:",
+       "attend"},
+      {"no op", "name: b\ngroups:\n  - specs: [small_decode]\n    ops: []\n", "bad.yaml:4:", "at least one op"},
   };
   for (const Bad& b : bad) {
     const std::string msg = parse_error(b.text);
@@ -224,6 +227,31 @@ TEST(SuiteYaml, FileWithItsOwnSpecs) {
   EXPECT_EQ(s.cases[3].id(), "mine/tiny/tp2/bf16/kv=auto/bs=32/seed=0");
   // Local specs stay local to the file.
   EXPECT_THROW(find_batch_spec("tiny"), InputError);
+}
+
+// A group's `ops` is not an axis: its cases carry the ops (each once, in the
+// order given) and take only those; a case of a group without it takes every
+// op, and its id does not say which ops it takes.
+TEST(SuiteYaml, AGroupNamesTheOpsItsCasesRunIn) {
+  const Suite s = parse_suite_yaml(
+      "name: ops\n"
+      "groups:\n"
+      "  - specs: [small_decode]\n"
+      "    tp: [16, 8]\n"
+      "    ops: [decode, layer, decode]\n"
+      "  - specs: [mixed_small]\n"
+      "    tp: [16]\n",
+      "ops.yaml");
+  ASSERT_EQ(s.cases.size(), 3u);
+  for (int i : {0, 1}) {
+    EXPECT_EQ(s.cases[i].ops, (std::vector<Op>{Op::kDecode, Op::kLayer}));
+    EXPECT_TRUE(s.cases[i].takes(Op::kDecode));
+    EXPECT_TRUE(s.cases[i].takes(Op::kLayer));
+    EXPECT_FALSE(s.cases[i].takes(Op::kPrefill));
+  }
+  EXPECT_EQ(s.cases[0].id(), "ops/small_decode/tp16/bf16/kv=auto/bs=auto/seed=0");
+  EXPECT_TRUE(s.cases[2].ops.empty());
+  for (Op op : all_ops()) EXPECT_TRUE(s.cases[2].takes(op)) << op_name(op);
 }
 
 TEST(SuiteYaml, FileErrorsNameThePath) {

@@ -20,6 +20,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -29,6 +30,7 @@
 #include "cases/suite.h"
 #include "harness/reliability/journal.h"
 #include "harness/reliability/memory_estimate.h"
+#include "harness/reliability/shrink.h"
 #include "reports/record_json.h"
 #include "tests/reliability/run_mlagate.h"
 
@@ -154,6 +156,55 @@ TEST(Isolation, ProcessAndInProcessRecordsAreEqual) {
     for (auto& r : *j) r.erase("timings_ms");
   EXPECT_EQ(a.size(), 14u);
   EXPECT_EQ(a, b);
+}
+
+// A suite group's `ops` (CaseSpec::ops): its cases run in those of the run's
+// ops alone, in a worker as in this process; `--op auto` brings them, the
+// other cases take the default. explore's rounds depend on it (one run for
+// every op), and on cases_as_suite_yaml writing the ops back.
+TEST(Isolation, CasesRunInTheOpsTheirGroupsName) {
+  const fs::path d = temp_dir("case_ops");
+  std::ofstream(d / "ops.yaml") << "name: ops\n"
+                                   "groups:\n"
+                                   "  - specs: [small_decode]\n"
+                                   "    tp: [16]\n"
+                                   "    ops: [decode]\n"
+                                   "  - specs: [mixed_small]\n"
+                                   "    tp: [16]\n"
+                                   "    ops: [prefill, cache_write]\n"
+                                   "  - specs: [small_prefill]\n"
+                                   "    tp: [16]\n";
+  using Jobs = std::multiset<std::string>;
+  auto jobs = [&](const std::string& op, const char* iso) {
+    const fs::path json = d / (op + "_" + iso + ".json");
+    EXPECT_EQ(run_mlagate({"run", "--suite", (d / "ops.yaml").string(), "--backend", "cpu.paged", "--op", op, "--isolate",
+                           iso, "--no-progress", "--json", json.string()},
+                          d),
+              0)
+        << slurp(d / "stderr.txt");
+    Jobs out;
+    const Json report = Json::parse(slurp(json));
+    for (const Json& r : report.at("records")) {
+      EXPECT_EQ(r.at("status"), "PASSED") << r.dump();
+      const std::string id = r.at("id").get<std::string>();  // "ops/SPEC/tp16/..."
+      out.insert(id.substr(4, id.find('/', 4) - 4) + " " + r.at("op").get<std::string>());
+    }
+    return out;
+  };
+  for (const char* iso : {"process", "none"}) {
+    EXPECT_EQ(jobs("auto", iso),
+              (Jobs{"small_decode decode", "mixed_small prefill", "mixed_small cache_write", "small_prefill layer"}))
+        << iso;
+    EXPECT_EQ(jobs("decode,layer,prefill", iso), (Jobs{"small_decode decode", "mixed_small prefill", "small_prefill decode",
+                                                       "small_prefill layer", "small_prefill prefill"}))
+        << iso;
+  }
+  Suite s = load_suite((d / "ops.yaml").string());
+  for (std::size_t i = 0; i < s.cases.size(); ++i) s.cases[i].batch.name = "b" + std::to_string(i);  // apart from specs.yaml's
+  const Suite back = parse_suite_yaml(cases_as_suite_yaml(s.cases, "ops"), "back.yaml");
+  ASSERT_EQ(back.cases.size(), 3u);
+  EXPECT_EQ(back.cases[1].ops, (std::vector<Op>{Op::kPrefill, Op::kCacheWrite}));
+  EXPECT_TRUE(back.cases[2].ops.empty());
 }
 
 // kill -9 of a run in the middle (a worker hangs, the run waits): the journal
