@@ -116,7 +116,7 @@ std::string explore_summary_text(const Json& r) {
     for (const auto& [entry, x] : r["xpass"].items())
       o << "  passed although expected to fail: " << entry << " x" << str(x, "count") << " (drawn cases its entry selects)\n";
   for (const Json& e : r["harness_errors"])
-    o << "  harness error: a run of op " << str(e, "op") << " exited " << str(e, "exit_code") << "\n";
+    o << "  harness error: the run of a round (ops " << str(e, "op") << ") exited " << str(e, "exit_code") << "\n";
   return o.str();
 }
 
@@ -194,7 +194,7 @@ void write_explore_html(std::ostream& os, const Json& r) {
     os << "</table>";
   }
   if (!r["harness_errors"].empty()) {
-    os << "<h2>Harness errors</h2><table><tr><th>op</th><th>exit</th><th>output</th></tr>";
+    os << "<h2>Harness errors</h2><table><tr><th>ops</th><th>exit</th><th>output</th></tr>";
     for (const Json& e : r["harness_errors"])
       os << "<tr><td>" << esc(str(e, "op")) << "</td><td>" << esc(str(e, "exit_code")) << "</td><td><code>"
          << esc(str(e, "output")) << "</code></td></tr>";

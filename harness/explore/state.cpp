@@ -13,7 +13,7 @@
 //   coverage        {dimension: {value: integer}}
 //   findings        [{name, signature, status, backend, op, count, case,
 //                     case_file, shape, message, examples, shrunk?, ...}]
-//   harness_errors  [{round_first_case, op, exit_code, output, ...}]
+//   harness_errors  [{round_first_case, op (the round's ops, comma-separated), exit_code, output, ...}]
 //   slowest         {ms, case}
 //   profile_s       {phase: seconds}, finite numbers (optional; --profile's table)
 //   done            bool
