@@ -180,7 +180,6 @@ DeviceMemoryPlan plan_device_memory(const RunConfig& cfg, const std::vector<std:
 #if MLAGATE_HAS_CUDA
   if (cfg.reference.name != "cuda") return plan;
   DeviceEstimateOptions opt;
-  opt.prefill_op = std::find(cfg.ops.begin(), cfg.ops.end(), Op::kPrefill) != cfg.ops.end();
   opt.forced_splits = std::max(0, splits);
   opt.torch = cfg.baseline.name == "torch";
   opt.device_inputs = false;
@@ -200,7 +199,10 @@ DeviceMemoryPlan plan_device_memory(const RunConfig& cfg, const std::vector<std:
     if (b > 0 && (plan.device_bytes[smallest] == 0 || b < plan.device_bytes[smallest])) smallest = d;
   }
   opt.device_bytes = plan.device_bytes[smallest];
-  for (const CaseSpec& c : cfg.cases) plan.case_bytes.push_back(estimate_case_device_bytes(c, opt));
+  for (const CaseSpec& c : cfg.cases) {
+    opt.prefill_op = runs_prefill_op(c, cfg.ops);  // per case: explore's rounds give each case its op
+    plan.case_bytes.push_back(estimate_case_device_bytes(c, opt));
+  }
   if (refuse)
     refuse_cases_beyond_device(cfg.cases, plan.case_bytes, plan.worker_bytes, plan.device_bytes[smallest],
                                "device " + (named[smallest].empty() ? std::string("0") : named[smallest]) +

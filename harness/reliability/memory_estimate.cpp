@@ -233,10 +233,14 @@ std::uint64_t worker_device_overhead_bytes(bool torch) {
   return static_cast<std::uint64_t>(context + (torch ? libtorch : 0));
 }
 
-void refuse_cases_beyond_host(const std::vector<CaseSpec>& cases, bool prefill_op, std::uint64_t available) {
+bool runs_prefill_op(const CaseSpec& spec, const std::vector<Op>& ops) {
+  return spec.takes(Op::kPrefill) && std::find(ops.begin(), ops.end(), Op::kPrefill) != ops.end();
+}
+
+void refuse_cases_beyond_host(const std::vector<CaseSpec>& cases, const std::vector<Op>& ops, std::uint64_t available) {
   if (available == 0) return;
   for (const CaseSpec& c : cases)
-    if (const std::uint64_t need = estimate_case_bytes(c, prefill_op); need > available) {
+    if (const std::uint64_t need = estimate_case_bytes(c, runs_prefill_op(c, ops)); need > available) {
       char msg[160];
       std::snprintf(msg, sizeof msg, " needs about %.1f GiB (estimated), more than the %.1f GiB available", gib(need),
                     gib(available));

@@ -24,9 +24,14 @@ std::uint64_t estimate_case_bytes(const CaseSpec& spec, bool prefill_op);
 // MemAvailable of /proc/meminfo (0 when unknown).
 std::uint64_t available_memory_bytes();
 
+// Whether the kernel-level prefill op runs on this case in a run of these ops
+// (estimate_case_bytes' prefill_op): the run has it and the case takes it
+// (CaseSpec::ops; explore's rounds give each case its own op).
+bool runs_prefill_op(const CaseSpec& spec, const std::vector<Op>& ops);
+
 // Refuses (InputError, exit 2) the first case whose host estimate exceeds
 // `available` bytes (0: unknown, nothing refused), before anything is allocated.
-void refuse_cases_beyond_host(const std::vector<CaseSpec>& cases, bool prefill_op, std::uint64_t available);
+void refuse_cases_beyond_host(const std::vector<CaseSpec>& cases, const std::vector<Op>& ops, std::uint64_t available);
 
 // What the device estimate depends on besides the case: the run's ops, flags
 // and backends. The defaults assume the most (every in-tree GPU backend).

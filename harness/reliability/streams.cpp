@@ -77,10 +77,11 @@ std::vector<Record> run_streams(const RunConfig& cfg, const std::vector<std::str
 // device estimates and the worker's own within device d's memory.
 std::function<bool(std::size_t, std::size_t)> two_cases_fit(const RunConfig& cfg, const IsolationOptions& opt,
                                                              std::size_t d) {
-  const bool prefill_op = std::find(cfg.ops.begin(), cfg.ops.end(), Op::kPrefill) != cfg.ops.end();
-  return [&cfg, &opt, d, prefill_op](std::size_t a, std::size_t b) {
+  return [&cfg, &opt, d](std::size_t a, std::size_t b) {
     const std::uint64_t host = available_memory_bytes();
-    if (host > 0 && estimate_case_bytes(cfg.cases.at(a), prefill_op) + estimate_case_bytes(cfg.cases.at(b), prefill_op) > host)
+    const CaseSpec &ca = cfg.cases.at(a), &cb = cfg.cases.at(b);
+    if (host > 0 &&
+        estimate_case_bytes(ca, runs_prefill_op(ca, cfg.ops)) + estimate_case_bytes(cb, runs_prefill_op(cb, cfg.ops)) > host)
       return false;
     const DeviceMemoryPlan& plan = opt.device_memory;
     if (!plan.active()) return true;
@@ -394,11 +395,13 @@ std::vector<Record> run_some_streams(const RunConfig& cfg, const std::vector<std
   // Host memory: each worker holds one case at a time (its context is freed
   // before the next is made), so groups run side by side only while their
   // estimates fit in the memory available now.
-  bool prefill_op = std::find(cfg.ops.begin(), cfg.ops.end(), Op::kPrefill) != cfg.ops.end();
   std::vector<std::uint64_t> bytes;
   for (const auto& g : groups) {
     std::uint64_t most = 0;
-    for (const Job& j : g) most = std::max(most, estimate_case_bytes(cfg.cases.at(j.case_index), prefill_op));
+    for (const Job& j : g) {
+      const CaseSpec& c = cfg.cases.at(j.case_index);
+      most = std::max(most, estimate_case_bytes(c, runs_prefill_op(c, cfg.ops)));
+    }
     bytes.push_back(most);
   }
   if (opt.largest_first) order_groups(groups, bytes, n);

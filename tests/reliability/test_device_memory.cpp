@@ -201,13 +201,34 @@ TEST(DeviceMemory, ACaseTooBigForItsDeviceIsRefusedBeforeItRuns) {
                InputError);
 }
 
+// A run of several ops estimates each case in the ops it takes (CaseSpec::ops):
+// explore's rounds run a decode case beside prefill cases, and a decode case
+// estimated with the prefill op's up-projected keys (more than double here)
+// refused whole rounds on a machine it fits.
+TEST(DeviceMemory, EachCaseIsEstimatedInTheOpsItTakes) {
+  CaseSpec c = dense("large_decode", 1);
+  const std::uint64_t decode = estimate_case_bytes(c, false), prefill = estimate_case_bytes(c, true);
+  ASSERT_LT(decode, prefill);
+  const std::vector<Op> both = {Op::kDecode, Op::kPrefill};
+  c.ops = {Op::kDecode};
+  EXPECT_FALSE(runs_prefill_op(c, both));
+  EXPECT_NO_THROW(refuse_cases_beyond_host({c}, both, decode));
+  c.ops = {Op::kPrefill};
+  EXPECT_TRUE(runs_prefill_op(c, both));
+  EXPECT_FALSE(runs_prefill_op(c, {Op::kDecode}));
+  EXPECT_THROW(refuse_cases_beyond_host({c}, both, decode), InputError);
+  c.ops.clear();  // every op of the run
+  EXPECT_THROW(refuse_cases_beyond_host({c}, both, decode), InputError);
+  EXPECT_NO_THROW(refuse_cases_beyond_host({c}, {Op::kDecode}, decode));
+}
+
 TEST(DeviceMemory, TheHostRefusalIsUnchanged) {
   const std::vector<CaseSpec> cases = {dense("large_prefill", 1)};
   const std::uint64_t need = estimate_case_bytes(cases[0], false);
-  EXPECT_NO_THROW(refuse_cases_beyond_host(cases, false, need));
-  EXPECT_NO_THROW(refuse_cases_beyond_host(cases, false, 0));
+  EXPECT_NO_THROW(refuse_cases_beyond_host(cases, {Op::kLayer}, need));
+  EXPECT_NO_THROW(refuse_cases_beyond_host(cases, {Op::kLayer}, 0));
   try {
-    refuse_cases_beyond_host(cases, false, need - 1);
+    refuse_cases_beyond_host(cases, {Op::kLayer}, need - 1);
     FAIL() << "not refused";
   } catch (const InputError& e) {
     const std::string m = e.what();
