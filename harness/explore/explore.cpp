@@ -328,6 +328,7 @@ class Search {
     fs::remove(json);
     std::vector<std::string> argv = {worker_executable(), "run", "--suite", yaml, "--backend", opt_.backends, "--op", op_list};
     argv.insert(argv.end(), opt_.run_flags.begin(), opt_.run_flags.end());
+    if (!opt_.default_workers.empty()) argv.insert(argv.end(), {"--workers", opt_.default_workers});
     for (const char* s : {"--no-progress", "-q", "--allow-nothing-ran", "--json"}) argv.push_back(s);
     argv.push_back(json);
     const int rc = spawn_and_wait(argv, log);

@@ -24,6 +24,10 @@ struct ExploreOptions {
   // policy, reference, devices, workers, timeout), and the subset shrink's
   // candidates and the repro commands get (no devices or workers).
   std::vector<std::string> run_flags, shrink_flags;
+  // The rounds' --workers where the user gave none (explore's CPU default):
+  // outside run_flags, which the state's fingerprint holds, so that a search
+  // resumes on a machine of another core count.
+  std::string default_workers;
   ExploreSpace space;
   std::string space_source = "default";  // "default" or the suite file's path
   std::uint64_t seed = 0;
