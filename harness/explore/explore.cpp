@@ -21,6 +21,7 @@
 
 #include "backends/exec/subprocess.h"
 #include "cases/errors.h"
+#include "harness/explore/coverage.h"
 #include "harness/explore/explore_report.h"
 #include "harness/explore/signature.h"
 #include "harness/explore/state.h"
@@ -48,61 +49,6 @@ std::string tail_of(const std::string& path, std::size_t max_bytes = 1500) {
   ss << in.rdbuf();
   std::string s = ss.str();
   return s.size() > max_bytes ? s.substr(s.size() - max_bytes) : s;
-}
-
-// Power-of-two bucket of a count: "0", "1", "2-3", "4-7", ...
-std::string bucket(long long v) {
-  if (v <= 1) return std::to_string(v);
-  long long lo = 1;
-  while (lo * 2 <= v) lo *= 2;
-  return std::to_string(lo) + "-" + std::to_string(lo * 2 - 1);
-}
-
-std::string number(double v) {
-  std::ostringstream s;
-  s << v;
-  return s.str();
-}
-
-// The dimension values a case covers (the report's coverage table).
-void cover(Json& cov, const CaseSpec& c, Op op, int block_size) {
-  auto add = [&](const std::string& dim, const std::string& value) {
-    Json& d = cov[dim];
-    if (!d.is_object()) d = Json::object();
-    d[value] = d.value(value, 0) + 1;
-  };
-  add("op", std::string(op_name(op)));
-  add("requests", bucket(c.num_requests()));
-  const int bs = block_size > 0 ? block_size : c.block_size;
-  bool padding = false;
-  for (int i = 0; i < c.num_requests(); ++i) {
-    const int s = c.batch.seq_lens[i];
-    add("seq_len", bucket(s));
-    padding = padding || s == 0;
-    if (bs > 0 && s > 0 && (s % bs == 0 || s % bs == 1 || s % bs == bs - 1)) add("seq_len at a block edge", "bs " + std::to_string(bs));
-    if (s > 0 && (s % 64 == 0 || s % 64 == 1 || s % 64 == 63)) add("seq_len at a 64 edge", s % 64 == 0 ? "64k" : s % 64 == 1 ? "64k+1" : "64k-1");
-    add("query_len", bucket(c.batch.query_lens[i]));
-  }
-  add("padding requests", padding ? "yes" : "no");
-  add("spec decode", c.batch.spec_decode ? "yes" : "no");
-  const int h = c.num_heads();
-  add("heads", bucket(h));
-  add("heads kind", (h & (h - 1)) == 0 ? "power of two" : h % 16 == 0 ? "multiple of 16" : h % 8 == 0 ? "multiple of 8" : "other");
-  add("dims", dims_label(c.dims));
-  add("dtype", std::string(dtype_short(c.dtype)));
-  add("kv_cache_dtype", kv_cache_format_name(c.kv_format()));
-  add("block_size", bs > 0 ? std::to_string(bs) : "auto");
-  add("q_magnitude", number(c.q_magnitude));
-  add("k_scale", number(c.k_scale));
-  add("keys per case", bucket(c.num_kv_tokens()));
-  add("layout", layout_name(c.layout));
-  if (c.sparse.active()) {
-    add("index_pattern", std::string(index_pattern_name(c.sparse.pattern)));
-    if (c.sparse.topk) add("topk", bucket(c.sparse.topk));
-    if (c.sparse.window) add("window", bucket(c.sparse.window));
-    add("compressed", c.sparse.compress ? std::to_string(c.sparse.compress) + "x" : "none");
-    add("sink", c.sparse.sink ? "yes" : "no");
-  }
 }
 
 bool ran(Status s) { return s != Status::kSkipped && s != Status::kNotSupported; }
@@ -175,7 +121,7 @@ class Search {
       std::printf("explore: %s, seed %llu, %s%s; state in %s\n", opt_.backends.c_str(),
                   static_cast<unsigned long long>(opt_.seed),
                   opt_.max_cases ? (std::to_string(opt_.max_cases) + " cases").c_str() : "",
-                  opt_.budget_s > 0 ? (" budget " + number(opt_.budget_s) + " s").c_str() : "", dir_.c_str());
+                  opt_.budget_s > 0 ? (" budget " + coverage_number(opt_.budget_s) + " s").c_str() : "", dir_.c_str());
     while (g_stop_signal == 0) {
       const std::uint64_t next = state_["next_index"].get<std::uint64_t>();
       if (opt_.max_cases && next >= opt_.max_cases) break;
