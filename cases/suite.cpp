@@ -45,6 +45,9 @@ T scalar(const std::string& source, const YAML::Node& n, const char* what) {
 std::vector<int> int_list(const std::string& source, const YAML::Node& n, const char* what) {
   std::vector<int> out;
   if (n.IsMap()) {
+    // A missing key is an invalid node, whose every query throws yaml-cpp's
+    // InvalidNode (the suite fuzzer found it): refused here, at the map's line.
+    if (!n["repeat"] || !n["times"]) fail_at(source, n, std::string(what) + ": {repeat: X, times: N} needs both keys");
     const int x = scalar<int>(source, n["repeat"], what);
     const int times = scalar<int>(source, n["times"], what);
     if (times < 1 || times > 1'000'000) fail_at(source, n, std::string(what) + ": times out of range");

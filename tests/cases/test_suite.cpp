@@ -182,6 +182,8 @@ TEST(SuiteYaml, ErrorsNameFileAndLine) {
       {"duplicate cases", "name: b\ngroups:\n  - specs: [small_decode]\n  - specs: [small_decode]\n", "bad.yaml", "duplicate"},
       {"unknown op", "name: b\ngroups:\n  - specs: [small_decode]\n    ops: [decode, attend]\n", "bad.yaml:4:",
        "attend"},
+      {"repeat without times", "name: b\nspecs:\n  x: {seq_lens: {repeat: 4}, query_lens: [1]}\ngroups:\n  - specs: [x]\n",
+       "bad.yaml:3:", "needs both keys"},
       {"no op", "name: b\ngroups:\n  - specs: [small_decode]\n    ops: []\n", "bad.yaml:4:", "at least one op"},
   };
   for (const Bad& b : bad) {
