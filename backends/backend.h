@@ -61,6 +61,10 @@ struct Capabilities {
   // Non-empty: the engine's backend refuses decode context parallelism, and
   // the --dcp mode is NOT_SUPPORTED with this reason (vLLM's own text).
   std::string no_dcp;
+  // Runs on the host alone: no device, no context or allocator of its own
+  // that workers side by side would each hold. `mlagate run --workers auto`
+  // gives a run whose backends all say so a worker a core (at most 8).
+  bool host_only = false;
 };
 
 // Run-wide settings handed to backend factories by the registry (CLI flags).

@@ -38,7 +38,11 @@ class MergeBackend final : public Backend {
   std::string_view description() const override {
     return "merge_states (vLLM's merge_attn_states) on the host: fp32 scales, +inf read as an empty side";
   }
-  Capabilities capabilities() const override { return merge_states_capabilities(); }
+  Capabilities capabilities() const override {
+    Capabilities caps = merge_states_capabilities();
+    caps.host_only = true;
+    return caps;
+  }
   void merge_states(const MergeStatesArgs& a) override {
     check_merge_states_args(a);
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();

@@ -152,6 +152,7 @@ class PagedBackend final : public Backend {
   }
   Capabilities capabilities() const override {
     Capabilities caps;
+    caps.host_only = true;
     caps.ops = {Op::kDecode, Op::kPrefill, Op::kCacheWrite};
     caps.block_sizes = {16, 1, 32, 64, 128};
     caps.query_len_support = QueryLenSupport::kUniform;

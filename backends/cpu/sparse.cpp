@@ -183,6 +183,7 @@ class CpuSparse final : public Backend {
   }
   Capabilities capabilities() const override {
     Capabilities caps;
+    caps.host_only = true;
     caps.ops = {Op::kSparseDecode, Op::kSparsePrefill, Op::kCacheWrite};
     caps.block_sizes = {64, 1, 2, 4, 8, 16, 32, 128, 256};
     caps.query_len_support = QueryLenSupport::kVarlen;

@@ -56,6 +56,7 @@ class SplitKvBackend final : public Backend {
   }
   Capabilities capabilities() const override {
     Capabilities caps;
+    caps.host_only = true;
     caps.ops = {Op::kDecode};
     caps.block_sizes = {64, 16, 32, 128};
     caps.query_len_support = QueryLenSupport::kVarlen;

@@ -89,6 +89,29 @@ TEST(Workers, SideBySideTheyGiveOneWorkersRecords) {
       << slurp(d / "stderr.txt");
 }
 
+// --workers auto (the default) with --reference eigen: a worker a core (at
+// most 8) when every backend runs on the host alone (Capabilities::host_only),
+// one otherwise: a plugin's backend may hold a device of its own. The records
+// are one worker's either way.
+TEST(Workers, AutoGivesHostOnlyBackendsAWorkerACore) {
+  const fs::path d = temp_dir("workers_auto");
+  auto streams = [&](const std::vector<std::string>& extra, const std::string& json, bool plugin = false) {
+    std::vector<std::string> args = {"run", "--suite", "smoke", "--no-progress", "-q", "--json", (d / json).string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    // The plugin's backend's records may fail (exit 1); the run must not be refused (exit 2).
+    EXPECT_LE(run_mlagate(plugin ? with_plugin(args) : args, d), plugin ? 1 : 0) << slurp(d / "stderr.txt");
+    return Json::parse(slurp(d / json)).at("profile").at("workers_side_by_side").get<int>();
+  };
+  const int cores = static_cast<int>(std::min<std::size_t>(host_cpus(), 8));
+  EXPECT_EQ(streams({"--backend", "cpu.*"}, "auto.json"), cores);
+  EXPECT_EQ(streams({"--backend", "cpu.*", "--workers", "1"}, "one.json"), 1);
+  EXPECT_EQ(outcomes(d / "auto.json"), outcomes(d / "one.json"));
+  // Not host-only (an out-of-tree backend beside a CPU one), or an order
+  // asked for: one worker.
+  EXPECT_EQ(streams({"--backend", "cpu.paged,rel.segv", "--filter", "small_decode"}, "plugin.json", true), 1);
+  EXPECT_EQ(streams({"--backend", "cpu.paged", "--order", "reverse"}, "reverse.json"), 1);
+}
+
 // Cases made ahead (CaseAhead: a worker makes its next input set's first
 // case on a thread while the case before it runs its backends) give the same
 // records as cases made when their first job comes, and the profile takes the
