@@ -182,7 +182,7 @@ void retarget_case(Case& c, const CaseSpec& spec) {
     throw std::logic_error("retarget_case: " + spec.id() + " does not share the inputs of " + c.spec.id());
   spec.validate();
   c.spec = spec;
-  fill_cache_values(c);
+  if (!c.keys_only) fill_cache_values(c);
   if (c.sparse) c.sparse = retarget_sparse(*c.sparse, spec);
 }
 
@@ -248,7 +248,7 @@ void share_prefix_rows(Case& c) {
 
 }  // namespace
 
-Case generate_case(const CaseSpec& spec) {
+Case generate_case(const CaseSpec& spec, bool keys_only) {
   spec.validate();
   Case c = case_layout(spec);
   if (spec.merge.active()) {
@@ -257,21 +257,26 @@ Case generate_case(const CaseSpec& spec) {
   }
   const Dims& d = spec.dims;
   const std::int64_t N = spec.num_heads();
-  // Drawn below, every element: no zero-filling pass first.
-  c.q = Tensor::for_overwrite(spec.dtype, {c.num_tokens, N, d.nope_dim + d.rope_dim});
+  // Drawn below, every element: no zero-filling pass first. Each tensor's
+  // values depend on (seed, name) alone, so leaving some out changes none of
+  // the others.
   c.kv_c = Tensor::for_overwrite(spec.dtype, {c.num_kv_tokens, d.kv_lora_rank});
   c.k_pe = Tensor::for_overwrite(spec.dtype, {c.num_kv_tokens, d.rope_dim});
-  c.w_uk = Tensor::for_overwrite(spec.dtype, {d.kv_lora_rank, N, d.nope_dim});
-  c.w_uv = Tensor::for_overwrite(spec.dtype, {d.kv_lora_rank, N, d.v_head_dim});
-  // Weights scaled by 1/sqrt(L): unit-scale outputs, and LSE merging stays finite.
-  const double w = 1.0 / std::sqrt(static_cast<double>(d.kv_lora_rank));
-  fill_normal(c.q, spec.seed, "q", spec.q_magnitude);
   fill_kept(c.kv_c, spec.seed, "kv_c", 1.0);
   fill_kept(c.k_pe, spec.seed, "k_pe", 1.0);
-  fill_kept(c.w_uk, spec.seed, "w_uk", w);
-  fill_kept(c.w_uv, spec.seed, "w_uv", w);
+  if (!keys_only) {
+    c.q = Tensor::for_overwrite(spec.dtype, {c.num_tokens, N, d.nope_dim + d.rope_dim});
+    c.w_uk = Tensor::for_overwrite(spec.dtype, {d.kv_lora_rank, N, d.nope_dim});
+    c.w_uv = Tensor::for_overwrite(spec.dtype, {d.kv_lora_rank, N, d.v_head_dim});
+    // Weights scaled by 1/sqrt(L): unit-scale outputs, and LSE merging stays finite.
+    const double w = 1.0 / std::sqrt(static_cast<double>(d.kv_lora_rank));
+    fill_normal(c.q, spec.seed, "q", spec.q_magnitude);
+    fill_kept(c.w_uk, spec.seed, "w_uk", w);
+    fill_kept(c.w_uv, spec.seed, "w_uv", w);
+  }
   share_prefix_rows(c);
-  fill_cache_values(c);
+  c.keys_only = keys_only;
+  if (!keys_only) fill_cache_values(c);
   if (spec.sparse.active()) c.sparse = generate_sparse(c);
   return c;
 }

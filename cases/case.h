@@ -41,6 +41,11 @@ struct Case {
   // dtype, found by fill_cache_values in the same pass (a read of the whole
   // cache where cache_values_exact asks it again: 4% of a GPU run's host CPU).
   std::optional<bool> cache_values_exact_memo;
+  // Drawn for the cache_write op alone (generate_case's keys_only): the
+  // latent rows kv_c and k_pe only; q, the weights and the cache values stay
+  // empty. No reference reads such a case; CaseStream never hands it on to a
+  // case that takes another op.
+  bool keys_only = false;
 
   // Sparse cases (spec.sparse.active()): index sets, sink, V4's compressed
   // cache (cases/sparse.h); shared and never modified once drawn.
@@ -67,8 +72,12 @@ int shared_prefix_tokens(const CaseSpec& spec);
 // generator's normal i, rounded to t's dtype (RNE).
 void fill_normal(Tensor& t, std::uint64_t seed, const char* name, double factor = 1.0);
 
-// Validates the spec (InvalidCase) and draws the inputs.
-Case generate_case(const CaseSpec& spec);
+// Validates the spec (InvalidCase) and draws the inputs. keys_only: the
+// latent rows alone (Case::keys_only), for a case that takes only the
+// cache_write op: its values are the full case's, the rest is not drawn (a
+// 240,000-token fp8 case: 554 MB of fp32 cache values and 12 million
+// normals of weights that no check reads).
+Case generate_case(const CaseSpec& spec, bool keys_only = false);
 // Whether generate_case keeps its large drawn tensors (the latent rows and
 // weights) for a later case of the same seed; on unless turned off. A run
 // whose cases all have distinct seeds (explore's rounds) turns it off: no
@@ -93,7 +102,8 @@ std::string cache_values_key(const CaseSpec& spec);
 // SDPA kernels, plans, workspaces) serves all of them (GroupQueue's families).
 std::string shape_key(const CaseSpec& spec);
 // Turns a generated case into the case of `spec`, whose inputs_key must be the
-// same: the spec and the cache values change, the drawn inputs are kept.
+// same: the spec and the cache values change (none for a keys_only case), the
+// drawn inputs are kept.
 void retarget_case(Case& c, const CaseSpec& spec);
 
 }  // namespace mlagate

@@ -174,6 +174,9 @@ class RunCommand {
       cfg_.run_job = [this, n = ra_.repeat](CaseContext& ctx, Backend& b, Op op) { return run_repeated(ctx, b, op, cfg_, n); };
     if (serving_.active())
       cfg_.run_job = [this](CaseContext& ctx, Backend& b, Op op) { return run_serving(ctx, b, op, cfg_, serving_); };
+    // A plain run draws a case that takes only cache_write without what that
+    // op never reads (RunConfig::keys_only_cases).
+    cfg_.keys_only_cases = ra_.repeat <= 1 && !serving_.active() && ra_.save_results.empty();
   }
 
   static ServingMode serving_mode(const RunArgs& ra) {

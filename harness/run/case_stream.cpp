@@ -29,11 +29,31 @@ CaseStream::~CaseStream() = default;
 // - equal inputs (inputs_key): the generated case moves on and is retargeted,
 //   and so do the unquantized references (an auto case's golden is exactly
 //   that) for the fp8 cases' quantization error.
+namespace {
+
+// Whether `spec` takes cache_write and no other op of the run (RunConfig::keys_only_cases).
+bool takes_only_cache_write(const RunConfig& cfg, const CaseSpec& spec) {
+  if (!cfg.keys_only_cases || cfg.prepare || cfg.on_outputs || spec.merge.active()) return false;
+  bool any = false;
+  for (Op op : cfg.ops) {
+    if (!spec.takes(op)) continue;
+    if (op != Op::kCacheWrite) return false;
+    any = true;
+  }
+  return any;
+}
+
+}  // namespace
+
 CaseContext& CaseStream::enter(const CaseSpec& spec) {
   auto ctx = std::make_unique<CaseContext>();
   ctx->reference = &cfg_.reference;
   std::unique_ptr<CaseContext> prev = std::move(last_);
   const auto t0 = Clock::now();
+  const bool keys_only = takes_only_cache_write(cfg_, spec);
+  // A keys_only case is handed on only to another keys_only case (suite
+  // groups may give one input set different ops).
+  if (prev && prev->c.keys_only && !keys_only) prev.reset();
   const bool same_values = prev && cache_values_key(prev->c.spec) == cache_values_key(spec);
   if (cfg_.prepare && !(same_values && cfg_.prepared_same && cfg_.prepared_same(prev->c.spec, spec))) {
     // A prepared case (golden file) is handed on whole only when its
@@ -69,7 +89,7 @@ CaseContext& CaseStream::enter(const CaseSpec& spec) {
     retarget_case(ctx->c, spec);
   } else {
     prev.reset();
-    ctx->c = generate_case(spec);
+    ctx->c = generate_case(spec, keys_only);
   }
   // A context handed on keeps its counters: what is new is added.
   const double entered = ms_since(t0);

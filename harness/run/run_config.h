@@ -95,6 +95,11 @@ struct RunConfig {
   std::function<bool()> stop;
   // (optional) runs one (case, backend, op) instead of run_one (--repeat).
   std::function<Record(CaseContext&, Backend&, Op)> run_job;
+  // Generated cases that take no op of `ops` but cache_write are drawn
+  // keys_only (generate_case: the latent rows alone, the same values): a plain
+  // run's choice, not a --repeat's or serving mode's, nor where the outputs
+  // are kept with their case (on_outputs).
+  bool keys_only_cases = false;
 };
 
 }  // namespace mlagate

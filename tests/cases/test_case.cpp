@@ -179,6 +179,29 @@ TEST(GenerateCase, TheSameInputsWhetherDrawnTensorsAreKeptOrNot) {
   expect_identical(unkept, from_kept);
 }
 
+// A case drawn for cache_write alone has the full case's latent rows, bit for
+// bit, and nothing else: no queries, weights or cache values; retargeted to
+// an fp8 cache it still draws none.
+TEST(GenerateCase, KeysOnlyDrawsTheSameLatentRowsAndNothingElse) {
+  CaseSpec s = spec_of("mixed_small", 16, 9192);
+  s.kv_cache_dtype = KvCacheDtype::kFp8;
+  const Case full = generate_case(s);
+  const Case keys = generate_case(s, true);
+  EXPECT_TRUE(keys.keys_only);
+  EXPECT_FALSE(full.keys_only);
+  EXPECT_TRUE(same_bytes(full.kv_c, keys.kv_c));
+  EXPECT_TRUE(same_bytes(full.k_pe, keys.k_pe));
+  EXPECT_FALSE(full.kv_c_cache.empty());
+  for (const Tensor* t : {&keys.q, &keys.w_uk, &keys.w_uv, &keys.kv_c_cache, &keys.k_pe_cache}) EXPECT_TRUE(t->empty());
+  EXPECT_EQ(keys.kv_start_loc, full.kv_start_loc);
+  CaseSpec e4m3 = s;
+  e4m3.kv_cache_dtype = KvCacheDtype::kFp8E4m3;
+  Case moved = generate_case(s, true);
+  retarget_case(moved, e4m3);
+  EXPECT_TRUE(moved.kv_c_cache.empty());
+  EXPECT_TRUE(same_bytes(moved.kv_c, full.kv_c));
+}
+
 TEST(GenerateCase, IndependentOfCaseOrder) {
   const CaseSpec a = spec_of("small_prefill", 16, 1);
   const CaseSpec b = spec_of("mixed_small", 16, 2);

@@ -207,6 +207,47 @@ TEST(Isolation, CasesRunInTheOpsTheirGroupsName) {
   EXPECT_TRUE(back.cases[2].ops.empty());
 }
 
+// A case that takes only cache_write is drawn keys_only (no queries, weights
+// or cache values); the next case of its input set, fp8_e4m3 (the same cache
+// values: the whole context would move on) taking decode and layer, is drawn
+// anew, and its records are those of a run without the cache_write case.
+TEST(Isolation, AKeysOnlyCaseIsNeverHandedOnToOtherOps) {
+  const fs::path d = temp_dir("keys_only");
+  const std::string second = "  - specs: [small_decode]\n"
+                             "    tp: [16]\n"
+                             "    kv_cache_dtype: [fp8_e4m3]\n"
+                             "    ops: [decode, layer]\n";
+  std::ofstream(d / "both.yaml") << "name: k\ngroups:\n"
+                                    "  - specs: [small_decode]\n"
+                                    "    tp: [16]\n"
+                                    "    kv_cache_dtype: [fp8]\n"
+                                    "    ops: [cache_write]\n"
+                                 << second;
+  std::ofstream(d / "second.yaml") << "name: k\ngroups:\n" << second;
+  auto records = [&](const std::string& suite, const char* iso) {
+    const fs::path json = d / (suite + "_" + iso + ".json");
+    EXPECT_EQ(run_mlagate({"run", "--suite", (d / (suite + ".yaml")).string(), "--backend", "cpu.paged", "--op", "auto",
+                           "--isolate", iso, "--workers", "1", "--no-progress", "--json", json.string()},
+                          d),
+              0)
+        << slurp(d / "stderr.txt");
+    std::map<std::string, std::string> out;
+    const Json report = Json::parse(slurp(json));
+    for (const Json& r : report.at("records")) {
+      EXPECT_EQ(r.at("status"), "PASSED") << r.dump();
+      out[r.at("id").get<std::string>() + " " + r.at("op").get<std::string>()] = r.at("metrics").dump();
+    }
+    return out;
+  };
+  for (const char* iso : {"process", "none"}) {
+    auto both = records("both", iso);
+    const auto alone = records("second", iso);
+    EXPECT_EQ(both.size(), 3u) << iso;
+    EXPECT_EQ(std::erase_if(both, [](const auto& kv) { return kv.first.ends_with(" cache_write"); }), 1u) << iso;
+    EXPECT_EQ(both, alone) << iso;
+  }
+}
+
 // kill -9 of a run in the middle (a worker hangs, the run waits): the journal
 // holds what finished; --resume runs the rest only and the report is whole.
 TEST(Journal, ResumeAfterKill9RerunsNothingFinished) {
