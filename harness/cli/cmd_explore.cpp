@@ -63,7 +63,7 @@ void ExploreArgs::add_options(CLI::App* app) {
   app->add_option("--reference", reference, "where the fp64 reference is computed: eigen | cuda")->capture_default_str();
   app->add_option("--devices", devices, "GPUs the runs spread their workers over (mlagate run --devices)")->delimiter(',');
   app->add_option("--workers", workers, "worker processes per run (mlagate run --workers; default: one a core, at most 8, with --reference eigen, "
-                  "run's own with --reference cuda)");
+                  "half of run's own a device with --reference cuda)");
   app->add_option("--timeout", timeout, "seconds per case, backend and op before it is killed: TIMEOUT")->capture_default_str();
   app->add_option("--threads", threads, "OpenMP threads of each run");
   add_handed_on_options(app, policy, poison, extra);
@@ -127,14 +127,18 @@ int cmd_explore(const ExploreArgs& a) {
   }
   if (!a.workers.empty()) {
     o.run_flags.insert(o.run_flags.end(), {"--workers", a.workers});
-  } else if (a.reference == "eigen") {
-    // A round's cases side by side, a worker a core (at most 8), where `run`
-    // gives one worker all the cores: explore's cases are independent draws
-    // of distinct seeds, and one worker's threads leave cores idle through
-    // its drawing, glue and process start. 2-core VM, the default space:
-    // 2.52-2.89 cases/s with one worker, 3.43-3.51 with two, the records and
-    // the state the same (EXPLORE.md). --reference cuda keeps run's auto.
-    o.default_workers = std::to_string(std::clamp<std::size_t>(host_cpus(), 1, 8));
+  } else {
+    // A round's cases side by side: on the CPU a worker a core (at most 8):
+    // explore's cases are independent draws of distinct seeds, and one
+    // worker's threads leave cores idle through its drawing, glue and
+    // process start (2-core VM, the default space: 2.52-2.89 cases/s with one
+    // worker, 3.43-3.51 with two). On the GPU half of run's workers a device:
+    // one H200 with 16 cores, the five Hopper backends: 8.04-8.08 cases/s
+    // with run's 8, 9.04-9.56 with 4, 9.13 with 3, 8.58 with 2, 7.41 with 12
+    // (EXPLORE.md). Outside the state's fingerprint: a search resumes on
+    // another machine.
+    o.default_workers = std::to_string(
+        explore_workers_per_device(a.reference == "cuda", host_cpus(), std::max<std::size_t>(1, a.devices.size())));
   }
   return explore_main(o);
 }

@@ -111,6 +111,13 @@ std::size_t host_cpus();
 // measurements behind it: PERFORMANCE.md, harness/cli/SCALE.md).
 std::size_t auto_workers_per_device(std::size_t cpus, std::size_t devices);
 
+// `mlagate explore`'s workers for each round's run where --workers is not
+// given: on the CPU (gpu_reference false) a worker a core, at most 8; on the
+// GPU, half of auto_workers_per_device (at least 1): explore's draws make
+// more of their harness work on the device, and each worker more is one more
+// CUDA context taking turns on it (harness/explore/EXPLORE.md, Workers).
+std::size_t explore_workers_per_device(bool gpu_reference, std::size_t cpus, std::size_t devices);
+
 // Several workers in all (io.devices x io.workers): unless the run gives
 // --threads (> 0), each worker gets its share of the cores as --threads in
 // io.argv (a --threads 0 there is replaced), and OMP_WAIT_POLICY=passive in

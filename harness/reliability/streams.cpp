@@ -505,6 +505,11 @@ std::size_t host_cpus() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
+std::size_t explore_workers_per_device(bool gpu_reference, std::size_t cpus, std::size_t devices) {
+  if (!gpu_reference) return std::clamp<std::size_t>(cpus, 1, 8);
+  return std::max<std::size_t>(1, auto_workers_per_device(cpus, devices) / 2);
+}
+
 std::size_t auto_workers_per_device(std::size_t cpus, std::size_t devices) {
   devices = std::max<std::size_t>(1, devices);
   // One per 2 cores in all up to 16 in all, never fewer than one per 4 cores

@@ -73,6 +73,18 @@ TEST(Devices, AutoWorkersADevice) {
     EXPECT_EQ(auto_workers_per_device(w.cpus, w.devices), w.workers) << w.cpus << " cores, " << w.devices << " devices";
 }
 
+// explore's rounds: a worker a core (at most 8) on the CPU, half of run's
+// auto a device on the GPU.
+TEST(Devices, ExploreWorkersADevice) {
+  EXPECT_EQ(explore_workers_per_device(false, 2, 1), 2u);
+  EXPECT_EQ(explore_workers_per_device(false, 64, 1), 8u);
+  EXPECT_EQ(explore_workers_per_device(false, 0, 1), 1u);
+  EXPECT_EQ(explore_workers_per_device(true, 16, 1), 4u);  // run's 8 on one H200's 16 cores
+  EXPECT_EQ(explore_workers_per_device(true, 2, 1), 1u);
+  EXPECT_EQ(explore_workers_per_device(true, 32, 2), 4u);
+  EXPECT_EQ(explore_workers_per_device(true, 128, 8), 2u);
+}
+
 // Workers side by side never spin idle OpenMP threads, also with a --threads
 // of the user's (OMP_WAIT_POLICY=passive in their environment unless set):
 // spinning teams made a 2-GPU run 3.5x slower.
