@@ -255,6 +255,11 @@ class RunCommand {
 
   // --reference cuda in a CUDA build: its device is checked apart from the rest of the plan.
   bool reference_on_gpu() const { return ra_.reference == "cuda" && MLAGATE_HAS_CUDA; }
+  // Every backend of the run runs on the host alone (Capabilities::host_only).
+  bool host_only() const {
+    return !backends_.empty() && !reference_on_gpu() &&
+           std::all_of(backends_.begin(), backends_.end(), [](const auto& b) { return b->capabilities().host_only; });
+  }
 
   // A case beyond its device's memory is refused before anything runs; workers get the devices' budgets.
   void plan_devices_memory() {
@@ -294,8 +299,7 @@ class RunCommand {
       // 29.7 s with 4, against 35.3 s on one GPU with 4); up to 8 a device
       // where the cores allow (auto_workers_per_device says how many).
       workers_ = auto_workers_per_device(host_cpus(), std::max<std::size_t>(1, devices_.size()));
-    } else if (isolate_ == "process" && ra_.order == "given" && devices_.empty() && !backends_.empty() &&
-               std::all_of(backends_.begin(), backends_.end(), [](const auto& b) { return b->capabilities().host_only; })) {
+    } else if (isolate_ == "process" && ra_.order == "given" && devices_.empty() && host_only()) {
       // The CPU run: one worker's harness work (inputs, the fp64 reference,
       // the baseline emulation, the glue) runs beside another's backend
       // calls. vllm x cpu.* on the 2-core VM: 95.7 s with one worker (the
@@ -420,7 +424,7 @@ class RunCommand {
       // Where the worker would not (a golden file read, outputs written: one
       // thread at a time in the HDF5 library), no group is taken ahead for it.
       if (cfg_.prepare || cfg_.on_outputs) io.prepare_ahead = false;
-      share_cores(io, ra_.threads);
+      share_cores(io, ra_.threads, devices_.empty() && host_only());
       if (workers_in_all > 1) {
         // Workers side by side draw each large input once between them
         // (cases/input_store.h); without a folder each draws its own.

@@ -121,8 +121,11 @@ std::size_t explore_workers_per_device(bool gpu_reference, std::size_t cpus, std
 // Several workers in all (io.devices x io.workers): unless the run gives
 // --threads (> 0), each worker gets its share of the cores as --threads in
 // io.argv (a --threads 0 there is replaced), and OMP_WAIT_POLICY=passive in
-// io.env unless the environment sets it.
-void share_cores(IsolationOptions& io, int threads);
+// io.env unless the environment sets it. The share: cores / (workers - 1)
+// where about one worker at a time waits in a backend call (on its GPU);
+// cores / workers where every backend runs on the host (host_only: a worker
+// in a backend call computes too).
+void share_cores(IsolationOptions& io, int threads, bool host_only = false);
 
 // The jobs in groups that one worker runs in order: every job of the cases
 // with equal inputs (inputs_key: another kv cache dtype, block size or

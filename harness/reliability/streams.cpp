@@ -526,7 +526,7 @@ std::size_t auto_workers_per_device(std::size_t cpus, std::size_t devices) {
   return std::clamp<std::size_t>(total / devices, 1, 8);
 }
 
-void share_cores(IsolationOptions& io, int threads) {
+void share_cores(IsolationOptions& io, int threads, bool host_only) {
   const std::size_t devices = std::max<std::size_t>(1, io.devices.size());
   const std::size_t workers = std::max<std::size_t>(1, io.workers);
   if (devices * workers <= 1) return;
@@ -548,7 +548,11 @@ void share_cores(IsolationOptions& io, int threads) {
   // instead of spinning (unless the environment says otherwise): a team of
   // one thread per core in each worker, spinning, took the vllm GPU suite
   // from 19 s to 58 s on 3 workers.
-  const std::size_t busy = devices * (workers > 1 ? workers - 1 : 1);
+  // CPU backends compute in their calls: a worker a share, no more threads
+  // than cores (vllm x cpu.* on the 2-core VM, 2 workers, alternating: 77.7-
+  // 89.1 s, mean 83.2, with a thread each; 81.7-91.2 s, mean 86.0, with two
+  // each; within the VM's noise, the records identical; PERFORMANCE.md).
+  const std::size_t busy = host_only ? devices * workers : devices * (workers > 1 ? workers - 1 : 1);
   // A --threads 0 of the run's own is replaced, not given twice.
   for (std::size_t k = 1; k < io.argv.size();) {
     if (io.argv[k] == "--threads" && k + 1 < io.argv.size())

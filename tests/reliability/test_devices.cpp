@@ -4,6 +4,7 @@
 // one of them, and the records are those of a one-device run.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <set>
@@ -83,6 +84,26 @@ TEST(Devices, ExploreWorkersADevice) {
   EXPECT_EQ(explore_workers_per_device(true, 2, 1), 1u);
   EXPECT_EQ(explore_workers_per_device(true, 32, 2), 4u);
   EXPECT_EQ(explore_workers_per_device(true, 128, 8), 2u);
+}
+
+// A worker's share of the cores: cores / (workers - 1) where about one
+// worker at a time waits on its GPU, cores / workers where every backend runs
+// on the host (a CPU backend's call computes too).
+TEST(Devices, HostOnlyWorkersShareTheCoresEvenly) {
+  auto threads = [](std::size_t workers, bool host_only) {
+    IsolationOptions io;
+    io.workers = workers;
+    io.argv = {"mlagate", "run", "--worker"};
+    share_cores(io, 0, host_only);
+    const auto at = std::find(io.argv.begin(), io.argv.end(), "--threads");
+    return at == io.argv.end() ? std::size_t{0} : static_cast<std::size_t>(std::stoul(*(at + 1)));
+  };
+  const std::size_t cpus = host_cpus();
+  EXPECT_EQ(threads(2, true), std::max<std::size_t>(1, cpus / 2));
+  EXPECT_EQ(threads(2, false), std::max<std::size_t>(1, cpus));
+  EXPECT_EQ(threads(3, true), std::max<std::size_t>(1, cpus / 3));
+  EXPECT_EQ(threads(3, false), std::max<std::size_t>(1, cpus / 2));
+  EXPECT_EQ(threads(1, true), 0u);  // one worker: its threads are the run's own
 }
 
 // Workers side by side never spin idle OpenMP threads, also with a --threads
