@@ -302,9 +302,9 @@ class RunCommand {
     } else if (isolate_ == "process" && ra_.order == "given" && devices_.empty() && host_only()) {
       // The CPU run: one worker's harness work (inputs, the fp64 reference,
       // the baseline emulation, the glue) runs beside another's backend
-      // calls. vllm x cpu.* on the 2-core VM: 95.7 s with one worker (the
-      // harness alone 67.8% of the wall), 84.5 s with two (53.5%), the
-      // records identical (PERFORMANCE.md).
+      // calls. vllm x cpu.* on the 2-core VM: 94.3 and 88.3 s with one worker
+      // (the harness alone 67.0% and 66.6% of the wall), 90.1 and 80.0 s with
+      // two (54.8%, 54.9%), the records identical (PERFORMANCE.md).
       workers_ = std::clamp<std::size_t>(host_cpus(), 1, 8);
     }
     if (reference_on_gpu() && isolate_ != "process") device_check_ = start_device_check();

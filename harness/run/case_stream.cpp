@@ -21,14 +21,6 @@ const CaseSpec& context_spec(const CaseContext& ctx) { return ctx.c.spec; }
 CaseStream::CaseStream(const RunConfig& cfg) : cfg_(cfg) {}
 CaseStream::~CaseStream() = default;
 
-// Consecutive cases share what they can (the inputs depend on neither the kv
-// cache dtype, its scale rule, k_scale nor the block size):
-// - equal cache values (cache_values_key: fp8 and fp8_e4m3 are one format;
-//   fp8_ds_mla ignores k_scale): the whole context moves on, golden,
-//   references and caches included; only the spec and the caches' dtype tags change;
-// - equal inputs (inputs_key): the generated case moves on and is retargeted,
-//   and so do the unquantized references (an auto case's golden is exactly
-//   that) for the fp8 cases' quantization error.
 namespace {
 
 // Whether `spec` takes cache_write and no other op of the run (RunConfig::keys_only_cases).
@@ -45,6 +37,14 @@ bool takes_only_cache_write(const RunConfig& cfg, const CaseSpec& spec) {
 
 }  // namespace
 
+// Consecutive cases share what they can (the inputs depend on neither the kv
+// cache dtype, its scale rule, k_scale nor the block size):
+// - equal cache values (cache_values_key: fp8 and fp8_e4m3 are one format;
+//   fp8_ds_mla ignores k_scale): the whole context moves on, golden,
+//   references and caches included; only the spec and the caches' dtype tags change;
+// - equal inputs (inputs_key): the generated case moves on and is retargeted,
+//   and so do the unquantized references (an auto case's golden is exactly
+//   that) for the fp8 cases' quantization error.
 CaseContext& CaseStream::enter(const CaseSpec& spec) {
   auto ctx = std::make_unique<CaseContext>();
   ctx->reference = &cfg_.reference;
