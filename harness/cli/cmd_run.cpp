@@ -305,7 +305,7 @@ class RunCommand {
       // calls. vllm x cpu.* on the 2-core VM: 94.3 and 88.3 s with one worker
       // (the harness alone 67.0% and 66.6% of the wall), 90.1 and 80.0 s with
       // two (54.8%, 54.9%), the records identical (PERFORMANCE.md).
-      workers_ = std::clamp<std::size_t>(host_cpus(), 1, 8);
+      workers_ = host_only_workers(host_cpus());
     }
     if (reference_on_gpu() && isolate_ != "process") device_check_ = start_device_check();
     if (ra_.threads < 0) throw InputError("--threads must be >= 0 (0: every core)");

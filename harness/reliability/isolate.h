@@ -111,6 +111,10 @@ std::size_t host_cpus();
 // measurements behind it: PERFORMANCE.md, harness/cli/SCALE.md).
 std::size_t auto_workers_per_device(std::size_t cpus, std::size_t devices);
 
+// `--workers auto` where every backend runs on the host alone
+// (Capabilities::host_only): a worker a core, at most 8.
+std::size_t host_only_workers(std::size_t cpus);
+
 // `mlagate explore`'s workers for each round's run where --workers is not
 // given: on the CPU (gpu_reference false) a worker a core, at most 8; on the
 // GPU, half of auto_workers_per_device (at least 1): explore's draws make

@@ -505,8 +505,10 @@ std::size_t host_cpus() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
+std::size_t host_only_workers(std::size_t cpus) { return std::clamp<std::size_t>(cpus, 1, 8); }
+
 std::size_t explore_workers_per_device(bool gpu_reference, std::size_t cpus, std::size_t devices) {
-  if (!gpu_reference) return std::clamp<std::size_t>(cpus, 1, 8);
+  if (!gpu_reference) return host_only_workers(cpus);
   return std::max<std::size_t>(1, auto_workers_per_device(cpus, devices) / 2);
 }
 
