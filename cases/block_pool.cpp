@@ -1,9 +1,15 @@
 // The process's kept large blocks (block_pool.h): size classes of a quarter
-// step between powers of two, in whole 2 MiB pages, so a block serves any
-// request of its class and a request takes the smallest kept block of its
-// class or the next one up (at most 1.5x the bytes asked for large blocks,
-// 2x just above 4 MiB where the 2 MiB rounding dominates). Past the limit the
-// least recently kept go back to the system.
+// step between powers of two, in whole 2 MiB pages at 2 MiB boundaries. A
+// request takes the smallest kept block that holds it: whole when it is of
+// the request's class or the next one up (at most 1.5x the bytes asked for
+// large blocks, 2x just above 4 MiB where the 2 MiB rounding dominates), else
+// its first part, the rest kept. When no kept block is large enough, the
+// largest ones are moved side by side into one new range (mremap) and only
+// what they lack is new memory: an explore search's cases differ in size
+// case to case, and a pool that served only a request's own class left a
+// quarter of the 2-core VM's new memory to requests that found blocks kept
+// but none of their class. Past the limit the least recently kept go back to
+// the system.
 #include "cases/block_pool.h"
 
 #include <sys/mman.h>
@@ -18,6 +24,7 @@
 #include <mutex>
 #include <new>
 #include <unordered_map>
+#include <vector>
 
 namespace mlagate {
 
@@ -48,7 +55,7 @@ struct Pool {
   // class than its own, and is given back under its own byte count.
   std::unordered_map<void*, std::size_t> out;
   std::size_t kept_bytes = 0;
-  std::size_t taken = 0, fresh = 0;
+  std::size_t taken = 0, gathered = 0, fresh = 0, fresh_bytes = 0;
   std::size_t limit = 0;
   bool limit_read = false;
 };
@@ -102,6 +109,44 @@ void* map_block(std::size_t bytes) {
   return p;
 }
 
+
+// The first `bytes` of kept block `it` (whole 2 MiB pages), out of the pool:
+// the rest, if any, stays kept in its place; P.mutex held.
+Kept take_front(Pool& P, std::list<Kept>::iterator it, std::size_t bytes) {
+  const Kept head{it->p, bytes};
+  if (it->bytes > bytes) {
+    it->p = static_cast<std::byte*>(it->p) + bytes;
+    it->bytes -= bytes;
+  } else {
+    P.kept.erase(it);
+  }
+  P.kept_bytes -= bytes;
+  return head;
+}
+
+#if defined(__linux__) && defined(MREMAP_FIXED)
+constexpr bool kCanMovePages = true;
+#else
+constexpr bool kCanMovePages = false;  // no mremap: a request larger than every kept block is new memory
+#endif
+
+// Moves kept block k's pages to `to`, a range of a block being gathered: the
+// page tables move (2 MiB at a time where they are huge pages), no byte is
+// copied or cleared. False when the range could not be filled at all.
+bool move_pages(const Kept& k, void* to) noexcept {
+#if defined(__linux__) && defined(MREMAP_FIXED)
+  if (mremap(k.p, k.bytes, k.bytes, MREMAP_MAYMOVE | MREMAP_FIXED, to) != MAP_FAILED) return true;
+#endif
+  // Not moved (out of mappings, say): `to` may have been unmapped, so map it
+  // anew (new memory, as without a pool) and let the kept block go.
+  munmap(k.p, k.bytes);
+  if (mmap(to, k.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) return false;
+#ifdef MADV_HUGEPAGE
+  madvise(to, k.bytes, MADV_HUGEPAGE);
+#endif
+  return true;
+}
+
 }  // namespace
 
 std::size_t block_pool_limit() {
@@ -112,24 +157,53 @@ std::size_t block_pool_limit() {
 
 void* block_pool_take(std::size_t bytes) {
   const std::size_t want = class_bytes(bytes);
-  const std::size_t most = class_bytes(want + 1);  // this class and the next one up
+  const std::size_t most = class_bytes(want + 1);  // this class and the next one up: taken whole
   Pool& P = pool();
+  std::vector<Kept> parts;  // kept blocks to move side by side, in order
   {
     const std::lock_guard lock(P.mutex);
     auto best = P.kept.end();
     for (auto it = P.kept.begin(); it != P.kept.end(); ++it)
-      if (it->bytes >= want && it->bytes <= most && (best == P.kept.end() || it->bytes < best->bytes)) best = it;
+      if (it->bytes >= want && (best == P.kept.end() || it->bytes < best->bytes)) best = it;
     if (best != P.kept.end()) {
-      const Kept k = *best;
-      P.out.emplace(k.p, k.bytes);  // first: if it throws, the block is still kept
-      P.kept_bytes -= k.bytes;
-      P.kept.erase(best);
+      const std::size_t n = best->bytes <= most ? best->bytes : want;
+      P.out.emplace(best->p, n);  // first: if it throws, the block is still kept
+      const Kept k = take_front(P, best, n);
       ++P.taken;
       return k.p;
     }
-    ++P.fresh;
+    // No kept block holds it: the largest ones, the last of them split where
+    // it holds more than the rest of the request needs.
+    std::size_t have = 0;
+    if (kCanMovePages) {
+      parts.reserve(P.kept.size());  // so that no push_back below throws once blocks leave the list
+      while (have < want && !P.kept.empty()) {
+        const auto largest =
+            std::max_element(P.kept.begin(), P.kept.end(), [](const Kept& a, const Kept& b) { return a.bytes < b.bytes; });
+        const std::size_t n = std::min(largest->bytes, want - have);
+        parts.push_back(take_front(P, largest, n));
+        have += n;
+      }
+    }
+    ++(parts.empty() ? P.fresh : P.gathered);
+    P.fresh_bytes += want - have;
   }
-  void* p = map_block(want);
+  void* p = nullptr;
+  try {
+    p = map_block(want);
+  } catch (...) {
+    for (const Kept& k : parts) munmap(k.p, k.bytes);  // out of memory: let them go too
+    throw;
+  }
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    if (!move_pages(parts[i], static_cast<std::byte*>(p) + at)) {
+      for (std::size_t j = i + 1; j < parts.size(); ++j) munmap(parts[j].p, parts[j].bytes);
+      munmap(p, want);
+      throw std::bad_alloc();
+    }
+    at += parts[i].bytes;
+  }
   try {
     const std::lock_guard lock(P.mutex);
     P.out.emplace(p, want);
@@ -185,7 +259,7 @@ void block_pool_set_limit(std::size_t bytes) {
 BlockPoolStats block_pool_stats() {
   Pool& P = pool();
   const std::lock_guard lock(P.mutex);
-  return {P.taken, P.fresh, P.kept_bytes, limit_of(P)};
+  return {P.taken, P.gathered, P.fresh, P.fresh_bytes, P.kept_bytes, limit_of(P)};
 }
 
 void block_pool_release() {

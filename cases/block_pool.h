@@ -4,10 +4,13 @@
 // page; freeing it gives the pages back. A run makes such tensors for every
 // case, so on the 2-core VM a third of explore's CPU samples were page faults
 // and the kernel's zeroing (perf, 2026-12-03). Blocks freed here are kept,
-// their pages resident, and handed to the next request of their size class:
-// the bytes a tensor holds are still only what its owner writes (Tensor's
-// constructor zero-fills, for_overwrite leaves them), so no value depends on
-// where a block came from.
+// their pages resident, and serve later requests: a kept block larger than a
+// request is split (the rest stays kept), and a request larger than any kept
+// block gathers kept blocks into one range by moving their pages (mremap: the
+// page tables move, no byte is copied or cleared), so that only what the
+// pool lacks is new memory. The bytes a tensor holds are still only what its
+// owner writes (Tensor's constructor zero-fills, for_overwrite leaves them),
+// so no value depends on where a block came from.
 #pragma once
 
 #include <cstddef>
@@ -15,8 +18,10 @@
 namespace mlagate {
 
 struct BlockPoolStats {
-  std::size_t taken = 0;        // requests served from kept blocks
-  std::size_t fresh = 0;        // requests that allocated anew
+  std::size_t taken = 0;        // requests served by one kept block (whole or its first part)
+  std::size_t gathered = 0;     // requests served by kept blocks moved together (and new pages for the rest)
+  std::size_t fresh = 0;        // requests that found nothing kept: all new memory
+  std::size_t fresh_bytes = 0;  // bytes of new memory mapped for requests (gathered ones' rest included)
   std::size_t kept_bytes = 0;   // bytes kept now
   std::size_t limit_bytes = 0;  // what it keeps at most
 };

@@ -1,7 +1,8 @@
 // The pool of large blocks behind Tensor's storage (cases/block_pool.h): a
-// freed block serves the next request of its size, the limit holds, and a
-// tensor made on a reused block holds what its constructor says (zeros), not
-// the bytes of the tensor before it.
+// freed block serves the next request of its size, a larger one is split, a
+// request larger than every kept block gathers them (their pages moved, not
+// new), the limit holds, and a tensor made on a reused block holds what its
+// constructor says (zeros), not the bytes of the tensor before it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -45,14 +46,59 @@ TEST_F(BlockPool, AFreedBlockServesTheNextRequestOfItsSize) {
   EXPECT_GE(block_pool_stats().kept_bytes, 10 * kMiB);
 }
 
-TEST_F(BlockPool, ASmallRequestDoesNotTakeAFarLargerBlock) {
+TEST_F(BlockPool, ASmallRequestTakesTheFirstPartOfALargerBlock) {
   void* big = block_pool_take(100 * kMiB);
   block_pool_give(big, 100 * kMiB);
-  const std::size_t fresh = block_pool_stats().fresh;
-  void* small = block_pool_take(5 * kMiB);
-  EXPECT_NE(small, big);
-  EXPECT_EQ(block_pool_stats().fresh, fresh + 1);
+  const BlockPoolStats before = block_pool_stats();
+  void* small = block_pool_take(5 * kMiB);  // class 6 MiB: the big block's first 6 MiB
+  EXPECT_EQ(small, big);
+  EXPECT_EQ(block_pool_stats().fresh, before.fresh);
+  EXPECT_EQ(block_pool_stats().kept_bytes, before.kept_bytes - 6 * kMiB) << "the rest of the block stays kept";
+  void* rest = block_pool_take(90 * kMiB);  // served by the rest, at a huge page boundary
+  EXPECT_EQ(rest, static_cast<std::byte*>(big) + 6 * kMiB);
+  EXPECT_EQ(block_pool_stats().fresh, before.fresh);
+  EXPECT_EQ(block_pool_stats().fresh_bytes, before.fresh_bytes);
   block_pool_give(small, 5 * kMiB);
+  block_pool_give(rest, 90 * kMiB);
+}
+
+// Two kept blocks too small for a request are moved side by side into it:
+// their bytes are where they were written (the pages moved, they were not
+// cleared: a new page reads zero), and only the rest is new memory.
+TEST_F(BlockPool, KeptBlocksTooSmallAreGatheredIntoALargerRequest) {
+  void* a = block_pool_take(40 * kMiB);
+  void* b = block_pool_take(24 * kMiB);
+  std::memset(a, 0xA1, 40 * kMiB);
+  std::memset(b, 0xB2, 24 * kMiB);
+  block_pool_give(a, 40 * kMiB);
+  block_pool_give(b, 24 * kMiB);
+  const BlockPoolStats before = block_pool_stats();
+  ASSERT_EQ(before.kept_bytes, 64 * kMiB);
+  void* g = block_pool_take(80 * kMiB);
+  const BlockPoolStats after = block_pool_stats();
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(g) % (2 * kMiB), 0u);
+  EXPECT_EQ(after.gathered, before.gathered + 1);
+  EXPECT_EQ(after.fresh, before.fresh);
+  EXPECT_EQ(after.fresh_bytes, before.fresh_bytes + 16 * kMiB) << "80 MiB asked, 64 MiB kept";
+  EXPECT_EQ(after.kept_bytes, 0u);
+  const auto* p = static_cast<const unsigned char*>(g);
+  // The largest first: a's 40 MiB, then b's 24 MiB, then 16 MiB of new pages.
+  EXPECT_TRUE(std::all_of(p, p + 40 * kMiB, [](unsigned char c) { return c == 0xA1; }));
+  EXPECT_TRUE(std::all_of(p + 40 * kMiB, p + 64 * kMiB, [](unsigned char c) { return c == 0xB2; }));
+  EXPECT_TRUE(std::all_of(p + 64 * kMiB, p + 80 * kMiB, [](unsigned char c) { return c == 0; }));
+  std::memset(g, 0x5A, 80 * kMiB);  // every page of it writable
+  block_pool_give(g, 80 * kMiB);
+  EXPECT_EQ(block_pool_stats().kept_bytes, 80 * kMiB);
+  // Gathering takes only what it needs: the last block's rest stays kept.
+  void* c = block_pool_take(30 * kMiB);
+  void* d = block_pool_take(20 * kMiB);
+  block_pool_give(c, 30 * kMiB);
+  block_pool_give(d, 20 * kMiB);
+  ASSERT_EQ(block_pool_stats().kept_bytes, 80 * kMiB) << "split, not lost";
+  void* e = block_pool_take(96 * kMiB);  // a size class of its own (64 + 2 x 16 MiB)
+  EXPECT_EQ(block_pool_stats().fresh_bytes, after.fresh_bytes + 16 * kMiB);
+  EXPECT_EQ(block_pool_stats().kept_bytes, 0u);
+  block_pool_give(e, 96 * kMiB);
 }
 
 TEST_F(BlockPool, KeepsNoMoreThanItsLimit) {
