@@ -162,26 +162,65 @@ const std::array<float, 256>& e4m3_values() {
   return t;
 }
 
-// fp8 / fp8_e4m3 entries: e4m3(x / k_scale) for every 16-bit input x of the
-// model dtype. A few tables per thread (the formats a run alternates between
-// are few); one is 64 KiB and 65,536 conversions to build.
-const std::uint8_t* e4m3_encoding_table(DType model, float k_scale) {
+// e4m3(x / scale) for every 16-bit input x of the model dtype: fp8 /
+// fp8_e4m3 entries with their k_scale, and the tiles of fp8_ds_mla (pow2
+// rule) and fp8_v4, whose scales are powers of two, a handful in a cache (a
+// tile's amax / 448 of unit normals is about 2^-7). A few tables per thread
+// (the formats a run alternates between are few); one is 64 KiB and 65,536
+// conversions to build, as many as a 128-token cache of rank 512 makes.
+constexpr std::int64_t kTableEntries = std::int64_t{1} << 16;
+
+struct EncodingTables {
   struct Table {
     DType model;
     std::uint32_t scale_bits;
     std::unique_ptr<std::uint8_t[]> codes;
   };
-  thread_local std::array<Table, 4> tables{};
-  thread_local std::size_t next = 0;
-  const auto bits = std::bit_cast<std::uint32_t>(k_scale);
-  for (const Table& t : tables)
-    if (t.codes && t.model == model && t.scale_bits == bits) return t.codes.get();
-  Table& t = tables[next++ % tables.size()];
-  t.model = model;
-  t.scale_bits = bits;
-  t.codes = std::make_unique<std::uint8_t[]>(1u << 16);
-  for (std::uint32_t x = 0; x < (1u << 16); ++x) t.codes[x] = f32_to_e4m3(load16(static_cast<std::uint16_t>(x), model) / k_scale);
-  return t.codes.get();
+  std::array<Table, 8> tables{};
+  std::size_t next = 0;
+  std::int64_t served = kTableEntries;  // conversions the tables made since the last build
+
+  const std::uint8_t* find(DType model, float scale) const {
+    const auto bits = std::bit_cast<std::uint32_t>(scale);
+    for (const Table& t : tables)
+      if (t.codes && t.model == model && t.scale_bits == bits) return t.codes.get();
+    return nullptr;
+  }
+  const std::uint8_t* build(DType model, float scale) {
+    Table& t = tables[next++ % tables.size()];
+    t.model = model;
+    t.scale_bits = std::bit_cast<std::uint32_t>(scale);
+    t.codes = std::make_unique<std::uint8_t[]>(kTableEntries);
+    for (std::uint32_t x = 0; x < kTableEntries; ++x) t.codes[x] = f32_to_e4m3(load16(static_cast<std::uint16_t>(x), model) / scale);
+    served = 0;
+    return t.codes.get();
+  }
+};
+
+EncodingTables& encoding_tables() {
+  thread_local EncodingTables t;
+  return t;
+}
+
+// fp8 / fp8_e4m3: one scale for the whole cache.
+const std::uint8_t* e4m3_encoding_table(DType model, float k_scale) {
+  EncodingTables& T = encoding_tables();
+  const std::uint8_t* t = T.find(model, k_scale);
+  return t ? t : T.build(model, k_scale);
+}
+
+// A tile of n elements: its scale's table, or null (convert element by
+// element) where a build would not pay for itself yet. A table is built only
+// once the tables have made as many conversions as a build since the last
+// one, so tiles whose scales keep changing cost at most twice the
+// element-wise conversions.
+const std::uint8_t* e4m3_tile_table(DType model, float scale, int n) {
+  EncodingTables& T = encoding_tables();
+  if (const std::uint8_t* t = T.find(model, scale)) {
+    T.served += n;
+    return t;
+  }
+  return T.served >= kTableEntries ? T.build(model, scale) : nullptr;
 }
 
 }  // namespace
@@ -207,7 +246,14 @@ void encode_entry(const EntryFormat& f, const std::uint16_t* kv_c, const std::ui
         float amax = 0;
         for (int i = 0; i < kDsMlaTile; ++i) amax = std::max(amax, std::abs(load16(x[i], f.model)));
         const float scale = ds_mla_tile_scale(amax, f.kv.scale_rule);
-        for (int i = 0; i < kDsMlaTile; ++i) out[t * kDsMlaTile + i] = f32_to_e4m3(load16(x[i], f.model) / scale);
+        // The raw rule's scales are a tile's own, too many for tables.
+        const std::uint8_t* code =
+            f.kv.scale_rule == ScaleRule::kPow2 ? e4m3_tile_table(f.model, scale, kDsMlaTile) : nullptr;
+        if (code) {
+          for (int i = 0; i < kDsMlaTile; ++i) out[t * kDsMlaTile + i] = code[x[i]];
+        } else {
+          for (int i = 0; i < kDsMlaTile; ++i) out[t * kDsMlaTile + i] = f32_to_e4m3(load16(x[i], f.model) / scale);
+        }
         std::memcpy(entry + f.scale_offset + 4 * t, &scale, 4);
       }
       std::memcpy(entry + f.k_pe_offset, k_pe, static_cast<std::size_t>(R) * 2);  // bf16 verbatim
@@ -220,7 +266,11 @@ void encode_entry(const EntryFormat& f, const std::uint16_t* kv_c, const std::ui
         for (int i = 0; i < kV4Tile; ++i) amax = std::max(amax, std::abs(load16(x[i], f.model)));
         // The pow2 rule's scale is a power of two, so its UE8M0 code is exact.
         const float scale = ds_mla_tile_scale(amax, ScaleRule::kPow2);
-        for (int i = 0; i < kV4Tile; ++i) out[t * kV4Tile + i] = f32_to_e4m3(load16(x[i], f.model) / scale);
+        if (const std::uint8_t* code = e4m3_tile_table(f.model, scale, kV4Tile)) {
+          for (int i = 0; i < kV4Tile; ++i) out[t * kV4Tile + i] = code[x[i]];
+        } else {
+          for (int i = 0; i < kV4Tile; ++i) out[t * kV4Tile + i] = f32_to_e4m3(load16(x[i], f.model) / scale);
+        }
         out[f.scale_offset + t] = f32_to_ue8m0(scale);
       }
       std::memcpy(entry + f.k_pe_offset, k_pe, static_cast<std::size_t>(R) * 2);  // bf16 verbatim

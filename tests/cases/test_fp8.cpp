@@ -262,6 +262,45 @@ TEST(EntryFormat, DsMlaEntryBytes) {
   }
 }
 
+// fp8_ds_mla (pow2) and fp8_v4 tiles convert through a table per scale
+// (fp8.cpp): the bytes must be the element-wise conversion's, whether a
+// tile's scale has a table, gets one, or is converted element by element
+// (every third row has a magnitude of its own, so scales keep changing).
+TEST(EntryFormat, TileTablesGiveTheElementWiseBytes) {
+  for (const KvCacheFormat kv : {KvCacheFormat{KvCacheDtype::kFp8DsMla, ScaleRule::kPow2}, KvCacheFormat{KvCacheDtype::kFp8V4}}) {
+    const bool v4 = kv.dtype == KvCacheDtype::kFp8V4;
+    SCOPED_TRACE(v4 ? "fp8_v4" : "fp8_ds_mla");
+    const int L = v4 ? 448 : 512, R = 64, tile = v4 ? 64 : 128;
+    const EntryFormat f = make_entry_format(kv, DType::kBF16, L, R, 1.f);
+    std::vector<std::byte> e(static_cast<std::size_t>(f.bytes));
+    std::vector<float> kv_row(static_cast<std::size_t>(L)), pe(static_cast<std::size_t>(R), 0.5f);
+    const auto pe16 = bf16s(pe);
+    int scales_seen = 0;
+    float last_scale = 0;
+    for (int row = 0; row < 2000; ++row) {
+      const float mag = row % 3 == 0 ? std::ldexp(1.f, row % 40 - 20) : 1.f;
+      for (int i = 0; i < L; ++i)
+        kv_row[static_cast<std::size_t>(i)] = mag * 3.f * std::sin(static_cast<float>(row * 131 + i) * 0.7f);
+      const auto kv16 = bf16s(kv_row);
+      encode_entry(f, kv16.data(), pe16.data(), e.data());
+      for (int t = 0; t < L / tile; ++t) {
+        float scale;
+        if (v4) {
+          scale = ue8m0_to_f32(static_cast<std::uint8_t>(e[static_cast<std::size_t>(f.scale_offset + t)]));
+        } else {
+          std::memcpy(&scale, e.data() + f.scale_offset + 4 * t, 4);
+        }
+        if (scale != last_scale) ++scales_seen, last_scale = scale;
+        for (int i = t * tile; i < (t + 1) * tile; ++i)
+          ASSERT_EQ(std::to_integer<int>(e[static_cast<std::size_t>(i)]),
+                    f32_to_e4m3(bf16_to_f32(kv16[static_cast<std::size_t>(i)]) / scale))
+              << "row " << row << " element " << i << " scale " << scale;
+      }
+    }
+    EXPECT_GT(scales_seen, 100) << "the scales did not keep changing: the element-wise way went untested";
+  }
+}
+
 TEST(EntryFormat, Fp8EntryDividesByKScale) {
   std::vector<float> kv(512), pe(64);
   for (int i = 0; i < 512; ++i) kv[static_cast<std::size_t>(i)] = std::sin(static_cast<float>(i)) * 7.f;
