@@ -220,13 +220,21 @@ std::string first_cache_difference(const PagedCache& got, const PagedCache& expe
   std::size_t first = n, bytes = 0, entries = 0;
   std::int64_t last_entry = -1;
   // The live bytes (a huge pool's gap is never written, in either cache).
+  // Equal stretches are skipped a chunk at a time by memcmp (a correct
+  // writer's cache is equal everywhere; the byte loop was 4% of an explore
+  // search's CPU); a chunk that differs is walked byte by byte.
+  constexpr std::size_t kChunk = 4096;
   expected.data.for_each_live_range([&](std::int64_t lo, std::int64_t hi) {
-    for (auto i = static_cast<std::size_t>(lo); i < static_cast<std::size_t>(hi); ++i) {
-      if (a[i] == b[i]) continue;
-      if (first == n) first = i;
-      ++bytes;
-      const std::int64_t e = expected.locate_byte(static_cast<std::int64_t>(i)).first;
-      if (e != last_entry) ++entries, last_entry = e;
+    for (auto c = static_cast<std::size_t>(lo); c < static_cast<std::size_t>(hi); c += kChunk) {
+      const std::size_t end = std::min(c + kChunk, static_cast<std::size_t>(hi));
+      if (std::memcmp(a + c, b + c, end - c) == 0) continue;
+      for (std::size_t i = c; i < end; ++i) {
+        if (a[i] == b[i]) continue;
+        if (first == n) first = i;
+        ++bytes;
+        const std::int64_t e = expected.locate_byte(static_cast<std::int64_t>(i)).first;
+        if (e != last_entry) ++entries, last_entry = e;
+      }
     }
   });
   if (first == n) {

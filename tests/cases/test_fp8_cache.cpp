@@ -233,6 +233,14 @@ TEST(Fp8Cache, FirstDifferenceNamesTokenFieldAndElement) {
   e.entry(0)[600] ^= std::byte{0x01};  // the null block: no request's
   EXPECT_NE(first_cache_difference(e, b, slots, c.query_start_loc).find("owned by no request), field k_pe, element 36"),
             std::string::npos);
+  // Differences far apart (chunks that compare equal between them) all count.
+  PagedCache h = base;
+  h.entry(slot)[17] ^= std::byte{0x01};
+  h.entry(base.slot_of(0, 0))[3] ^= std::byte{0x01};
+  h.entry(base.slot_of(3, 2))[5] ^= std::byte{0x01};
+  EXPECT_NE(first_cache_difference(h, b, slots, c.query_start_loc).find("(3 byte(s) in 3 entries differ)"),
+            std::string::npos)
+      << first_cache_difference(h, b, slots, c.query_start_loc);
   PagedCache g = base;
   g.entry(base.slot_of(3, 2))[0] ^= std::byte{0x01};  // a context token
   EXPECT_NE(first_cache_difference(g, b, slots, c.query_start_loc).find("(request 3, position 2, not a new token)"),
