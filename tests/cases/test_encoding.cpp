@@ -132,6 +132,8 @@ TEST(F16, EveryPatternRoundTripsAndDecodesExactly) {
     const double want = decode_f16(h);
     if (f16_is_nan(h)) {
       ASSERT_TRUE(std::isnan(f)) << std::hex << i;
+      // Sign and payload kept: the bits shifted into fp32's places.
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(f), ((i & 0x8000u) << 16) | 0x7F800000u | ((i & 0x3FFu) << 13)) << std::hex << i;
       ASSERT_TRUE(f16_is_nan(f32_to_f16(f))) << std::hex << i;
     } else {
       ASSERT_TRUE(same_value(f, want)) << std::hex << i << ": " << f << " vs " << want;
