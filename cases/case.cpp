@@ -10,6 +10,7 @@
 #include <functional>
 #include <list>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "cases/encoding.h"
@@ -102,6 +103,13 @@ void fill_kept(Tensor& t, std::uint64_t seed, const char* name, double factor) {
 }  // namespace
 
 void set_keep_drawn_inputs(bool keep) { g_keep_drawn.store(keep, std::memory_order_relaxed); }
+
+bool seeds_repeat(std::span<const CaseSpec> cases) {
+  std::set<std::uint64_t> seeds;
+  for (const CaseSpec& c : cases)
+    if (!seeds.insert(c.seed).second) return true;
+  return false;
+}
 
 void fill_cache_values(Case& c) {
   if (!is_fp8(c.spec.kv_cache_dtype)) {

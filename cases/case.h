@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "cases/case_spec.h"
@@ -84,6 +85,11 @@ Case generate_case(const CaseSpec& spec, bool keys_only = false);
 // later case could use them, and copying them in cost a memcpy and the
 // fresh pages of each copy. The values drawn are the same either way.
 void set_keep_drawn_inputs(bool keep);
+// Whether two of these cases share a seed. A drawn tensor's values (and its
+// key in the keep list and the run's input store) hold its seed, so where
+// every seed is distinct no case can use a tensor another one drew: nothing
+// is worth keeping or sharing between workers.
+bool seeds_repeat(std::span<const CaseSpec> cases);
 // The case fields the spec alone gives (counts, per-request lengths and
 // offsets), tensors empty and the spec not validated: generate_case starts
 // from it, and readers of stored inputs (golden files) fill the tensors.

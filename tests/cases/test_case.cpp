@@ -179,6 +179,17 @@ TEST(GenerateCase, TheSameInputsWhetherDrawnTensorsAreKeptOrNot) {
   expect_identical(unkept, from_kept);
 }
 
+// seeds_repeat decides whether a run keeps drawn tensors and gives its
+// workers an input store: only where two cases share a seed.
+TEST(GenerateCase, SeedsRepeatOnlyWhereTwoCasesShareASeed) {
+  std::vector<CaseSpec> cases = {spec_of("mixed_small", 16, 1), spec_of("mixed_small", 16, 2),
+                                 spec_of("small_decode", 16, 3)};
+  EXPECT_FALSE(seeds_repeat(cases));
+  EXPECT_FALSE(seeds_repeat({}));
+  cases.push_back(spec_of("small_decode", 8, 2));  // another case of seed 2 (a TP degree's, say)
+  EXPECT_TRUE(seeds_repeat(cases));
+}
+
 // A case drawn for cache_write alone has the full case's latent rows, bit for
 // bit, and nothing else: no queries, weights or cache values; retargeted to
 // an fp8 cache it still draws none.
