@@ -109,7 +109,6 @@ void* map_block(std::size_t bytes) {
   return p;
 }
 
-
 // The first `bytes` of kept block `it` (whole 2 MiB pages), out of the pool:
 // the rest, if any, stays kept in its place; P.mutex held.
 Kept take_front(Pool& P, std::list<Kept>::iterator it, std::size_t bytes) {
