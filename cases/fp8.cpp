@@ -223,6 +223,16 @@ const std::uint8_t* e4m3_tile_table(DType model, float scale, int n) {
   return T.served >= kTableEntries ? T.build(model, scale) : nullptr;
 }
 
+// out[i] = e4m3(x[i] / scale) for a tile of n elements: through the scale's
+// table where `tables` allows one and it pays, else element by element.
+void encode_tile(DType model, float scale, bool tables, const std::uint16_t* x, int n, std::uint8_t* out) {
+  if (const std::uint8_t* code = tables ? e4m3_tile_table(model, scale, n) : nullptr) {
+    for (int i = 0; i < n; ++i) out[i] = code[x[i]];
+    return;
+  }
+  for (int i = 0; i < n; ++i) out[i] = f32_to_e4m3(load16(x[i], model) / scale);
+}
+
 }  // namespace
 
 void encode_entry(const EntryFormat& f, const std::uint16_t* kv_c, const std::uint16_t* k_pe, std::byte* entry) {
@@ -247,13 +257,7 @@ void encode_entry(const EntryFormat& f, const std::uint16_t* kv_c, const std::ui
         for (int i = 0; i < kDsMlaTile; ++i) amax = std::max(amax, std::abs(load16(x[i], f.model)));
         const float scale = ds_mla_tile_scale(amax, f.kv.scale_rule);
         // The raw rule's scales are a tile's own, too many for tables.
-        const std::uint8_t* code =
-            f.kv.scale_rule == ScaleRule::kPow2 ? e4m3_tile_table(f.model, scale, kDsMlaTile) : nullptr;
-        if (code) {
-          for (int i = 0; i < kDsMlaTile; ++i) out[t * kDsMlaTile + i] = code[x[i]];
-        } else {
-          for (int i = 0; i < kDsMlaTile; ++i) out[t * kDsMlaTile + i] = f32_to_e4m3(load16(x[i], f.model) / scale);
-        }
+        encode_tile(f.model, scale, f.kv.scale_rule == ScaleRule::kPow2, x, kDsMlaTile, out + t * kDsMlaTile);
         std::memcpy(entry + f.scale_offset + 4 * t, &scale, 4);
       }
       std::memcpy(entry + f.k_pe_offset, k_pe, static_cast<std::size_t>(R) * 2);  // bf16 verbatim
@@ -266,11 +270,7 @@ void encode_entry(const EntryFormat& f, const std::uint16_t* kv_c, const std::ui
         for (int i = 0; i < kV4Tile; ++i) amax = std::max(amax, std::abs(load16(x[i], f.model)));
         // The pow2 rule's scale is a power of two, so its UE8M0 code is exact.
         const float scale = ds_mla_tile_scale(amax, ScaleRule::kPow2);
-        if (const std::uint8_t* code = e4m3_tile_table(f.model, scale, kV4Tile)) {
-          for (int i = 0; i < kV4Tile; ++i) out[t * kV4Tile + i] = code[x[i]];
-        } else {
-          for (int i = 0; i < kV4Tile; ++i) out[t * kV4Tile + i] = f32_to_e4m3(load16(x[i], f.model) / scale);
-        }
+        encode_tile(f.model, scale, true, x, kV4Tile, out + t * kV4Tile);
         out[f.scale_offset + t] = f32_to_ue8m0(scale);
       }
       std::memcpy(entry + f.k_pe_offset, k_pe, static_cast<std::size_t>(R) * 2);  // bf16 verbatim

@@ -16,7 +16,6 @@
 #include <future>
 #include <map>
 #include <optional>
-#include <set>
 #include <system_error>
 #include <thread>
 
@@ -422,13 +421,14 @@ class RunCommand {
       // thread at a time in the HDF5 library), no group is taken ahead for it.
       if (cfg_.prepare || cfg_.on_outputs) io.prepare_ahead = false;
       share_cores(io, ra_.threads, devices_.empty() && host_only());
-      if (workers_in_all > 1) {
-        // Workers side by side draw each large input once between them
-        // (cases/input_store.h); without a folder each draws its own.
-        // Only where two cases share a seed: otherwise no worker reads what
-        // another publishes, and writing each case's inputs into the store
-        // was a copy into new memory per tensor (explore cpu.* on the 2-core
-        // VM: 5.73-6.73 cases/s without against 5.02-5.47 with, 2026-12-03).
+      // Workers side by side draw each large input once between them
+      // (cases/input_store.h); without a folder each draws its own. Only
+      // where two cases share a seed: otherwise no worker reads what another
+      // publishes, and writing each case's inputs into the store was a copy
+      // into new memory per tensor (explore cpu.* on the 2-core VM: 5.73-6.73
+      // cases/s without against 5.02-5.47 with, 2026-12-03). A CUDA build
+      // makes the folder anyway for its start-up slots.
+      if (workers_in_all > 1 && (seeds_repeat_ || MLAGATE_HAS_CUDA)) {
         try {
           input_store_ = InputStoreFolder::create();
           if (seeds_repeat_) io.env.push_back(input_store_.env());
