@@ -210,51 +210,6 @@ constexpr int kGroups = 2;
   }
 }
 
-// kGroups x kLanes polar-method candidates: lane (g, i) takes index hash
-// h[g][i] in round k[g][i] (normal_at's loop variable). ok: accepted
-// (0 < s < 1); res: its normal where accepted (rejected lanes compute on
-// s = 0.5 and their res is never read). Each step is written once per group,
-// so the groups' dependency chains (the series, the two divisions, the square
-// root) overlap in the pipeline; one group alone waits on each in turn.
-// det_log for s in (0, 1): never subnormal there (a, b are odd multiples of
-// 2^-53, so s >= 2^-106), which drops its scaling branch; every other
-// operation is det_log's, in its order.
-[[gnu::always_inline]] inline void polar_candidates(const VecU* h, const VecU* k, VecD* res, VecI* ok) {
-  VecD a[kGroups], s[kGroups], m[kGroups], ed[kGroups], z[kGroups], z2[kGroups], p[kGroups];
-#pragma GCC unroll 4
-  for (int g = 0; g < kGroups; ++g) {
-    a[g] = 2.0 * to_unit_v(mix64v(h[g] ^ ((k[g] * u64(2)) * u64(0xD6E8FEB86659FD93ull)))) - 1.0;
-    const VecD b = 2.0 * to_unit_v(mix64v(h[g] ^ ((k[g] * u64(2) + u64(1)) * u64(0xD6E8FEB86659FD93ull)))) - 1.0;
-    const VecD s0 = a[g] * a[g] + b * b;
-    ok[g] = (s0 > 0.0) & (s0 < 1.0);
-    s[g] = ok[g] ? s0 : VecD{} + 0.5;
-    const VecU u = __builtin_bit_cast(VecU, s[g]);
-    VecI e = reinterpret_cast<VecI>((u >> 52) & u64(0x7FF)) - std::int64_t{1023};
-    m[g] = __builtin_bit_cast(VecD, (u & u64(0x000FFFFFFFFFFFFFull)) | u64(0x3FF0000000000000ull));
-    const VecI high = m[g] > 1.4142135623730951;  // -1 where true
-    m[g] = high ? m[g] * 0.5 : m[g];
-    e -= high;
-    ed[g] = __builtin_convertvector(e, VecD);
-  }
-#pragma GCC unroll 4
-  for (int g = 0; g < kGroups; ++g) z[g] = (m[g] - 1.0) / (m[g] + 1.0);
-#pragma GCC unroll 4
-  for (int g = 0; g < kGroups; ++g) z2[g] = z[g] * z[g], p[g] = VecD{} + kInvOdd[0];
-#pragma GCC unroll 11
-  for (int j = 1; j < 12; ++j)
-#pragma GCC unroll 4
-    for (int g = 0; g < kGroups; ++g) p[g] = p[g] * z2[g] + kInvOdd[j];
-#pragma GCC unroll 4
-  for (int g = 0; g < kGroups; ++g) {
-    const VecD log_m = 2.0 * z[g] * p[g];
-    const VecD log_s = ed[g] * kLn2Hi + (log_m + ed[g] * kLn2Lo);
-    const VecD t = -2.0 * log_s / s[g];
-    VecD r;
-    for (int i = 0; i < kLanes; ++i) r[i] = __builtin_sqrt(t[i]);  // t > 0: IEEE sqrt, no errno
-    res[g] = a[g] * r;
-  }
-}
-
 // out[at[i]] = v[i]. Kept scalar: GCC would vectorize it into AVX-512
 // scatters, several times slower than plain stores on AMD's Zen 4.
 #if defined(__clang__)
@@ -270,7 +225,7 @@ constexpr int kGroups = 2;
 
 }  // namespace
 
-void normals_at_compacted(std::uint64_t st, std::uint64_t first, std::int64_t n, double* out) {
+void normals_at(std::uint64_t st, std::uint64_t first, std::int64_t n, double* out) {
   // Two passes over each block of indices. The first draws polar-method
   // candidates (two hashes and a sum of squares each) and sorts them: an
   // accepted one (0 < s < 1) joins the accepted list, a rejected one the
@@ -365,101 +320,6 @@ void normals_at_compacted(std::uint64_t st, std::uint64_t first, std::int64_t n,
     }
     scatter(out + block, acc_at + accepted_first, acc_res + accepted_first, accepted - accepted_first);
   }
-}
-
-void normals_at_in_lanes(std::uint64_t st, std::uint64_t first, std::int64_t n, double* out) {
-  // Every index's first candidate, kStep at a time; the indices whose
-  // candidate was rejected (about 21%) queue with their next round and go
-  // through again, kStep at a time, until none is left. That computes about
-  // 1.3 candidates a normal, where lanes kept in step until their last one
-  // was accepted computed about 2.7. Each index's candidates are normal_at's,
-  // in its order, so the bits are its bits (tests/cases: test_generator).
-  constexpr int kStep = kLanes * kGroups;
-  constexpr int kBlock = 512;
-  std::uint64_t pending_h[kBlock], pending_k[kBlock];
-  std::int64_t pending_at[kBlock];
-  VecU lane{};
-  for (int i = 0; i < kLanes; ++i) lane[i] = static_cast<std::uint64_t>(i);
-  for (std::int64_t block = 0; block < n; block += kBlock) {
-    const int m = static_cast<int>(std::min<std::int64_t>(kBlock, n - block));
-    int pending = 0;
-    for (int base = 0; base < m; base += kStep) {
-      VecU h[kGroups], k[kGroups] = {};
-#pragma GCC unroll 4
-      for (int g = 0; g < kGroups; ++g)
-        h[g] = mix64v((lane + (first + static_cast<std::uint64_t>(block + base + g * kLanes))) ^ st);
-      VecD res[kGroups];
-      VecI ok[kGroups];
-      polar_candidates(h, k, res, ok);
-      const int lanes = std::min(kStep, m - base);  // past n: computed, never written
-      if (lanes == kStep) {
-        // Every lane stored (a rejected lane's slot is written again when its
-        // index comes out of the queue below) and the rejected queued without
-        // a branch: a branch per lane on ok, taken about one time in five at
-        // random, cost more than the stores.
-        for (int g = 0; g < kGroups; ++g) std::memcpy(out + block + base + g * kLanes, &res[g], sizeof(VecD));
-        for (int i = 0; i < kStep; ++i) {
-          const int g = i / kLanes, l = i % kLanes;
-          pending_h[pending] = h[g][l];
-          pending_k[pending] = 1;
-          pending_at[pending] = block + base + i;
-          pending += ok[g][l] == 0;
-        }
-        continue;
-      }
-      for (int i = 0; i < lanes; ++i) {
-        const int g = i / kLanes, l = i % kLanes;
-        if (ok[g][l]) {
-          out[block + base + i] = res[g][l];
-        } else {
-          pending_h[pending] = h[g][l];
-          pending_k[pending] = 1;
-          pending_at[pending++] = block + base + i;
-        }
-      }
-    }
-    while (pending > 0) {
-      // Compacted in place: the kept entry j goes to a slot at or before j,
-      // and a batch's lanes are loaded before any of them is written.
-      int kept = 0;
-      for (int base = 0; base < pending; base += kStep) {
-        const int lanes = std::min(kStep, pending - base);
-        VecU h[kGroups] = {}, k[kGroups] = {};
-        for (int i = 0; i < lanes; ++i)
-          h[i / kLanes][i % kLanes] = pending_h[base + i], k[i / kLanes][i % kLanes] = pending_k[base + i];
-        VecD res[kGroups];
-        VecI ok[kGroups];
-        polar_candidates(h, k, res, ok);
-        for (int i = 0; i < lanes; ++i) {
-          const int g = i / kLanes, l = i % kLanes;
-          const std::int64_t at = pending_at[base + i];
-          if (ok[g][l]) {
-            out[at] = res[g][l];
-          } else if (k[g][l] + 1 == 64) {
-            out[at] = 0.0;  // 64 rejections in a row: normal_at's 0
-          } else {
-            pending_h[kept] = h[g][l];
-            pending_k[kept] = k[g][l] + 1;
-            pending_at[kept++] = at;
-          }
-        }
-      }
-      pending = kept;
-    }
-  }
-}
-
-void normals_at(std::uint64_t st, std::uint64_t first, std::int64_t n, double* out) {
-  // The same bits either way; the faster form for the CPU the build is for.
-  // On AMD's Zen 4 (a 2-core VM, 16.7 million normals) the compacted form
-  // took 5.2-6.3 ns a normal against 5.8-8.3; on an Intel Xeon (an H200
-  // host) 11.4 against 10.3 ns, so other CPUs keep every candidate in its
-  // lane. (GCC 12 builds for Zen 4 as znver3 with AVX-512 on.)
-#if defined(__AVX512F__) && (defined(__znver3__) || defined(__znver4__) || defined(__znver5__))
-  normals_at_compacted(st, first, n, out);
-#else
-  normals_at_in_lanes(st, first, n, out);
-#endif
 }
 
 std::uint64_t below(std::uint64_t n, std::uint64_t seed, std::uint64_t tensor, std::uint64_t index) {

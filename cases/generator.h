@@ -28,11 +28,6 @@ double normal_at(std::uint64_t stream, std::uint64_t index);
 // normal_at(stream, first + i) into out[i] for i < n, several indices at a
 // time (the same bits, 3-5x faster: the inputs' main cost).
 void normals_at(std::uint64_t stream, std::uint64_t first, std::int64_t n, double* out);
-// normals_at's two forms, each normal_at's bits (normals_at takes the one
-// faster on the CPU the build is for; the tests check both): every candidate
-// carried through in its lane, or the accepted candidates compacted first.
-void normals_at_in_lanes(std::uint64_t stream, std::uint64_t first, std::int64_t n, double* out);
-void normals_at_compacted(std::uint64_t stream, std::uint64_t first, std::int64_t n, double* out);
 // Uniform integer in [0, n).
 std::uint64_t below(std::uint64_t n, std::uint64_t seed, std::uint64_t tensor, std::uint64_t index);
 
