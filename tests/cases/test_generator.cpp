@@ -12,6 +12,11 @@
 #include <random>
 #include <vector>
 
+// cases/generator.cpp built without AVX-512 (generator_portable.cpp).
+namespace mlagate_portable::gen {
+void normals_at(std::uint64_t stream, std::uint64_t first, std::int64_t n, double* out);
+}  // namespace mlagate_portable::gen
+
 namespace mlagate {
 namespace {
 
@@ -198,19 +203,23 @@ namespace mlagate {
 namespace {
 
 // normals_at (the vectorized fill of every input tensor) gives normal_at's
-// bits exactly: any first index, any length (full and partial lanes), and
-// the rare indices whose first candidates are rejected.
+// bits exactly, built for this machine and without AVX-512: any first index,
+// any length (full and partial lanes and blocks), and the indices whose
+// first candidates are rejected.
 TEST(Generator, NormalsAtIsNormalAtBitForBit) {
   const std::uint64_t st = gen::stream(12345, gen::tensor_key("w_uk"));
   for (const auto& [first, n] : std::vector<std::pair<std::uint64_t, std::int64_t>>{
            {0, 1}, {0, 7}, {3, 9}, {0, 200003}, {1ull << 40, 4099}, {~0ull - 100, 64}}) {
-    std::vector<double> got(static_cast<std::size_t>(n));
+    std::vector<double> got(static_cast<std::size_t>(n)), portable(got.size());
     gen::normals_at(st, first, n, got.data());
+    mlagate_portable::gen::normals_at(st, first, n, portable.data());
     int rejected_first = 0;
     for (std::int64_t i = 0; i < n; ++i) {
       const double want = gen::normal_at(st, first + static_cast<std::uint64_t>(i));
       ASSERT_EQ(std::bit_cast<std::uint64_t>(got[static_cast<std::size_t>(i)]), std::bit_cast<std::uint64_t>(want))
           << "index " << first + static_cast<std::uint64_t>(i);
+      ASSERT_EQ(std::bit_cast<std::uint64_t>(portable[static_cast<std::size_t>(i)]), std::bit_cast<std::uint64_t>(want))
+          << "built without AVX-512, index " << first + static_cast<std::uint64_t>(i);
       // How often the first candidate is rejected (about 21%): the lanes' other rounds are exercised.
       const std::uint64_t h = gen::mix64(st ^ (first + static_cast<std::uint64_t>(i)));
       const double a = 2.0 * ((static_cast<double>(gen::mix64(h) >> 11) + 0.5) * 0x1.0p-53) - 1.0;
