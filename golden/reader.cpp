@@ -158,6 +158,21 @@ struct GoldenReader::Impl {
         bad(w, e.what());
       }
     }
+    if (io::has_attr(g, "ops", w)) {
+      const std::string ops = io::read_string(g, "ops", w, 256);
+      std::size_t at = 0;
+      while (at <= ops.size()) {
+        const std::size_t end = std::min(ops.find(',', at), ops.size());
+        try {
+          const Op op = parse_op(std::string_view(ops).substr(at, end - at));
+          if (s.takes(op) && !s.ops.empty()) bad(w, "ops names " + std::string(op_name(op)) + " twice");
+          s.ops.push_back(op);
+        } catch (const InputError& e) {
+          bad(w, "ops: " + std::string(e.what()));
+        }
+        at = end + 1;
+      }
+    }
     // Token counts are ints in Case: their sums must not overflow.
     std::int64_t sum_s = 0, sum_q = 0;
     for (std::int64_t i = 0; i < B; ++i) sum_s += seq[static_cast<std::size_t>(i)], sum_q += ql[static_cast<std::size_t>(i)];

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <set>
 #include <stdexcept>
 #include <string_view>
 
@@ -405,6 +406,34 @@ TEST_F(H5Files, ReplayWithoutTheBackendsBlockSizeIsSkippedNotRun) {
 
 // The published XXH64 vectors (seed 0 unless given): the empty input, the
 // tails of 1 to 7 bytes, exactly 32 bytes and 31, and the four-lane path.
+// A suite group's `ops` travel with the case: the file stores them and run
+// --golden on the file's own cases runs each case in those ops alone, the
+// records a run of the suite gives (it ran the file's cases in every op of
+// the run before).
+TEST(H5Ops, RunGoldenRunsACaseInTheOpsItsGroupNamed) {
+  ScratchDir dir;
+  const std::string path = (dir / "ops.h5").string();
+  std::vector<CaseSpec> specs = small_specs();
+  ASSERT_GE(specs.size(), 2u);
+  specs[0].ops = {Op::kDecode};  // the first case in the decode op alone, the others in every op
+  export_golden(specs, path, small_export_options());
+  EXPECT_EQ(GoldenReader(path).header(specs[0].id()).spec.ops, std::vector<Op>{Op::kDecode});
+  EXPECT_TRUE(GoldenReader(path).header(specs[1].id()).spec.ops.empty());
+
+  auto backends = select_backends("cpu.paged");
+  const std::vector<Record> want = run_cases(small_run_config(specs), backends);
+  RunConfig cfg = small_run_config({});
+  GoldenRun golden(GoldenRunOptions{path, "", {}, "", kDefaultMaxBytes, "test", ""});
+  cfg.cases = golden.file_cases("");
+  golden.attach(cfg);
+  const std::vector<Record> got = run_cases(cfg, backends);
+  expect_same_records(got, want);
+  std::set<std::string> first_ops;
+  for (const Record& r : got)
+    if (r.case_id == specs[0].id()) first_ops.insert(r.op);
+  EXPECT_EQ(first_ops, std::set<std::string>{"decode"});
+}
+
 TEST(ContentHashes, Xxh64MatchesThePublishedVectors) {
   auto x = [](std::string_view s, std::uint64_t seed = 0) { return xxh64(s.data(), s.size(), seed); };
   EXPECT_EQ(x(""), 0xEF46DB3751D8E999ull);

@@ -326,6 +326,21 @@ TEST_F(H5Hostile, MissingOrMistypedAttributes) {
   p = copy();
   set_string_attr(p, group(), "suite", "other");
   expect_rejected(p, "the attributes describe case 'other/small_decode");
+  // The ops a case runs in (written only where a suite group names them).
+  p = copy();
+  set_string_attr(p, group(), "ops", "decode,bogus");
+  expect_rejected(p, "ops: unknown op 'bogus'");
+  p = copy();
+  set_string_attr(p, group(), "ops", "decode,,layer");
+  expect_rejected(p, "ops: unknown op ''");
+  p = copy();
+  set_string_attr(p, group(), "ops", "decode,layer,decode");
+  expect_rejected(p, "ops names decode twice");
+  p = copy();
+  set_string_attr(p, group(), "ops", "prefill,decode");
+  EXPECT_EQ(load_error(p), "");
+  const CaseHeader h = GoldenReader(p.string()).header(id_);
+  EXPECT_EQ(h.spec.ops, (std::vector<Op>{Op::kPrefill, Op::kDecode}));
 }
 
 TEST_F(H5Hostile, LinksAndExternalStorageAreNotFollowed) {
