@@ -92,7 +92,9 @@ std::string_view scale_rule_name(ScaleRule r) {
 
 std::string kv_cache_format_name(KvCacheFormat f) {
   std::string s(kv_cache_dtype_name(f.dtype));
-  if (f.dtype == KvCacheDtype::kFp8DsMla) s += ":" + std::string(scale_rule_name(f.scale_rule));
+  // Appended piece by piece: GCC 12 warned (-Wrestrict, a false positive) on
+  // ":" + std::string(...) inlined here.
+  if (f.dtype == KvCacheDtype::kFp8DsMla) s.append(":").append(scale_rule_name(f.scale_rule));
   return s;
 }
 
