@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace mlagate {
 
@@ -19,5 +21,12 @@ Op parse_op(std::string_view s);  // throws InputError
 std::span<const Op> all_ops();    // every op, in the order above
 bool is_sparse_op(Op op);
 bool is_merge_op(Op op);  // kMergeStates
+
+// Ops as comma-separated names ("decode,layer"), the form golden files and
+// command lines carry. parse_op_names refuses an unknown or empty name and a
+// repeated one with an InputError that begins with `what` (the attribute or
+// flag they came from).
+std::string op_names(std::span<const Op> ops);
+std::vector<Op> parse_op_names(std::string_view s, std::string_view what);
 
 }  // namespace mlagate

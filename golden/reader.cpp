@@ -160,17 +160,10 @@ struct GoldenReader::Impl {
     }
     if (io::has_attr(g, "ops", w)) {
       const std::string ops = io::read_string(g, "ops", w, 256);
-      std::size_t at = 0;
-      while (at <= ops.size()) {
-        const std::size_t end = std::min(ops.find(',', at), ops.size());
-        try {
-          const Op op = parse_op(std::string_view(ops).substr(at, end - at));
-          if (s.takes(op) && !s.ops.empty()) bad(w, "ops names " + std::string(op_name(op)) + " twice");
-          s.ops.push_back(op);
-        } catch (const InputError& e) {
-          bad(w, "ops: " + std::string(e.what()));
-        }
-        at = end + 1;
+      try {
+        s.ops = parse_op_names(ops, "ops");
+      } catch (const InputError& e) {
+        bad(w, e.what());
       }
     }
     // Token counts are ints in Case: their sums must not overflow.

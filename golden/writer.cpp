@@ -216,11 +216,7 @@ void write_case_header(hid_t g, const CaseSpec& spec, const InputHashes* hashes,
   if (!spec.layout.contiguous()) io::write_attr(g, "layout", layout_name(spec.layout), w);
   // Only where set (a suite group's `ops`): run --golden then runs the case in
   // those ops alone, as the suite did; absent, in every op of the run.
-  if (!spec.ops.empty()) {
-    std::string ops;
-    for (Op o : spec.ops) ops += (ops.empty() ? "" : ",") + std::string(op_name(o));
-    io::write_attr(g, "ops", ops, w);
-  }
+  if (!spec.ops.empty()) io::write_attr(g, "ops", op_names(spec.ops), w);
   if (spec.merge.active()) {
     // A merge case (SCHEMA.md, "Merge cases").
     io::write_attr(g, "merge_head_dim", spec.merge.head_dim, w);

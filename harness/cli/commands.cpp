@@ -25,8 +25,8 @@ namespace mlagate {
 namespace {
 
 std::string caps_str(const Capabilities& caps) {
-  std::string ops, bss;
-  for (Op o : caps.ops) ops += (ops.empty() ? "" : ",") + std::string(op_name(o));
+  const std::string ops = op_names(caps.ops);
+  std::string bss;
   for (int b : caps.block_sizes) bss += (bss.empty() ? "" : ",") + std::to_string(b);
   std::string dts, kvs;
   for (DType t : caps.dtypes) dts += (dts.empty() ? "" : ",") + std::string(dtype_short(t));

@@ -265,8 +265,7 @@ class Search {
       std::ofstream f(yaml);
       f << cases_as_suite_yaml(specs, "explore");
     }
-    std::string op_list;
-    for (Op op : ops) op_list += (op_list.empty() ? "" : ",") + std::string(op_name(op));
+    const std::string op_list = op_names(std::vector<Op>(ops.begin(), ops.end()));
     std::set<std::string> ran_cases;
     const std::string json = (dir_ / "rounds" / "round.json").string();
     const std::string log = (dir_ / "rounds" / "round.log").string();

@@ -327,15 +327,13 @@ TEST_F(H5Hostile, MissingOrMistypedAttributes) {
   set_string_attr(p, group(), "suite", "other");
   expect_rejected(p, "the attributes describe case 'other/small_decode");
   // The ops a case runs in (written only where a suite group names them).
-  p = copy();
-  set_string_attr(p, group(), "ops", "decode,bogus");
-  expect_rejected(p, "ops: unknown op 'bogus'");
-  p = copy();
-  set_string_attr(p, group(), "ops", "decode,,layer");
-  expect_rejected(p, "ops: unknown op ''");
-  p = copy();
-  set_string_attr(p, group(), "ops", "decode,layer,decode");
-  expect_rejected(p, "ops names decode twice");
+  for (const auto& [value, words] : {std::pair{"decode,bogus", "ops: unknown op 'bogus'"},
+                                     std::pair{"decode,,layer", "ops: unknown op ''"},
+                                     std::pair{"decode,layer,decode", "ops names decode twice"}}) {
+    p = copy();
+    set_string_attr(p, group(), "ops", value);
+    expect_rejected(p, words);
+  }
   p = copy();
   set_string_attr(p, group(), "ops", "prefill,decode");
   EXPECT_EQ(load_error(p), "");
