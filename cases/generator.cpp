@@ -266,7 +266,7 @@ void normals_at(std::uint64_t st, std::uint64_t first, std::int64_t n, double* o
       VecI ok;
       polar_candidate(h, VecU{}, a, s, ok);
       const unsigned valid = (1u << std::min(kLanes, m - base)) - 1;  // past m: computed, never kept
-      const unsigned yes = lane_mask(ok) & valid, no = ~lane_mask(ok) & valid;
+      const unsigned taken = lane_mask(ok), yes = taken & valid, no = ~taken & valid;
       const VecI at = lane_i + base;
       keep(yes, a, acc_a + accepted), keep(yes, s, acc_s + accepted);
       keep(no, h, queue_h + queued), keep(no, VecU{} + u64(1), queue_k + queued), keep(no, at, queue_at + queued);
@@ -289,8 +289,8 @@ void normals_at(std::uint64_t st, std::uint64_t first, std::int64_t n, double* o
         VecI at;
         std::memcpy(&at, queue_at + base, sizeof at);
         const unsigned valid = (1u << std::min(kLanes, queued - base)) - 1;
-        const unsigned yes = lane_mask(ok) & valid;
-        unsigned no = ~lane_mask(ok) & valid;
+        const unsigned taken = lane_mask(ok), yes = taken & valid;
+        unsigned no = ~taken & valid;
         const VecU next = k + u64(1);
         if (const unsigned last = no & lane_mask(reinterpret_cast<VecI>(next == u64(64)))) [[unlikely]] {
           for (int i = 0; i < kLanes; ++i)
