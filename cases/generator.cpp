@@ -1,5 +1,7 @@
 // Counter-based generator: splitmix64 hashing of (seed, tensor, index, sub),
-// Marsaglia's polar normal sampler and a log built from IEEE arithmetic only.
+// a Box-Muller normal sampler and a log, sine and cosine built from IEEE
+// arithmetic only (version 2; version 1's polar method cost 4-5x as much a
+// normal, most of a case's drawing).
 #include "cases/generator.h"
 
 #include <algorithm>
@@ -55,7 +57,7 @@ double uniform(std::uint64_t seed, std::uint64_t tensor, std::uint64_t index, st
 namespace {
 
 // det_log's series coefficients 1/23, 1/21, ..., 1/1 and ln 2 split so that
-// e * hi is exact; det_log and normals_at's vector form share them. As
+// e * hi is exact; det_log and the normals (a shorter series) share them. As
 // constants because written `1.0 / k` inside the loop, GCC left a scalar
 // division per term in the vector code (the compiler folds them with IEEE
 // division: the values a run-time division gives).
@@ -89,26 +91,12 @@ double det_log(double x) {
   return static_cast<double>(e) * kLn2Hi + (log_m + static_cast<double>(e) * kLn2Lo);
 }
 
-double normal(std::uint64_t seed, std::uint64_t tensor, std::uint64_t index) {
-  return normal_at(stream(seed, tensor), index);
-}
-
-double normal_at(std::uint64_t st, std::uint64_t index) {
-  const std::uint64_t h = mix64(st ^ index);
-  for (std::uint64_t k = 0; k < 64; ++k) {
-    const double a = 2.0 * to_unit(mix64(h ^ ((2 * k) * 0xD6E8FEB86659FD93ull))) - 1.0;
-    const double b = 2.0 * to_unit(mix64(h ^ ((2 * k + 1) * 0xD6E8FEB86659FD93ull))) - 1.0;
-    const double s = a * a + b * b;
-    if (s > 0.0 && s < 1.0) return a * std::sqrt(-2.0 * det_log(s) / s);  // sqrt is IEEE exact
-  }
-  return 0.0;  // 64 rejections in a row: probability 0.215^64, never seen
-}
-
 namespace {
 
-// normals_at's lanes: GCC vector types, so that every step below is one
-// vector instruction of the IEEE operation normal_at's scalar code performs
-// (this folder is built with -ffp-contract=off: nothing is fused either way).
+// The normals' lanes: GCC vector types, so that every step below is one
+// vector instruction of an IEEE operation, the same in every lane and in
+// normal_at (which runs the same code and takes one lane); this folder is
+// built with -ffp-contract=off, so nothing is fused either way.
 constexpr int kLanes = 8;
 using VecU = std::uint64_t __attribute__((vector_size(8 * kLanes)));
 using VecI = std::int64_t __attribute__((vector_size(8 * kLanes)));
@@ -124,68 +112,58 @@ constexpr std::uint64_t u64(unsigned long long v) { return static_cast<std::uint
   return x ^ (x >> 31);
 }
 
-[[gnu::always_inline]] inline VecD to_unit_v(VecU b) { return (__builtin_convertvector(b >> 11, VecD) + 0.5) * 0x1.0p-53; }
-
-// dst[i] for each bit i set in mask, from src[0..popcount) in order; the
-// other lanes of dst are left alone. src has room for kLanes.
-[[gnu::always_inline]] inline void expand(unsigned mask, const double* src, double* dst) {
-#if defined(__AVX512F__)
-  const auto k = static_cast<__mmask8>(mask);
-  _mm512_mask_storeu_pd(dst, k, _mm512_maskz_expand_pd(k, _mm512_loadu_pd(src)));
-#else
-  for (int i = 0, j = 0; i < kLanes; ++i)
-    if (mask >> i & 1) dst[i] = src[j++];
-#endif
+constexpr double factorial(int n) {
+  double f = 1;
+  for (int i = 2; i <= n; ++i) f *= i;
+  return f;
 }
+// sin and cos of phi in [0, pi/4) as Horner sums in phi^2, highest term
+// first: sin phi = phi (1 - phi^2/3! + ... + phi^12/13!), cos phi = 1 -
+// phi^2/2! + ... + phi^12/12!; the next terms are below 3e-14 and 4e-13
+// (the values are rounded to 16-bit model dtypes or fp32 anyway). Exact
+// factorials and the compiler's IEEE division: the constants are the same
+// on every machine.
+constexpr double kSin[7] = {1 / factorial(13), -1 / factorial(11), 1 / factorial(9), -1 / factorial(7),
+                            1 / factorial(5),  -1 / factorial(3),  1.0};
+constexpr double kCos[7] = {1 / factorial(12), -1 / factorial(10), 1 / factorial(8), -1 / factorial(6),
+                            1 / factorial(4),  -1 / factorial(2),  1.0};
+// pi/4 (the double nearest it) scaled by 2^-50: phi = (50 random bits) x this.
+constexpr double kQuarterPiStep = 0x1.921fb54442d18p-1 * 0x1.0p-50;
+// The hashes of a normal's index: splitmix64 over the stream.
+constexpr std::uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+// log's series to 1/15 z^15: |z| <= 0.1716, so the terms left out are
+// below 5e-15 of log m.
+constexpr int kLogTerms = 8;
 
-// Bit i set where lane i of a comparison's result is true (-1).
-[[gnu::always_inline]] inline unsigned lane_mask(VecI v) {
-#if defined(__AVX512DQ__)
-  return _mm512_movepi64_mask(reinterpret_cast<__m512i>(v));
-#else
-  unsigned m = 0;
-  for (int i = 0; i < kLanes; ++i) m |= static_cast<unsigned>(v[i] != 0) << i;
-  return m;
-#endif
-}
-
-// The lanes of v whose bit is set in mask, in lane order, to dst[0..popcount):
-// one compress and one store with AVX-512, a store per lane otherwise. dst
-// must have room for kLanes (the lanes past the kept ones are scratch).
-template <class V, class T>
-[[gnu::always_inline]] inline void keep(unsigned mask, V v, T* dst) {
-  static_assert(sizeof(T) == 8 && sizeof(V) == 8 * kLanes);
-#if defined(__AVX512F__)
-  _mm512_storeu_si512(dst, _mm512_maskz_compress_epi64(static_cast<__mmask8>(mask), reinterpret_cast<__m512i>(v)));
-#else
-  int j = 0;
-  for (int i = 0; i < kLanes; ++i) {
-    std::memcpy(dst + j, reinterpret_cast<const char*>(&v) + 8 * i, 8);
-    j += mask >> i & 1;
-  }
-#endif
-}
-
-[[gnu::always_inline]] inline void polar_candidate(VecU h, VecU k, VecD& a, VecD& s, VecI& ok) {
-  a = 2.0 * to_unit_v(mix64v(h ^ ((k * u64(2)) * u64(0xD6E8FEB86659FD93ull)))) - 1.0;
-  const VecD b = 2.0 * to_unit_v(mix64v(h ^ ((k * u64(2) + u64(1)) * u64(0xD6E8FEB86659FD93ull)))) - 1.0;
-  s = a * a + b * b;
-  ok = (s > 0.0) & (s < 1.0);
-}
-
-// a * sqrt(-2 det_log(s) / s) for kGroups x kLanes accepted candidates, s in
-// (0, 1). det_log's scaling branch is dropped: s is never subnormal there (a,
-// b are odd multiples of 2^-53, so s >= 2^-106). Each step is written once
-// per group, so the groups' dependency chains (the series, the two
-// divisions, the square root) overlap in the pipeline.
+// Box-Muller, kGroups x kLanes pairs: pair k is normals 2k and 2k+1, from
+// the hashes of indices 2k (the radius) and 2k+1 (the angle):
+//   u = (53 bits + 1/2) 2^-53 in (0, 1), r = sqrt(-2 log u);
+//   phi = (50 bits) 2^-50 pi/4 in [0, pi/4); (c, s) = (cos phi, sin phi),
+//   swapped by one bit (the angle reflected about pi/4), each negated by
+//   another (the quadrant): a uniform angle, so x = r c and y = r s are
+//   independent standard normals.
+// No rejection (the polar method of version 1 drew 1.27 candidates a
+// normal) and a log and a square root per two normals. Each step is written
+// once per group, so the groups' dependency chains (the division, the
+// series, the square root) overlap in the pipeline.
 constexpr int kGroups = 2;
-[[gnu::always_inline]] inline void polar_finish(const VecD* a, const VecD* s, VecD* res) {
-  VecD m[kGroups], ed[kGroups], z[kGroups], z2[kGroups], p[kGroups];
+[[gnu::always_inline]] inline void box_muller(std::uint64_t st, VecU k, VecD* x, VecD* y) {
+  VecU h1[kGroups], h2[kGroups];
+  VecD m[kGroups], ed[kGroups], z[kGroups], z2[kGroups], p[kGroups], phi[kGroups], f2[kGroups], s[kGroups],
+      c[kGroups];
 #pragma GCC unroll 4
   for (int g = 0; g < kGroups; ++g) {
-    const VecU u = __builtin_bit_cast(VecU, s[g]);
-    VecI e = reinterpret_cast<VecI>((u >> 52) & u64(0x7FF)) - std::int64_t{1023};
-    m[g] = __builtin_bit_cast(VecD, (u & u64(0x000FFFFFFFFFFFFFull)) | u64(0x3FF0000000000000ull));
+    const VecU i = (k + u64(g * kLanes)) * u64(2);
+    h1[g] = mix64v(st + i * kGolden);
+    h2[g] = mix64v(st + (i + u64(1)) * kGolden);
+  }
+  // log u = e ln 2 + log m, m in [sqrt(1/2), sqrt(2)); u >= 2^-54 is never subnormal.
+#pragma GCC unroll 4
+  for (int g = 0; g < kGroups; ++g) {
+    const VecD u = (__builtin_convertvector(h1[g] >> 11, VecD) + 0.5) * 0x1.0p-53;
+    const VecU ub = __builtin_bit_cast(VecU, u);
+    VecI e = reinterpret_cast<VecI>((ub >> 52) & u64(0x7FF)) - std::int64_t{1023};
+    m[g] = __builtin_bit_cast(VecD, (ub & u64(0x000FFFFFFFFFFFFFull)) | u64(0x3FF0000000000000ull));
     const VecI high = m[g] > 1.4142135623730951;  // -1 where true
     m[g] = high ? m[g] * 0.5 : m[g];
     e -= high;
@@ -194,133 +172,85 @@ constexpr int kGroups = 2;
 #pragma GCC unroll 4
   for (int g = 0; g < kGroups; ++g) z[g] = (m[g] - 1.0) / (m[g] + 1.0);
 #pragma GCC unroll 4
-  for (int g = 0; g < kGroups; ++g) z2[g] = z[g] * z[g], p[g] = VecD{} + kInvOdd[0];
-#pragma GCC unroll 11
-  for (int j = 1; j < 12; ++j)
+  for (int g = 0; g < kGroups; ++g) {
+    z2[g] = z[g] * z[g];
+    p[g] = VecD{} + kInvOdd[12 - kLogTerms];
+    phi[g] = __builtin_convertvector(h2[g] & u64((1ull << 50) - 1), VecD) * kQuarterPiStep;
+    f2[g] = phi[g] * phi[g];
+    s[g] = VecD{} + kSin[0];
+    c[g] = VecD{} + kCos[0];
+  }
+#pragma GCC unroll 8
+  for (int j = 13 - kLogTerms; j < 12; ++j)
 #pragma GCC unroll 4
     for (int g = 0; g < kGroups; ++g) p[g] = p[g] * z2[g] + kInvOdd[j];
+#pragma GCC unroll 8
+  for (int j = 1; j < 7; ++j)
+#pragma GCC unroll 4
+    for (int g = 0; g < kGroups; ++g) s[g] = s[g] * f2[g] + kSin[j], c[g] = c[g] * f2[g] + kCos[j];
 #pragma GCC unroll 4
   for (int g = 0; g < kGroups; ++g) {
-    const VecD log_m = 2.0 * z[g] * p[g];
-    const VecD log_s = ed[g] * kLn2Hi + (log_m + ed[g] * kLn2Lo);
-    const VecD t = -2.0 * log_s / s[g];
+    const VecD t = -2.0 * (ed[g] * kLn2Hi + (2.0 * z[g] * p[g] + ed[g] * kLn2Lo));
+#if defined(__AVX512F__)
+    // IEEE sqrt in every lane; the masked form, as _mm512_sqrt_pd's undefined
+    // pass-through draws GCC 12's -Wmaybe-uninitialized.
+    const __m512d tv = reinterpret_cast<__m512d>(t);
+    const VecD r = reinterpret_cast<VecD>(_mm512_mask_sqrt_pd(tv, static_cast<__mmask8>(0xFF), tv));
+#else
     VecD r;
-    for (int i = 0; i < kLanes; ++i) r[i] = __builtin_sqrt(t[i]);  // t > 0: IEEE sqrt, no errno
-    res[g] = a[g] * r;
+    for (int l = 0; l < kLanes; ++l) r[l] = __builtin_sqrt(t[l]);  // t >= 0: IEEE sqrt, no errno
+#endif
+    s[g] = s[g] * phi[g];
+    const VecI swap = reinterpret_cast<VecI>(h2[g] >> 63) != 0;
+    const VecD a = swap ? s[g] : c[g], b = swap ? c[g] : s[g];
+    // Negation flips the sign bit alone: exact.
+    x[g] = __builtin_bit_cast(VecD, __builtin_bit_cast(VecU, r * a) ^ ((h2[g] >> 62 & u64(1)) << 63));
+    y[g] = __builtin_bit_cast(VecD, __builtin_bit_cast(VecU, r * b) ^ ((h2[g] >> 61 & u64(1)) << 63));
   }
 }
 
-// out[at[i]] = v[i]. Kept scalar: GCC would vectorize it into AVX-512
-// scatters, several times slower than plain stores on AMD's Zen 4.
-#if defined(__clang__)
-[[gnu::noinline]] void scatter(double* out, const std::int64_t* at, const double* v, int n) {
-#pragma clang loop vectorize(disable)
-  for (int i = 0; i < n; ++i) out[at[i]] = v[i];
-}
-#else
-[[gnu::noinline, gnu::optimize("no-tree-vectorize")]] void scatter(double* out, const std::int64_t* at, const double* v, int n) {
-  for (int i = 0; i < n; ++i) out[at[i]] = v[i];
-}
-#endif
-
 }  // namespace
 
+double normal(std::uint64_t seed, std::uint64_t tensor, std::uint64_t index) {
+  return normal_at(stream(seed, tensor), index);
+}
+
+double normal_at(std::uint64_t st, std::uint64_t index) {
+  // normals_at's arithmetic, one pair of its lanes used: the same bits by construction.
+  VecD x[kGroups], y[kGroups];
+  box_muller(st, VecU{} + (index >> 1), x, y);
+  return (index & 1) ? y[0][0] : x[0][0];
+}
+
 void normals_at(std::uint64_t st, std::uint64_t first, std::int64_t n, double* out) {
-  // Two passes over each block of indices. The first draws polar-method
-  // candidates (two hashes and a sum of squares each) and sorts them: an
-  // accepted one (0 < s < 1) joins the accepted list, a rejected one the
-  // queue with its next round, until the queue is empty. The second takes
-  // the accepted list a step at a time for a * sqrt(-2 log s / s): the two
-  // divisions, the square root and the log's series, most of a normal's
-  // time, run once a normal and never on a candidate then rejected (about
-  // 21% of first ones: every candidate's would be about 1.27 a normal). The
-  // lists are compacted with AVX-512's compress where the build has it, a
-  // lane at a time otherwise. Each index's accepted candidate is
-  // normal_at's (the first in its round order) and every operation is
-  // normal_at's, in its order, so the bits are its bits (tests/cases:
-  // test_generator, run built for Zen 4 and Sapphire Rapids; 16.7 million
-  // normals compared built for x86-64 and x86-64-v3 too). A normal took
-  // 5.2-6.3 ns against 5.8-8.3 with every candidate finished in its lane on
-  // a 2-core Zen 4 VM, 7.9-8.3 against 9.0-9.9 on an H200 host's Xeon.
-  constexpr int kBlock = 512;
-  constexpr int kStep = kLanes * kGroups;
-  // The queue (hash, round, slot) and the accepted list (a, s; the slot of
-  // those of later rounds), with a step's room past the end: whole vectors
-  // are read and written, padding included.
-  alignas(64) std::uint64_t queue_h[kBlock + kStep], queue_k[kBlock + kStep];
-  alignas(64) std::int64_t queue_at[kBlock + kStep];
-  alignas(64) double acc_a[kBlock + kStep], acc_s[kBlock + kStep], acc_res[kBlock + kStep];
-  alignas(64) std::int64_t acc_at[kBlock + kStep];
-  std::uint8_t first_accepted[kBlock / kLanes];  // each lane group's accepted first candidates
+  // Blocks of pairs, interleaved into normal order in a buffer on the stack
+  // and copied out from the block's first wanted normal (an odd `first`
+  // starts at a pair's second).
+  constexpr int kStep = kGroups * kLanes;  // pairs a call of box_muller
+  constexpr int kBlock = 16 * kStep;      // pairs a block
+  alignas(64) double buf[2 * kBlock];
   VecU lane{};
-  VecI lane_i{};
-  for (int i = 0; i < kLanes; ++i) lane[i] = static_cast<std::uint64_t>(i), lane_i[i] = i;
-  for (std::int64_t block = 0; block < n; block += kBlock) {
-    const int m = static_cast<int>(std::min<std::int64_t>(kBlock, n - block));
-    int accepted = 0, queued = 0;
-    // Round 0: every index's first candidate. Which lanes were accepted is
-    // kept per lane group: their results go back by one expand, no slots.
-    for (int base = 0; base < m; base += kLanes) {
-      const VecU h = mix64v((lane + (first + static_cast<std::uint64_t>(block + base))) ^ st);
-      VecD a, s;
-      VecI ok;
-      polar_candidate(h, VecU{}, a, s, ok);
-      const unsigned valid = (1u << std::min(kLanes, m - base)) - 1;  // past m: computed, never kept
-      const unsigned taken = lane_mask(ok), yes = taken & valid, no = ~taken & valid;
-      const VecI at = lane_i + base;
-      keep(yes, a, acc_a + accepted), keep(yes, s, acc_s + accepted);
-      keep(no, h, queue_h + queued), keep(no, VecU{} + u64(1), queue_k + queued), keep(no, at, queue_at + queued);
-      first_accepted[base / kLanes] = static_cast<std::uint8_t>(yes);
-      accepted += std::popcount(yes);
-      queued += std::popcount(no);
-    }
-    const int accepted_first = accepted;
-    // Later rounds: the queue is read kLanes at a time and compacted in place
-    // (an entry goes to a slot at or before its own, after its vector is read).
-    while (queued > 0) {
-      int kept = 0;
-      for (int base = 0; base < queued; base += kLanes) {
-        VecU h, k;
-        std::memcpy(&h, queue_h + base, sizeof h);
-        std::memcpy(&k, queue_k + base, sizeof k);
-        VecD a, s;
-        VecI ok;
-        polar_candidate(h, k, a, s, ok);
-        VecI at;
-        std::memcpy(&at, queue_at + base, sizeof at);
-        const unsigned valid = (1u << std::min(kLanes, queued - base)) - 1;
-        const unsigned taken = lane_mask(ok), yes = taken & valid;
-        unsigned no = ~taken & valid;
-        const VecU next = k + u64(1);
-        if (const unsigned last = no & lane_mask(reinterpret_cast<VecI>(next == u64(64)))) [[unlikely]] {
-          for (int i = 0; i < kLanes; ++i)
-            if (last >> i & 1) out[block + at[i]] = 0.0;  // 64 rejections in a row: normal_at's 0
-          no &= ~last;
-        }
-        keep(yes, a, acc_a + accepted), keep(yes, s, acc_s + accepted), keep(yes, at, acc_at + accepted);
-        keep(no, h, queue_h + kept), keep(no, next, queue_k + kept), keep(no, at, queue_at + kept);
-        accepted += std::popcount(yes);
-        kept += std::popcount(no);
+  for (int i = 0; i < kLanes; ++i) lane[i] = static_cast<std::uint64_t>(i);
+  std::uint64_t pair = first >> 1;
+  std::int64_t skip = static_cast<std::int64_t>(first & 1), done = 0;
+  while (done < n) {
+    const std::int64_t take = std::min<std::int64_t>(2 * kBlock - skip, n - done);
+    const std::int64_t pairs = (skip + take + 1) / 2;  // the block's pairs that hold wanted normals
+    for (std::int64_t b = 0; b < pairs; b += kStep) {
+      VecD x[kGroups], y[kGroups];
+      box_muller(st, lane + (pair + static_cast<std::uint64_t>(b)), x, y);
+#pragma GCC unroll 4
+      for (int g = 0; g < kGroups; ++g) {
+        const VecD lo = __builtin_shufflevector(x[g], y[g], 0, 8, 1, 9, 2, 10, 3, 11);
+        const VecD hi = __builtin_shufflevector(x[g], y[g], 4, 12, 5, 13, 6, 14, 7, 15);
+        std::memcpy(buf + 2 * (b + g * kLanes), &lo, sizeof lo);
+        std::memcpy(buf + 2 * (b + g * kLanes) + kLanes, &hi, sizeof hi);
       }
-      queued = kept;
     }
-    // The accepted list, a step at a time; its padding (s = 0.5) is computed, never written.
-    for (int i = accepted; i < accepted + kStep; ++i) acc_a[i] = 0.0, acc_s[i] = 0.5;
-    for (int base = 0; base < accepted; base += kStep) {
-      VecD a[kGroups], s[kGroups], res[kGroups];
-      std::memcpy(a, acc_a + base, sizeof a);
-      std::memcpy(s, acc_s + base, sizeof s);
-      polar_finish(a, s, res);
-      std::memcpy(acc_res + base, res, sizeof res);
-    }
-    // First candidates' results go back to their lanes in order, later
-    // rounds' one by one to their slots.
-    for (int base = 0, from = 0; base < m; base += kLanes) {
-      const unsigned yes = first_accepted[base / kLanes];
-      expand(yes, acc_res + from, out + block + base);
-      from += std::popcount(yes);
-    }
-    scatter(out + block, acc_at + accepted_first, acc_res + accepted_first, accepted - accepted_first);
+    std::memcpy(out + done, buf + skip, static_cast<std::size_t>(take) * sizeof(double));
+    done += take;
+    skip = 0;
+    pair += kBlock;
   }
 }
 

@@ -3,6 +3,8 @@
 #include "cases/merge.h"
 
 #include <limits>
+#include <tuple>
+#include <vector>
 
 #include "cases/encoding.h"
 #include "cases/generator.h"
@@ -69,6 +71,7 @@ std::shared_ptr<const MergeInputs> generate_merge(const CaseSpec& spec) {
     else
       t.data<std::uint16_t>()[i] = spec.dtype == DType::kBF16 ? f32_to_bf16(f) : f32_to_f16(f);
   };
+  std::vector<double> row(static_cast<std::size_t>(D));
   for (std::int64_t r = 0; r < T * N; ++r) {
     const std::uint64_t u = static_cast<std::uint64_t>(r);
     Side ps, ss;
@@ -79,10 +82,11 @@ std::shared_ptr<const MergeInputs> generate_merge(const CaseSpec& spec) {
     auto lse_of = [](Side s, double v) { return s == Side::kFinite ? static_cast<float>(v) : s == Side::kNegInf ? -kInf : kInf; };
     m->prefix_lse.data<float>()[r] = lse_of(ps, lp);
     m->suffix_lse.data<float>()[r] = lse_of(ss, ls);
-    for (std::int64_t x = 0; x < D; ++x) {
-      const std::int64_t i = r * D + x;
-      store(m->prefix_output, i, ps == Side::kFinite ? gen::normal_at(k_out_p, static_cast<std::uint64_t>(i)) : 0.0);
-      store(m->suffix_output, i, ss == Side::kFinite ? gen::normal_at(k_out_s, static_cast<std::uint64_t>(i)) : 0.0);
+    // The row's D outputs of a finite side: normals r*D .. r*D + D - 1 (normals_at:
+    // normal_at's values, several at a time); an empty side's row holds 0.
+    for (auto [t, side, st] : {std::tuple{&m->prefix_output, ps, k_out_p}, std::tuple{&m->suffix_output, ss, k_out_s}}) {
+      if (side == Side::kFinite) gen::normals_at(st, static_cast<std::uint64_t>(r * D), D, row.data());
+      for (std::int64_t x = 0; x < D; ++x) store(*t, r * D + x, side == Side::kFinite ? row[static_cast<std::size_t>(x)] : 0.0);
     }
   }
   return m;

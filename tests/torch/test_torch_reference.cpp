@@ -113,9 +113,12 @@ TEST(TorchReference, Fp64EqualsEigenGolden) {
 // The model-dtype torch reference and the CPU emulation, each against the
 // golden, on every request through each form. On CUDA (PyTorch 2.11) torch's
 // kernels are the emulation's pipeline: the ratio was 1.000 on every case.
-// libtorch 1.13's CPU math kernel also rounds the logits to bf16: up to 3.6x
-// with Q magnitude 16. The bound catches a broken reference, not a sloppy one
-// (reference/POLICIES.md, "Where err_baseline comes from").
+// libtorch 1.13's CPU math kernel also rounds the logits to bf16, which
+// costs most at large Q magnitudes: up to 3.6x at 16 with generator version
+// 1's inputs; with version 2's 4.9x at 16 and 5.2x at 128 (edges'
+// spec_decode_small), hence 8 there. The bound catches a broken reference (a
+// scale or a mask wrong: tens of times the emulation's error), not a sloppy
+// one (reference/POLICIES.md, "Where err_baseline comes from").
 TEST(TorchReference, ModelDtypeErrorIsTheEmulations) {
   if (!torch_reference_available()) GTEST_SKIP() << torch_reference_info();
   for (const TorchReferenceOptions& o : devices()) {
@@ -141,7 +144,7 @@ TEST(TorchReference, ModelDtypeErrorIsTheEmulations) {
         worst = std::max(worst, ratio);
         sum_log += std::log(ratio);
         ++n;
-        EXPECT_LT(ratio, 5.0) << sdpa_form_name(f) << " form";
+        EXPECT_LT(ratio, o.cuda ? 5.0 : 8.0) << sdpa_form_name(f) << " form";
         EXPECT_GT(ratio, 0.25) << sdpa_form_name(f) << " form";
       }
     }
