@@ -7,13 +7,15 @@
 #include "harness/run/ops/driver.h"
 #include "reports/profile.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <span>
 #include <vector>
 
 namespace mlagate {
 
-CacheWriteCheck check_cache_write(Backend& b, const Case& c, const PagedCache& base) {
+CacheWriteCheck check_cache_write(Backend& b, const Case& c, PagedCache& base) {
   const std::int64_t L = c.spec.dims.kv_lora_rank, R = c.spec.dims.rope_dim;
   const std::size_t esz = dtype_size(c.spec.dtype);
   // The new tokens in token order with their slots, as the layer writes them.
@@ -34,15 +36,38 @@ CacheWriteCheck check_cache_write(Backend& b, const Case& c, const PagedCache& b
   }
   const TensorView kv_new{c.spec.dtype, {n, L}, kv.bytes()}, pe_new{c.spec.dtype, {n, R}, pe.bytes()};
 
-  PagedCache expected = base, got = base;
-  reference_cache_write(expected, kv_new, pe_new, slots);
+  PagedCache got = base;
   CacheWriteCheck out;
   const auto t0 = std::chrono::steady_clock::now();
   b.cache_write(got, kv_new, pe_new, slots);
   out.run_ms = backend_call_done(t0);
 
+  // The expected cache is `base` with the reference writer's entries: made in
+  // place and put back entry by entry when the comparison is done (or throws),
+  // so that `base` is bit for bit as it came. A whole copy for it, as large as
+  // the case's cache (177 MB for a 270,000-token fp8 case), was one more
+  // allocation of fresh memory per check; the writer touches the new slots'
+  // entries alone (store_entry), which is what is saved.
+  struct Restore {
+    PagedCache& cache;
+    std::vector<std::int64_t> slots;
+    std::vector<std::byte> saved;
+    ~Restore() {
+      for (std::size_t i = 0; i < slots.size(); ++i)
+        cache.store_entry(slots[i], saved.data() + i * static_cast<std::size_t>(cache.entry_bytes));
+    }
+  } restore{base, slots, {}};
+  std::sort(restore.slots.begin(), restore.slots.end());
+  restore.slots.erase(std::unique(restore.slots.begin(), restore.slots.end()), restore.slots.end());
+  const std::int64_t capacity = static_cast<std::int64_t>(base.num_blocks) * base.block_size;
+  std::erase_if(restore.slots, [capacity](std::int64_t s) { return s >= capacity; });  // the writer refuses them
+  restore.saved.resize(restore.slots.size() * static_cast<std::size_t>(base.entry_bytes));
+  for (std::size_t i = 0; i < restore.slots.size(); ++i)
+    base.load_entry(restore.slots[i], restore.saved.data() + i * static_cast<std::size_t>(base.entry_bytes));
+  reference_cache_write(base, kv_new, pe_new, slots);
+
   const std::span<const std::int64_t> new_slots(sm, static_cast<std::size_t>(c.num_tokens));
-  out.message = first_cache_difference(got, expected, new_slots, c.query_start_loc);
+  out.message = first_cache_difference(got, base, new_slots, c.query_start_loc);
   out.identical = out.message.empty();
   if (out.identical)
     out.message = std::to_string(n) + " new token(s) written bit-exactly as the reference writer (" +
@@ -57,7 +82,8 @@ class CacheWriteDriver final : public OpDriver {
  public:
   Op op() const override { return Op::kCacheWrite; }
   OpRun run(CaseContext& ctx, Backend& b, const RunConfig& cfg, Record& r) const override {
-    const PagedCache& base = ctx.cache(r.block_size, false, cfg.exec, r.timings.cache_ms);
+    ctx.cache(r.block_size, false, cfg.exec, r.timings.cache_ms);  // made on first use
+    PagedCache& base = ctx.caches.at({r.block_size, false});       // written and put back by the check
     const CacheWriteCheck w = check_cache_write(b, ctx.c, base);
     OpRun run;
     run.run_ms = w.run_ms;

@@ -1,6 +1,6 @@
 // The cache_write op module (SPEC: Ops): a conformance check, bit-exact. The
 // backend's cache_write and the reference writer each put a case's new tokens
-// into a copy of the same cache; every byte of the two caches must agree.
+// into the same cache (the backend into a copy); every byte must agree.
 #pragma once
 
 #include <string>
@@ -20,7 +20,10 @@ struct CacheWriteCheck {
 };
 
 // base: the case's cache without the new tokens (write_new_tokens = false).
+// The backend writes into a copy; the reference writer's entries go into
+// `base` itself for the comparison and are put back before the check returns
+// (or throws): `base` is unchanged, bit for bit, and no second copy is made.
 // Exceptions from the backend propagate (the runner records CRASHED).
-CacheWriteCheck check_cache_write(Backend& b, const Case& c, const PagedCache& base);
+CacheWriteCheck check_cache_write(Backend& b, const Case& c, PagedCache& base);
 
 }  // namespace mlagate
