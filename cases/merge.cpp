@@ -72,12 +72,16 @@ std::shared_ptr<const MergeInputs> generate_merge(const CaseSpec& spec) {
       t.data<std::uint16_t>()[i] = spec.dtype == DType::kBF16 ? f32_to_bf16(f) : f32_to_f16(f);
   };
   std::vector<double> row(static_cast<std::size_t>(D));
+  // The rows' lse normals, drawn together (normals_at: normal_at's values).
+  std::vector<double> lse_p(static_cast<std::size_t>(T * N)), lse_s(lse_p.size());
+  gen::normals_at(k_lse_p, 0, T * N, lse_p.data());
+  gen::normals_at(k_lse_s, 0, T * N, lse_s.data());
   for (std::int64_t r = 0; r < T * N; ++r) {
     const std::uint64_t u = static_cast<std::uint64_t>(r);
     Side ps, ss;
     sides(merge_row_kind(spec, r), gen::bits(spec.seed, k_sign, u, 1), ps, ss);
-    const double lp = 4.0 + 2.0 * gen::normal_at(k_lse_p, u);
-    double ls = 4.0 + 2.0 * gen::normal_at(k_lse_s, u);
+    const double lp = 4.0 + 2.0 * lse_p[static_cast<std::size_t>(r)];
+    double ls = 4.0 + 2.0 * lse_s[static_cast<std::size_t>(r)];
     if (spec.merge.gap > 0) ls = lp + ((gen::bits(spec.seed, k_sign, u) & 1) ? spec.merge.gap : -spec.merge.gap);
     auto lse_of = [](Side s, double v) { return s == Side::kFinite ? static_cast<float>(v) : s == Side::kNegInf ? -kInf : kInf; };
     m->prefix_lse.data<float>()[r] = lse_of(ps, lp);

@@ -48,22 +48,24 @@ CacheWriteCheck check_cache_write(Backend& b, const Case& c, PagedCache& base) {
   // the case's cache (177 MB for a 270,000-token fp8 case), was one more
   // allocation of fresh memory per check; the writer touches the new slots'
   // entries alone (store_entry), which is what is saved.
-  struct Restore {
-    PagedCache& cache;
-    std::vector<std::int64_t> slots;
-    std::vector<std::byte> saved;
-    ~Restore() {
-      for (std::size_t i = 0; i < slots.size(); ++i)
-        cache.store_entry(slots[i], saved.data() + i * static_cast<std::size_t>(cache.entry_bytes));
-    }
-  } restore{base, slots, {}};
-  std::sort(restore.slots.begin(), restore.slots.end());
-  restore.slots.erase(std::unique(restore.slots.begin(), restore.slots.end()), restore.slots.end());
+  std::vector<std::int64_t> touched(slots);
+  std::sort(touched.begin(), touched.end());
+  touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
   const std::int64_t capacity = static_cast<std::int64_t>(base.num_blocks) * base.block_size;
-  std::erase_if(restore.slots, [capacity](std::int64_t s) { return s >= capacity; });  // the writer refuses them
-  restore.saved.resize(restore.slots.size() * static_cast<std::size_t>(base.entry_bytes));
-  for (std::size_t i = 0; i < restore.slots.size(); ++i)
-    base.load_entry(restore.slots[i], restore.saved.data() + i * static_cast<std::size_t>(base.entry_bytes));
+  std::erase_if(touched, [capacity](std::int64_t s) { return s >= capacity; });  // the writer refuses them
+  const auto entry = static_cast<std::size_t>(base.entry_bytes);
+  std::vector<std::byte> saved(touched.size() * entry);
+  for (std::size_t i = 0; i < touched.size(); ++i) base.load_entry(touched[i], saved.data() + i * entry);
+  // Made once every entry is saved: from here on `base` is put back whatever happens.
+  struct PutBack {
+    PagedCache& cache;
+    const std::vector<std::int64_t>& slots;
+    const std::vector<std::byte>& saved;
+    ~PutBack() {
+      const auto entry = static_cast<std::size_t>(cache.entry_bytes);
+      for (std::size_t i = 0; i < slots.size(); ++i) cache.store_entry(slots[i], saved.data() + i * entry);
+    }
+  } put_back{base, touched, saved};
   reference_cache_write(base, kv_new, pe_new, slots);
 
   const std::span<const std::int64_t> new_slots(sm, static_cast<std::size_t>(c.num_tokens));
