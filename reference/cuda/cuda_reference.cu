@@ -1,7 +1,9 @@
 // The fp64 reference on the GPU: reference_absorbed and reference_mqa of
 // reference/fp64_reference.cpp with the same math in double precision. W_UK absorption
 // and the W_UV projection are batched fp64 GEMMs (one per head, each output a
-// sequential sum), the MQA core is the attention engine with Acc = double.
+// sequential sum), the MQA core is the attention engine with Acc = double,
+// its keys split (reference_mqa_splits) where the row groups alone would
+// leave the GPU idle, the splits merged through their LSEs in double.
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
@@ -148,6 +150,50 @@ void upload_case(const Case& c, DeviceCase& d, bool with_weights, cudaStream_t s
   }
 }
 
+// fp64 partials of the split MQA core: part_o [splits, rows, dv], part_lse [splits, rows].
+struct DoublePartialSink {
+  double* part_o;
+  double* part_lse;
+  int dv;
+  long long rows;
+
+  template <class Acc>
+  __device__ void store_o(long long row, int split, int d, Acc x) const {
+    part_o[(split * rows + row) * dv + d] = static_cast<double>(x);
+  }
+  template <class Acc>
+  __device__ void store_lse(long long row, int split, Acc x) const {
+    part_lse[split * rows + row] = static_cast<double>(x);
+  }
+  __device__ void after() const {}
+};
+
+// Row `blockIdx.x`: o = sum_s exp(lse_s - M) o_s / sum_s exp(lse_s - M) and
+// lse = M + log(that sum), M the largest lse_s. A split with no visible key
+// (lse -inf, o 0) adds nothing; a row no split saw gives o 0 and lse -inf,
+// as the unsplit engine does. A NaN partial stays NaN.
+__global__ void combine_partials_f64(const double* part_o, const double* part_lse, int splits, long long rows, int dv,
+                                     double* o, double* lse) {
+  const long long row = blockIdx.x;
+  double m = -__longlong_as_double(0x7ff0000000000000ll);
+  for (int sp = 0; sp < splits; ++sp) {
+    const double x = part_lse[sp * rows + row];
+    if (x > m || x != x) m = x;
+  }
+  const bool empty = m == -__longlong_as_double(0x7ff0000000000000ll);
+  double sum = 0;
+  if (!empty)
+    for (int sp = 0; sp < splits; ++sp) sum += exp(part_lse[sp * rows + row] - m);
+  for (int d = threadIdx.x; d < dv; d += blockDim.x) {
+    double acc = 0;
+    if (!empty)
+      for (int sp = 0; sp < splits; ++sp)
+        acc += exp(part_lse[sp * rows + row] - m) * part_o[(sp * rows + row) * dv + d];
+    o[row * dv + d] = empty ? 0.0 : acc / sum;
+  }
+  if (threadIdx.x == 0) lse[row] = empty ? m : m + log(sum);
+}
+
 // o_lat [T, N, L] and lse [T, N] of the MQA core over q_full.
 void mqa_core(const Case& c, const DeviceCase& d, DeviceBuffer& o_lat, DeviceBuffer& lse, cudaStream_t s) {
   const long long rows = static_cast<long long>(d.T) * d.N;
@@ -173,9 +219,23 @@ void mqa_core(const Case& c, const DeviceCase& d, DeviceBuffer& o_lat, DeviceBuf
   pb.dv = d.L;
   pb.scale = c.spec.softmax_scale();
   pb.bf16 = d.bf16;
-  const DoubleSink sink{o_lat.as<double>(), lse.as<double>(), d.L};
-  launch_attention<LatentReferenceProblem, DoubleSink, double, false>(pb, sink, d_groups.as<RowGroup>(),
-                                                                   static_cast<int>(groups.size()), 1, s);
+  const int max_keys = c.seq_lens.empty() ? 0 : *std::max_element(c.seq_lens.begin(), c.seq_lens.end());
+  const int splits = reference_mqa_splits(static_cast<long long>(groups.size()), max_keys);
+  if (splits == 1) {
+    const DoubleSink sink{o_lat.as<double>(), lse.as<double>(), d.L};
+    launch_attention<LatentReferenceProblem, DoubleSink, double, false>(pb, sink, d_groups.as<RowGroup>(),
+                                                                     static_cast<int>(groups.size()), 1, s);
+  } else if (rows > 0) {
+    DeviceBuffer part_o(static_cast<std::size_t>(splits) * rows * d.L * sizeof(double));
+    DeviceBuffer part_lse(static_cast<std::size_t>(splits) * rows * sizeof(double));
+    const DoublePartialSink sink{part_o.as<double>(), part_lse.as<double>(), d.L, rows};
+    launch_attention<LatentReferenceProblem, DoublePartialSink, double, false>(pb, sink, d_groups.as<RowGroup>(),
+                                                                            static_cast<int>(groups.size()), splits, s);
+    combine_partials_f64<<<static_cast<unsigned>(rows), 128, 0, s>>>(part_o.as<double>(), part_lse.as<double>(), splits,
+                                                                    rows, d.L, o_lat.as<double>(), lse.as<double>());
+    MLAGATE_CUDA_CHECK_LAUNCH();
+    MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));  // before the partials are freed
+  }
   MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
@@ -187,6 +247,13 @@ void download_vector(const DeviceBuffer& b, std::vector<T>& out, std::size_t n, 
 
 }  // namespace
 }  // namespace gpu
+
+int reference_mqa_splits(long long row_groups, int max_keys) {
+  if (row_groups <= 0 || max_keys <= kReferenceSplitKeys) return 1;
+  const long long by_keys = (static_cast<long long>(max_keys) + kReferenceSplitKeys - 1) / kReferenceSplitKeys;
+  const long long by_blocks = kReferenceTargetBlocks / row_groups;
+  return static_cast<int>(std::max(1LL, std::min(by_keys, by_blocks)));
+}
 
 ReferenceOutputs cuda_reference_absorbed(const Case& c) {
   using namespace gpu;

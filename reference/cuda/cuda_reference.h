@@ -23,6 +23,20 @@
 
 namespace mlagate {
 
+// The key splits of the MQA core on the GPU. One thread block walks a group of
+// up to 16 query rows over its keys in order; a case of few rows and many
+// keys (one head, one request of 270,000 keys: a single block) left the GPU
+// idle for seconds. So when the row groups number fewer than
+// kReferenceTargetBlocks, each request's keys are cut into up to
+// ceil(max_keys / kReferenceSplitKeys) ranges (no more than the blocks need),
+// each range's normalized rows and LSE kept in fp64 and merged through their
+// LSEs in double. The count depends on the case's shape alone, never on the
+// device, so a case gives the same bits on every GPU; the partials take at
+// most kReferenceTargetBlocks x 16 rows of fp64 values.
+inline constexpr int kReferenceSplitKeys = 1024;
+inline constexpr long long kReferenceTargetBlocks = 2048;
+int reference_mqa_splits(long long row_groups, int max_keys);
+
 // As reference_absorbed: out [T, N*V], lse [T, N], o_lat [T, N, L].
 ReferenceOutputs cuda_reference_absorbed(const Case& c);
 

@@ -5,6 +5,7 @@
 // against the reference writer on values chosen to hit every rounding case.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -80,6 +81,52 @@ TEST(CudaGolden, AgreesWithEigenOnSmokeAndEdges) {
   }
   std::printf("cuda golden vs Eigen, max relative difference: out %.3g, lse %.3g, o_lat %.3g, mqa %.3g\n", worst_out,
               worst_lse, worst_lat, worst_mqa);
+}
+
+// The split MQA core (reference_mqa_splits): cases of few rows and many keys,
+// where the GPU reference cuts each request's keys into ranges and merges them
+// through their LSEs, agree with Eigen as the unsplit ones do. The splits are
+// asserted, so a change that stopped splitting these shapes fails here; one
+// case per kv format the reference reads (model dtype, dequantized fp8), with
+// decode (one token, one head), several tokens that see different key counts
+// (the causal edge inside a split) and a short request beside a long one (its
+// later splits empty).
+TEST(CudaGolden, SplitKeysAgreeWithEigen) {
+  MLAGATE_REQUIRE_GPU();
+  EXPECT_EQ(reference_mqa_splits(1, 1024), 1);
+  EXPECT_EQ(reference_mqa_splits(1, 1025), 2);
+  EXPECT_EQ(reference_mqa_splits(4096, 200000), 1);  // enough row groups: no split
+  struct Shape {
+    std::vector<int> seq, q;
+    int heads;
+    const char* kv;
+  };
+  const std::vector<Shape> shapes = {{{20000}, {1}, 1, "auto"},
+                                     {{9000, 300}, {5, 2}, 2, "fp8"},
+                                     {{50001, 7}, {1, 7}, 4, "auto"},
+                                     {{12345}, {16}, 1, "fp8_ds_mla"}};
+  for (const Shape& sh : shapes) {
+    CaseSpec spec;
+    spec.suite = "split";
+    spec.batch.name = "long";
+    spec.batch.seq_lens = sh.seq;
+    spec.batch.query_lens = sh.q;
+    spec.total_heads = sh.heads;
+    spec.kv_cache_dtype = parse_kv_cache_format(sh.kv).dtype;
+    spec.seed = 7;
+    SCOPED_TRACE(spec.id());
+    const Case c = generate_case(spec);
+    long long groups = 0;
+    for (std::size_t i = 0; i < sh.q.size(); ++i) groups += (sh.q[i] * sh.heads + 15) / 16;
+    const int max_keys = *std::max_element(sh.seq.begin(), sh.seq.end());
+    ASSERT_GT(reference_mqa_splits(groups, max_keys), 1);
+    const ReferenceOutputs e = reference_absorbed(c);
+    const ReferenceOutputs g = cuda_reference_absorbed(c);
+    ASSERT_EQ(g.out.size(), e.out.size());
+    EXPECT_LE(rel(g.out, e.out), kRelTol);
+    EXPECT_LE(rel(g.lse, e.lse), kRelTol);
+    EXPECT_LE(rel(g.o_lat, e.o_lat), kRelTol);
+  }
 }
 
 // Values that exercise e4m3 rounding: ties to even, subnormals, saturation,
