@@ -410,23 +410,27 @@ struct ModelSink {
   }
 };
 
-// fp32 partials of split-KV: part_o [splits, rows, dv], part_lse [splits, rows].
-struct PartialSink {
-  float* part_o;
-  float* part_lse;
+// Partials of split-KV in T: part_o [splits, rows, dv], part_lse [splits, rows].
+// fp32 for the CUDA split-KV backend (PartialSink), fp64 for the GPU
+// reference's split MQA core.
+template <class T>
+struct PartialSinkOf {
+  T* part_o;
+  T* part_lse;
   int dv;
   long long rows;
 
   template <class Acc>
   __device__ void store_o(long long row, int split, int d, Acc x) const {
-    part_o[(split * rows + row) * dv + d] = static_cast<float>(x);
+    part_o[(split * rows + row) * dv + d] = static_cast<T>(x);
   }
   template <class Acc>
   __device__ void store_lse(long long row, int split, Acc x) const {
-    part_lse[split * rows + row] = static_cast<float>(x);
+    part_lse[split * rows + row] = static_cast<T>(x);
   }
   __device__ void after() const {}
 };
+using PartialSink = PartialSinkOf<float>;
 
 // fp64 results of the reference.
 struct DoubleSink {

@@ -150,24 +150,6 @@ void upload_case(const Case& c, DeviceCase& d, bool with_weights, cudaStream_t s
   }
 }
 
-// fp64 partials of the split MQA core: part_o [splits, rows, dv], part_lse [splits, rows].
-struct DoublePartialSink {
-  double* part_o;
-  double* part_lse;
-  int dv;
-  long long rows;
-
-  template <class Acc>
-  __device__ void store_o(long long row, int split, int d, Acc x) const {
-    part_o[(split * rows + row) * dv + d] = static_cast<double>(x);
-  }
-  template <class Acc>
-  __device__ void store_lse(long long row, int split, Acc x) const {
-    part_lse[split * rows + row] = static_cast<double>(x);
-  }
-  __device__ void after() const {}
-};
-
 // Row `blockIdx.x`: o = sum_s exp(lse_s - M) o_s / sum_s exp(lse_s - M) and
 // lse = M + log(that sum), M the largest lse_s. A split with no visible key
 // (lse -inf, o 0) adds nothing; a row no split saw gives o 0 and lse -inf,
@@ -221,20 +203,20 @@ void mqa_core(const Case& c, const DeviceCase& d, DeviceBuffer& o_lat, DeviceBuf
   pb.bf16 = d.bf16;
   const int max_keys = c.seq_lens.empty() ? 0 : *std::max_element(c.seq_lens.begin(), c.seq_lens.end());
   const int splits = reference_mqa_splits(static_cast<long long>(groups.size()), max_keys);
+  DeviceBuffer part_o, part_lse;  // the split partials: freed after the synchronization below
   if (splits == 1) {
     const DoubleSink sink{o_lat.as<double>(), lse.as<double>(), d.L};
     launch_attention<LatentReferenceProblem, DoubleSink, double, false>(pb, sink, d_groups.as<RowGroup>(),
                                                                      static_cast<int>(groups.size()), 1, s);
-  } else if (rows > 0) {
-    DeviceBuffer part_o(static_cast<std::size_t>(splits) * rows * d.L * sizeof(double));
-    DeviceBuffer part_lse(static_cast<std::size_t>(splits) * rows * sizeof(double));
-    const DoublePartialSink sink{part_o.as<double>(), part_lse.as<double>(), d.L, rows};
-    launch_attention<LatentReferenceProblem, DoublePartialSink, double, false>(pb, sink, d_groups.as<RowGroup>(),
-                                                                            static_cast<int>(groups.size()), splits, s);
+  } else {
+    part_o = DeviceBuffer(static_cast<std::size_t>(splits) * rows * d.L * sizeof(double));
+    part_lse = DeviceBuffer(static_cast<std::size_t>(splits) * rows * sizeof(double));
+    const PartialSinkOf<double> sink{part_o.as<double>(), part_lse.as<double>(), d.L, rows};
+    launch_attention<LatentReferenceProblem, PartialSinkOf<double>, double, false>(
+        pb, sink, d_groups.as<RowGroup>(), static_cast<int>(groups.size()), splits, s);
     combine_partials_f64<<<static_cast<unsigned>(rows), 128, 0, s>>>(part_o.as<double>(), part_lse.as<double>(), splits,
                                                                     rows, d.L, o_lat.as<double>(), lse.as<double>());
     MLAGATE_CUDA_CHECK_LAUNCH();
-    MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));  // before the partials are freed
   }
   MLAGATE_CUDA_CHECK(cudaStreamSynchronize(s));
 }
