@@ -65,16 +65,22 @@ Pool& pool() {
   return *p;
 }
 
+std::size_t physical_memory() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page) : 0;
+}
+
+// A 32nd of the memory, at most 2 GiB: 16 processes keep half of it at most.
+std::size_t default_limit() { return std::min(physical_memory() / 32, std::size_t{2} << 30); }
+
 std::size_t read_limit() {
-  if (const char* v = std::getenv("MLAGATE_BLOCK_POOL_MB"); v && *v >= '0' && *v <= '9') {
+  if (const char* v = std::getenv(kBlockPoolVariable); v && *v >= '0' && *v <= '9') {
     char* end = nullptr;
     const unsigned long long mb = std::strtoull(v, &end, 10);
     // Whole megabytes up to a pebibyte; anything else (a sign, a unit) is ignored.
     if (end && *end == '\0' && mb <= (1ull << 30)) return static_cast<std::size_t>(mb) << 20;
   }
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  const std::size_t phys = pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page) : 0;
-  return std::min(phys / 32, std::size_t{2} << 30);
+  return default_limit();
 }
 
 // `bytes` (whole 2 MiB pages) at a 2 MiB boundary, so that every page of the
@@ -147,6 +153,11 @@ bool move_pages(const Kept& k, void* to) noexcept {
 }
 
 }  // namespace
+
+std::size_t block_pool_share(std::size_t processes) {
+  const std::size_t share = physical_memory() / 4 / std::max<std::size_t>(1, processes);
+  return std::max(default_limit(), std::min(share, std::size_t{8} << 30));
+}
 
 std::size_t block_pool_limit() {
   Pool& P = pool();

@@ -49,10 +49,21 @@ inline constexpr bool kBlockPoolForTensors = true;
 void* block_pool_take(std::size_t bytes);
 void block_pool_give(void* p, std::size_t bytes) noexcept;
 
+// The variable that sets the limit, in MiB.
+inline constexpr const char* kBlockPoolVariable = "MLAGATE_BLOCK_POOL_MB";
+
 // What the pool keeps at most: MLAGATE_BLOCK_POOL_MB where set (0 turns
 // keeping off), else a 32nd of the machine's memory, at most 2 GiB (16
 // workers side by side keep at most half of it between them).
 std::size_t block_pool_limit();
+// What each of `processes` processes side by side may keep when the run knows
+// how many there are (harness/reliability share_cores sets it for its
+// workers): a quarter of the machine's memory between them, at most 8 GiB
+// each, never less than the default above. A TP 1 prefill's up-projected keys
+// and values are 2.7 GB: under the default's 736 MB on the 2-core VM, each
+// such case mapped and zeroed most of them again (PERFORMANCE.md, "Where the
+// time goes").
+std::size_t block_pool_share(std::size_t processes);
 // Sets it (tests, embedders); blocks kept past it are freed.
 void block_pool_set_limit(std::size_t bytes);
 BlockPoolStats block_pool_stats();

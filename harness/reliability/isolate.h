@@ -128,7 +128,9 @@ std::size_t explore_workers_per_device(bool gpu_reference, std::size_t cpus, std
 // io.env unless the environment sets it. The share: cores / (workers - 1)
 // where about one worker at a time waits in a backend call (on its GPU);
 // cores / workers where every backend runs on the host (host_only: a worker
-// in a backend call computes too).
+// in a backend call computes too). Every worker, one included, also gets
+// MLAGATE_BLOCK_POOL_MB = its block_pool_share (cases/block_pool.h) unless
+// the environment sets it.
 void share_cores(IsolationOptions& io, int threads, bool host_only = false);
 
 // The jobs in groups that one worker runs in order: every job of the cases

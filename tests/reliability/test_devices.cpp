@@ -3,6 +3,7 @@
 // its own workers, started with CUDA_VISIBLE_DEVICES set to it, every case on
 // one of them, and the records are those of a one-device run.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <sstream>
 #include <string>
 
+#include "cases/block_pool.h"
 #include "harness/reliability/isolate.h"
 #include "mlagate/config.h"
 #include "tests/reliability/run_mlagate.h"
@@ -106,6 +108,44 @@ TEST(Devices, HostOnlyWorkersShareTheCoresEvenly) {
   EXPECT_EQ(threads(1, true), 0u);  // one worker: its threads are the run's own
 }
 
+// Each worker's block pool keeps its share of a quarter of the memory
+// (cases/block_pool.h), set in its environment unless the user's sets it:
+// the default's 736 MB on the 2-core VM left a TP 1 prefill's 2.7 GB of keys
+// and values to be zeroed again case after case.
+TEST(Devices, EachWorkerKeepsItsShareOfTheMemoryInItsBlockPool) {
+  const char* kVar = kBlockPoolVariable;
+  const bool had = std::getenv(kVar) != nullptr;
+  const std::string saved = had ? std::getenv(kVar) : "";
+  ::unsetenv(kVar);
+  auto pool_mb = [&](std::size_t workers) -> std::string {
+    IsolationOptions io;
+    io.workers = workers;
+    io.argv = {"mlagate", "run", "--worker"};
+    share_cores(io, 0, true);
+    const std::string key = std::string(kVar) + "=";
+    for (const std::string& e : io.env)
+      if (e.rfind(key, 0) == 0) return e.substr(key.size());
+    return "unset";
+  };
+  EXPECT_EQ(pool_mb(2), std::to_string(block_pool_share(2) >> 20));
+  EXPECT_EQ(pool_mb(1), std::to_string(block_pool_share(1) >> 20)) << "one worker keeps its share too";
+  ::setenv(kVar, "123", 1);
+  EXPECT_EQ(pool_mb(2), "unset") << "the user's setting is the workers' (inherited), not replaced";
+  if (had) ::setenv(kVar, saved.c_str(), 1); else ::unsetenv(kVar);
+
+  // The share: a quarter of the memory between the processes, at most 8 GiB
+  // each, never below the default (a 32nd, at most 2 GiB).
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  const std::size_t phys = static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
+  const std::size_t fallback = std::min(phys / 32, std::size_t{2} << 30);
+  for (std::size_t n : {1u, 2u, 3u, 16u, 64u, 1000u}) {
+    EXPECT_EQ(block_pool_share(n), std::max(fallback, std::min(phys / 4 / n, std::size_t{8} << 30))) << n;
+    EXPECT_LE(block_pool_share(n), std::max(fallback, std::size_t{8} << 30)) << n;
+  }
+  EXPECT_GE(block_pool_share(1), block_pool_share(2));
+  EXPECT_EQ(block_pool_share(0), block_pool_share(1));
+}
+
 // Workers side by side never spin idle OpenMP threads, also with a --threads
 // of the user's (OMP_WAIT_POLICY=passive in their environment unless set):
 // spinning teams made a 2-GPU run 3.5x slower.
@@ -123,11 +163,12 @@ TEST(Devices, WorkersSideBySideSleepWhenIdleWithAnyThreadCount) {
     ~Unset() {
       if (had) ::setenv(name, saved.c_str(), 1);
     }
-  } omp("OMP_WAIT_POLICY"), malloc_tunables("GLIBC_TUNABLES");
+  } omp("OMP_WAIT_POLICY"), malloc_tunables("GLIBC_TUNABLES"), pool(kBlockPoolVariable);
   const fs::path d = temp_dir("devices_omp");
   const fs::path log = d / "policy.log";
   const std::string exec =
-      "s=0; [ -d \"$MLAGATE_DEVICE_START_SLOTS\" ] && s=1; echo \"[$OMP_WAIT_POLICY][$GLIBC_TUNABLES][$s]\" >> '" +
+      "s=0; [ -d \"$MLAGATE_DEVICE_START_SLOTS\" ] && s=1; p=0; [ \"$MLAGATE_BLOCK_POOL_MB\" -gt 0 ] && p=1; "
+      "echo \"[$OMP_WAIT_POLICY][$GLIBC_TUNABLES][$s][$p]\" >> '" +
       log.string() + "'; : {in} {out}; exit 3";
   for (const std::vector<std::string>& extra : std::vector<std::vector<std::string>>{
            {"--workers", "2", "--threads", "1"}, {"--devices", "0,1", "--threads", "2"}, {"--workers", "2"}}) {
@@ -143,7 +184,7 @@ TEST(Devices, WorkersSideBySideSleepWhenIdleWithAnyThreadCount) {
     // (cases/process_slot.h), a folder that exists while they run.
     const std::string slots = MLAGATE_HAS_CUDA ? "[1]" : "[0]";
     for (std::string l; std::getline(lines, l); ++n)
-      EXPECT_EQ(l, "[passive][glibc.malloc.hugetlb=1]" + slots) << extra[0] << " " << extra[1];
+      EXPECT_EQ(l, "[passive][glibc.malloc.hugetlb=1]" + slots + "[1]") << extra[0] << " " << extra[1];
     EXPECT_GT(n, 0) << extra[0];
   }
 }
