@@ -155,7 +155,7 @@ bool move_pages(const Kept& k, void* to) noexcept {
 }  // namespace
 
 std::size_t block_pool_share(std::size_t processes) {
-  const std::size_t share = physical_memory() / 4 / std::max<std::size_t>(1, processes);
+  const std::size_t share = physical_memory() / 2 / std::max<std::size_t>(1, processes);
   return std::max(default_limit(), std::min(share, std::size_t{8} << 30));
 }
 

@@ -58,11 +58,11 @@ inline constexpr const char* kBlockPoolVariable = "MLAGATE_BLOCK_POOL_MB";
 std::size_t block_pool_limit();
 // What each of `processes` processes side by side may keep when the run knows
 // how many there are (harness/reliability share_cores sets it for its
-// workers): a quarter of the machine's memory between them, at most 8 GiB
-// each, never less than the default above. A TP 1 prefill's up-projected keys
-// and values are 2.7 GB: under the default's 736 MB on the 2-core VM, each
-// such case mapped and zeroed most of them again (PERFORMANCE.md, "Where the
-// time goes").
+// workers): half the machine's memory between them, as the default assumes
+// for 16, at most 8 GiB each, never less than the default above. A TP 1
+// prefill's up-projected keys and values are 2.7 GB (3.1 GB in the pool's
+// size classes): under the default's 736 MB on the 2-core VM, each such case
+// mapped and zeroed most of them again (PERFORMANCE.md, "Where the time goes").
 std::size_t block_pool_share(std::size_t processes);
 // Sets it (tests, embedders); blocks kept past it are freed.
 void block_pool_set_limit(std::size_t bytes);

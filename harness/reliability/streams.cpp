@@ -532,11 +532,11 @@ std::size_t auto_workers_per_device(std::size_t cpus, std::size_t devices) {
 void share_cores(IsolationOptions& io, int threads, bool host_only) {
   const std::size_t devices = std::max<std::size_t>(1, io.devices.size());
   const std::size_t workers = std::max<std::size_t>(1, io.workers);
-  // Each worker's block pool keeps its share of a quarter of the memory
+  // Each worker's block pool keeps its share of half the memory
   // (cases/block_pool.h): the default assumes 16 processes, and on the 2-core
-  // VM (2 workers, 23 GiB) its 736 MB left a TP 1 prefill's 2.7 GB of keys
-  // and values to be faulted in and zeroed case after case (vllm x cpu.*:
-  // system time 3.4-9.5 s against 2.3-3.2 s, the same records; PERFORMANCE.md).
+  // VM (2 workers, 23 GiB) its 753 MB left a TP 1 prefill's 2.7 GB of keys
+  // and values to be faulted in and zeroed case after case (that group alone:
+  // system time 2.0 s against 3.1-7.0 s, the same records; PERFORMANCE.md).
   if (!std::getenv(kBlockPoolVariable))
     io.env.push_back(std::string(kBlockPoolVariable) + "=" + std::to_string(block_pool_share(devices * workers) >> 20));
   if (devices * workers <= 1) return;

@@ -108,7 +108,7 @@ TEST(Devices, HostOnlyWorkersShareTheCoresEvenly) {
   EXPECT_EQ(threads(1, true), 0u);  // one worker: its threads are the run's own
 }
 
-// Each worker's block pool keeps its share of a quarter of the memory
+// Each worker's block pool keeps its share of half the memory
 // (cases/block_pool.h), set in its environment unless the user's sets it:
 // the default's 736 MB on the 2-core VM left a TP 1 prefill's 2.7 GB of keys
 // and values to be zeroed again case after case.
@@ -133,13 +133,13 @@ TEST(Devices, EachWorkerKeepsItsShareOfTheMemoryInItsBlockPool) {
   EXPECT_EQ(pool_mb(2), "unset") << "the user's setting is the workers' (inherited), not replaced";
   if (had) ::setenv(kVar, saved.c_str(), 1); else ::unsetenv(kVar);
 
-  // The share: a quarter of the memory between the processes, at most 8 GiB
+  // The share: half the memory between the processes, at most 8 GiB
   // each, never below the default (a 32nd, at most 2 GiB).
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   const std::size_t phys = static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
   const std::size_t fallback = std::min(phys / 32, std::size_t{2} << 30);
   for (std::size_t n : {1u, 2u, 3u, 16u, 64u, 1000u}) {
-    EXPECT_EQ(block_pool_share(n), std::max(fallback, std::min(phys / 4 / n, std::size_t{8} << 30))) << n;
+    EXPECT_EQ(block_pool_share(n), std::max(fallback, std::min(phys / 2 / n, std::size_t{8} << 30))) << n;
     EXPECT_LE(block_pool_share(n), std::max(fallback, std::size_t{8} << 30)) << n;
   }
   EXPECT_GE(block_pool_share(1), block_pool_share(2));
