@@ -171,6 +171,12 @@ struct DeviceBudget {
 // libtorch's reserve, is bounded by its largest case), until the worker ends.
 // Alone on its device a group always runs.
 //
+// What a worker keeps between cases for its next ones (its block pool, at
+// most `kept_bytes`: cases/block_pool.h) counts too: a stream holds at least
+// the smaller of kept_bytes and the largest group its worker took, until the
+// worker ends (a worker that ran a TP 1 prefill keeps its 2.7 GB of K and V
+// while it runs small cases).
+//
 // Families (optional: one id per group, e.g. the groups' shape_key): what a
 // worker process sets up once per shape (cuDNN compiles its SDPA kernels for
 // each shape it meets, about 0.1 s each on an H200) is paid again by every
@@ -184,7 +190,8 @@ struct DeviceBudget {
 class GroupQueue {
  public:
   GroupQueue(std::vector<std::vector<Job>> groups, std::vector<std::uint64_t> bytes, std::uint64_t budget_bytes,
-             std::size_t streams, DeviceBudget device = {}, std::vector<std::size_t> families = {});
+             std::size_t streams, DeviceBudget device = {}, std::vector<std::size_t> families = {},
+             std::uint64_t kept_bytes = 0);
   // The next group's index for `stream`, waiting for room; nullopt when none
   // is left (the stream then holds nothing) or stop() turned true. Before it
   // waits, a stream that holds memory calls before_wait (which must free it:
@@ -219,6 +226,9 @@ class GroupQueue {
   // The device bytes held beside `stream` on its device: the other working
   // streams' groups (and those taken ahead) with their workers' own.
   std::uint64_t device_beside_locked(std::size_t stream) const;
+  // The host bytes stream s holds: its group's and the one taken ahead, or
+  // what its worker keeps, whichever is more.
+  std::uint64_t host_held_locked(std::size_t s) const { return std::max(held_[s] + ahead_[s], kept_[s]); }
   std::vector<std::vector<Job>> groups_;
   std::vector<std::uint64_t> bytes_;
   std::uint64_t budget_;
@@ -226,6 +236,8 @@ class GroupQueue {
   DeviceBudget device_;
   std::vector<std::uint64_t> held_device_;  // per stream: the largest group's device bytes since its worker started
   std::vector<char> working_;               // per stream: holds a group (its worker has a case)
+  std::uint64_t keep_ = 0;                  // what a worker keeps between cases at most (its block pool)
+  std::vector<std::uint64_t> kept_;         // per stream: min(keep_, its worker's largest group)
   std::vector<std::uint64_t> ahead_, ahead_device_;  // per stream: the bytes of the group taken ahead (0: none)
   std::vector<char> has_ahead_;
   std::vector<char> taken_;          // per group

@@ -73,6 +73,20 @@ std::vector<Record> run_streams(const RunConfig& cfg, const std::vector<std::str
   return records;
 }
 
+// What each worker's block pool keeps at most: the limit share_cores passed in
+// its environment, else what this process reads (the user's
+// MLAGATE_BLOCK_POOL_MB, or the default), as the worker does.
+std::uint64_t worker_pool_bytes(const IsolationOptions& opt) {
+  const std::string key = std::string(kBlockPoolVariable) + "=";
+  for (const std::string& e : opt.env) {
+    if (e.rfind(key, 0) != 0) continue;
+    const std::string v = e.substr(key.size());
+    if (!v.empty() && v.find_first_not_of("0123456789") == std::string::npos && v.size() < 12)
+      return std::stoull(v) << 20;
+  }
+  return block_pool_limit();
+}
+
 // Whether a worker may hold cases a and b at once (one made ahead): their host
 // estimates within the memory available now, and with a device plan their
 // device estimates and the worker's own within device d's memory.
@@ -178,9 +192,11 @@ std::vector<std::vector<Job>> job_groups(const RunConfig& cfg, const std::vector
 }
 
 GroupQueue::GroupQueue(std::vector<std::vector<Job>> groups, std::vector<std::uint64_t> bytes, std::uint64_t budget,
-                       std::size_t streams, DeviceBudget device, std::vector<std::size_t> families)
+                       std::size_t streams, DeviceBudget device, std::vector<std::size_t> families,
+                       std::uint64_t kept_bytes)
     : groups_(std::move(groups)), bytes_(std::move(bytes)), budget_(budget), held_(streams, 0),
-      device_(std::move(device)), held_device_(streams, 0), working_(streams, 0), ahead_(streams, 0),
+      device_(std::move(device)), held_device_(streams, 0), working_(streams, 0), keep_(kept_bytes),
+      kept_(streams, 0), ahead_(streams, 0),
       ahead_device_(streams, 0), has_ahead_(streams, 0), taken_(groups_.size(), 0), family_(std::move(families)),
       stream_family_(streams) {
   if (bytes_.size() != groups_.size()) throw std::logic_error("GroupQueue: one size per group");
@@ -244,12 +260,14 @@ std::optional<std::size_t> GroupQueue::take_locked(std::size_t stream) {
   const std::size_t g = *next;
   std::uint64_t others = 0;
   for (std::size_t s = 0; s < held_.size(); ++s)
-    if (s != stream) others += held_[s] + ahead_[s];
+    if (s != stream) others += host_held_locked(s);
   // Alone, a group always runs (the run checked every case against the memory
   // there is); beside others, only within the budget. The stream's choice is
   // kept: a large group waits for room rather than being overtaken by a
   // smaller one of this stream's (another stream may take its own family's).
-  if (budget_ > 0 && others > 0 && others + bytes_[g] > budget_) return std::nullopt;
+  // Its worker's kept blocks serve the group's case first: it holds the
+  // larger of the two.
+  if (budget_ > 0 && others > 0 && others + std::max(bytes_[g], kept_[stream]) > budget_) return std::nullopt;
   std::uint64_t mine_device = 0;
   if (device_.active()) {
     // The same on the stream's device, among the streams of that device
@@ -264,6 +282,7 @@ std::optional<std::size_t> GroupQueue::take_locked(std::size_t stream) {
     if (memory > 0 && beside > 0 && beside + mine_device + device_.per_worker > memory) return std::nullopt;
   }
   held_[stream] = bytes_[g];
+  kept_[stream] = std::min(keep_, std::max(kept_[stream], bytes_[g]));
   held_device_[stream] = mine_device;
   working_[stream] = 1;
   mark_taken_locked(stream, g);
@@ -284,9 +303,11 @@ std::optional<std::size_t> GroupQueue::try_take_ahead(std::size_t stream) {
   const std::optional<std::size_t> next = candidate_locked(stream);
   if (!next) return std::nullopt;
   const std::size_t g = *next;
-  std::uint64_t others = 0;
-  for (std::size_t s = 0; s < held_.size(); ++s) others += held_[s] + ahead_[s];
-  if (budget_ > 0 && others + bytes_[g] > budget_) return std::nullopt;
+  // Everything held, this stream's current group and this one included.
+  std::uint64_t held = 0;
+  for (std::size_t s = 0; s < held_.size(); ++s)
+    held += s == stream ? std::max(held_[s] + bytes_[g], kept_[s]) : host_held_locked(s);
+  if (budget_ > 0 && held > budget_) return std::nullopt;
   std::uint64_t device_bytes = 0;
   if (device_.active()) {
     device_bytes = device_.group_bytes[g];
@@ -295,6 +316,7 @@ std::optional<std::size_t> GroupQueue::try_take_ahead(std::size_t stream) {
       return std::nullopt;
   }
   ahead_[stream] = bytes_[g];
+  kept_[stream] = std::min(keep_, std::max(kept_[stream], bytes_[g]));
   ahead_device_[stream] = device_bytes;
   has_ahead_[stream] = 1;
   mark_taken_locked(stream, g);
@@ -315,6 +337,7 @@ void GroupQueue::advance(std::size_t stream) {
 
 void GroupQueue::drop_locked(std::size_t stream) {
   held_[stream] = 0;
+  kept_[stream] = 0;  // its worker is gone, and with it what it kept
   held_device_[stream] = 0;
   working_[stream] = 0;
   ahead_[stream] = ahead_device_[stream] = 0;
@@ -432,7 +455,7 @@ std::vector<Record> run_some_streams(const RunConfig& cfg, const std::vector<std
           family_of.emplace(shape_key(cfg.cases.at(g.front().case_index)), family_of.size()).first->second);
   }
   GroupQueue queue(std::move(groups), std::move(bytes), available_memory_bytes(), n, std::move(device),
-                   std::move(families));
+                   std::move(families), worker_pool_bytes(opt));
   // Each stream's source: the jobs of the group it took, then the next group,
   // taken ahead (when it fits) as the current group's last case begins, for
   // its worker to make that group's first case meanwhile.

@@ -254,6 +254,35 @@ TEST(Workers, GroupsRunSideBySideOnlyWithinTheMemoryBudget) {
   EXPECT_EQ(free.try_take(1), 3u);
 }
 
+// What a worker keeps between cases (its block pool, cases/block_pool.h)
+// counts beside the others: a stream that ran a large group holds the
+// smaller of the pool's limit and that group's bytes while its worker lives,
+// even on a small group; its own kept blocks serve its next case first.
+TEST(Workers, AWorkersKeptBlocksCountBesideOtherGroups) {
+  std::vector<std::vector<Job>> groups(4, std::vector<Job>{Job{}});
+  GroupQueue q(groups, {8, 1, 7, 4}, 11, 2, {}, {}, 5);
+  EXPECT_EQ(q.try_take(0), 0u);            // alone: 8, and its worker may keep 5 of it
+  EXPECT_EQ(q.try_take(0), 1u);            // on to the 1: it still holds 5
+  EXPECT_EQ(q.try_take(1), std::nullopt);  // 7 beside 5 > 11 (beside the 1 alone it would fit)
+  q.release(0);                            // the worker ends, and what it kept with it
+  EXPECT_EQ(q.try_take(1), 2u);
+  EXPECT_EQ(q.try_take(0), 3u);            // 4 beside 7 fits: stream 0's new worker keeps nothing
+  EXPECT_EQ(q.try_take_ahead(0), std::nullopt);  // none left
+  // A group taken ahead: beside the others' kept blocks too.
+  GroupQueue a(groups, {8, 1, 2, 4}, 10, 2, {}, {}, 5);
+  EXPECT_EQ(a.try_take(0), 0u);
+  EXPECT_EQ(a.try_take(0), 1u);                  // holds max(1, 5) = 5
+  EXPECT_EQ(a.try_take(1), 2u);                  // 2 beside 5 fits
+  EXPECT_EQ(a.try_take_ahead(1), std::nullopt);  // 2 + 4 beside 5 > 10 (beside the 1 alone it would fit)
+  a.release(0);
+  EXPECT_EQ(a.try_take_ahead(1), 3u);
+  // Without kept blocks: the same as the budget alone.
+  GroupQueue plain(groups, {8, 1, 7, 4}, 11, 2);
+  EXPECT_EQ(plain.try_take(0), 0u);
+  EXPECT_EQ(plain.try_take(0), 1u);
+  EXPECT_EQ(plain.try_take(1), 2u);  // 7 beside 1 fits
+}
+
 // The groups of a small family (one shape, other seeds) go to one stream in
 // turn, so that each worker sets a shape up once (cuDNN's compiles); a large
 // family is spread, and a stream takes another's family rather than idle.
