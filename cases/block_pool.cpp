@@ -23,6 +23,7 @@
 #include <list>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -74,12 +75,7 @@ std::size_t physical_memory() {
 std::size_t default_limit() { return std::min(physical_memory() / 32, std::size_t{2} << 30); }
 
 std::size_t read_limit() {
-  if (const char* v = std::getenv(kBlockPoolVariable); v && *v >= '0' && *v <= '9') {
-    char* end = nullptr;
-    const unsigned long long mb = std::strtoull(v, &end, 10);
-    // Whole megabytes up to a pebibyte; anything else (a sign, a unit) is ignored.
-    if (end && *end == '\0' && mb <= (1ull << 30)) return static_cast<std::size_t>(mb) << 20;
-  }
+  if (const auto set = block_pool_bytes_of(std::getenv(kBlockPoolVariable))) return *set;
   return default_limit();
 }
 
@@ -153,6 +149,15 @@ bool move_pages(const Kept& k, void* to) noexcept {
 }
 
 }  // namespace
+
+std::optional<std::size_t> block_pool_bytes_of(const char* mb) {
+  if (!mb || *mb < '0' || *mb > '9') return std::nullopt;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(mb, &end, 10);
+  // Whole megabytes up to a pebibyte; anything else (a sign, a unit) is ignored.
+  if (!end || *end != '\0' || n > (1ull << 30)) return std::nullopt;
+  return static_cast<std::size_t>(n) << 20;
+}
 
 std::size_t block_pool_share(std::size_t processes) {
   const std::size_t share = physical_memory() / 2 / std::max<std::size_t>(1, processes);

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 
 namespace mlagate {
 
@@ -51,6 +52,9 @@ void block_pool_give(void* p, std::size_t bytes) noexcept;
 
 // The variable that sets the limit, in MiB.
 inline constexpr const char* kBlockPoolVariable = "MLAGATE_BLOCK_POOL_MB";
+// Such a value in bytes: whole MiB up to a pebibyte; nullopt (the pool then
+// keeps its default) for anything else, a sign or a unit say, or null.
+std::optional<std::size_t> block_pool_bytes_of(const char* mb);
 
 // What the pool keeps at most: MLAGATE_BLOCK_POOL_MB where set (0 turns
 // keeping off), else a 32nd of the machine's memory, at most 2 GiB (16

@@ -78,12 +78,9 @@ std::vector<Record> run_streams(const RunConfig& cfg, const std::vector<std::str
 // MLAGATE_BLOCK_POOL_MB, or the default), as the worker does.
 std::uint64_t worker_pool_bytes(const IsolationOptions& opt) {
   const std::string key = std::string(kBlockPoolVariable) + "=";
-  for (const std::string& e : opt.env) {
-    if (e.rfind(key, 0) != 0) continue;
-    const std::string v = e.substr(key.size());
-    if (!v.empty() && v.find_first_not_of("0123456789") == std::string::npos && v.size() < 12)
-      return std::stoull(v) << 20;
-  }
+  for (const std::string& e : opt.env)
+    if (e.rfind(key, 0) == 0)
+      if (const auto set = block_pool_bytes_of(e.c_str() + key.size())) return *set;
   return block_pool_limit();
 }
 

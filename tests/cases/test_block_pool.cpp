@@ -135,5 +135,17 @@ TEST_F(BlockPool, ATensorOnAReusedBlockIsZeroFilledAsAFreshOne) {
   EXPECT_EQ(std::memcmp(copy.bytes(), src.bytes(), src.nbytes()), 0);
 }
 
+// MLAGATE_BLOCK_POOL_MB's values as the pool and the run's queue (which
+// counts what workers keep) both read them: whole MiB up to a pebibyte, else
+// nothing (the pool's default).
+TEST(BlockPoolVariable, WholeMebibytesOrNothing) {
+  EXPECT_EQ(block_pool_bytes_of("12"), 12 * kMiB);
+  EXPECT_EQ(block_pool_bytes_of("0"), 0u);
+  EXPECT_EQ(block_pool_bytes_of("1073741824"), std::size_t{1} << 50);
+  for (const char* bad : {"1073741825", "-1", "+1", "12MB", "1.5", "", " 12"})
+    EXPECT_EQ(block_pool_bytes_of(bad), std::nullopt) << bad;
+  EXPECT_EQ(block_pool_bytes_of(nullptr), std::nullopt);
+}
+
 }  // namespace
 }  // namespace mlagate
