@@ -25,8 +25,17 @@
 // zero or far from fp32's denormals (below 2^-126), and no product or sum of
 // a few thousand of them nears fp32's overflow. Operands outside that range,
 // values that are not bf16 (most of an fp16 model's), NaN and odd depths take
-// the fma path. The path is chosen when the build targets AVX512_BF16
-// (-march=native on such a machine), per block of rows at run time.
+// the fma path. The path is compiled when the build targets AVX512_BF16
+// (-march=native on such a machine) and taken per block of rows at run time.
+//
+// Where it is compiled, the process also chooses whether bf16 operands take
+// it at all (pair_path_preferred): the instruction's rate is the machine's.
+// Measured, a core of the CPU VM (AMD Zen 5) ran the glue's shape at 359
+// GFLOP/s on pairs against 176 on the fma path; a core of the H200's host
+// (Intel Emerald Rapids) at 75 against 112 (PERFORMANCE.md). So the first
+// PackedPanels of a process times both paths on a small GEMM and keeps the
+// faster; MLAGATE_ROWWISE_PATH=pairs or =fma chooses instead. Either way the
+// bits are the chain's: only the speed depends on the choice.
 #pragma once
 
 #include <algorithm>
@@ -34,6 +43,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -51,6 +61,18 @@ inline constexpr bool kBf16PairPath = true;
 #else
 inline constexpr bool kBf16PairPath = false;
 #endif
+
+// The variable that chooses the path of bf16 operands: "pairs" or "fma".
+inline constexpr const char* kRowwisePathVariable = "MLAGATE_ROWWISE_PATH";
+
+// The variable's value read: true for "pairs", false for "fma", nullopt for
+// anything else (unset included: then the process measures).
+std::optional<bool> rowwise_pairs_of(const char* value);
+
+// Whether this process's PackedPanels offer bf16 pairs (where kBf16PairPath):
+// the variable's choice, else the faster path on a small GEMM timed once (a
+// few milliseconds, on first use). Always false without kBf16PairPath.
+bool pair_path_preferred();
 
 // x is a bf16 value (its low 16 bits zero) that VDPBF16PS multiplies and adds
 // with the fma chain's bits: zero, or finite with |x| in [2^-50, 2^41).
@@ -74,15 +96,18 @@ inline std::uint32_t bf16_pair(float first, float second) {
 class PackedPanels {
  public:
   PackedPanels() = default;
-  // row(k, dst) writes b[k][0 .. cols) as floats into dst.
+  // row(k, dst) writes b[k][0 .. cols) as floats into dst. `allow_pairs`
+  // false packs no pairs (the fma path for every row); the default is the
+  // process's choice.
   template <class RowFn>
-  PackedPanels(GemmIndex depth, GemmIndex cols, RowFn&& row) : depth_(depth), cols_(cols) {
+  PackedPanels(GemmIndex depth, GemmIndex cols, RowFn&& row, bool allow_pairs = pair_path_preferred())
+      : depth_(depth), cols_(cols) {
     panels_ = (cols + kPanelCols - 1) / kPanelCols;
     buf_.assign(static_cast<std::size_t>(panels_ * depth * kPanelCols + 16), 0.f);
     const auto addr = reinterpret_cast<std::uintptr_t>(buf_.data());
     data_ = buf_.data() + ((64 - addr % 64) % 64) / sizeof(float);
     std::vector<float> r(static_cast<std::size_t>(panels_ * kPanelCols), 0.f);
-    bool pairs_ok = kBf16PairPath && depth % 2 == 0;
+    bool pairs_ok = kBf16PairPath && allow_pairs && depth % 2 == 0;
     for (GemmIndex k = 0; k < depth; ++k) {
       row(k, r.data());
       if (pairs_ok) pairs_ok = std::all_of(r.begin(), r.begin() + cols, bf16_pair_safe);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -125,10 +126,33 @@ TEST(RowwiseGemm, Bf16OperandsGiveTheFmaChainsBits) {
     for (std::size_t i = 0; i < b.size(); i += 23) b[i] = -0.f;
     // Row 3: x, -x, y, -y, ... (sums that return to zero on the way).
     for (GemmIndex k = 0; k + 1 < depth; k += 2) a[static_cast<std::size_t>(3 * depth + k + 1)] = -a[static_cast<std::size_t>(3 * depth + k)];
-    const detail::PackedPanels packed(depth, cols, [&](GemmIndex k, float* dst) { std::copy_n(b.data() + k * cols, cols, dst); });
+    const auto row = [&](GemmIndex k, float* dst) { std::copy_n(b.data() + k * cols, cols, dst); };
+    // Pairs allowed whatever this machine's choice, so that an AVX512_BF16
+    // build runs VDPBF16PS here; and the fma path on the same operands.
+    const detail::PackedPanels packed(depth, cols, row, true), fma_only(depth, cols, row, false);
     EXPECT_EQ(packed.has_pairs(), detail::kBf16PairPath);
+    EXPECT_FALSE(fma_only.has_pairs());
     expect_fma_chain_bits(a, b, rows, depth, cols, packed, "bf16 operands");
+    expect_fma_chain_bits(a, b, rows, depth, cols, fma_only, "bf16 operands, fma path");
   }
+}
+
+// MLAGATE_ROWWISE_PATH's values, and the process's choice where the pair
+// path is not compiled (then never pairs; where it is, either choice gives
+// the bits above, so no test can tell them apart but a timed one).
+TEST(RowwiseGemm, ThePathVariableTakesPairsOrFma) {
+  EXPECT_EQ(detail::rowwise_pairs_of("pairs"), std::optional<bool>(true));
+  EXPECT_EQ(detail::rowwise_pairs_of("fma"), std::optional<bool>(false));
+  EXPECT_EQ(detail::rowwise_pairs_of(nullptr), std::nullopt);
+  EXPECT_EQ(detail::rowwise_pairs_of(""), std::nullopt);
+  EXPECT_EQ(detail::rowwise_pairs_of("Pairs"), std::nullopt);
+  EXPECT_EQ(detail::rowwise_pairs_of("fma "), std::nullopt);
+  if (!detail::kBf16PairPath) {
+    EXPECT_FALSE(detail::pair_path_preferred());
+  }
+  // The default packing follows the choice.
+  const detail::PackedPanels p(4, 3, [](GemmIndex, float* dst) { std::fill_n(dst, 3, 1.f); });
+  EXPECT_EQ(p.has_pairs(), detail::pair_path_preferred());
 }
 
 // The guard's bounds, exactly where the header puts them.
@@ -160,7 +184,8 @@ TEST(RowwiseGemm, OperandsThePairPathWouldChangeTakeTheFmaPath) {
   for (float& x : a) x = to_bf16_value(nd(rng));
   for (float& x : b) x = to_bf16_value(nd(rng));
   const auto pack = [&](const std::vector<float>& w, GemmIndex d) {
-    return detail::PackedPanels(d, cols, [&](GemmIndex k, float* dst) { std::copy_n(w.data() + k * cols, cols, dst); });
+    return detail::PackedPanels(d, cols, [&](GemmIndex k, float* dst) { std::copy_n(w.data() + k * cols, cols, dst); },
+                                true);  // pairs wherever compiled, whatever this machine's choice
   };
   {  // a bf16 denormal in a (read as zero by the instruction): 2^-130 x 2^40 is 2^-90
     std::vector<float> a2 = a, b2 = b;
