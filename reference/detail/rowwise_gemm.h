@@ -30,9 +30,10 @@
 //
 // Where it is compiled, the process also chooses whether bf16 operands take
 // it at all (pair_path_preferred): the instruction's rate is the machine's.
-// Measured, a core of the CPU VM (AMD Zen 5) ran the glue's shape at 359
-// GFLOP/s on pairs against 176 on the fma path; a core of the H200's host
-// (Intel Emerald Rapids) at 75 against 112 (PERFORMANCE.md). So the first
+// Measured (bench/bench_rowwise, the glue's TP 1 shape), a core of the CPU
+// VM (AMD Zen 5) ran 385 GFLOP/s on pairs against 190 on the fma path; a core
+// of the H200's host (Intel Emerald Rapids) 82 against 123-133
+// (PERFORMANCE.md). So the first
 // PackedPanels of a process times both paths on a small GEMM and keeps the
 // faster; MLAGATE_ROWWISE_PATH=pairs or =fma chooses instead. Either way the
 // bits are the chain's: only the speed depends on the choice.
