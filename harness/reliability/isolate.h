@@ -229,6 +229,9 @@ class GroupQueue {
   // The host bytes stream s holds: its group's and the one taken ahead, or
   // what its worker keeps, whichever is more.
   std::uint64_t host_held_locked(std::size_t s) const { return std::max(held_[s] + ahead_[s], kept_[s]); }
+  // Stream s's worker took a group of `bytes`: what it keeps may grow to it,
+  // up to keep_.
+  void note_kept_locked(std::size_t s, std::uint64_t bytes) { kept_[s] = std::min(keep_, std::max(kept_[s], bytes)); }
   std::vector<std::vector<Job>> groups_;
   std::vector<std::uint64_t> bytes_;
   std::uint64_t budget_;

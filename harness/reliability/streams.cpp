@@ -279,7 +279,7 @@ std::optional<std::size_t> GroupQueue::take_locked(std::size_t stream) {
     if (memory > 0 && beside > 0 && beside + mine_device + device_.per_worker > memory) return std::nullopt;
   }
   held_[stream] = bytes_[g];
-  kept_[stream] = std::min(keep_, std::max(kept_[stream], bytes_[g]));
+  note_kept_locked(stream, bytes_[g]);
   held_device_[stream] = mine_device;
   working_[stream] = 1;
   mark_taken_locked(stream, g);
@@ -313,7 +313,7 @@ std::optional<std::size_t> GroupQueue::try_take_ahead(std::size_t stream) {
       return std::nullopt;
   }
   ahead_[stream] = bytes_[g];
-  kept_[stream] = std::min(keep_, std::max(kept_[stream], bytes_[g]));
+  note_kept_locked(stream, bytes_[g]);
   ahead_device_[stream] = device_bytes;
   has_ahead_[stream] = 1;
   mark_taken_locked(stream, g);
