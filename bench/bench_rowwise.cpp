@@ -8,11 +8,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
 
+#include "cases/encoding.h"
 #include "reference/detail/rowwise_gemm.h"
 
 namespace mlagate {
@@ -21,13 +21,7 @@ namespace {
 using detail::GemmIndex;
 constexpr GemmIndex kRows = 960, kDepth = 512, kCols = 32768;
 
-float to_bf16_value(float x) {  // truncated to bf16 bits: a value both paths take
-  std::uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u &= 0xFFFF0000u;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
+float to_bf16_value(float x) { return bf16_to_f32(f32_to_bf16(x)); }  // a value both paths take
 
 struct Operands {
   std::vector<float> a, a_fma;

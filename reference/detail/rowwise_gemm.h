@@ -34,8 +34,8 @@
 // VM (AMD Zen 5) ran 385 GFLOP/s on pairs against 190 on the fma path; a core
 // of the H200's host (Intel Emerald Rapids) 82 against 123-133
 // (PERFORMANCE.md). So the first
-// PackedPanels of a process times both paths on a small GEMM and keeps the
-// faster; MLAGATE_ROWWISE_PATH=pairs or =fma chooses instead. Either way the
+// PackedPanels of a process whose b could take pairs times both paths on a
+// small GEMM and keeps the faster; MLAGATE_ROWWISE_PATH=pairs or =fma chooses instead. Either way the
 // bits are the chain's: only the speed depends on the choice.
 #pragma once
 
@@ -98,23 +98,25 @@ class PackedPanels {
  public:
   PackedPanels() = default;
   // row(k, dst) writes b[k][0 .. cols) as floats into dst. `allow_pairs`
-  // false packs no pairs (the fma path for every row); the default is the
-  // process's choice.
+  // false packs no pairs (the fma path for every row), true packs them where
+  // b allows; unset, the process's choice decides, asked only where b allows
+  // pairs (so a process whose weights never could, fp16 ones, never times).
   template <class RowFn>
-  PackedPanels(GemmIndex depth, GemmIndex cols, RowFn&& row, bool allow_pairs = pair_path_preferred())
+  PackedPanels(GemmIndex depth, GemmIndex cols, RowFn&& row, std::optional<bool> allow_pairs = std::nullopt)
       : depth_(depth), cols_(cols) {
     panels_ = (cols + kPanelCols - 1) / kPanelCols;
     buf_.assign(static_cast<std::size_t>(panels_ * depth * kPanelCols + 16), 0.f);
     const auto addr = reinterpret_cast<std::uintptr_t>(buf_.data());
     data_ = buf_.data() + ((64 - addr % 64) % 64) / sizeof(float);
     std::vector<float> r(static_cast<std::size_t>(panels_ * kPanelCols), 0.f);
-    bool pairs_ok = kBf16PairPath && allow_pairs && depth % 2 == 0;
+    bool pairs_ok = kBf16PairPath && allow_pairs.value_or(true) && depth % 2 == 0;
     for (GemmIndex k = 0; k < depth; ++k) {
       row(k, r.data());
       if (pairs_ok) pairs_ok = std::all_of(r.begin(), r.begin() + cols, bf16_pair_safe);
       for (GemmIndex p = 0; p < panels_; ++p)
         std::copy_n(r.data() + p * kPanelCols, kPanelCols, data_ + (p * depth + k) * kPanelCols);
     }
+    if (pairs_ok && !allow_pairs) pairs_ok = pair_path_preferred();
     if (pairs_ok) {
       // The same panels as bf16 pairs: [depth / 2][kPanelCols] each.
       pair_buf_.assign(static_cast<std::size_t>(panels_ * depth / 2 * kPanelCols + 16), 0u);

@@ -150,9 +150,12 @@ TEST(RowwiseGemm, ThePathVariableTakesPairsOrFma) {
   if (!detail::kBf16PairPath) {
     EXPECT_FALSE(detail::pair_path_preferred());
   }
-  // The default packing follows the choice.
+  // The default packing follows the choice where b allows pairs, and packs
+  // none where it does not (a value that is not bf16).
   const detail::PackedPanels p(4, 3, [](GemmIndex, float* dst) { std::fill_n(dst, 3, 1.f); });
   EXPECT_EQ(p.has_pairs(), detail::pair_path_preferred());
+  const detail::PackedPanels q(4, 3, [](GemmIndex, float* dst) { std::fill_n(dst, 3, 1.f + 1.f / 1024); });
+  EXPECT_FALSE(q.has_pairs());
 }
 
 // The guard's bounds, exactly where the header puts them.
