@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "reference/detail/softmax.h"
+#include "reference/detail/chain_gemm.h"
 #include "reference/detail/strided_rows.h"
 #include "reference/detail/widen.h"
 
@@ -22,8 +22,8 @@ namespace mlagate {
 namespace {
 
 using Index = Eigen::Index;
-using detail::cmat;
-using detail::mat;
+using detail::chain_gemm;
+using detail::ChainB;
 // Scratch arrays: Eigen leaves them uninitialized (no serial zero-fill pass over
 // hundreds of MiB; first touch happens in the parallel loops that fill them)
 // and aligns them to EIGEN_MAX_ALIGN_BYTES (64 with AVX-512).
@@ -122,11 +122,35 @@ Index visible_keys(const Case& c, int i, Index u) {
 // Row x[0..width) holds raw dot products of which the first n are visible.
 // Turns it into softmax probabilities (zeros past n) and returns the natural
 // log-sum-exp of the scaled logits; an empty row stays zero with lse -inf.
+// The row's storage runs to padded(width) at least (every caller's rows are
+// padded(cols) apart).
 double softmax_row(double* x, Index n, Index width, double scale) {
-  std::fill(x + n, x + width, 0.0);
+  const Index np = padded(n);
+  std::fill(x + n, x + std::max(width, np), 0.0);
   if (n == 0) return kNegInf;
   Eigen::Map<Eigen::ArrayXd> a(x, n);
-  const auto [mx, sum] = detail::exp_row(a, scale);
+  a *= scale;
+  const double mx = a.maxCoeff();
+  // The exponentials over whole runs of 8, then the padding zeroed again:
+  // Eigen takes a row's tail past its last whole vector with std::exp, whose
+  // bits are not its vector exp's, and where that tail begins depends on the
+  // vector width (4 with AVX2, 8 with AVX-512). Over whole runs every element
+  // takes the vector exp, whose bits are the same with either width (an fma
+  // machine's; tests/reference/chain_gemm_test.cpp pins a case's bits).
+  Eigen::Map<Eigen::ArrayXd> ap(x, np);
+  ap = (ap - mx).exp();
+  std::fill(x + n, x + np, 0.0);
+  // The sum in four fixed lanes (detail/softmax.h says why).
+  double acc[4] = {0, 0, 0, 0};
+  Index j = 0;
+  for (; j + 4 <= n; j += 4) {
+    acc[0] += x[j];
+    acc[1] += x[j + 1];
+    acc[2] += x[j + 2];
+    acc[3] += x[j + 3];
+  }
+  for (; j < n; ++j) acc[0] += x[j];
+  const double sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
   a /= sum;
   return mx + std::log(sum);
 }
@@ -200,12 +224,11 @@ void mqa_core(const Case& c, const Layout& x, const double* q_full, double* o_la
       }
       keys_loaded = std::max(keys_loaded, cols);
       const Index stride = padded(cols);
-      auto logits = mat(logits_buf.data(), ch.rows, cols, stride);
-      logits.noalias() = cmat(q_full + row * D, ch.rows, D, D) * cmat(keys.data(), cols, D, D).transpose();
+      chain_gemm(ch.rows, cols, D, q_full + row * D, D, keys.data(), D, ChainB::kTransposed, logits_buf.data(), stride);
       for (Index r = 0; r < ch.rows; ++r) {
         l[r] = softmax_row(logits_buf.data() + r * stride, visible_keys(c, i, (ch.row0 + r) / N), cols, scale);
       }
-      mat(o, ch.rows, x.L, x.L).noalias() = logits * cmat(keys.data(), cols, x.L, D);
+      chain_gemm(ch.rows, x.L, cols, logits_buf.data(), stride, keys.data(), D, ChainB::kRowMajor, o, x.L);
     }
   }
 }
@@ -225,8 +248,8 @@ ReferenceOutputs reference_absorbed(const Case& c) {
 #pragma omp for schedule(dynamic, 1)
     for (Index n = 0; n < N; ++n) {
       gather_head(c.w_uk, n, w.data(), x.P);
-      mat(q_full.data() + n * D, x.T, x.L, N * D).noalias() =
-          cmat(q.data() + n * QW, x.T, x.P, N * QW) * cmat(w.data(), x.L, x.P, x.P).transpose();
+      chain_gemm(x.T, x.L, x.P, q.data() + n * QW, N * QW, w.data(), x.P, ChainB::kTransposed, q_full.data() + n * D,
+                 N * D);
     }
   }
 
@@ -243,8 +266,8 @@ ReferenceOutputs reference_absorbed(const Case& c) {
 #pragma omp for schedule(dynamic, 1)
     for (Index n = 0; n < N; ++n) {
       gather_head(c.w_uv, n, w.data(), x.V);
-      mat(g.out.data() + n * x.V, x.T, x.V, N * x.V).noalias() =
-          cmat(g.o_lat.data() + n * x.L, x.T, x.L, N * x.L) * cmat(w.data(), x.L, x.V, x.V);
+      chain_gemm(x.T, x.V, x.L, g.o_lat.data() + n * x.L, N * x.L, w.data(), x.V, ChainB::kRowMajor,
+                 g.out.data() + n * x.V, N * x.V);
     }
   }
   return g;
@@ -287,7 +310,7 @@ ReferenceOutputs reference_mha(const Case& c) {
       gather_head(c.w_uk, n, w.data(), KW);
       gather_head(c.w_uv, n, w.data() + x.P, KW);
       // The up-projection: [s, L] x [L, P+V].
-      kv.topRows(s).noalias() = cmat(kv_c.data() + kv0 * x.L, s, x.L, x.L) * w;
+      chain_gemm(s, KW, x.L, kv_c.data() + kv0 * x.L, x.L, w.data(), KW, ChainB::kRowMajor, kv.data(), KW);
       const Index step = chunk_rows(s);
       for (Index u0 = 0; u0 < q_i; u0 += step) {
         const Index rows = std::min(step, q_i - u0);
@@ -295,16 +318,16 @@ ReferenceOutputs reference_mha(const Case& c) {
         if (cols == 0) continue;
         const Index stride = padded(cols);
         const double* q_rows = q.data() + ((t0 + u0) * N + n) * QW;  // token stride N*(P+R)
-        auto logits = mat(logits_buf.data(), rows, cols, stride);
-        logits.noalias() = cmat(q_rows, rows, x.P, N * QW) * kv.topLeftCorner(cols, x.P).transpose();
-        logits.noalias() +=
-            cmat(q_rows + x.P, rows, x.R, N * QW) * cmat(k_pe.data() + kv0 * x.R, cols, x.R, x.R).transpose();
+        // One chain over the depth [P | R]: q_nope k_nope, then on into q_pe k_pe.
+        chain_gemm(rows, cols, x.P, q_rows, N * QW, kv.data(), KW, ChainB::kTransposed, logits_buf.data(), stride);
+        chain_gemm(rows, cols, x.R, q_rows + x.P, N * QW, k_pe.data() + kv0 * x.R, x.R, ChainB::kTransposed,
+                   logits_buf.data(), stride, /*accumulate=*/true);
         for (Index r = 0; r < rows; ++r) {
           g.lse[(t0 + u0 + r) * N + n] =
               softmax_row(logits_buf.data() + r * stride, visible_keys(c, i, u0 + r), cols, scale);
         }
-        mat(g.out.data() + (t0 + u0) * N * x.V + n * x.V, rows, x.V, N * x.V).noalias() =
-            logits * kv.block(0, x.P, cols, x.V);
+        chain_gemm(rows, x.V, cols, logits_buf.data(), stride, kv.data() + x.P, KW, ChainB::kRowMajor,
+                   g.out.data() + (t0 + u0) * N * x.V + n * x.V, N * x.V);
       }
     }
   }

@@ -13,6 +13,7 @@
 
 #include "cases/encoding.h"
 #include "cases/sparse.h"
+#include "reference/detail/chain_gemm.h"
 
 namespace mlagate {
 namespace {
@@ -119,7 +120,8 @@ SparseReference sparse_golden(const Case& c, const TensorView& q) {
       if (n == 0) continue;  // no key: o = 0, lse = -inf
       for (Index h = 0; h < N; ++h)
         for (Index k = 0; k < D; ++k) qt(h, k) = widen(q, (t * N + h) * D + k);
-      s.noalias() = qt * keys.transpose();
+      s.resize(N, n);
+      detail::chain_gemm(N, n, D, qt.data(), D, keys.data(), keys.cols(), detail::ChainB::kTransposed, s.data(), n);
       for (Index h = 0; h < N; ++h) {
         const double m = (s.row(h) * scale).maxCoeff();
         double sum = 0;

@@ -1,7 +1,8 @@
-// The softmax numerator shared by the fp64 reference (double) and the baseline
-// emulation (float): scale, subtract the row max, exponentiate, and sum in a
-// fixed order. Each caller passes its own Eigen map (aligned or not), so the
-// vectorization, and therefore every bit, stays what that caller had.
+// The softmax numerator of the baseline emulation (float): scale, subtract
+// the row max, exponentiate, and sum in a fixed order. The caller passes its
+// own Eigen map (aligned or not), so the vectorization, and therefore every
+// bit, stays what that caller had. (The fp64 reference's softmax_row sums in
+// the same four lanes but exponentiates whole runs of 8: fp64_reference.cpp.)
 #pragma once
 
 #include <Eigen/Core>
