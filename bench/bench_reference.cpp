@@ -1,6 +1,7 @@
-// Throughput of the fp64 reference reference against Eigen's own fp64 GEMM on
-// this machine: the reference is GEMM-bound, so its GFLOP/s (useful math only)
+// Throughput of the fp64 reference against Eigen's own fp64 GEMM on this
+// machine: the reference is GEMM-bound, so its GFLOP/s (useful math only)
 // should be a large fraction of the plain GEMM's at the same thread count.
+// The chain GEMM it computes in, beside Eigen's on the same shapes.
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
@@ -13,6 +14,7 @@
 
 #include "cases/case.h"
 #include "cases/suite.h"
+#include "reference/detail/chain_gemm.h"
 #include "reference/fp64_reference.h"
 
 namespace mlagate {
@@ -54,20 +56,38 @@ void set_gflops(benchmark::State& state, double flops) {
   state.counters["threads"] = omp_get_max_threads();
 }
 
-// Eigen's GEMM on row-major operands as the reference uses them: C = A B^T
-// (the Q K^T shape: B stored [n, k]), threads = 0 means Eigen's default.
-void bm_eigen_gemm(benchmark::State& state, int m, int n, int k, int threads) {
-  RowMat a = RowMat::Random(m, k), b = RowMat::Random(n, k), c(m, n);
+// Eigen's GEMM on row-major operands as the reference used them: C = A B^T
+// (the Q K^T shape: B stored [n, k]) or C = A B (P V: B stored [k, n]),
+// threads = 0 means Eigen's default.
+void bm_eigen_gemm(benchmark::State& state, int m, int n, int k, bool bt, int threads) {
+  RowMat a = RowMat::Random(m, k), b = bt ? RowMat::Random(n, k) : RowMat::Random(k, n), c(m, n);
   const int saved = Eigen::nbThreads();
   if (threads > 0) Eigen::setNbThreads(threads);
   for (auto _ : state) {
-    c.noalias() = a * b.transpose();
+    if (bt)
+      c.noalias() = a * b.transpose();
+    else
+      c.noalias() = a * b;
     benchmark::DoNotOptimize(c.data());
     benchmark::ClobberMemory();
   }
   Eigen::setNbThreads(saved);
   set_gflops(state, 2.0 * m * n * k);
   state.counters["threads"] = threads > 0 ? threads : Eigen::nbThreads();
+}
+
+// The chain GEMM the reference computes in (reference/detail/chain_gemm.h),
+// one thread, the same operands: its rate against Eigen's threads:1 row.
+void bm_chain_gemm(benchmark::State& state, int m, int n, int k, bool bt) {
+  RowMat a = RowMat::Random(m, k), b = bt ? RowMat::Random(n, k) : RowMat::Random(k, n), c(m, n);
+  for (auto _ : state) {
+    detail::chain_gemm(m, n, k, a.data(), k, b.data(), bt ? k : n,
+                       bt ? detail::ChainB::kTransposed : detail::ChainB::kRowMajor, c.data(), n);
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  set_gflops(state, 2.0 * m * n * k);
+  state.counters["threads"] = 1;
 }
 
 // Cases are generated once per (spec, tp), outside the timed loop.
@@ -96,23 +116,29 @@ void bm_reference(benchmark::State& state, const std::string& spec, int tp, bool
 void register_all() {
   struct GemmShape {
     int m, n, k;
+    bool bt;  // B stored [n, k] (A B^T)
     const char* what;
   };
   const GemmShape shapes[] = {
-      {4096, 2048, 576, "prefill_QK^T"},  // a large_prefill row chunk's logits, whole request
-      {128, 2048, 576, "decode_QK^T"},    // large_decode: one request's 128 heads
-      {4096, 256, 512, "mha_up_proj"},    // reference_mha: [s, L] x [L, P+V]
-      {1024, 1024, 1024, "square"},
+      {4096, 2048, 576, true, "prefill_QK^T"},  // a large_prefill row chunk's logits, whole request
+      {128, 2048, 576, true, "decode_QK^T"},    // large_decode: one request's 128 heads
+      {64, 32768, 576, true, "long_QK^T"},      // a 64-row chunk of a 32768-key request
+      {64, 512, 32768, false, "long_PV"},       // its P kv_c
+      {4096, 256, 512, false, "mha_up_proj"},   // reference_mha: [s, L] x [L, P+V]
+      {1024, 1024, 1024, true, "square"},
   };
   for (const GemmShape& s : shapes) {
+    const std::string shape = std::string(s.what) + "/" + std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
+                              std::to_string(s.k);
     for (int threads : {0, 1}) {
-      const std::string name = "eigen_gemm/" + std::string(s.what) + "/" + std::to_string(s.m) + "x" +
-                               std::to_string(s.n) + "x" + std::to_string(s.k) +
-                               (threads == 1 ? "/threads:1" : "/threads:all");
-      benchmark::RegisterBenchmark(name.c_str(), bm_eigen_gemm, s.m, s.n, s.k, threads)
+      const std::string name = "eigen_gemm/" + shape + (threads == 1 ? "/threads:1" : "/threads:all");
+      benchmark::RegisterBenchmark(name.c_str(), bm_eigen_gemm, s.m, s.n, s.k, s.bt, threads)
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
     }
+    benchmark::RegisterBenchmark(("chain_gemm/" + shape + "/threads:1").c_str(), bm_chain_gemm, s.m, s.n, s.k, s.bt)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
   }
   struct GoldenRun {
     const char* spec;
