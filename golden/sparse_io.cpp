@@ -96,7 +96,7 @@ void write_sparse_group(hid_t g, const Case& c, const PreparedCase::SparseRefere
   const h5::Group sg = io::create_group(g, kSparseGroup, w);
   const io::Where ws = w / kSparseGroup;
   const std::int64_t T = c.num_tokens, N = c.spec.num_heads();
-  io::write_attr(sg.get(), "reference", "fp64 Eigen over the dequantized caches (reference/sparse_reference.h sparse_golden)", ws);
+  io::write_attr(sg.get(), "reference", "fp64 over the dequantized caches (reference/sparse_reference.h sparse_golden)", ws);
   io::write_attr(sg.get(), "index_codes",
                  "request-local key positions; -1 no key; -2 past the length, a poisoned slot; pattern oob: "
                  "-3 - d (d in [0, 64]) index s_kv + d, INT32_MIN + r (r < 2^29) index INT32_MAX - r, both no key",
@@ -173,7 +173,9 @@ StoredSparse read_sparse_group(hid_t g, const Case& c, const io::Where& w, io::B
     absorb_queries(c, tokens, ql, qp);
     const Tensor q = sparse_query(c, ql.view());
     if (q.nbytes() != out.ref.q.nbytes() || std::memcmp(q.bytes(), out.ref.q.bytes(), q.nbytes()) != 0)
-      io::bad(ws / "q", "differs from the query the stored inputs give (absorbed q_nope, then q_pe)");
+      io::bad(ws / "q",
+              "differs from the query the stored inputs give (absorbed q_nope, then q_pe); a file written before "
+              "2026-12-04 may hold queries absorbed by Eigen, whose bits depended on the machine: re-export it");
   }
   std::vector<int> mp, ep;
   for (std::int64_t t = 0; t < T; ++t) {

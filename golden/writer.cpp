@@ -293,7 +293,7 @@ void write_case_content(hid_t g, const PreparedCase& pc, const io::Where& w) {
   if (pc.reference) {
     const h5::Group gg = io::create_group(g, schema::kGoldenGroup, w);
     const io::Where wg = w / schema::kGoldenGroup;
-    io::write_attr(gg.get(), "reference", "fp64 Eigen, absorbed path (reference/fp64_reference.h reference_absorbed)", wg);
+    io::write_attr(gg.get(), "reference", "fp64, absorbed path (reference/fp64_reference.h reference_absorbed)", wg);
     io::write_dataset(gg.get(), "out", DType::kF64, {T, N * d.v_head_dim}, pc.reference->out.data(), wg, kRef);
     io::write_dataset(gg.get(), "lse", DType::kF64, {T, N}, pc.reference->lse.data(), wg, kRef);
   }
@@ -301,7 +301,7 @@ void write_case_content(hid_t g, const PreparedCase& pc, const io::Where& w) {
   if (pc.decode) {
     const h5::Group dg = io::create_group(g, schema::kDecodeGroup, w);
     const io::Where wd = w / schema::kDecodeGroup;
-    io::write_attr(dg.get(), "reference", "fp64 Eigen on the absorbed queries (reference/fp64_reference.h reference_mqa)", wd);
+    io::write_attr(dg.get(), "reference", "fp64 on the absorbed queries (reference/fp64_reference.h reference_mqa)", wd);
     io::write_tensor(dg.get(), "q_lat", pc.decode->q_lat, wd);
     io::write_tensor(dg.get(), "q_pe", pc.decode->q_pe, wd);
     io::write_dataset(dg.get(), "o_lat", DType::kF64, {T, N, d.kv_lora_rank}, pc.decode->o_lat.data(), wd, kRef);

@@ -1,9 +1,9 @@
-// Glue math with Eigen in fp32 over model-dtype inputs; every result is rounded
-// to the model dtype exactly where a GPU framework would store it.
+// Glue math in fp32 over model-dtype inputs (the row-wise GEMM's fma chains);
+// every result is rounded to the model dtype exactly where a GPU framework
+// would store it.
 #include "reference/glue.h"
 #include "reference/merge_reference.h"
 
-#include <Eigen/Dense>
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -11,6 +11,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "cases/encoding.h"
 #include "reference/detail/rowwise_gemm.h"
@@ -20,8 +21,6 @@ namespace mlagate {
 
 namespace {
 
-using MatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using Stride = Eigen::OuterStride<>;
 
 // Widens one 16-bit model-dtype value to fp32 (hot loops avoid TensorView::get).
 using Load16 = float (*)(std::uint16_t);
@@ -41,10 +40,12 @@ TensorView row_view(const Tensor& t, std::int64_t first, std::int64_t count) {
 // weight and of the activations, into buffers of the thread that owns the
 // head: no whole-tensor float copies (a TP 1 weight is 8M elements, and
 // allocating and zeroing such copies on every call cost more than the GEMMs).
-// The products are Eigen's over the same values, so the same bits, except for
-// a single token at TP 1: Eigen's matrix-vector kernel blocks by the weight's
-// row stride, which was 64 KiB for the old strided view at TP 1 and is the
-// head's width now, as at every other TP (a last-bit change, 2026-11-26).
+// The products are the row-wise GEMM's (detail/rowwise_gemm.h): every element
+// one fma chain in order of depth, the same bits on any machine. Until
+// 2026-12-04 they were Eigen's, whose fp32 bits differ between an AVX2 and an
+// AVX-512 build: an AVX2 machine's absorbed queries differed from this VM's
+// in 11 of the vllm and sparse suites' 100 input sets (bf16 bytes), so a
+// backend's inputs, its records and a golden file's stored queries did.
 void absorb_queries(const Case& c, std::span<const int> tokens, Tensor& q_lat, Tensor& q_pe) {
   const Dims& d = c.spec.dims;
   const std::int64_t N = c.spec.num_heads(), L = d.kv_lora_rank, P = d.nope_dim, R = d.rope_dim;
@@ -60,17 +61,23 @@ void absorb_queries(const Case& c, std::span<const int> tokens, Tensor& q_lat, T
   const std::int64_t QD = P + R;
 #pragma omp parallel
   {
-    MatF qn(n, P), wh(L, P);
+    std::vector<float> qn(static_cast<std::size_t>(n * P)), wh(static_cast<std::size_t>(L * P));
 #pragma omp for schedule(static)
     for (std::int64_t h = 0; h < N; ++h) {
-      for (std::int64_t i = 0; i < n; ++i)
-        for (std::int64_t k = 0; k < P; ++k) qn(i, k) = load(q[(tokens[i] * N + h) * QD + k]);
-      for (std::int64_t l = 0; l < L; ++l) detail::widen_any(w, (l * N + h) * P, P, wh.data() + l * P);
-      const MatF ql = qn * wh.transpose();  // [n, L]
       for (std::int64_t i = 0; i < n; ++i) {
-        f32_run_to_16bit(ql.data() + i * L, L, bf16, lat + (i * N + h) * L);
+        for (std::int64_t k = 0; k < P; ++k) qn[i * P + k] = load(q[(tokens[i] * N + h) * QD + k]);
         std::copy_n(q + (tokens[i] * N + h) * QD + P, R, pe + (i * N + h) * R);
       }
+      for (std::int64_t l = 0; l < L; ++l) detail::widen_any(w, (l * N + h) * P, P, wh.data() + l * P);
+      // b [P, L]: row k is W_UK[:, h, k].
+      const detail::PackedPanels wt(P, L, [&](std::int64_t k, float* dst) {
+        for (std::int64_t l = 0; l < L; ++l) dst[l] = wh[l * P + k];
+      });
+      detail::rowwise_gemm(qn.data(), n, P, wt,
+                           [&](std::int64_t r0, std::int64_t nr, std::int64_t c0, std::int64_t nc, const float* t) {
+                             for (std::int64_t i = 0; i < nr; ++i)
+                               f32_run_to_16bit(t + i * detail::kPanelCols, nc, bf16, lat + ((r0 + i) * N + h) * L + c0);
+                           });
     }
   }
 }
@@ -84,14 +91,17 @@ void project_latent_output(const Case& c, const TensorView& o_lat, std::span<con
   std::uint16_t* dst = out.data<std::uint16_t>();
 #pragma omp parallel
   {
-    MatF o(n, L), wh(L, V);
+    std::vector<float> o(static_cast<std::size_t>(n * L));
 #pragma omp for schedule(static)
     for (std::int64_t h = 0; h < N; ++h) {
       // o_lat [n, N, L] in any dtype the backend wrote: widened exactly.
       for (std::int64_t i = 0; i < n; ++i) detail::widen_any(o_lat, (i * N + h) * L, L, o.data() + i * L);
-      for (std::int64_t l = 0; l < L; ++l) detail::widen_any(w, (l * N + h) * V, V, wh.data() + l * V);
-      const MatF r = o * wh;  // [n, V]
-      for (std::int64_t i = 0; i < n; ++i) f32_run_to_16bit(r.data() + i * V, V, bf16, dst + rows[i] * N * V + h * V);
+      const detail::PackedPanels wh(L, V, [&](std::int64_t l, float* row) { detail::widen_any(w, (l * N + h) * V, V, row); });
+      detail::rowwise_gemm(o.data(), n, L, wh,
+                           [&](std::int64_t r0, std::int64_t nr, std::int64_t c0, std::int64_t nc, const float* t) {
+                             for (std::int64_t i = 0; i < nr; ++i)
+                               f32_run_to_16bit(t + i * detail::kPanelCols, nc, bf16, dst + rows[r0 + i] * N * V + h * V + c0);
+                           });
     }
   }
 }
