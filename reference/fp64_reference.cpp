@@ -1,6 +1,7 @@
-// The fp64 reference reference: SPEC: The two paths (absorbed and MHA paths) as
-// Eigen GEMMs over request-sized blocks, parallelized with OpenMP over a fixed
-// set of independent work units so the bits never depend on the thread count.
+// The fp64 reference: SPEC: The two paths (absorbed and MHA paths) as chain
+// GEMMs (detail/chain_gemm.h: the same bits on any machine) over
+// request-sized blocks, parallelized with OpenMP over a fixed set of
+// independent work units so the bits never depend on the thread count.
 #include "reference/fp64_reference.h"
 
 #include <Eigen/Core>
