@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "reference/detail/chain_gemm.h"
+#include "reference/detail/softmax.h"
 #include "reference/detail/strided_rows.h"
 #include "reference/detail/widen.h"
 
@@ -141,17 +142,7 @@ double softmax_row(double* x, Index n, Index width, double scale) {
   Eigen::Map<Eigen::ArrayXd> ap(x, np);
   ap = (ap - mx).exp();
   std::fill(x + n, x + np, 0.0);
-  // The sum in four fixed lanes (detail/softmax.h says why).
-  double acc[4] = {0, 0, 0, 0};
-  Index j = 0;
-  for (; j + 4 <= n; j += 4) {
-    acc[0] += x[j];
-    acc[1] += x[j + 1];
-    acc[2] += x[j + 2];
-    acc[3] += x[j + 3];
-  }
-  for (; j < n; ++j) acc[0] += x[j];
-  const double sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  const double sum = detail::sum_in_four_lanes(x, n);
   a /= sum;
   return mx + std::log(sum);
 }

@@ -21,7 +21,6 @@ namespace mlagate {
 
 namespace {
 
-
 // Widens one 16-bit model-dtype value to fp32 (hot loops avoid TensorView::get).
 using Load16 = float (*)(std::uint16_t);
 Load16 loader(DType d) { return d == DType::kBF16 ? bf16_to_f32 : f16_to_f32; }
