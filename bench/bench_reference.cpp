@@ -1,7 +1,8 @@
 // Throughput of the fp64 reference against Eigen's own fp64 GEMM on this
 // machine: the reference is GEMM-bound, so its GFLOP/s (useful math only)
 // should be a large fraction of the plain GEMM's at the same thread count.
-// The chain GEMM it computes in, beside Eigen's on the same shapes.
+// The chain GEMM it computes in, beside Eigen's on the same shapes. And the
+// baseline emulation's forms (sdpa_emulation.h) on the same cases.
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
@@ -16,6 +17,8 @@
 #include "cases/suite.h"
 #include "reference/detail/chain_gemm.h"
 #include "reference/fp64_reference.h"
+#include "reference/kv_projection.h"
+#include "reference/sdpa_emulation.h"
 
 namespace mlagate {
 namespace {
@@ -113,6 +116,33 @@ void bm_reference(benchmark::State& state, const std::string& spec, int tp, bool
   set_gflops(state, mha ? mha_flops(c) : absorbed_flops(c));
 }
 
+// The emulation's attention flops: Q K^T and P V over visible keys, with the
+// decode form's [L+R | L] widths or the prefill form's [P+R | V].
+double emulation_flops(const Case& c, bool prefill) {
+  const Dims& d = c.spec.dims;
+  const double N = c.spec.num_heads();
+  const double w = prefill ? (d.nope_dim + d.rope_dim) + d.v_head_dim : (d.kv_lora_rank + d.rope_dim) + d.kv_lora_rank;
+  double f = 0;
+  for (int i = 0; i < c.num_requests; ++i)
+    for (int u = 0; u < c.query_lens[i]; ++u) f += N * 2 * visible(c, i, u) * w;
+  return f;
+}
+
+// One form of the emulation over every request (the prefill form's K and V
+// projected once, outside the timed loop, as the layer memo holds them).
+void bm_emulation(benchmark::State& state, const std::string& spec, int tp, bool prefill) {
+  const Case& c = bench_case(spec, tp);
+  std::vector<int> requests(static_cast<std::size_t>(c.num_requests));
+  for (int i = 0; i < c.num_requests; ++i) requests[static_cast<std::size_t>(i)] = i;
+  KvProjection projection(c);
+  if (prefill) projection.ensure(requests);
+  for (auto _ : state) {
+    SdpaResult e = emulate_sdpa_layer(c, prefill ? SdpaForm::kPrefill : SdpaForm::kDecode, requests, &projection);
+    benchmark::DoNotOptimize(e.out.data());
+  }
+  set_gflops(state, emulation_flops(c, prefill));
+}
+
 void register_all() {
   struct GemmShape {
     int m, n, k;
@@ -155,6 +185,22 @@ void register_all() {
     const std::string name =
         std::string(r.mha ? "reference_mha/" : "reference_absorbed/") + r.spec + "/tp" + std::to_string(r.tp);
     benchmark::RegisterBenchmark(name.c_str(), bm_reference, std::string(r.spec), r.tp, r.mha)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond)
+        ->MinTime(2.0);
+  }
+  struct EmulationRun {
+    const char* spec;
+    int tp;
+    bool prefill;
+  };
+  const EmulationRun emulations[] = {
+      {"large_decode", 1, false}, {"large_prefill", 1, true}, {"large_prefill", 8, true}, {"large_prefill", 1, false},
+  };
+  for (const EmulationRun& r : emulations) {
+    const std::string name = std::string("emulation/") + (r.prefill ? "prefill_form/" : "decode_form/") + r.spec +
+                             "/tp" + std::to_string(r.tp);
+    benchmark::RegisterBenchmark(name.c_str(), bm_emulation, std::string(r.spec), r.tp, r.prefill)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond)
         ->MinTime(2.0);

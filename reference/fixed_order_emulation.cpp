@@ -6,6 +6,7 @@
 // (reference/CMakeLists.txt): a product and a sum fused by the compiler
 // would be another rounding than the GPU's.
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
@@ -28,6 +29,14 @@ using detail::emu_round16;
 using detail::emu_sub;
 using detail::kEmuLanes;
 
+// The start of key or value row j: rows[j] where the rows lie in pieces, else base + j * stride elements.
+const void* row_start(const void* base, const void* const* rows, std::int64_t stride, std::int64_t j,
+                      EmulatedAttention::Elem e) {
+  if (rows) return rows[j];
+  const std::int64_t bytes = e == EmulatedAttention::Elem::kF32 ? 4 : 2;
+  return static_cast<const std::byte*>(base) + j * stride * bytes;
+}
+
 float element(const void* base, std::int64_t i, EmulatedAttention::Elem e) {
   switch (e) {
     case EmulatedAttention::Elem::kF32: return static_cast<const float*>(base)[i];
@@ -37,27 +46,6 @@ float element(const void* base, std::int64_t i, EmulatedAttention::Elem e) {
   return 0;
 }
 
-// The larger of two, NaN if either is (the GPU's lanes combine with this).
-float max2(float a, float b) {
-  if (a != a) return a;
-  if (b != b) return b;
-  return b > a ? b : a;
-}
-
-// The lanes' values combined by halves (emulation_math.h): lane 0's result.
-template <class Op>
-float combine_lanes(float (&lane)[kEmuLanes], Op op) {
-  for (int off = kEmuLanes / 2; off >= 1; off /= 2) {
-    float next[kEmuLanes];
-    for (int l = 0; l < kEmuLanes; ++l) next[l] = op(lane[l], lane[l ^ off]);
-    for (int l = 0; l < kEmuLanes; ++l) lane[l] = next[l];
-  }
-  return lane[0];
-}
-
-}  // namespace
-
-namespace {
 void one(const EmulatedAttention& a) {
   if (a.rows < 0 || a.heads < 1 || a.rows_per_token < 1 || a.keys < 0 || a.dqk < 1 || a.dv < 1)
     throw std::invalid_argument("emulate_attention_fixed_order: bad dimensions");
@@ -80,28 +68,30 @@ void one(const EmulatedAttention& a) {
       x.resize(static_cast<std::size_t>(n));
       p.resize(static_cast<std::size_t>(n));
       for (int j = 0; j < n; ++j) {
-        const std::int64_t k0 = j * a.k_row + h * a.k_head;
+        const void* kj = row_start(a.k, a.k_rows, a.k_row, j, a.elem);
+        const std::int64_t k0 = h * a.k_head;
         float s = 0.0f;
-        for (int d = 0; d < a.dqk; ++d) s = emu_fma(element(a.q, q0 + d, a.elem), element(a.k, k0 + d, a.elem), s);
+        for (int d = 0; d < a.dqk; ++d) s = emu_fma(element(a.q, q0 + d, a.elem), element(kj, k0 + d, a.elem), s);
         x[static_cast<std::size_t>(j)] = emu_mul(s, a.scale);
       }
       float lane[kEmuLanes];
       for (int l = 0; l < kEmuLanes; ++l) lane[l] = -std::numeric_limits<float>::infinity();
-      for (int j = 0; j < n; ++j) lane[j % kEmuLanes] = max2(lane[j % kEmuLanes], x[static_cast<std::size_t>(j)]);
-      const float m = combine_lanes(lane, max2);
+      for (int j = 0; j < n; ++j) lane[j % kEmuLanes] = detail::emu_max2(lane[j % kEmuLanes], x[static_cast<std::size_t>(j)]);
+      const float m = detail::emu_combine_lanes(lane, detail::emu_max2);
       for (int l = 0; l < kEmuLanes; ++l) lane[l] = 0.0f;
       for (int j = 0; j < n; ++j) {
         const float e = emu_exp(emu_sub(x[static_cast<std::size_t>(j)], m));
         lane[j % kEmuLanes] = emu_add(lane[j % kEmuLanes], e);
         p[static_cast<std::size_t>(j)] = emu_round16(e, a.bf16);
       }
-      const float sum = combine_lanes(lane, emu_add);
+      const float sum = detail::emu_combine_lanes(lane, emu_add);
       a.max[u] = m;
       a.sum[u] = sum;
       for (int c = 0; c < a.dv; ++c) {
         float acc = 0.0f;
         for (int j = 0; j < n; ++j)
-          acc = emu_fma(p[static_cast<std::size_t>(j)], element(a.v, j * a.v_row + h * a.v_head + c, a.elem), acc);
+          acc = emu_fma(p[static_cast<std::size_t>(j)],
+                        element(row_start(a.v, a.v_rows, a.v_row, j, a.elem), h * a.v_head + c, a.elem), acc);
         o[c] = sum == 0 ? 0.0f : emu_round16(emu_div(acc, sum), a.bf16);
       }
     }
@@ -110,30 +100,35 @@ void one(const EmulatedAttention& a) {
 
 }  // namespace
 
+EmulatedAttention with_projected_kv(const EmulatedAttention& a, Tensor& k, Tensor& v) {
+  if (!a.latent || !a.weights_of) throw std::invalid_argument("attention emulation: no keys and no latent rows");
+  // K [keys, N, P+R] and V [keys, N, V] from the latent rows, as the glue
+  // projects them, read in that layout whatever the call said.
+  const Case& c = *a.weights_of;
+  const Dims& d = c.spec.dims;
+  const int N = static_cast<int>(c.spec.num_heads()), QW = d.nope_dim + d.rope_dim;
+  if (a.heads != N || a.dqk != QW || a.dv != d.v_head_dim)
+    throw std::invalid_argument("attention emulation: latent rows of another shape than the call's");
+  up_project_kv(c, TensorView{c.spec.dtype, {a.keys, d.kv_lora_rank}, const_cast<std::uint16_t*>(a.latent)},
+                TensorView{c.spec.dtype, {a.keys, d.rope_dim}, const_cast<std::uint16_t*>(a.rope)}, k, v);
+  EmulatedAttention b = a;
+  b.k = k.bytes();
+  b.v = v.bytes();
+  b.k_rows = b.v_rows = nullptr;
+  b.k_row = std::int64_t{N} * QW, b.k_head = QW;
+  b.v_row = std::int64_t{N} * d.v_head_dim, b.v_head = d.v_head_dim;
+  b.elem = c.spec.dtype == DType::kBF16 ? EmulatedAttention::Elem::kBF16 : EmulatedAttention::Elem::kF16;
+  return b;
+}
+
 void emulate_attention_fixed_order(std::span<const EmulatedAttention> calls) {
   for (const EmulatedAttention& a : calls) {
-    if (a.keys == 0 || (a.k && a.v)) {
+    if (a.keys == 0 || ((a.k || a.k_rows) && (a.v || a.v_rows))) {
       one(a);
       continue;
     }
-    if (!a.latent || !a.weights_of) throw std::invalid_argument("emulate_attention_fixed_order: no keys and no latent rows");
-    // K [keys, N, P+R] and V [keys, N, V] from the latent rows, as the glue
-    // projects them, read in that layout whatever the call said.
-    const Case& c = *a.weights_of;
-    const Dims& d = c.spec.dims;
-    const int N = static_cast<int>(c.spec.num_heads()), QW = d.nope_dim + d.rope_dim;
-    if (a.heads != N || a.dqk != QW || a.dv != d.v_head_dim)
-      throw std::invalid_argument("emulate_attention_fixed_order: latent rows of another shape than the call's");
     Tensor k, v;
-    up_project_kv(c, TensorView{c.spec.dtype, {a.keys, d.kv_lora_rank}, const_cast<std::uint16_t*>(a.latent)},
-                  TensorView{c.spec.dtype, {a.keys, d.rope_dim}, const_cast<std::uint16_t*>(a.rope)}, k, v);
-    EmulatedAttention b = a;
-    b.k = k.bytes();
-    b.v = v.bytes();
-    b.k_row = std::int64_t{N} * QW, b.k_head = QW;
-    b.v_row = std::int64_t{N} * d.v_head_dim, b.v_head = d.v_head_dim;
-    b.elem = c.spec.dtype == DType::kBF16 ? EmulatedAttention::Elem::kBF16 : EmulatedAttention::Elem::kF16;
-    one(b);
+    one(with_projected_kv(a, k, v));
   }
 }
 

@@ -1,14 +1,18 @@
-// The seed test's model-dtype SDPA reference emulated in fp32 with Eigen:
-// einsums and SDPA as torch evaluates them on 16-bit tensors (see the header
-// for every rounding point). Work units are fixed by the case alone, so the
-// bits never depend on the thread count.
+// The seed test's model-dtype SDPA reference emulated in fp32: einsums and
+// SDPA as torch evaluates them on 16-bit tensors (see the header for every
+// rounding point). The einsums are the glue's row-wise products (glue.h) and
+// the attention cores run in the fixed order (emulate_attention_cpu, or the
+// GPU's emulator): every element one chain of operations in a fixed order, so
+// the bits depend neither on the thread count nor on the machine.
 #include "reference/sdpa_emulation.h"
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -18,33 +22,22 @@
 #include "reference/glue.h"
 #include "reference/kv_projection.h"
 #include "reference/detail/emulation_math.h"
-#include "reference/detail/softmax.h"
-#include "reference/detail/strided_rows.h"
 #include "reference/detail/widen.h"
 
 namespace mlagate {
 namespace {
 
-using Index = Eigen::Index;
-using MatF = detail::RowMat<float>;
-using MapF = detail::RowsMap<float>;
-using detail::cmat;
-using detail::mat;
-using AlignedArr = Eigen::Map<Eigen::ArrayXf, Eigen::Aligned64>;
+using Index = std::int64_t;
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr double kNaNd = std::numeric_limits<double>::quiet_NaN();
-// Query rows per attention unit of the decode form (fixed: Eigen sums a row
-// differently when it falls in a GEMM's row remainder).
-constexpr Index kRowsPerUnit = 128;
-constexpr Index kAlignFloats = 16;  // 64-byte rows: Eigen's vectorized exp takes one path
+// The decode form's keys of one emulator call, at most, but one request
+// whatever its size: a batch is emulated in groups of requests whose keys
+// stay in one buffer of about this size (whole, a vllm batch's were 150 MB).
+constexpr Index kKeyBytesPerCall = Index{1} << 25;  // 32 MiB
 
 // x rounded to the nearest model-dtype value (RNE), as fp32.
 float round_to(float x, DType dt) {
   return round_to_16bit(x, dt == DType::kBF16);
-}
-void round_all(float* x, Index n, DType dt) {
-  for (Index i = 0; i < n; ++i) x[i] = round_to(x[i], dt);
 }
 
 // How the decode path reads an fp8 cache's dequantized keys (the header: its
@@ -78,69 +71,6 @@ void load(const TensorView& v, Index first, Index n, float* dst, DType model, Ke
 TensorView cached_kv_c(const Case& c) { return c.kv_c_cache.empty() ? c.kv_c.view() : c.kv_c_cache.view(); }
 TensorView cached_k_pe(const Case& c) { return c.k_pe_cache.empty() ? c.k_pe.view() : c.k_pe_cache.view(); }
 
-// Keys query token u of request i sees (position c_i + u): 0 .. c_i + u,
-// clipped to the request (a seq_len-0 padding request sees none).
-int visible_keys(const Case& c, int i, Index u) {
-  return detail::emu_visible(static_cast<int>(u), 1, c.context_lens[i], c.seq_lens[i]);
-}
-
-// A thread's 64-byte aligned scratch, reused across units.
-class Scratch {
- public:
-  float* floats(Index n) {
-    buf_.resize(static_cast<std::size_t>(n + kAlignFloats));
-    const auto addr = reinterpret_cast<std::uintptr_t>(buf_.data());
-    const std::uintptr_t pad = (64 - addr % 64) % 64;
-    return buf_.data() + pad / sizeof(float);
-  }
-
- private:
-  std::vector<float> buf_;
-};
-
-// One SDPA call on `rows` query rows q [rows, dqk] (model-dtype values) over
-// keys k [nk, dqk] and values v [nk, dv] (row strides ks, vs); row r sees keys
-// 0 .. visible[r]-1. Writes o [rows, dv] (rounded to the model dtype) and lse.
-void sdpa_rows(const float* q, Index rows, Index dqk, const float* k, Index ks, const float* v, Index vs, Index dv,
-               const int* visible, float scale, DType dt, float* o, float* lse, Scratch& scratch) {
-  Index nk = 0;
-  for (Index r = 0; r < rows; ++r) nk = std::max<Index>(nk, visible[r]);
-  MapF out = mat(o, rows, dv, dv);
-  if (nk == 0) {
-    out.setZero();
-    std::fill(lse, lse + rows, kNegInf);
-    return;
-  }
-  const Index stride = (nk + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
-  float* p = scratch.floats(rows * stride + rows);
-  float* sums = p + rows * stride;
-  MapF s = mat(p, rows, nk, stride);
-  s.noalias() = cmat(q, rows, dqk, dqk) * cmat(k, nk, dqk, ks).transpose();
-  for (Index r = 0; r < rows; ++r) {
-    float* row = p + r * stride;
-    const Index n = visible[r];
-    std::fill(row + n, row + nk, 0.f);
-    if (n == 0) {
-      sums[r] = 0;
-      lse[r] = kNegInf;
-      continue;
-    }
-    const auto [m, sum] = detail::exp_row(AlignedArr(row, n), scale);
-    sums[r] = sum;
-    lse[r] = m + std::log(sums[r]);
-    round_all(row, n, dt);
-  }
-  out.noalias() = s * cmat(v, nk, dv, vs);
-  for (Index r = 0; r < rows; ++r) {
-    if (sums[r] == 0) {
-      out.row(r).setZero();  // no key: 0, never 0 * NaN
-    } else {
-      out.row(r) /= sums[r];
-    }
-    round_all(o + r * dv, dv, dt);
-  }
-}
-
 struct Dimensions {
   Index N, L, R, P, V;
 };
@@ -152,135 +82,135 @@ Dimensions dims_of(const Case& c) {
 void check_model_dtype(const Case& c) {
   if (c.spec.dtype != DType::kBF16 && c.spec.dtype != DType::kF16)
     throw std::invalid_argument("sdpa emulation: model dtype must be bf16 or fp16");
+  if (c.q.dtype() != c.spec.dtype)
+    throw std::invalid_argument("sdpa emulation: the case's queries are " + std::string(dtype_name(c.q.dtype())) +
+                                ", not its model dtype " + std::string(dtype_name(c.spec.dtype)));
 }
 
-// Head h's slice W[:, h, :] of a weight [L, N, W] as fp32 rows [L, W] with row stride ld.
-void load_head(const Tensor& w, Index h, float* dst, Index ld, DType dt) {
-  const Index L = w.dim(0), N = w.dim(1), W = w.dim(2);
-  for (Index l = 0; l < L; ++l) load(w.view(), (l * N + h) * W, W, dst + l * ld, dt);
-}
-
-// The fp32 lse of a row as sdpa_rows forms it: max + log(sum) (-inf where
-// the row sees no key: max -inf, sum 0).
+// The fp32 lse of a row: max + log(sum) (-inf where the row sees no key:
+// max -inf, sum 0).
 float lse_of(float max, float sum) { return max + std::log(sum); }
 
-// The emulation's attention cores off the Eigen path (sdpa_emulation.h).
+// The emulator set (null: emulate_attention_cpu).
 AttentionEmulator g_emulator = nullptr;
+AttentionEmulator emulator() { return g_emulator ? g_emulator : emulate_attention_cpu; }
 
-// mqa_core through the emulator: every request in one call, its keys (and
-// values, their first L columns) loaded as the Eigen path loads them.
-void mqa_core_emulated(const Case& c, std::span<const int> req, std::span<const Index> tok0, const float* q_full,
-                       float* o_lat, float* lse, KeyRead read, AttentionEmulator emulate) {
-  const Dimensions x = dims_of(c);
-  const Index D = x.L + x.R;
-  const DType dt = c.spec.dtype;
-  const TensorView kv_c = cached_kv_c(c), k_pe = cached_k_pe(c);
-  // Request k's keys from row first[k] of one buffer.
-  std::vector<Index> first(req.size() + 1, 0);
-  for (std::size_t k = 0; k < req.size(); ++k) first[k + 1] = first[k] + c.seq_lens[req[k]];
-  std::vector<float> keys(static_cast<std::size_t>(std::max<Index>(first.back(), 1) * D));
-  std::vector<EmulatedAttention> calls;
-  Index out_rows = 0;
-  for (std::size_t k = 0; k < req.size(); ++k) out_rows += Index{c.query_lens[req[k]]} * x.N;
-  std::vector<float> max(static_cast<std::size_t>(out_rows)), sum(static_cast<std::size_t>(out_rows));
-  Index at = 0;
-  for (std::size_t k = 0; k < req.size(); ++k) {
-    const int i = req[k];
-    const Index rows = Index{c.query_lens[i]} * x.N, s = c.seq_lens[i], kv0 = c.kv_start_loc[i];
-    if (rows == 0) continue;
-    float* kd = keys.data() + first[k] * D;
-#pragma omp parallel for schedule(static)
-    for (Index j = 0; j < s; ++j) {
-      load(kv_c, (kv0 + j) * x.L, x.L, kd + j * D, dt, read);
-      load(k_pe, (kv0 + j) * x.R, x.R, kd + j * D + x.L, dt, read);
-    }
-    const Index row = tok0[k] * x.N;
-    EmulatedAttention a;
-    a.q = q_full + row * D;
-    a.q_row = D;
-    a.k = kd;
-    a.k_row = D;
-    a.v = kd;  // v = kv_c: the first L columns of the keys
-    a.v_row = D;
-    a.elem = EmulatedAttention::Elem::kF32;
-    a.rows = static_cast<int>(rows);
-    a.rows_per_token = static_cast<int>(x.N);
-    a.context = c.context_lens[i];
-    a.keys = static_cast<int>(s);
-    a.dqk = static_cast<int>(D);
-    a.dv = static_cast<int>(x.L);
-    a.scale = static_cast<float>(c.spec.softmax_scale());
-    a.bf16 = dt == DType::kBF16;
-    a.o = o_lat + row * x.L;
-    a.max = max.data() + at;
-    a.sum = sum.data() + at;
-    calls.push_back(a);
-    at += rows;
+// The absorbed attention core's queries [n_tok, N, L+R]: model-dtype values,
+// as fp32 and as their 16 bits.
+struct Queries {
+  std::vector<float> f32;
+  std::vector<std::uint16_t> bits;
+  void make_bits(bool bf16) {
+    bits.resize(f32.size());
+    f32_run_to_16bit(f32.data(), static_cast<Index>(f32.size()), bf16, bits.data());  // exact: model-dtype values
   }
-  emulate(calls);
-  for (const EmulatedAttention& a : calls) {
-    const Index row = (a.o - o_lat) / x.L;
-    for (Index r = 0; r < a.rows; ++r) lse[row + r] = lse_of(a.max[r], a.sum[r]);
+};
+
+// The decode form's widened keys, this thread's: kept from call to call, as
+// a fresh buffer each call was zeroed and faulted in at a cost above the
+// attention's on a VM.
+std::vector<std::byte>& key_buffer(std::size_t bytes) {
+  thread_local std::vector<std::byte> buf;
+  if (buf.size() < bytes) {
+    buf = {};
+    buf.resize(bytes);
   }
+  return buf;
 }
 
-// The absorbed attention core: q_full [n_tok, N, L+R] rows of the requests'
-// tokens (tokens of request req[k] start at row tok0[k]), keys from the case.
-// Writes o_lat [n_tok, N, L] (rounded) and lse [n_tok, N].
-void mqa_core(const Case& c, std::span<const int> req, std::span<const Index> tok0, const float* q_full, float* o_lat,
+// The absorbed attention core: queries of the requests' tokens (tokens of
+// request req[k] start at row tok0[k]), keys from the case. Writes o_lat
+// [n_tok, N, L] (rounded) and lse [n_tok, N]. Keys read in the model dtype
+// go to the emulator as their 16 bits with the queries', fp32 ones (kF32)
+// as fp32 with the fp32 queries: the same values, half the bytes. The
+// requests go in groups whose keys fit in kKeyBytesPerCall (a request's
+// values depend on its own rows alone, so the grouping changes no bit).
+void mqa_core(const Case& c, std::span<const int> req, std::span<const Index> tok0, const Queries& q, float* o_lat,
               float* lse, KeyRead read) {
-  if (const AttentionEmulator emulate = g_emulator) return mqa_core_emulated(c, req, tok0, q_full, o_lat, lse, read, emulate);
+  const AttentionEmulator emulate = emulator();
   const Dimensions x = dims_of(c);
   const Index D = x.L + x.R;
   const DType dt = c.spec.dtype;
-  const float scale = static_cast<float>(c.spec.softmax_scale());
+  const bool bf16 = dt == DType::kBF16;
   const TensorView kv_c = cached_kv_c(c), k_pe = cached_k_pe(c);
-  struct Unit {
-    std::size_t k;  // index into req
-    Index row0, rows;
-  };
-  std::vector<Unit> units;
-  Index keys_size = 0;
-  for (std::size_t k = 0; k < req.size(); ++k) {
-    const int i = req[k];
-    const Index rows = Index{c.query_lens[i]} * x.N;
-    for (Index r0 = 0; r0 < rows; r0 += kRowsPerUnit) units.push_back({k, r0, std::min(kRowsPerUnit, rows - r0)});
-    keys_size = std::max(keys_size, Index{c.seq_lens[i]} * D);
-  }
-  const auto num_units = static_cast<std::int64_t>(units.size());
-#pragma omp parallel
-  {
-    Scratch scratch;
-    std::vector<float> keys(static_cast<std::size_t>(keys_size));
-    int keys_request = -1;  // whose keys rows [0, keys_loaded) of `keys` hold
-    Index keys_loaded = 0;
-    std::vector<int> visible;
-#pragma omp for schedule(dynamic, 1)
-    for (std::int64_t u = 0; u < num_units; ++u) {
-      const Unit& un = units[static_cast<std::size_t>(u)];
-      const int i = req[un.k];
-      const Index row = tok0[un.k] * x.N + un.row0;  // first (token, head) row
-      visible.resize(static_cast<std::size_t>(un.rows));
-      int nk = 0;
-      for (Index r = 0; r < un.rows; ++r) {
-        visible[static_cast<std::size_t>(r)] = visible_keys(c, i, (un.row0 + r) / x.N);
-        nk = std::max(nk, visible[static_cast<std::size_t>(r)]);
-      }
-      // A request's units mostly fall to the same thread in turn: its keys
-      // stay widened (widening them again per 128 rows was a tenth of the
-      // decode form's time on long contexts), and only rows not yet widened
-      // are loaded. The values are the same either way.
-      const Index kv0 = c.kv_start_loc[i];
-      if (i != keys_request) keys_request = i, keys_loaded = 0;
-      for (Index j = keys_loaded; j < nk; ++j) {
-        load(kv_c, (kv0 + j) * x.L, x.L, keys.data() + j * D, dt, read);
-        load(k_pe, (kv0 + j) * x.R, x.R, keys.data() + j * D + x.L, dt, read);
-      }
-      keys_loaded = std::max<Index>(keys_loaded, nk);
-      // v = kv_c: the first L columns of the keys.
-      sdpa_rows(q_full + row * D, un.rows, D, keys.data(), D, keys.data(), D, x.L, visible.data(), scale, dt,
-                o_lat + row * x.L, lse + row, scratch);
+  const auto readable16 = [&](const TensorView& v) { return v.dtype == dt || v.dtype == DType::kF32; };
+  const bool keys16 = read == KeyRead::kModelDtype && readable16(kv_c) && readable16(k_pe);
+  const Index esize = keys16 ? 2 : 4;
+  // Row j's keys [kv_c | k_pe] at dst: 16 bits (fp32 values rounded, as the
+  // reference's `.to(dtype)`) or fp32 as `read` says.
+  const auto load_row = [&](Index row, std::byte* dst) {
+    if (!keys16) {
+      auto* f = reinterpret_cast<float*>(dst);
+      load(kv_c, row * x.L, x.L, f, dt, read);
+      load(k_pe, row * x.R, x.R, f + x.L, dt, read);
+      return;
     }
+    auto* h = reinterpret_cast<std::uint16_t*>(dst);
+    const auto part = [&](const TensorView& v, Index first, Index n, std::uint16_t* out) {
+      if (v.dtype == dt) {
+        std::memcpy(out, v.as<std::uint16_t>() + first, static_cast<std::size_t>(n) * 2);
+      } else {
+        f32_run_to_16bit(v.as<float>() + first, n, bf16, out);
+      }
+    };
+    part(kv_c, row * x.L, x.L, h);
+    part(k_pe, row * x.R, x.R, h + x.L);
+  };
+  Index total_key_rows = 0;
+  for (int i : req) total_key_rows += c.seq_lens[i];
+  std::vector<float> max, sum;
+  std::vector<EmulatedAttention> calls;
+  for (std::size_t k0 = 0; k0 < req.size();) {
+    // Requests [k0, k1): at least one, and more while their keys fit.
+    std::size_t k1 = k0 + 1;
+    Index key_rows = c.seq_lens[req[k0]], out_rows = Index{c.query_lens[req[k0]]} * x.N;
+    while (k1 < req.size() && (key_rows + c.seq_lens[req[k1]]) * D * esize <= kKeyBytesPerCall) {
+      key_rows += c.seq_lens[req[k1]];
+      out_rows += Index{c.query_lens[req[k1]]} * x.N;
+      ++k1;
+    }
+    std::byte* keys = key_buffer(static_cast<std::size_t>(std::max<Index>(key_rows, 1) * D * esize)).data();
+    max.resize(static_cast<std::size_t>(out_rows));
+    sum.resize(static_cast<std::size_t>(out_rows));
+    calls.clear();
+    Index at = 0, first = 0;
+    for (std::size_t k = k0; k < k1; ++k) {
+      const int i = req[k];
+      const Index rows = Index{c.query_lens[i]} * x.N, s = c.seq_lens[i], kv0 = c.kv_start_loc[i];
+      std::byte* kd = keys + first * D * esize;
+      first += s;
+      if (rows == 0) continue;
+#pragma omp parallel for schedule(static)
+      for (Index j = 0; j < s; ++j) load_row(kv0 + j, kd + j * D * esize);
+      const Index row = tok0[k] * x.N;
+      EmulatedAttention a;
+      a.q = keys16 ? static_cast<const void*>(q.bits.data() + row * D) : static_cast<const void*>(q.f32.data() + row * D);
+      a.q_row = D;
+      a.k = kd;
+      a.k_row = D;
+      a.v = kd;  // v = kv_c: the first L columns of the keys
+      a.v_row = D;
+      a.elem = !keys16 ? EmulatedAttention::Elem::kF32 : bf16 ? EmulatedAttention::Elem::kBF16 : EmulatedAttention::Elem::kF16;
+      a.rows = static_cast<int>(rows);
+      a.rows_per_token = static_cast<int>(x.N);
+      a.context = c.context_lens[i];
+      a.keys = static_cast<int>(s);
+      a.dqk = static_cast<int>(D);
+      a.dv = static_cast<int>(x.L);
+      a.scale = static_cast<float>(c.spec.softmax_scale());
+      a.bf16 = bf16;
+      a.o = o_lat + row * x.L;
+      a.max = max.data() + at;
+      a.sum = sum.data() + at;
+      calls.push_back(a);
+      at += rows;
+    }
+    emulate(calls);
+    for (const EmulatedAttention& a : calls) {
+      const Index row = (a.o - o_lat) / x.L;
+      for (Index r = 0; r < a.rows; ++r) lse[row + r] = lse_of(a.max[r], a.sum[r]);
+    }
+    k0 = k1;
   }
 }
 
@@ -302,132 +232,74 @@ SdpaResult empty_result(const Case& c, Index per_token) {
 
 void emulate_decode_form(const Case& c, std::span<const int> req, SdpaResult& e) {
   const Dimensions x = dims_of(c);
-  const Index D = x.L + x.R, QW = x.P + x.R;
+  const Index D = x.L + x.R;
   const DType dt = c.spec.dtype;
   // The requests' tokens, packed: request req[k] from row tok0[k].
   std::vector<Index> tok0;
-  std::vector<Index> token;  // packed row -> token of the case
+  std::vector<int> token;  // packed row -> token of the case
   for (int i : req) {
     tok0.push_back(static_cast<Index>(token.size()));
     for (int u = 0; u < c.query_lens[i]; ++u) token.push_back(c.query_start_loc[i] + u);
   }
   const Index n = static_cast<Index>(token.size());
   if (n == 0) return;
-  std::vector<float> q_full(static_cast<std::size_t>(n * x.N * D));
-  // ql[:, h, :] = round(q_nope[:, h, :] @ W_UK[:, h, :]^T): per head, one
-  // [q_len, P] x [P, L] GEMM per request. Per request, not over all of `req`'s
-  // tokens at once: Eigen sums a row in another order when it falls in a
-  // block's remainder, so a request's bits would depend on which requests were
-  // emulated with it (the runner emulates the requests each backend routes
-  // through a form; export emulates them all).
-  std::vector<Index> len;
-  for (int i : req) len.push_back(c.query_lens[i]);
-#pragma omp parallel
-  {
-    MatF w(x.L, x.P), qn(n, x.P);
-#pragma omp for schedule(dynamic, 1)
-    for (Index h = 0; h < x.N; ++h) {
-      load_head(c.w_uk, h, w.data(), x.P, dt);
-      for (Index t = 0; t < n; ++t) load(c.q.view(), (token[t] * x.N + h) * QW, x.P, qn.data() + t * x.P, dt);
-      for (std::size_t k = 0; k < len.size(); ++k) {
-        if (len[k] == 0) continue;
-        MapF ql = mat(q_full.data() + (tok0[k] * x.N + h) * D, len[k], x.L, x.N * D);
-        ql.noalias() = qn.middleRows(tok0[k], len[k]) * w.transpose();
-      }
-      for (Index t = 0; t < n; ++t) round_all(q_full.data() + (t * x.N + h) * D, x.L, dt);
-      for (Index t = 0; t < n; ++t)
-        load(c.q.view(), (token[t] * x.N + h) * QW + x.P, x.R, q_full.data() + (t * x.N + h) * D + x.L, dt);
-    }
+  // ql = round(q_nope @ W_UK) and q_pe: the glue's absorbed queries (the
+  // same einsum, an fp32 chain per element rounded once), widened.
+  Tensor q_lat, q_pe;
+  absorb_queries(c, token, q_lat, q_pe);
+  Queries q;
+  q.f32.resize(static_cast<std::size_t>(n * x.N * D));
+#pragma omp parallel for schedule(static)
+  for (Index r = 0; r < n * x.N; ++r) {
+    detail::widen_16bit(q_lat.view(), r * x.L, x.L, q.f32.data() + r * D);
+    detail::widen_16bit(q_pe.view(), r * x.R, x.R, q.f32.data() + r * D + x.L);
   }
+  q.make_bits(dt == DType::kBF16);
   std::vector<float> o_lat(static_cast<std::size_t>(n * x.N * x.L)), lse(static_cast<std::size_t>(n * x.N));
-  // out[:, h*V..] = round(o_lat[:, h, :] @ W_UV[:, h, :]): per head, one
-  // [q_len, L] x [L, V] GEMM per request (as above).
+  // out = round(o_lat @ W_UV): the glue's output projection of the packed
+  // rows into their tokens' rows.
+  Tensor projected = Tensor::for_overwrite(dt, {Index{c.num_tokens}, x.N, x.V});
   const auto project = [&](std::vector<double>& out, std::vector<double>& lse_out) {
-#pragma omp parallel
-    {
-      MatF w(x.L, x.V), o(n, x.V);
-#pragma omp for schedule(dynamic, 1)
-      for (Index h = 0; h < x.N; ++h) {
-        load_head(c.w_uv, h, w.data(), x.V, dt);
-        for (std::size_t k = 0; k < len.size(); ++k)
-          if (len[k] > 0)
-            o.middleRows(tok0[k], len[k]).noalias() =
-                cmat(o_lat.data() + (tok0[k] * x.N + h) * x.L, len[k], x.L, x.N * x.L) * w;
-        for (Index t = 0; t < n; ++t) {
-          round_all(o.data() + t * x.V, x.V, dt);
-          for (Index v = 0; v < x.V; ++v)
-            out[static_cast<std::size_t>((token[t] * x.N + h) * x.V + v)] = o(t, v);
-          lse_out[static_cast<std::size_t>(token[t] * x.N + h)] = lse[static_cast<std::size_t>(t * x.N + h)];
-        }
-      }
+    project_latent_output(c, TensorView{DType::kF32, {n, x.N, x.L}, o_lat.data()}, token, projected);
+    const bool bf16 = dt == DType::kBF16;
+    const std::uint16_t* p = projected.data<std::uint16_t>();
+    for (Index t = 0; t < n; ++t) {
+      const Index row = Index{token[static_cast<std::size_t>(t)]} * x.N;
+      for (Index k = 0; k < x.N * x.V; ++k)
+        out[static_cast<std::size_t>(row * x.V + k)] = bf16 ? bf16_to_f32(p[row * x.V + k]) : f16_to_f32(p[row * x.V + k]);
+      for (Index h = 0; h < x.N; ++h)
+        lse_out[static_cast<std::size_t>(row + h)] = lse[static_cast<std::size_t>(t * x.N + h)];
     }
   };
-  mqa_core(c, req, tok0, q_full.data(), o_lat.data(), lse.data(), KeyRead::kModelDtype);
+  mqa_core(c, req, tok0, q, o_lat.data(), lse.data(), KeyRead::kModelDtype);
   project(e.out, e.lse);
   // The decode path's other plain implementation (the header): the same
   // queries over the keys in fp32, where that differs from the rounded keys.
   if (!cache_values_exact(c)) {
     e.out_f32_keys.assign(e.out.size(), kNaNd);
     e.lse_f32_keys.assign(e.lse.size(), kNaNd);
-    mqa_core(c, req, tok0, q_full.data(), o_lat.data(), lse.data(), KeyRead::kF32);
+    mqa_core(c, req, tok0, q, o_lat.data(), lse.data(), KeyRead::kF32);
     project(e.out_f32_keys, e.lse_f32_keys);
   }
 }
 
-// Ordinary attention per (request, head) unit: q rows of c.q, keys and values
-// from `kv_of`, which fills K [s, P+R] and V [s, V] (row strides P+R, V) for
-// (request, head). Writes out [T, N*V] and lse [T, N].
-template <class KvOf>
-void mha(const Case& c, std::span<const int> req, KvOf&& kv_of, SdpaResult& e) {
-  const Dimensions x = dims_of(c);
-  const Index QW = x.P + x.R;
-  const DType dt = c.spec.dtype;
-  const float scale = static_cast<float>(c.spec.softmax_scale());
-  Index max_s = 0, max_q = 0;
-  for (int i : req) {
-    max_s = std::max<Index>(max_s, c.seq_lens[i]);
-    max_q = std::max<Index>(max_q, c.query_lens[i]);
-  }
-  const auto num_units = static_cast<std::int64_t>(req.size()) * x.N;
-#pragma omp parallel
-  {
-    Scratch scratch;
-    std::vector<float> k(static_cast<std::size_t>(max_s * QW)), v(static_cast<std::size_t>(max_s * x.V));
-    std::vector<float> q(static_cast<std::size_t>(max_q * QW)), o(static_cast<std::size_t>(max_q * x.V));
-    std::vector<float> lse(static_cast<std::size_t>(max_q));
-    std::vector<int> visible;
-    MatF scratch_kv;
-#pragma omp for schedule(dynamic, 1)
-    for (std::int64_t unit = 0; unit < num_units; ++unit) {
-      const int i = req[static_cast<std::size_t>(unit / x.N)];
-      const Index h = unit % x.N;
-      const Index q_len = c.query_lens[i], t0 = c.query_start_loc[i];
-      if (q_len == 0) continue;
-      visible.resize(static_cast<std::size_t>(q_len));
-      for (Index u = 0; u < q_len; ++u) visible[static_cast<std::size_t>(u)] = visible_keys(c, i, u);
-      if (c.seq_lens[i] > 0) kv_of(i, h, k.data(), v.data(), scratch_kv);
-      for (Index u = 0; u < q_len; ++u) load(c.q.view(), ((t0 + u) * x.N + h) * QW, QW, q.data() + u * QW, dt);
-      sdpa_rows(q.data(), q_len, QW, k.data(), QW, v.data(), x.V, x.V, visible.data(), scale, dt, o.data(),
-                lse.data(), scratch);
-      for (Index u = 0; u < q_len; ++u) {
-        for (Index j = 0; j < x.V; ++j)
-          e.out[static_cast<std::size_t>(((t0 + u) * x.N + h) * x.V + j)] = o[static_cast<std::size_t>(u * x.V + j)];
-        e.lse[static_cast<std::size_t>((t0 + u) * x.N + h)] = lse[static_cast<std::size_t>(u)];
-      }
-    }
-  }
-}
+// Where one call's K and V rows lie when they are not one block: gathered,
+// or each row's address.
+struct KvRows {
+  std::vector<std::uint16_t> k, v;
+  std::vector<const void*> k_rows, v_rows;
+};
 
-// mha through the emulator: every request in one call, all heads at once.
-// kv16_of(i, k_buf, v_buf, a) gives request i's K [s, N, P+R] and V [s, N, V]
-// rows, model-dtype bits, contiguous (their own memory, or gathered into the
-// buffers), and may name their latent rows in `a`.
+// Ordinary attention, every request in one emulator call, all heads at once.
+// kv16_of(i, rows, a) sets request i's K [s, N, P+R] and V [s, N, V] rows,
+// model-dtype bits, in `a` (a.k and a.v, or a.k_rows and a.v_rows, the
+// memory they name held in `rows`), or names their latent rows there.
 template <class Kv16Of>
-void mha_emulated(const Case& c, std::span<const int> req, Kv16Of&& kv16_of, SdpaResult& e, AttentionEmulator emulate) {
+void mha(const Case& c, std::span<const int> req, Kv16Of&& kv16_of, SdpaResult& e) {
   const Dimensions x = dims_of(c);
   const Index QW = x.P + x.R;
   const bool bf16 = c.spec.dtype == DType::kBF16;
-  std::vector<std::vector<std::uint16_t>> k_bufs(req.size()), v_bufs(req.size());
+  std::vector<KvRows> rows(req.size());
   Index rows_total = 0;
   for (int i : req) rows_total += c.query_lens[i];
   const auto n_all = static_cast<std::size_t>(rows_total * x.N);
@@ -440,11 +312,7 @@ void mha_emulated(const Case& c, std::span<const int> req, Kv16Of&& kv16_of, Sdp
     const Index q_len = c.query_lens[i], t0 = c.query_start_loc[i];
     if (q_len == 0) continue;
     EmulatedAttention a;
-    if (c.seq_lens[i] > 0) {
-      const auto [kp, vp] = kv16_of(i, k_bufs[k], v_bufs[k], a);
-      a.k = kp;
-      a.v = vp;
-    }
+    if (c.seq_lens[i] > 0) kv16_of(i, rows[k], a);
     a.q = c.q.view().as<std::uint16_t>() + t0 * x.N * QW;
     a.q_row = x.N * QW;
     a.q_head = QW;
@@ -470,7 +338,7 @@ void mha_emulated(const Case& c, std::span<const int> req, Kv16Of&& kv16_of, Sdp
     calls.push_back(a);
     t0_of.push_back(t0);
   }
-  emulate(calls);
+  emulator()(calls);
   for (std::size_t k = 0; k < calls.size(); ++k) {
     const EmulatedAttention& a = calls[k];
     const std::size_t n = static_cast<std::size_t>(a.rows) * static_cast<std::size_t>(x.N);
@@ -498,22 +366,11 @@ void name_latent(const Case& c, const KvProjection& p, int i, EmulatedAttention&
   a.weights_of = &c;
 }
 
-// Whether the emulator can take the prefill form's queries (16-bit, as the
-// model dtype always is where the emulation runs).
-bool emulator_takes_queries(const Case& c) {
-  return g_emulator && c.q.view().dtype == c.spec.dtype &&
-         (c.spec.dtype == DType::kBF16 || c.spec.dtype == DType::kF16);
-}
-
-// K [S, N, P+R] and V [S, N, V] rows of request i, head h, as fp32 (model-dtype values).
-void load_kv_rows(const Case& c, const TensorView& k, const TensorView& v, int i, Index h, float* kd, float* vd) {
-  const Dimensions x = dims_of(c);
-  const Index QW = x.P + x.R, s = c.seq_lens[i], kv0 = c.kv_start_loc[i];
-  for (Index j = 0; j < s; ++j) {
-    load(k, ((kv0 + j) * x.N + h) * QW, QW, kd + j * QW, c.spec.dtype);
-    load(v, ((kv0 + j) * x.N + h) * x.V, x.V, vd + j * x.V, c.spec.dtype);
-  }
-}
+// Whether the emulator set projects K and V from named latent rows itself
+// (the GPU's: a sixteenth of the bytes to move). The CPU reads the rows the
+// projection holds instead: projecting them again would be the glue's TFLOP
+// once more.
+bool emulator_projects(const Case& c, const KvProjection& p) { return g_emulator && latent_nameable(c, p); }
 
 // [k_nope | v] = round(kv_c @ [W_UK | W_UV]) comes from the case's KvProjection
 // (the glue's own up-projection: fp32 dot products rounded once, row by row).
@@ -524,59 +381,56 @@ void emulate_prefill_form(const Case& c, std::span<const int> req, const KvProje
     own->ensure(req);
     shared = &*own;
   }
-  // The emulator projects K and V itself from named latent rows: then the
+  // An emulator that projects K and V itself from named latent rows: then the
   // projection need not hold the rows (the glue's device-only K and V offer
   // none, harness/run/layer.h).
-  if (!prefill_emulation_reads_latent(c, *shared) && !std::all_of(req.begin(), req.end(), [&](int i) { return shared->has(i); }))
+  const bool projects = emulator_projects(c, *shared);
+  if (!projects && !std::all_of(req.begin(), req.end(), [&](int i) { return shared->has(i); }))
     throw std::logic_error("sdpa emulation: the shared KvProjection lacks a request's rows");
   const Dimensions x = dims_of(c);
   const Index QW = x.P + x.R;
-  const DType dt = c.spec.dtype;
-  if (emulator_takes_queries(c)) {
-    const auto kv16_of = [&](int i, std::vector<std::uint16_t>& k_buf, std::vector<std::uint16_t>& v_buf,
-                             EmulatedAttention& a) {
-      name_latent(c, *shared, i, a);
-      const Index s = c.seq_lens[i], kv0 = c.kv_start_loc[i];
-      const Index k_w = x.N * QW, v_w = x.N * x.V;
-      // A request's rows mostly lie in one piece, one after another: lent as they are.
-      const std::uint16_t* k0 = s > 0 ? shared->k_row(kv0) : nullptr;
-      const std::uint16_t* v0 = s > 0 ? shared->v_row(kv0) : nullptr;
-      bool contiguous = k0 != nullptr;
-      for (Index j = 1; j < s && contiguous; ++j)
-        contiguous = shared->k_row(kv0 + j) == k0 + j * k_w && shared->v_row(kv0 + j) == v0 + j * v_w;
-      if (contiguous) return std::pair{k0, v0};
-      // Named latent rows (or no keys): the emulator projects K and V itself, no gather.
-      if (a.latent || s == 0) return std::pair<const std::uint16_t*, const std::uint16_t*>{nullptr, nullptr};
-      k_buf.resize(static_cast<std::size_t>(s * k_w));
-      v_buf.resize(static_cast<std::size_t>(s * v_w));
-#pragma omp parallel for schedule(static)
+  const auto kv16_of = [&](int i, KvRows& rows, EmulatedAttention& a) {
+    if (projects) name_latent(c, *shared, i, a);
+    const Index s = c.seq_lens[i], kv0 = c.kv_start_loc[i];
+    const Index k_w = x.N * QW, v_w = x.N * x.V;
+    // A request's rows mostly lie in one piece, one after another: lent as they are.
+    const std::uint16_t* k0 = shared->k_row(kv0);
+    const std::uint16_t* v0 = shared->v_row(kv0);
+    bool contiguous = k0 != nullptr;
+    for (Index j = 1; j < s && contiguous; ++j)
+      contiguous = shared->k_row(kv0 + j) == k0 + j * k_w && shared->v_row(kv0 + j) == v0 + j * v_w;
+    if (contiguous) {
+      a.k = k0, a.v = v0;
+      return;
+    }
+    // Named latent rows: the emulator projects K and V itself, no gather.
+    if (a.latent) return;
+    if (!g_emulator) {
+      // The CPU's cores read the rows where they lie (a gather was gigabytes of copies).
+      rows.k_rows.resize(static_cast<std::size_t>(s));
+      rows.v_rows.resize(static_cast<std::size_t>(s));
       for (Index j = 0; j < s; ++j) {
-        std::copy_n(shared->k_row(kv0 + j), k_w, k_buf.data() + j * k_w);
-        std::copy_n(shared->v_row(kv0 + j), v_w, v_buf.data() + j * v_w);
+        rows.k_rows[static_cast<std::size_t>(j)] = shared->k_row(kv0 + j);
+        rows.v_rows[static_cast<std::size_t>(j)] = shared->v_row(kv0 + j);
       }
-      return std::pair<const std::uint16_t*, const std::uint16_t*>{k_buf.data(), v_buf.data()};
-    };
-    return mha_emulated(c, req, kv16_of, e, g_emulator);
-  }
-  mha(
-      c, req,
-      [&](int i, Index h, float* kd, float* vd, MatF&) {
-        // Model-dtype rows: widened exactly (no rounding needed).
-        const Index s = c.seq_lens[i], kv0 = c.kv_start_loc[i];
-        const bool bf16 = dt == DType::kBF16;
-        for (Index j = 0; j < s; ++j) {
-          detail::widen_16bit(shared->k_row(kv0 + j) + h * QW, bf16, QW, kd + j * QW);
-          detail::widen_16bit(shared->v_row(kv0 + j) + h * x.V, bf16, x.V, vd + j * x.V);
-        }
-      },
-      e);
+      a.k_rows = rows.k_rows.data(), a.v_rows = rows.v_rows.data();
+      return;
+    }
+    rows.k.resize(static_cast<std::size_t>(s * k_w));
+    rows.v.resize(static_cast<std::size_t>(s * v_w));
+#pragma omp parallel for schedule(static)
+    for (Index j = 0; j < s; ++j) {
+      std::copy_n(shared->k_row(kv0 + j), k_w, rows.k.data() + j * k_w);
+      std::copy_n(shared->v_row(kv0 + j), v_w, rows.v.data() + j * v_w);
+    }
+    a.k = rows.k.data(), a.v = rows.v.data();
+  };
+  mha(c, req, kv16_of, e);
 }
 
 }  // namespace
 
-bool prefill_emulation_reads_latent(const Case& c, const KvProjection& p) {
-  return emulator_takes_queries(c) && latent_nameable(c, p);
-}
+bool prefill_emulation_reads_latent(const Case& c, const KvProjection& p) { return emulator_projects(c, p); }
 
 void set_attention_emulator(AttentionEmulator e) { g_emulator = e; }
 AttentionEmulator attention_emulator() { return g_emulator; }
@@ -653,18 +507,20 @@ SdpaResult emulate_sdpa_decode_op(const Case& c, const TensorView& q_lat) {
   if (q_lat.shape != Shape{T, x.N, x.L})
     throw std::invalid_argument("sdpa emulation: q_lat has shape " + shape_str(q_lat.shape) + ", expected " +
                                 shape_str({T, x.N, x.L}));
-  std::vector<float> q_full(static_cast<std::size_t>(T * x.N * D));
-  for (Index r = 0; r < T * x.N; ++r) load(q_lat, r * x.L, x.L, q_full.data() + r * D, c.spec.dtype);
-  copy_q_pe(c, 0, T, q_full.data());
+  Queries q;
+  q.f32.resize(static_cast<std::size_t>(T * x.N * D));
+  for (Index r = 0; r < T * x.N; ++r) load(q_lat, r * x.L, x.L, q.f32.data() + r * D, c.spec.dtype);
+  copy_q_pe(c, 0, T, q.f32.data());
+  q.make_bits(c.spec.dtype == DType::kBF16);
   std::vector<int> req(static_cast<std::size_t>(c.num_requests));
   std::vector<Index> tok0(static_cast<std::size_t>(c.num_requests));
   for (int i = 0; i < c.num_requests; ++i) req[i] = i, tok0[i] = c.query_start_loc[i];
   std::vector<float> o(static_cast<std::size_t>(T * x.N * x.L)), lse(static_cast<std::size_t>(T * x.N));
-  mqa_core(c, req, tok0, q_full.data(), o.data(), lse.data(), KeyRead::kModelDtype);
+  mqa_core(c, req, tok0, q, o.data(), lse.data(), KeyRead::kModelDtype);
   SdpaResult e{std::vector<double>(o.begin(), o.end()), std::vector<double>(lse.begin(), lse.end()), {}, {}};
   // The decode kernel's other plain implementation: the keys in fp32 (the header).
   if (!cache_values_exact(c)) {
-    mqa_core(c, req, tok0, q_full.data(), o.data(), lse.data(), KeyRead::kF32);
+    mqa_core(c, req, tok0, q, o.data(), lse.data(), KeyRead::kF32);
     e.out_f32_keys.assign(o.begin(), o.end());
     e.lse_f32_keys.assign(lse.begin(), lse.end());
   }
@@ -681,16 +537,29 @@ SdpaResult emulate_sdpa_prefill_op(const Case& c, const TensorView& k, const Ten
   SdpaResult e = empty_result(c, x.N * x.V);
   std::vector<int> req(static_cast<std::size_t>(c.num_requests));
   for (int i = 0; i < c.num_requests; ++i) req[i] = i;
-  if (emulator_takes_queries(c) && k.dtype == c.spec.dtype && v.dtype == c.spec.dtype) {
-    const auto kv16_of = [&](int i, std::vector<std::uint16_t>&, std::vector<std::uint16_t>&, EmulatedAttention& a) {
-      if (source) name_latent(c, *source, i, a);
-      const Index kv0 = c.kv_start_loc[i];
-      return std::pair{k.as<std::uint16_t>() + kv0 * x.N * QW, v.as<std::uint16_t>() + kv0 * x.N * x.V};
-    };
-    mha_emulated(c, req, kv16_of, e, g_emulator);
-    return e;
-  }
-  mha(c, req, [&](int i, Index h, float* kd, float* vd, MatF&) { load_kv_rows(c, k, v, i, h, kd, vd); }, e);
+  // K and V of another dtype (fp32) are read rounded to the model dtype, as
+  // the seed's reference casts them.
+  const auto model_dtype = [&](const TensorView& t, Tensor& own) -> const std::uint16_t* {
+    if (t.dtype == c.spec.dtype) return t.as<std::uint16_t>();
+    own = Tensor::for_overwrite(c.spec.dtype, t.shape);
+    const Index n = own.numel();
+    std::vector<float> row(static_cast<std::size_t>(std::min<Index>(n, 4096)));
+    for (Index at = 0; at < n; at += static_cast<Index>(row.size())) {
+      const Index m = std::min<Index>(static_cast<Index>(row.size()), n - at);
+      load(t, at, m, row.data(), c.spec.dtype);
+      f32_run_to_16bit(row.data(), m, c.spec.dtype == DType::kBF16, own.data<std::uint16_t>() + at);
+    }
+    return own.data<std::uint16_t>();
+  };
+  Tensor k_own, v_own;
+  const std::uint16_t* k16 = model_dtype(k, k_own);
+  const std::uint16_t* v16 = model_dtype(v, v_own);
+  const auto kv16_of = [&](int i, KvRows&, EmulatedAttention& a) {
+    if (source && emulator_projects(c, *source)) name_latent(c, *source, i, a);
+    const Index kv0 = c.kv_start_loc[i];
+    a.k = k16 + kv0 * x.N * QW, a.v = v16 + kv0 * x.N * x.V;
+  };
+  mha(c, req, kv16_of, e);
   return e;
 }
 

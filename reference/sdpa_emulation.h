@@ -1,8 +1,10 @@
-// The seed test's SDPA reference in the model dtype, emulated on the CPU in
-// fp32 with the model-dtype roundings where torch's einsum and fused
+// The seed test's SDPA reference in the model dtype, emulated in fp32 with the
+// model-dtype roundings where torch's einsum and fused
 // scaled_dot_product_attention store 16-bit tensors (SPEC: Pass rules, rule 5).
 // The baseline policy measures how far this plain same-precision
-// implementation lands from the fp64 reference; no libtorch is needed.
+// implementation lands from the fp64 reference; no libtorch is needed. Every
+// value has one fixed order of operations (EmulatedAttention, below), the
+// same bits on the CPU and, with --reference cuda, on the GPU.
 #pragma once
 
 #include <cstdint>
@@ -84,8 +86,7 @@ SdpaResult emulate_sdpa_decode_op(const Case& c, const TensorView& q_lat);
 SdpaResult emulate_sdpa_prefill_op(const Case& c, const TensorView& k, const TensorView& v,
                                    const KvProjection* source = nullptr);
 
-// The attention core of the emulation off the CPU's Eigen path: one call is
-// one request's SDPA, `rows` query rows in each of `heads` independent slices
+// The attention core of the emulation: one call is one request's SDPA, `rows` query rows in each of `heads` independent slices
 // (the prefill form's heads; the decode form has one slice whose rows are
 // (token, head) pairs) over the request's `keys` keys. Row r of slice h reads
 // q at q + r * q_row + h * q_head (dqk elements), key j at k + j * k_row +
@@ -93,17 +94,17 @@ SdpaResult emulate_sdpa_prefill_op(const Case& c, const TensorView& k, const Ten
 // `elem` (fp32, or the model dtype's 16 bits). Row r sees keys 0 ..
 // emu_visible(r, rows_per_token, context, keys) - 1 (detail/emulation_math.h).
 // Results in [rows][heads] order: o (dv model-dtype values a row), and the
-// softmax's scaled row max and sum, whose lse the caller forms as the CPU
-// path does (max + log(sum)); a row that sees no key has o = 0, max = -inf
+// softmax's scaled row max and sum, whose lse the caller forms (max +
+// log(sum)); a row that sees no key has o = 0, max = -inf
 // and sum = 0.
 //
 // The arithmetic, in its one fixed order (the same bits on any machine):
 // s_j = the fma chain over d = 0..dqk-1 of q[d] * k_j[d] from +0; x_j = s_j *
 // scale; m = max x_j; p_j = emu_exp(x_j - m); sum = the lanes' sums of p_j
 // (emulation_math.h); P_j = p_j rounded to the model dtype; o[c] = (the fma
-// chain over j of P_j * v_j[c] from +0) / sum, rounded. Its bits are not the
-// Eigen path's (that one's sums follow Eigen's blocking): the two are plain
-// fp32 implementations of the same rounding points and differ in last bits.
+// chain over j of P_j * v_j[c] from +0) / sum, rounded. (Until 2026-12-04 the
+// CPU computed the cores with Eigen, whose sums follow its blocking: other
+// last bits, and other ones on another CPU.)
 struct EmulatedAttention {
   enum class Elem : std::uint8_t { kF32, kBF16, kF16 };
   const void* q = nullptr;
@@ -112,6 +113,12 @@ struct EmulatedAttention {
   std::int64_t k_row = 0, k_head = 0;
   const void* v = nullptr;
   std::int64_t v_row = 0, v_head = 0;
+  // Rows in pieces (the CPU's cores only; the GPU's refuses them): where
+  // set, key row j starts at k_rows[j] and value row j at v_rows[j] (each
+  // then + h * k_head or h * v_head), and k, k_row, v and v_row are unused.
+  // The prefill form reads the rows its KvProjection holds in place so.
+  const void* const* k_rows = nullptr;
+  const void* const* v_rows = nullptr;
   Elem elem = Elem::kF32;  // q, k and v alike
   int rows = 0, heads = 1, rows_per_token = 1, context = 0, keys = 0, dqk = 0, dv = 0;
   float scale = 1;
@@ -131,23 +138,35 @@ struct EmulatedAttention {
   const Case* weights_of = nullptr;
 };
 
-// The fixed order above on the CPU, plainly (for tests and as the GPU's
-// yardstick: reference/cuda's emulator must write these very bytes).
+// The fixed order above on the CPU, plainly: the yardstick that the CPU's
+// fast implementation and reference/cuda's GPU emulator must match byte for
+// byte (tests), one row at a time in plain loops.
 void emulate_attention_fixed_order(std::span<const EmulatedAttention> calls);
 
-// Where the emulation's attention cores run. Null, the default, is Eigen on
-// the CPU (and the bits every CPU-only run has always had); --reference cuda
-// sets reference/cuda's GPU emulator, which computes the fixed order above.
-// One call takes every request of one form or op. Process-wide, like the
-// row projector (glue.h).
+// The fixed order above on the CPU at GEMM speed (cpu_attention_emulation.cpp):
+// the yardstick's bytes, on any machine and at any thread count. The
+// emulation's attention cores run here unless an emulator is set.
+void emulate_attention_cpu(std::span<const EmulatedAttention> calls);
+
+// A call whose k and v are null but whose latent rows are named, made
+// readable: K and V projected into k and v as the glue projects them
+// (glue.h, up_project_kv), the copy of the call pointing at them.
+EmulatedAttention with_projected_kv(const EmulatedAttention& a, Tensor& k, Tensor& v);
+
+// Where the emulation's attention cores run. Null, the default, is
+// emulate_attention_cpu; --reference cuda sets reference/cuda's GPU emulator.
+// Every one computes the fixed order above, so the bits are the same
+// wherever the cores run. One call takes every request of one form or op
+// (the decode form's in groups, so that its widened keys stay within
+// memory). Process-wide, like the row projector (glue.h).
 using AttentionEmulator = void (*)(std::span<const EmulatedAttention> calls);
 void set_attention_emulator(AttentionEmulator e);
 AttentionEmulator attention_emulator();
 
 // Whether emulate_sdpa_layer's prefill form reads only the latent rows of
-// `p` (an emulator is set and takes the case's queries: it projects K and V
-// itself), so that p need not hold the requests' projected rows. Otherwise
-// it reads them, and p must hold them (KvProjection::ensure).
+// `p` (an emulator is set: it projects K and V itself, as the GPU's does),
+// so that p need not hold the requests' projected rows. Otherwise it reads
+// them, and p must hold them (KvProjection::ensure).
 bool prefill_emulation_reads_latent(const Case& c, const KvProjection& p);
 
 // Sets an emulator for its lifetime, then puts the previous one back.

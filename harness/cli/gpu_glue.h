@@ -5,9 +5,8 @@
 // path's K and V lent in device memory to backends that read them there
 // (reference/device_staging.h: made there from the latent rows, never in host
 // memory); and the baseline emulation's attention cores (the fixed
-// order of reference/sdpa_emulation.h, the same bits on any GPU; not the
-// Eigen path's bits, so err_baseline differs from a CPU run's in its last
-// bits, as the fp64 reference's does). Built only with CUDA.
+// order of reference/sdpa_emulation.h: the CPU's bits, on any GPU). Built
+// only with CUDA.
 #pragma once
 
 #include <cstdlib>
@@ -28,9 +27,9 @@ class GpuGlue {
         emulator_(on && emulate ? cuda_emulate_attention : attention_emulator()) {}
 
   // For a run whose reference is `reference`. MLAGATE_GLUE_DEVICE=cpu keeps
-  // all of it on the CPU (the same bits but the emulation's), and
-  // MLAGATE_EMULATION_DEVICE=cpu the baseline emulation alone (Eigen's bits):
-  // for measuring what the GPU saves (PERFORMANCE.md).
+  // all of it on the CPU, and MLAGATE_EMULATION_DEVICE=cpu the baseline
+  // emulation alone (the same bits either way): for measuring what the GPU
+  // saves (PERFORMANCE.md).
   static bool on_cpu(const char* var) {
     const char* v = std::getenv(var);
     return v && std::string_view(v) == "cpu";

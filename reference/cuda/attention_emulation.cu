@@ -313,6 +313,7 @@ void emulate(Emulator& st, std::span<const EmulatedAttention> calls) {
     const std::size_t es = e.elem == EmulatedAttention::Elem::kF32 ? 4 : 2;
     p.project = e.latent && e.weights_of && e.keys > 0 && e.elem != EmulatedAttention::Elem::kF32;
     if (!p.project && e.keys > 0 && (!e.k || !e.v)) throw std::invalid_argument("cuda_emulate_attention: no keys");
+    if (e.k_rows || e.v_rows) throw std::invalid_argument("cuda_emulate_attention: rows in pieces (a CPU call)");
     p.q = q_bytes;
     q_bytes += (span_of(e.rows, e.q_row, e.heads, e.q_head, e.dqk) * es + 255) / 256 * 256;
     if (!p.project) {

@@ -101,4 +101,24 @@ MLAGATE_HOST_DEVICE inline int emu_visible(int r, int rows_per_token, int contex
 // shuffle-xor tree does, every lane ending with the same value.
 inline constexpr int kEmuLanes = 32;
 
+// The larger of two, NaN if either is (the first NaN if both): the max
+// reduction's step, as the GPU's lanes combine with it.
+inline float emu_max2(float a, float b) {
+  if (a != a) return a;
+  if (b != b) return b;
+  return b > a ? b : a;
+}
+
+// The lanes' values combined by halves (above): lane 0's result. Host code
+// (the CPU's two implementations; the GPU combines with warp shuffles).
+template <class Op>
+float emu_combine_lanes(float (&lane)[kEmuLanes], Op op) {
+  for (int off = kEmuLanes / 2; off >= 1; off /= 2) {
+    float next[kEmuLanes];
+    for (int l = 0; l < kEmuLanes; ++l) next[l] = op(lane[l], lane[l ^ off]);
+    for (int l = 0; l < kEmuLanes; ++l) lane[l] = next[l];
+  }
+  return lane[0];
+}
+
 }  // namespace mlagate::detail

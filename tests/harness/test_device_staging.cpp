@@ -213,7 +213,7 @@ TEST(DeviceStaging, OneUploadPerEntryAndTheHostPathsBits) {
 // err_baseline is the same.
 TEST(DeviceStaging, KAndVProjectedOnTheDeviceNeverPassThroughTheHost) {
   for (const bool emulator : {false, true}) {
-    SCOPED_TRACE(emulator ? "fixed-order emulator" : "Eigen emulation");
+    SCOPED_TRACE(emulator ? "an emulator that projects" : "the CPU's core");
     const std::optional<AttentionEmulatorScope> emulation =
         emulator ? std::optional<AttentionEmulatorScope>(std::in_place, emulate_attention_fixed_order) : std::nullopt;
     const RunConfig cfg = config();

@@ -1,15 +1,24 @@
 // What the emulation tests share (tests/reference and tests/device): the cases
-// whose every form and op they emulate, and one case's inputs to the
-// kernel-level ops (absorbed queries, the up-projection of every request).
+// whose every form and op they emulate, one case's inputs to the kernel-level
+// ops (absorbed queries, the up-projection of every request), and random
+// attention problems with the comparison of two emulators' outputs.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <numeric>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "cases/case.h"
+#include "cases/encoding.h"
 #include "cases/suite.h"
 #include "reference/glue.h"
 #include "reference/kv_projection.h"
+#include "reference/sdpa_emulation.h"
 
 namespace mlagate::test {
 
@@ -47,5 +56,80 @@ struct OpInputs {
     projection.ensure(all_requests(c));
   }
 };
+
+// Empty when equal bit for bit (any NaN equals any NaN: payloads are not promised).
+// Empty when equal bit for bit (any NaN equals any NaN: payloads are not promised).
+template <class T>
+std::string difference(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) return "sizes differ";
+  std::size_t differ = 0, first = a.size();
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const bool same = std::isnan(a[i]) ? std::isnan(b[i]) : std::memcmp(&a[i], &b[i], sizeof(T)) == 0;
+    if (!same && differ++ == 0) first = i;
+  }
+  if (differ == 0) return {};
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%zu of %zu differ; first at %zu: %.9g against %.9g", differ, a.size(), first,
+                static_cast<double>(a[first]), static_cast<double>(b[first]));
+  return buf;
+}
+
+struct Outputs {
+  std::vector<float> o, max, sum;
+};
+inline Outputs run(EmulatedAttention a, AttentionEmulator emulate) {
+  Outputs r;
+  const auto n = static_cast<std::size_t>(a.rows) * a.heads;
+  r.o.assign(n * a.dv, -1.0f);
+  r.max.assign(n, -1.0f);
+  r.sum.assign(n, -1.0f);
+  a.o = r.o.data(), a.max = r.max.data(), a.sum = r.sum.data();
+  emulate({&a, 1});
+  return r;
+}
+
+// A problem of random values: `heads` slices laid out [row, head, dim] (the
+// prefill form's), or one slice with the values the keys' first columns (the
+// decode form's).
+struct Problem {
+  std::vector<float> qf, kf;
+  std::vector<std::uint16_t> q16, k16, v16;
+  EmulatedAttention a;
+};
+inline Problem make(EmulatedAttention::Elem elem, int rows, int heads, int keys, int dqk, int dv, int context, float spread,
+             std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, spread);
+  Problem p;
+  EmulatedAttention& a = p.a;
+  a.elem = elem;
+  a.rows = rows, a.heads = heads, a.keys = keys, a.dqk = dqk, a.dv = dv, a.context = context;
+  a.rows_per_token = heads == 1 ? 4 : 1;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(dqk));
+  a.bf16 = elem != EmulatedAttention::Elem::kF16;
+  const bool f32 = elem == EmulatedAttention::Elem::kF32;
+  const auto fill16 = [&](std::vector<std::uint16_t>& v, std::size_t n) {
+    v.resize(n);
+    for (auto& x : v) x = a.bf16 ? f32_to_bf16(nd(rng)) : f32_to_f16(nd(rng));
+  };
+  if (f32) {
+    // The decode form: q [rows, dqk], keys [keys, dqk], values = the keys' first dv columns.
+    p.qf.resize(static_cast<std::size_t>(rows) * dqk);
+    p.kf.resize(static_cast<std::size_t>(std::max(keys, 1)) * dqk);
+    for (auto& x : p.qf) x = bf16_to_f32(f32_to_bf16(nd(rng)));
+    for (auto& x : p.kf) x = nd(rng);  // fp32 keys, not model-dtype values (the f32 key read)
+    a.q = p.qf.data(), a.q_row = dqk;
+    a.k = p.kf.data(), a.k_row = dqk;
+    a.v = p.kf.data(), a.v_row = dqk;
+  } else {
+    fill16(p.q16, static_cast<std::size_t>(rows) * heads * dqk);
+    fill16(p.k16, static_cast<std::size_t>(std::max(keys, 1)) * heads * dqk);
+    fill16(p.v16, static_cast<std::size_t>(std::max(keys, 1)) * heads * dv);
+    a.q = p.q16.data(), a.q_row = std::int64_t{heads} * dqk, a.q_head = dqk;
+    a.k = p.k16.data(), a.k_row = std::int64_t{heads} * dqk, a.k_head = dqk;
+    a.v = p.v16.data(), a.v_row = std::int64_t{heads} * dv, a.v_head = dv;
+  }
+  return p;
+}
 
 }  // namespace mlagate::test

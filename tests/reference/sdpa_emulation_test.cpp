@@ -56,8 +56,11 @@ TEST(SdpaEmulation, ErrorIsModelDtypeNoiseInBothForms) {
       double lse_ref = 0;
       EXPECT_LT(max_abs_err(e.lse, g.lse, lse_ref), 1e-2) << sdpa_form_name(f);
       // Empty rows (seq_len 0 padding) are 0 with lse -inf, as the reference's.
-      for (std::size_t i = 0; i < g.lse.size(); ++i)
-        if (std::isinf(g.lse[i])) EXPECT_EQ(e.lse[i], g.lse[i]);
+      for (std::size_t i = 0; i < g.lse.size(); ++i) {
+        if (std::isinf(g.lse[i])) {
+          EXPECT_EQ(e.lse[i], g.lse[i]);
+        }
+      }
     }
   }
 }

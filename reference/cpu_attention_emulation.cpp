@@ -1,0 +1,461 @@
+// The emulation's attention core in its fixed order (sdpa_emulation.h,
+// EmulatedAttention) on the CPU at GEMM speed: the baseline emulation's
+// default. It writes the bytes of emulate_attention_fixed_order, the plain
+// yardstick, and so of the GPU emulator of --reference cuda
+// (tests/reference/cpu_attention_emulation_test.cpp checks every path
+// against the yardstick, byte for byte).
+//
+// Each element keeps the yardstick's order however the work is blocked:
+// - a logit is one fma chain over the depth from +0; a tile of query rows by
+//   64 keys runs its chains side by side;
+// - the softmax's max and sum run in the 32 lanes of emulation_math.h (two
+//   AVX-512 vectors are the 32 lanes), combined as the yardstick combines them;
+// - an output is one fma chain over its row's visible keys and no further: a
+//   tile runs its rows' common keys, then each row continues alone. A term
+//   0 * v past a row's keys is not a no-op (it turns an accumulated -0 into
+//   +0, and 0 * NaN is NaN), so none is ever added.
+// Compiled with -ffp-contract=off (reference/CMakeLists.txt): GCC writes
+// _mm512_mul_ps as a plain vector product, which it would otherwise fuse
+// with the add that follows, and the scalar paths are plain expressions.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+#include "cases/encoding.h"
+#include "reference/detail/emulation_math.h"
+#include "reference/detail/widen.h"
+#include "reference/sdpa_emulation.h"
+
+namespace mlagate {
+namespace {
+
+using Index = std::int64_t;
+using Elem = EmulatedAttention::Elem;
+
+// Query rows of a unit, the columns of its packed query panel, and the
+// value columns of a packed value panel.
+constexpr Index kPanel = 64;
+constexpr Index kDepthBlock = 256;  // keys per pass of P V: its slices of P and of the value panel stay in L2
+
+// n elements of `e` from base[first], widened exactly to fp32.
+void widen(const void* base, Index first, Index n, Elem e, float* dst) {
+  if (e == Elem::kF32) {
+    std::memcpy(dst, static_cast<const float*>(base) + first, static_cast<std::size_t>(n) * sizeof(float));
+    return;
+  }
+  detail::widen_16bit(static_cast<const std::uint16_t*>(base) + first, e == Elem::kBF16, n, dst);
+}
+
+// The start of key or value row j: rows[j] where the rows lie in pieces, else base + j * stride elements.
+const void* row_start(const void* base, const void* const* rows, Index stride, Index j, Elem e) {
+  if (rows) return rows[j];
+  return static_cast<const std::byte*>(base) + j * stride * (e == Elem::kF32 ? 4 : 2);
+}
+
+// A float buffer aligned to 64 bytes, grown on demand and reused by a thread.
+class Buffer {
+ public:
+  float* get(Index n) {
+    if (static_cast<Index>(buf_.size()) < n + 16) buf_.resize(static_cast<std::size_t>(n + 16));
+    const auto addr = reinterpret_cast<std::uintptr_t>(buf_.data());
+    return buf_.data() + ((64 - addr % 64) % 64) / sizeof(float);
+  }
+
+ private:
+  std::vector<float> buf_;
+};
+
+// ---- The tile: o[r][0..16 NV) (row stride ldo) continues the fma chain
+// over k in [k0, k1) of a[r * lda + k * ldk] * p[k * ldp + c], or starts it
+// at +0 where `zero`. One chain per element, in order of k: the same bits on
+// every path. The panel p holds 16 NV columns a row (NV = 4: 64).
+#if defined(__AVX512F__)
+// The most rows of a tile: its accumulators and panel registers fill the 32.
+template <int NV>
+constexpr int kTileRows = NV == 4 ? 6 : NV == 2 ? 12 : 24;
+template <int MR, int NV>
+void tile(const float* a, Index lda, Index ldk, const float* p, Index ldp, Index k0, Index k1, float* o, Index ldo,
+          bool zero) {
+  __m512 acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NV; ++j) acc[r][j] = zero ? _mm512_setzero_ps() : _mm512_loadu_ps(o + r * ldo + 16 * j);
+  for (Index k = k0; k < k1; ++k) {
+    const float* pk = p + k * ldp;
+    const float* ak = a + k * ldk;
+    __m512 b[NV];
+    for (int j = 0; j < NV; ++j) b[j] = _mm512_load_ps(pk + 16 * j);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 x = _mm512_set1_ps(ak[r * lda]);
+      for (int j = 0; j < NV; ++j) acc[r][j] = _mm512_fmadd_ps(x, b[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NV; ++j) _mm512_storeu_ps(o + r * ldo + 16 * j, acc[r][j]);
+}
+// Panels as narrow as the unit's rows need (16, 32 or 64 columns).
+int panel_vectors(int rows) { return rows <= 16 ? 1 : rows <= 32 ? 2 : 4; }
+#elif defined(__AVX2__) && defined(__FMA__)
+template <int NV>
+constexpr int kTileRows = 1;
+// A row's half panel in 4 accumulators at a time (as detail/rowwise_gemm.h); 64 columns always.
+template <int MR, int NV>
+void tile(const float* a, Index, Index ldk, const float* p, Index ldp, Index k0, Index k1, float* o, Index, bool zero) {
+  for (int half = 0; half < 2; ++half) {
+    const float* ph = p + 32 * half;
+    float* oh = o + 32 * half;
+    __m256 acc[4];
+    for (int j = 0; j < 4; ++j) acc[j] = zero ? _mm256_setzero_ps() : _mm256_loadu_ps(oh + 8 * j);
+    for (Index k = k0; k < k1; ++k) {
+      const float* pk = ph + k * ldp;
+      const __m256 x = _mm256_set1_ps(a[k * ldk]);
+      acc[0] = _mm256_fmadd_ps(x, _mm256_load_ps(pk), acc[0]);
+      acc[1] = _mm256_fmadd_ps(x, _mm256_load_ps(pk + 8), acc[1]);
+      acc[2] = _mm256_fmadd_ps(x, _mm256_load_ps(pk + 16), acc[2]);
+      acc[3] = _mm256_fmadd_ps(x, _mm256_load_ps(pk + 24), acc[3]);
+    }
+    for (int j = 0; j < 4; ++j) _mm256_storeu_ps(oh + 8 * j, acc[j]);
+  }
+}
+int panel_vectors(int) { return 4; }
+#else
+template <int NV>
+constexpr int kTileRows = 1;
+template <int MR, int NV>
+void tile(const float* a, Index, Index ldk, const float* p, Index ldp, Index k0, Index k1, float* o, Index, bool zero) {
+  for (Index c = 0; c < 16 * NV; ++c) {
+    float acc = zero ? 0.0f : o[c];
+    for (Index k = k0; k < k1; ++k) acc = detail::emu_fma(a[k * ldk], p[k * ldp + c], acc);
+    o[c] = acc;
+  }
+}
+int panel_vectors(int) { return 4; }
+#endif
+
+template <int NV, int MR = kTileRows<NV>>
+void rows_tile(int m, const float* a, Index lda, Index ldk, const float* p, Index ldp, Index k0, Index k1, float* o,
+               Index ldo, bool zero) {
+  if constexpr (MR > 1) {
+    if (m < MR) return rows_tile<NV, MR - 1>(m, a, lda, ldk, p, ldp, k0, k1, o, ldo, zero);
+  }
+  tile<MR, NV>(a, lda, ldk, p, ldp, k0, k1, o, ldo, zero);
+}
+
+// ---- The softmax of a block's rows, in place over st[j][i] (row stride
+// ld): row i's logits are st[j][i] for its keys j < vis[i]; they become
+// P_j = round16(emu_exp(s_j * scale - m)). row_max[i] and row_sum[i] get m
+// and the lanes' sum of the unrounded exponentials. Entries past a row's
+// keys may be overwritten (nothing reads them).
+
+[[maybe_unused]] void softmax_block_plain(float* st, Index ld, const int* vis, int rb, float scale, bool bf16,
+                                          float* row_max, float* row_sum) {
+  using namespace detail;
+  for (int i = 0; i < rb; ++i) {
+    const int n = vis[i];
+    if (n == 0) continue;
+    float lane[kEmuLanes];
+    for (float& l : lane) l = -std::numeric_limits<float>::infinity();
+    for (int j = 0; j < n; ++j) {
+      float& x = st[j * ld + i];
+      x = emu_mul(x, scale);
+      lane[j % kEmuLanes] = emu_max2(lane[j % kEmuLanes], x);
+    }
+    const float m = emu_combine_lanes(lane, emu_max2);
+    for (float& l : lane) l = 0.0f;
+    for (int j = 0; j < n; ++j) {
+      float& x = st[j * ld + i];
+      const float e = emu_exp(emu_sub(x, m));
+      lane[j % kEmuLanes] = emu_add(lane[j % kEmuLanes], e);
+      x = emu_round16(e, bf16);
+    }
+    row_max[i] = m;
+    row_sum[i] = emu_combine_lanes(lane, emu_add);
+  }
+}
+
+#if defined(__AVX512F__)
+// emu_max2 lane by lane: a where a is NaN, else b where b is NaN, else the larger.
+__m512 max2_16(__m512 a, __m512 b) {
+  const __mmask16 b_larger = _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ);
+  const __mmask16 b_nan = _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q) & ~_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+  return _mm512_mask_blend_ps(b_larger | b_nan, a, b);
+}
+
+__m512 pow2_bits(__m512i biased) { return _mm512_castsi512_ps(_mm512_slli_epi32(biased, 23)); }
+
+// emu_exp lane by lane, step for step.
+__m512 exp16(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 y = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+  y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
+  // Lanes outside [-104, 88.72283] (NaN included) are replaced below, so
+  // their exponent may be anything here.
+  const __m512i e = _mm512_cvtps_epi32(n);
+  const __m512 normal = _mm512_mul_ps(y, pow2_bits(_mm512_add_epi32(e, _mm512_set1_epi32(127))));
+  const __m512 big = _mm512_mul_ps(_mm512_mul_ps(y, _mm512_set1_ps(2.0f)),
+                                   pow2_bits(_mm512_add_epi32(e, _mm512_set1_epi32(126))));
+  const __m512 small = _mm512_mul_ps(_mm512_mul_ps(y, pow2_bits(_mm512_add_epi32(e, _mm512_set1_epi32(64 + 127)))),
+                                     _mm512_castsi512_ps(_mm512_set1_epi32((-64 + 127) << 23)));
+  __m512 out = _mm512_mask_blend_ps(_mm512_cmpgt_epi32_mask(e, _mm512_set1_epi32(127)), normal, big);
+  out = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(-126)), out, small);
+  out = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-104.0f), _CMP_LT_OQ), out, _mm512_setzero_ps());
+  out = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(88.72283f), _CMP_GT_OQ), out,
+                             _mm512_castsi512_ps(_mm512_set1_epi32(0x7F800000)));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), out, x);
+}
+
+// emu_round16 lane by lane: encoding.h's integer rounding, then the exact widening.
+__m512 round16_16(__m512 x, bool bf16) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  if (bf16) {
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)),
+                                             _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+    // NaN: sign and top payload kept, made quiet.
+    const __m512i quiet = _mm512_or_si512(_mm512_and_si512(u, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))),
+                                          _mm512_set1_epi32(0x00400000));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(nan, rounded, quiet));
+  }
+  // IEEE binary16 with round to nearest even, subnormals and overflow to
+  // inf, as f32_bits_to_f16; its NaN is 0x7E00 with the sign, widened to
+  // 0x7FC00000 with the sign.
+  const __m512 h = _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  const __m512i quiet = _mm512_or_si512(_mm512_and_si512(u, _mm512_set1_epi32(static_cast<int>(0x80000000u))),
+                                        _mm512_set1_epi32(0x7FC00000));
+  return _mm512_mask_blend_ps(nan, h, _mm512_castsi512_ps(quiet));
+}
+
+// The lanes of 16 rows combined by halves, each row as emu_combine_lanes combines its own.
+template <class Op>
+__m512 combine_lanes_16(__m512 (&lane)[detail::kEmuLanes], Op op) {
+  for (int off = detail::kEmuLanes / 2; off >= 1; off /= 2) {
+    __m512 next[detail::kEmuLanes];
+    for (int l = 0; l < detail::kEmuLanes; ++l) next[l] = op(lane[l], lane[l ^ off]);
+    for (int l = 0; l < detail::kEmuLanes; ++l) lane[l] = next[l];
+  }
+  return lane[0];
+}
+
+// 16 rows at a time, one vector element a row; each row's lane l is lane[l]'s element.
+void softmax_block(float* st, Index ld, const int* vis, int rb, float scale, bool bf16, float* row_max,
+                   float* row_sum) {
+  const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  constexpr int kL = detail::kEmuLanes;
+  for (int i0 = 0; i0 < rb; i0 += 16) {
+    const __m512i v = _mm512_loadu_si512(vis + i0);  // vis holds kPanel entries, 0 past rb
+    const int n = vis[std::min(i0 + 15, rb - 1)];    // the group's most keys
+    if (n == 0) continue;
+    __m512 lane[kL];
+    for (__m512& l : lane) l = ninf;
+    for (int j = 0; j < n; ++j) {
+      const __mmask16 seen = _mm512_cmpgt_epi32_mask(v, _mm512_set1_epi32(j));
+      float* at = st + j * ld + i0;
+      const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(at), vscale);
+      _mm512_storeu_ps(at, x);
+      __m512& l = lane[j % kL];
+      l = _mm512_mask_blend_ps(seen, l, max2_16(l, x));
+    }
+    const __m512 m = combine_lanes_16(lane, max2_16);
+    for (__m512& l : lane) l = _mm512_setzero_ps();
+    for (int j = 0; j < n; ++j) {
+      const __mmask16 seen = _mm512_cmpgt_epi32_mask(v, _mm512_set1_epi32(j));
+      float* at = st + j * ld + i0;
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(at), m));
+      // Rows past their keys add +0: a lane's sum is +0 or more (or NaN), which +0 leaves as it is.
+      lane[j % kL] = _mm512_add_ps(lane[j % kL], _mm512_maskz_mov_ps(seen, e));
+      _mm512_storeu_ps(at, round16_16(e, bf16));
+    }
+    const __m512 sum = combine_lanes_16(lane, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
+    _mm512_storeu_ps(row_max + i0, m);
+    _mm512_storeu_ps(row_sum + i0, sum);
+  }
+}
+
+__mmask16 first_lanes(int k) { return k >= 16 ? __mmask16(0xFFFF) : k <= 0 ? __mmask16(0) : __mmask16((1u << k) - 1u); }
+
+// o[c] = round16(acc[c] / sum) for c < n.
+void finish_outputs(const float* acc, int n, float sum, bool bf16, float* o) {
+  const __m512 vs = _mm512_set1_ps(sum);
+  for (int c = 0; c < n; c += 16) {
+    const __mmask16 m = first_lanes(n - c);
+    _mm512_mask_storeu_ps(o + c, m, round16_16(_mm512_div_ps(_mm512_maskz_loadu_ps(m, acc + c), vs), bf16));
+  }
+}
+#else
+void softmax_block(float* st, Index ld, const int* vis, int rb, float scale, bool bf16, float* row_max,
+                   float* row_sum) {
+  softmax_block_plain(st, ld, vis, rb, scale, bf16, row_max, row_sum);
+}
+void finish_outputs(const float* acc, int n, float sum, bool bf16, float* o) {
+  for (int c = 0; c < n; ++c) o[c] = detail::emu_round16(detail::emu_div(acc[c], sum), bf16);
+}
+#endif
+
+// A thread's buffers, reused across its units.
+struct Scratch {
+  Buffer qt, st, panel, acc, keys, rows;
+  std::vector<int> visible;
+};
+
+// The logits of a unit's rows: st[j][0..16 NV) (row stride 16 NV) for keys
+// j < nk against the query panel qt [dqk][16 NV], a tile of keys at a time.
+template <int NV>
+void logits(const EmulatedAttention& a, int h, const float* qt, Index nk, float* st, float* keys) {
+  const Index dqk = a.dqk, ld = 16 * NV;
+  constexpr int kKeys = kTileRows<NV>;
+  for (Index j = 0; j < nk; j += kKeys) {
+    const int m = static_cast<int>(std::min<Index>(kKeys, nk - j));
+    const float* k = keys;
+    Index ldk = dqk;
+    if (a.elem == Elem::kF32 && a.k_head == 0 && !a.k_rows) {
+      k = static_cast<const float*>(a.k) + j * a.k_row;  // fp32 keys: read in place
+      ldk = a.k_row;
+    } else {
+      for (int r = 0; r < m; ++r)
+        widen(row_start(a.k, a.k_rows, a.k_row, j + r, a.elem), h * a.k_head, dqk, a.elem, keys + r * dqk);
+    }
+    rows_tile<NV>(m, k, ldk, 1, qt, ld, 0, dqk, st + j * ld, ld, true);
+  }
+}
+
+// Rows [r0, r0 + rb) (rb <= kPanel) of head h of call a. The unit's logits
+// and probabilities are held transposed, st[j][i] for key j and row i (row
+// stride: the query panel's width): the logits' tiles run over keys against
+// the unit's queries as one packed panel, and the softmax runs across 16 rows
+// at a time, each row in its own lanes.
+void unit(const EmulatedAttention& a, int h, int r0, int rb, Scratch& t) {
+  const Index dqk = a.dqk, dv = a.dv;
+  t.visible.assign(static_cast<std::size_t>(kPanel), 0);
+  for (int i = 0; i < rb; ++i) t.visible[i] = detail::emu_visible(r0 + i, a.rows_per_token, a.context, a.keys);
+  const int* vis = t.visible.data();
+  // Visibility never falls as r grows: the last row sees the most keys.
+  const Index nk = vis[rb - 1];
+  for (int i = 0; i < rb && vis[i] == 0; ++i) {
+    const Index u = Index{r0 + i} * a.heads + h;
+    std::fill_n(a.o + u * dv, dv, 0.0f);
+    a.max[u] = -std::numeric_limits<float>::infinity();
+    a.sum[u] = 0;
+  }
+  if (nk == 0) return;
+  // The unit's queries as one panel [dqk][ld], columns past rb zero.
+  const int nv = panel_vectors(rb);
+  const Index ld = 16 * nv;
+  float* qt = t.qt.get(dqk * ld);
+  if (rb < ld) std::fill_n(qt, dqk * ld, 0.0f);
+  float* keys = t.keys.get(24 * dqk);
+  for (int i = 0; i < rb; ++i) {
+    widen(a.q, Index{r0 + i} * a.q_row + h * a.q_head, dqk, a.elem, keys);
+    for (Index d = 0; d < dqk; ++d) qt[d * ld + i] = keys[d];
+  }
+  float* st = t.st.get(nk * ld);
+  if (nv == 1) {
+    logits<1>(a, h, qt, nk, st, keys);
+  } else if (nv == 2) {
+    logits<2>(a, h, qt, nk, st, keys);
+  } else {
+    logits<4>(a, h, qt, nk, st, keys);
+  }
+  // The softmax of every row over its own keys; st becomes P.
+  float* row_max = t.rows.get(2 * kPanel);
+  float* row_sum = row_max + kPanel;
+  softmax_block(st, ld, vis, rb, a.scale, a.bf16, row_max, row_sum);
+  for (int i = 0; i < rb; ++i) {
+    if (vis[i] == 0) continue;
+    const Index u = Index{r0 + i} * a.heads + h;
+    a.max[u] = row_max[i];
+    a.sum[u] = row_sum[i];
+  }
+  // o = P V: per panel of 64 value columns, in passes of kDepthBlock keys; a
+  // tile of rows runs up to its first row's keys, each row then on to its own.
+  constexpr int kRows = kTileRows<4>;
+  float* acc = t.acc.get(kPanel * kPanel);
+  float* vp = t.panel.get(kDepthBlock * kPanel);
+  for (Index c0 = 0; c0 < dv; c0 += kPanel) {
+    const Index nc = std::min(kPanel, dv - c0);
+    for (Index k0 = 0; k0 < nk; k0 += kDepthBlock) {
+      const Index k1 = std::min(nk, k0 + kDepthBlock);
+      // Keys [k0, k1) of the value panel, at its rows [0, k1 - k0).
+      for (Index j = k0; j < k1; ++j) {
+        float* row = vp + (j - k0) * kPanel;
+        widen(row_start(a.v, a.v_rows, a.v_row, j, a.elem), h * a.v_head + c0, nc, a.elem, row);
+        if (nc < kPanel) std::fill(row + nc, row + kPanel, 0.0f);
+      }
+      const float* p = st + k0 * ld;  // P's keys from k0: p[(j - k0) * ld + i]
+      for (int i = 0; i < rb; i += kRows) {
+        const int m = std::min(kRows, rb - i);
+        const Index common = std::min<Index>(vis[i], k1);
+        if (k0 == 0 || common > k0)
+          rows_tile<4>(m, p + i, 1, ld, vp, kPanel, 0, std::max<Index>(common - k0, 0), acc + i * kPanel, kPanel,
+                       k0 == 0);
+        for (int r = i + 1; r < i + m; ++r) {
+          const Index from = std::max<Index>(k0, vis[i]), to = std::min<Index>(vis[r], k1);
+          if (to > from) rows_tile<4, 1>(1, p + r, 1, ld, vp, kPanel, from - k0, to - k0, acc + r * kPanel, kPanel, false);
+        }
+      }
+    }
+    for (int i = 0; i < rb; ++i) {
+      if (vis[i] == 0) continue;
+      const Index u = Index{r0 + i} * a.heads + h;
+      float* o = a.o + u * dv + c0;
+      if (row_sum[i] == 0) {
+        std::fill_n(o, nc, 0.0f);
+      } else {
+        finish_outputs(acc + i * kPanel, static_cast<int>(nc), row_sum[i], a.bf16, o);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void emulate_attention_cpu(std::span<const EmulatedAttention> calls) {
+  // Calls that name latent rows instead of keys read them projected, as the yardstick does.
+  std::vector<EmulatedAttention> work(calls.begin(), calls.end());
+  std::vector<Tensor> projected(2 * calls.size());
+  struct Unit {
+    std::size_t call;
+    int head, row0, rows;
+  };
+  std::vector<Unit> units;
+  for (std::size_t k = 0; k < work.size(); ++k) {
+    EmulatedAttention& a = work[k];
+    if (a.rows < 0 || a.heads < 1 || a.rows_per_token < 1 || a.keys < 0 || a.dqk < 1 || a.dv < 1)
+      throw std::invalid_argument("emulate_attention_cpu: bad dimensions");
+    if (a.keys > 0 && !((a.k || a.k_rows) && (a.v || a.v_rows)))
+      a = with_projected_kv(a, projected[2 * k], projected[2 * k + 1]);
+    for (int h = 0; h < a.heads; ++h)
+      for (int r0 = 0; r0 < a.rows; r0 += static_cast<int>(kPanel))
+        units.push_back({k, h, r0, std::min(static_cast<int>(kPanel), a.rows - r0)});
+  }
+  const auto n = static_cast<std::int64_t>(units.size());
+#pragma omp parallel
+  {
+    // Kept by the pool's threads from call to call: growing them zeroes and
+    // faults in their pages.
+    thread_local Scratch scratch;
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t u = 0; u < n; ++u) {
+      const Unit& un = units[static_cast<std::size_t>(u)];
+      unit(work[un.call], un.head, un.row0, un.rows, scratch);
+    }
+  }
+}
+
+}  // namespace mlagate

@@ -1,0 +1,246 @@
+// The CPU's fast attention core (emulate_attention_cpu, the emulation's
+// default) against the fixed order's plain yardstick
+// (emulate_attention_fixed_order), byte for byte, NaN payloads included:
+// random problems of every element type, depths and widths at every tile
+// and panel remainder, rows over several units and keys over several depth
+// passes, empty rows, no keys, subnormal and zero exponentials, NaN and
+// infinite keys, rows in pieces, at one thread and at several; and every
+// form and op of real cases through the emulation.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cases/case.h"
+#include "cases/encoding.h"
+#include "cases/suite.h"
+#include "reference/glue.h"
+#include "reference/kv_projection.h"
+#include "reference/sdpa_emulation.h"
+#include "tests/reference/emulation_inputs.h"
+
+namespace mlagate {
+namespace {
+
+using E = EmulatedAttention::Elem;
+using test::make;
+using test::Problem;
+using test::run;
+
+// Empty when the two vectors' bytes are equal.
+std::string bytes_differ(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return "sizes differ";
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i]))
+      return "element " + std::to_string(i) + " of " + std::to_string(a.size()) + ": " + std::to_string(a[i]) +
+             " against the yardstick's " + std::to_string(b[i]);
+  return {};
+}
+
+void expect_yardsticks_bytes(const EmulatedAttention& a, const std::string& what) {
+  SCOPED_TRACE(what);
+  const test::Outputs fast = run(a, emulate_attention_cpu), plain = run(a, emulate_attention_fixed_order);
+  EXPECT_EQ("", bytes_differ(fast.o, plain.o));
+  EXPECT_EQ("", bytes_differ(fast.max, plain.max));
+  EXPECT_EQ("", bytes_differ(fast.sum, plain.sum));
+}
+
+TEST(CpuAttentionEmulation, ShapesAtEveryRemainderGiveTheYardsticksBytes) {
+  struct Shape {
+    E elem;
+    int rows, heads, keys, dqk, dv, context;
+    float spread;
+  };
+  const Shape shapes[] = {
+      {E::kF32, 64, 1, 300, 576, 512, 200, 1.0f},    // decode form, 16 tokens of 4 heads
+      {E::kF32, 130, 1, 700, 576, 512, 600, 1.0f},   // three units of rows, keys over three depth passes
+      {E::kF32, 5, 1, 17, 70, 33, 15, 1.0f},         // odd depth and width, a partial tile everywhere
+      {E::kBF16, 7, 3, 130, 192, 128, 120, 1.0f},    // prefill form
+      {E::kBF16, 200, 2, 600, 192, 128, 400, 1.0f},  // rows over four units, each its own keys
+      {E::kF16, 9, 2, 65, 100, 100, 56, 1.0f},       // fp16
+      {E::kBF16, 6, 2, 40, 48, 24, -3, 1.0f},        // the first rows see no key
+      {E::kBF16, 70, 1, 40, 48, 24, -50, 1.0f},      // a whole unit of rows sees none
+      {E::kBF16, 3, 2, 0, 64, 64, 0, 1.0f},          // no keys at all
+      {E::kBF16, 8, 2, 90, 64, 64, 80, 12.0f},       // logits far apart: subnormal and zero exponentials
+      {E::kF16, 8, 2, 90, 64, 64, 80, 12.0f},        // the same in fp16: P underflows to its subnormals
+      {E::kBF16, 8, 2, 90, 64, 64, 80, 60.0f},       // exponents below -126 and past the cut at -104
+      {E::kF16, 70, 2, 333, 32, 16, 300, 3.0f},      // rows over several tiles, long rows
+      {E::kBF16, 1, 1, 1, 1, 1, 0, 1.0f},            // one of everything
+      {E::kBF16, 65, 1, 257, 129, 65, 192, 2.0f},    // one past each block
+  };
+  std::uint32_t seed = 1;
+  for (const Shape& s : shapes) {
+    Problem p = make(s.elem, s.rows, s.heads, s.keys, s.dqk, s.dv, s.context, s.spread, seed);
+    expect_yardsticks_bytes(p.a, "shape " + std::to_string(seed++));
+  }
+}
+
+TEST(CpuAttentionEmulation, RandomShapesGiveTheYardsticksBytes) {
+  std::mt19937 rng(2026);
+  const auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int t = 0; t < 60; ++t) {
+    const E elem = t % 3 == 0 ? E::kF32 : t % 3 == 1 ? E::kBF16 : E::kF16;
+    const int heads = elem == E::kF32 ? 1 : pick(1, 3);
+    const int keys = pick(0, 520), dqk = pick(1, 260), rows = pick(1, 140);
+    const int dv = elem == E::kF32 ? pick(1, dqk) : pick(1, 200);  // the decode form's values are key columns
+    const float spread = std::array{0.5f, 1.0f, 4.0f, 30.0f}[static_cast<std::size_t>(pick(0, 3))];
+    Problem p = make(elem, rows, heads, keys, dqk, dv, pick(-20, keys), spread, 100u + static_cast<std::uint32_t>(t));
+    expect_yardsticks_bytes(p.a, "random shape " + std::to_string(t) + ": rows " + std::to_string(rows) + " heads " +
+                                     std::to_string(heads) + " keys " + std::to_string(keys) + " dqk " +
+                                     std::to_string(dqk) + " dv " + std::to_string(dv));
+  }
+}
+
+// Rows in pieces: each key and value row at an address of its own (the
+// prefill form's rows where the glue's chunks left them), in reversed order
+// in memory; the bytes of the contiguous call.
+TEST(CpuAttentionEmulation, RowsInPiecesGiveTheContiguousBytes) {
+  for (const E elem : {E::kBF16, E::kF16}) {
+    Problem p = make(elem, 70, 3, 300, 96, 80, 250, 1.0f, 31);
+    const std::size_t kw = 3 * 96, vw = 3 * 80, keys = 300;
+    std::vector<std::uint16_t> k(p.k16.size()), v(p.v16.size());
+    std::vector<const void*> k_rows(keys), v_rows(keys);
+    for (std::size_t j = 0; j < keys; ++j) {
+      const std::size_t at = keys - 1 - j;
+      std::copy_n(p.k16.data() + j * kw, kw, k.data() + at * kw);
+      std::copy_n(p.v16.data() + j * vw, vw, v.data() + at * vw);
+      k_rows[j] = k.data() + at * kw;
+      v_rows[j] = v.data() + at * vw;
+    }
+    EmulatedAttention pieces = p.a;
+    pieces.k = pieces.v = nullptr;
+    pieces.k_rows = k_rows.data(), pieces.v_rows = v_rows.data();
+    const test::Outputs want = run(p.a, emulate_attention_fixed_order);
+    for (const AttentionEmulator e : {emulate_attention_cpu, emulate_attention_fixed_order}) {
+      const test::Outputs got = run(pieces, e);
+      EXPECT_EQ("", bytes_differ(got.o, want.o));
+      EXPECT_EQ("", bytes_differ(got.sum, want.sum));
+    }
+  }
+}
+
+// The prefill form over a projection whose rows lie in two pieces (the
+// glue's prefill chunks) reads them where they lie: the bytes of one piece.
+TEST(CpuAttentionEmulation, ThePrefillFormReadsRowsInPiecesInPlace) {
+  const Case c = generate_case(load_suite("smoke").cases[2]);  // mixed_small
+  test::OpInputs whole(c);
+  KvProjection split(c);
+  const std::int64_t kv0 = c.kv_start_loc[0], half = c.seq_lens[0] / 2;
+  ASSERT_GT(half, 0);
+  const std::int64_t L = c.spec.dims.kv_lora_rank, R = c.spec.dims.rope_dim;
+  auto* kv = const_cast<std::uint16_t*>(split.kv().data<std::uint16_t>()) + kv0 * L;
+  auto* pe = const_cast<std::uint16_t*>(split.pe().data<std::uint16_t>()) + kv0 * R;
+  const TensorView kv_part{c.spec.dtype, {half, L}, kv}, pe_part{c.spec.dtype, {half, R}, pe};
+  auto k = std::make_shared<Tensor>(), v = std::make_shared<Tensor>();
+  up_project_kv(c, kv_part, pe_part, *k, *v);
+  std::vector<std::int64_t> rows(static_cast<std::size_t>(half));
+  for (std::int64_t j = 0; j < half; ++j) rows[static_cast<std::size_t>(j)] = kv0 + j;
+  ASSERT_EQ(split.offer(kv_part, pe_part, rows, k, v), static_cast<std::size_t>(half));
+  split.ensure(test::all_requests(c));
+  ASSERT_NE(split.k_row(kv0 + half), split.k_row(kv0) + half * c.spec.num_heads() *
+                                                              (c.spec.dims.nope_dim + c.spec.dims.rope_dim))
+      << "request 0's rows are not in two pieces";
+  const SdpaResult pieces = emulate_sdpa_layer(c, SdpaForm::kPrefill, test::all_requests(c), &split);
+  const SdpaResult one = emulate_sdpa_layer(c, SdpaForm::kPrefill, test::all_requests(c), &whole.projection);
+  EXPECT_EQ(0, std::memcmp(pieces.out.data(), one.out.data(), one.out.size() * sizeof(double)));
+  EXPECT_EQ(0, std::memcmp(pieces.lse.data(), one.lse.data(), one.lse.size() * sizeof(double)));
+}
+
+// A NaN or infinite key reaches only the rows that see it: a row's chains
+// stop at its own keys (a term 0 * NaN past them would poison it).
+TEST(CpuAttentionEmulation, ABadKeyReachesOnlyTheRowsThatSeeIt) {
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    Problem p = make(E::kBF16, 70, 2, 300, 64, 32, 200, 1.0f, 99);
+    // Key 245, head 1: rows 0..44 see keys up to 200 + r.
+    for (int d = 0; d < 64; ++d) p.k16[(static_cast<std::size_t>(245) * 2 + 1) * 64 + d] = f32_to_bf16(bad);
+    for (int c = 0; c < 32; ++c) p.v16[(static_cast<std::size_t>(245) * 2 + 1) * 32 + c] = f32_to_bf16(bad);
+    expect_yardsticks_bytes(p.a, std::isnan(bad) ? "a NaN key" : "an infinite key");
+    const test::Outputs o = run(p.a, emulate_attention_cpu);
+    for (int r = 0; r < 70; ++r) {
+      const bool sees = 200 + r + 1 > 245;
+      const float x = o.o[(static_cast<std::size_t>(r) * 2 + 1) * 32];
+      EXPECT_EQ(std::isfinite(x), !sees) << "row " << r;
+      EXPECT_TRUE(std::isfinite(o.o[static_cast<std::size_t>(r) * 2 * 32])) << "head 0, row " << r;
+    }
+  }
+}
+
+// An output chain that reaches -0 keeps it: the row's terms are tiny
+// negative products that round to -0, and no term past its keys is added
+// (0 * v + -0 would be +0). The yardstick writes -0; so must the fast path.
+TEST(CpuAttentionEmulation, AChainAtMinusZeroStaysThere) {
+  Problem p = make(E::kBF16, 12, 1, 40, 8, 16, 20, 1.0f, 5);
+  p.a.rows_per_token = 1;
+  // Key 0 gives each row exp(0) = 1 at logit 0 and value -0 (the chain is +0
+  // after it); every other key's logit is 28 below, a probability near 2^-41,
+  // and its values -2^-120 make products under fp32's least subnormal: the
+  // first rounds the chain to -0, and the rest keep it there.
+  std::fill(p.q16.begin(), p.q16.end(), f32_to_bf16(1.0f));
+  for (int j = 0; j < 40; ++j)
+    for (int d = 0; d < 8; ++d) p.k16[static_cast<std::size_t>(j) * 8 + d] = f32_to_bf16(j == 0 ? 0.0f : -10.0f);
+  // Keys past row 0's 21 have values +2^-120: a term 0 * v of theirs added to
+  // row 0's chain would make its -0 a +0.
+  for (int j = 0; j < 40; ++j)
+    for (int c = 0; c < 16; ++c)
+      p.v16[static_cast<std::size_t>(j) * 16 + c] =
+          f32_to_bf16(j == 0 ? -0.0f : std::ldexp(j <= 20 ? -1.0f : 1.0f, -120));
+  expect_yardsticks_bytes(p.a, "chains at -0");
+  const test::Outputs o = run(p.a, emulate_attention_fixed_order);
+  EXPECT_TRUE(std::signbit(o.o[0]) && o.o[0] == 0.0f) << "the case no longer makes -0: " << o.o[0];
+}
+
+// The bytes do not depend on the thread count (units are rows; no sum crosses them).
+TEST(CpuAttentionEmulation, BytesDoNotDependOnThreads) {
+  Problem p = make(E::kBF16, 150, 3, 400, 96, 80, 300, 1.0f, 17);
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const test::Outputs one = run(p.a, emulate_attention_cpu);
+  omp_set_num_threads(std::max(threads, 3));
+  const test::Outputs many = run(p.a, emulate_attention_cpu);
+  omp_set_num_threads(threads);
+  EXPECT_EQ("", bytes_differ(one.o, many.o));
+  EXPECT_EQ("", bytes_differ(one.sum, many.sum));
+}
+
+// Every form and op of real cases, the default emulator against the
+// yardstick set as the emulator: the same bytes in every output.
+void expect_same(const SdpaResult& a, const SdpaResult& b, const std::string& what) {
+  SCOPED_TRACE(what);
+  const auto same = [](const std::vector<double>& x, const std::vector<double>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(double)) == 0;
+  };
+  EXPECT_TRUE(same(a.out, b.out));
+  EXPECT_TRUE(same(a.lse, b.lse));
+  EXPECT_TRUE(same(a.out_f32_keys, b.out_f32_keys));
+  EXPECT_TRUE(same(a.lse_f32_keys, b.lse_f32_keys));
+}
+
+TEST(CpuAttentionEmulation, EveryFormAndOpOfRealCasesIsTheYardsticks) {
+  for (const CaseSpec& spec : test::emulation_specs()) {
+    if (spec.dtype != DType::kBF16 && spec.dtype != DType::kF16) continue;
+    SCOPED_TRACE(spec.id());
+    const Case c = generate_case(spec);
+    test::OpInputs in(c);
+    const TensorView k = in.projection.k_all().view(), v = in.projection.v_all().view();
+    const auto all = [&] {
+      return std::vector<SdpaResult>{emulate_sdpa_layer(c, SdpaForm::kDecode, test::all_requests(c)),
+                                     emulate_sdpa_layer(c, SdpaForm::kPrefill, test::all_requests(c), &in.projection),
+                                     emulate_sdpa_decode_op(c, in.q_lat.view()), emulate_sdpa_prefill_op(c, k, v)};
+    };
+    const std::vector<SdpaResult> fast = all();
+    const AttentionEmulatorScope scope(emulate_attention_fixed_order);
+    const std::vector<SdpaResult> plain = all();
+    const char* names[] = {"decode form", "prefill form", "decode op", "prefill op"};
+    for (std::size_t i = 0; i < fast.size(); ++i) expect_same(fast[i], plain[i], names[i]);
+  }
+}
+
+}  // namespace
+}  // namespace mlagate
