@@ -68,6 +68,10 @@ class Buffer {
     const auto addr = reinterpret_cast<std::uintptr_t>(buf_.data());
     return buf_.data() + ((64 - addr % 64) % 64) / sizeof(float);
   }
+  // Gives the memory back where it is more than `floats` (a long request's).
+  void trim(Index floats) {
+    if (static_cast<Index>(buf_.size()) > floats) buf_ = {};
+  }
 
  private:
   std::vector<float> buf_;
@@ -312,6 +316,9 @@ void finish_outputs(const float* acc, int n, float sum, bool bf16, float* o) {
 struct Scratch {
   Buffer qt, st, panel, acc, keys, rows;
   std::vector<int> visible;
+  // What a thread keeps between calls: 16 MiB of logits (65536 keys), as
+  // the pool's threads live as long as the process.
+  void trim() { st.trim(Index{1} << 22); }
 };
 
 // The logits of a unit's rows: st[j][0..16 NV) (row stride 16 NV) for keys
@@ -455,6 +462,7 @@ void emulate_attention_cpu(std::span<const EmulatedAttention> calls) {
       const Unit& un = units[static_cast<std::size_t>(u)];
       unit(work[un.call], un.head, un.row0, un.rows, scratch);
     }
+    scratch.trim();
   }
 }
 

@@ -106,16 +106,20 @@ struct Queries {
   }
 };
 
-// The decode form's widened keys, this thread's: kept from call to call, as
-// a fresh buffer each call was zeroed and faulted in at a cost above the
+// The decode form's widened keys, this thread's: kept from call to call
+// (up to kKeyBytesPerCall; a long request's larger buffer is given back),
+// as a fresh buffer each call was zeroed and faulted in at a cost above the
 // attention's on a VM.
-std::vector<std::byte>& key_buffer(std::size_t bytes) {
-  thread_local std::vector<std::byte> buf;
-  if (buf.size() < bytes) {
-    buf = {};
-    buf.resize(bytes);
+thread_local std::vector<std::byte> t_key_buffer;
+std::byte* key_buffer(std::size_t bytes) {
+  if (t_key_buffer.size() < bytes) {
+    t_key_buffer = {};
+    t_key_buffer.resize(bytes);
   }
-  return buf;
+  return t_key_buffer.data();
+}
+void trim_key_buffer() {
+  if (t_key_buffer.size() > static_cast<std::size_t>(kKeyBytesPerCall)) t_key_buffer = {};
 }
 
 // The absorbed attention core: queries of the requests' tokens (tokens of
@@ -156,8 +160,6 @@ void mqa_core(const Case& c, std::span<const int> req, std::span<const Index> to
     part(kv_c, row * x.L, x.L, h);
     part(k_pe, row * x.R, x.R, h + x.L);
   };
-  Index total_key_rows = 0;
-  for (int i : req) total_key_rows += c.seq_lens[i];
   std::vector<float> max, sum;
   std::vector<EmulatedAttention> calls;
   for (std::size_t k0 = 0; k0 < req.size();) {
@@ -169,7 +171,7 @@ void mqa_core(const Case& c, std::span<const int> req, std::span<const Index> to
       out_rows += Index{c.query_lens[req[k1]]} * x.N;
       ++k1;
     }
-    std::byte* keys = key_buffer(static_cast<std::size_t>(std::max<Index>(key_rows, 1) * D * esize)).data();
+    std::byte* keys = key_buffer(static_cast<std::size_t>(std::max<Index>(key_rows, 1) * D * esize));
     max.resize(static_cast<std::size_t>(out_rows));
     sum.resize(static_cast<std::size_t>(out_rows));
     calls.clear();
@@ -212,6 +214,7 @@ void mqa_core(const Case& c, std::span<const int> req, std::span<const Index> to
     }
     k0 = k1;
   }
+  trim_key_buffer();
 }
 
 // Rows [t0, t0 + n) of q_pe (out of q [T, N, P+R]) into columns L.. of q_full [n, N, L+R].
