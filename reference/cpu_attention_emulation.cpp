@@ -105,13 +105,16 @@ void tile(const float* a, Index lda, Index ldk, const float* p, Index ldp, Index
     for (int j = 0; j < NV; ++j) _mm512_storeu_ps(o + r * ldo + 16 * j, acc[r][j]);
 }
 // Panels as narrow as the unit's rows need (16, 32 or 64 columns).
+constexpr bool kNarrowPanels = true;
 int panel_vectors(int rows) { return rows <= 16 ? 1 : rows <= 32 ? 2 : 4; }
 #elif defined(__AVX2__) && defined(__FMA__)
 template <int NV>
 constexpr int kTileRows = 1;
 // A row's half panel in 4 accumulators at a time (as detail/rowwise_gemm.h); 64 columns always.
+constexpr bool kNarrowPanels = false;
 template <int MR, int NV>
 void tile(const float* a, Index, Index ldk, const float* p, Index ldp, Index k0, Index k1, float* o, Index, bool zero) {
+  static_assert(MR == 1 && NV == 4, "one row of 64 columns at a time");
   for (int half = 0; half < 2; ++half) {
     const float* ph = p + 32 * half;
     float* oh = o + 32 * half;
@@ -132,8 +135,10 @@ int panel_vectors(int) { return 4; }
 #else
 template <int NV>
 constexpr int kTileRows = 1;
+constexpr bool kNarrowPanels = false;
 template <int MR, int NV>
 void tile(const float* a, Index, Index ldk, const float* p, Index ldp, Index k0, Index k1, float* o, Index, bool zero) {
+  static_assert(MR == 1 && NV == 4, "one row of 64 columns at a time");
   for (Index c = 0; c < 16 * NV; ++c) {
     float acc = zero ? 0.0f : o[c];
     for (Index k = k0; k < k1; ++k) acc = detail::emu_fma(a[k * ldk], p[k * ldp + c], acc);
@@ -372,10 +377,14 @@ void unit(const EmulatedAttention& a, int h, int r0, int rb, Scratch& t) {
     for (Index d = 0; d < dqk; ++d) qt[d * ld + i] = keys[d];
   }
   float* st = t.st.get(nk * ld);
-  if (nv == 1) {
-    logits<1>(a, h, qt, nk, st, keys);
-  } else if (nv == 2) {
-    logits<2>(a, h, qt, nk, st, keys);
+  if constexpr (kNarrowPanels) {
+    if (nv == 1) {
+      logits<1>(a, h, qt, nk, st, keys);
+    } else if (nv == 2) {
+      logits<2>(a, h, qt, nk, st, keys);
+    } else {
+      logits<4>(a, h, qt, nk, st, keys);
+    }
   } else {
     logits<4>(a, h, qt, nk, st, keys);
   }

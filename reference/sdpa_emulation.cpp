@@ -34,6 +34,7 @@ constexpr double kNaNd = std::numeric_limits<double>::quiet_NaN();
 // whatever its size: a batch is emulated in groups of requests whose keys
 // stay in one buffer of about this size (whole, a vllm batch's were 150 MB).
 constexpr Index kKeyBytesPerCall = Index{1} << 25;  // 32 MiB
+Index g_key_group_bytes = kKeyBytesPerCall;  // set_decode_key_group_bytes
 
 // x rounded to the nearest model-dtype value (RNE), as fp32.
 float round_to(float x, DType dt) {
@@ -166,7 +167,7 @@ void mqa_core(const Case& c, std::span<const int> req, std::span<const Index> to
     // Requests [k0, k1): at least one, and more while their keys fit.
     std::size_t k1 = k0 + 1;
     Index key_rows = c.seq_lens[req[k0]], out_rows = Index{c.query_lens[req[k0]]} * x.N;
-    while (k1 < req.size() && (key_rows + c.seq_lens[req[k1]]) * D * esize <= kKeyBytesPerCall) {
+    while (k1 < req.size() && (key_rows + c.seq_lens[req[k1]]) * D * esize <= g_key_group_bytes) {
       key_rows += c.seq_lens[req[k1]];
       out_rows += Index{c.query_lens[req[k1]]} * x.N;
       ++k1;
@@ -436,6 +437,12 @@ void emulate_prefill_form(const Case& c, std::span<const int> req, const KvProje
 bool prefill_emulation_reads_latent(const Case& c, const KvProjection& p) { return emulator_projects(c, p); }
 
 void set_attention_emulator(AttentionEmulator e) { g_emulator = e; }
+
+std::int64_t set_decode_key_group_bytes(std::int64_t bytes) {
+  const Index previous = g_key_group_bytes;
+  g_key_group_bytes = bytes > 0 ? bytes : kKeyBytesPerCall;
+  return previous;
+}
 AttentionEmulator attention_emulator() { return g_emulator; }
 
 std::string_view sdpa_form_name(SdpaForm f) { return f == SdpaForm::kDecode ? "decode" : "prefill"; }
@@ -510,6 +517,11 @@ SdpaResult emulate_sdpa_decode_op(const Case& c, const TensorView& q_lat) {
   if (q_lat.shape != Shape{T, x.N, x.L})
     throw std::invalid_argument("sdpa emulation: q_lat has shape " + shape_str(q_lat.shape) + ", expected " +
                                 shape_str({T, x.N, x.L}));
+  // fp32 values are rounded to the model dtype; the other 16-bit dtype's
+  // would not round as the seed's reference casts them.
+  if (q_lat.dtype != c.spec.dtype && q_lat.dtype != DType::kF32)
+    throw std::invalid_argument("sdpa emulation: q_lat is " + std::string(dtype_name(q_lat.dtype)) +
+                                ", not the model dtype or fp32");
   Queries q;
   q.f32.resize(static_cast<std::size_t>(T * x.N * D));
   for (Index r = 0; r < T * x.N; ++r) load(q_lat, r * x.L, x.L, q.f32.data() + r * D, c.spec.dtype);

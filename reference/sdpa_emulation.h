@@ -169,6 +169,11 @@ AttentionEmulator attention_emulator();
 // them, and p must hold them (KvProjection::ensure).
 bool prefill_emulation_reads_latent(const Case& c, const KvProjection& p);
 
+// The decode form's keys per emulator call, at most (32 MiB; one request
+// whatever its size): tests set fewer bytes to emulate a batch in groups.
+// Returns the previous value; 0 or less restores the default.
+std::int64_t set_decode_key_group_bytes(std::int64_t bytes);
+
 // Sets an emulator for its lifetime, then puts the previous one back.
 class AttentionEmulatorScope {
  public:

@@ -121,6 +121,7 @@ TEST(CpuAttentionEmulation, RowsInPiecesGiveTheContiguousBytes) {
     for (const AttentionEmulator e : {emulate_attention_cpu, emulate_attention_fixed_order}) {
       const test::Outputs got = run(pieces, e);
       EXPECT_EQ("", bytes_differ(got.o, want.o));
+      EXPECT_EQ("", bytes_differ(got.max, want.max));
       EXPECT_EQ("", bytes_differ(got.sum, want.sum));
     }
   }
@@ -194,6 +195,48 @@ TEST(CpuAttentionEmulation, AChainAtMinusZeroStaysThere) {
   expect_yardsticks_bytes(p.a, "chains at -0");
   const test::Outputs o = run(p.a, emulate_attention_fixed_order);
   EXPECT_TRUE(std::signbit(o.o[0]) && o.o[0] == 0.0f) << "the case no longer makes -0: " << o.o[0];
+}
+
+// A NaN with a payload of its own (fp32 keys of the decode form, fp16 and
+// bf16 keys) comes out of both implementations with the same bytes: the
+// rounding keeps or makes the quiet NaN as encoding.h does.
+TEST(CpuAttentionEmulation, APayloadNaNKeyGivesTheYardsticksBytes) {
+  // Signaling with a payload; and all ones, whose rounding to bf16 without
+  // the NaN case would carry into the sign.
+  for (const std::uint32_t bits : {0x7FA00001u, 0x7FFFFFFFu}) {
+    Problem p = make(E::kF32, 16, 1, 40, 70, 33, 30, 1.0f, 41);
+    p.kf[static_cast<std::size_t>(20) * 70 + 5] = std::bit_cast<float>(bits);
+    expect_yardsticks_bytes(p.a, "fp32 key " + std::to_string(bits));
+  }
+  for (const E elem : {E::kF16, E::kBF16}) {
+    Problem p = make(elem, 10, 2, 40, 64, 32, 30, 1.0f, 43);
+    const std::uint16_t nan = elem == E::kF16 ? 0x7E01 : 0x7FC1;
+    p.k16[(static_cast<std::size_t>(25) * 2 + 1) * 64 + 7] = nan;
+    p.v16[(static_cast<std::size_t>(33) * 2) * 32 + 3] = nan;
+    expect_yardsticks_bytes(p.a, elem == E::kF16 ? "fp16 key and value" : "bf16 key and value");
+  }
+}
+
+// fp16 outputs past 65504 round to infinity in both.
+TEST(CpuAttentionEmulation, Fp16OverflowGivesTheYardsticksBytes) {
+  Problem p = make(E::kF16, 8, 1, 30, 32, 16, 20, 1.0f, 47);
+  for (std::size_t j = 0; j < 30; ++j) p.v16[j * 16 + 2] = f32_to_f16(j % 2 ? 65504.0f : 60000.0f);
+  expect_yardsticks_bytes(p.a, "fp16 values near the largest");
+}
+
+// The decode form's requests in groups (every request alone, and two at a
+// time) give the bytes of one call.
+TEST(CpuAttentionEmulation, TheDecodeFormsGroupsGiveOneCallsBytes) {
+  const Case c = generate_case(load_suite("smoke").cases[2]);  // mixed_small
+  const SdpaResult one = emulate_sdpa_layer(c, SdpaForm::kDecode, test::all_requests(c));
+  const std::int64_t D = c.spec.dims.kv_lora_rank + c.spec.dims.rope_dim;
+  for (const std::int64_t bytes : {std::int64_t{1}, 2 * D * 2 * c.seq_lens[0]}) {
+    const std::int64_t previous = set_decode_key_group_bytes(bytes);
+    const SdpaResult grouped = emulate_sdpa_layer(c, SdpaForm::kDecode, test::all_requests(c));
+    set_decode_key_group_bytes(previous);
+    EXPECT_EQ(0, std::memcmp(grouped.out.data(), one.out.data(), one.out.size() * sizeof(double))) << bytes;
+    EXPECT_EQ(0, std::memcmp(grouped.lse.data(), one.lse.data(), one.lse.size() * sizeof(double))) << bytes;
+  }
 }
 
 // The bytes do not depend on the thread count (units are rows; no sum crosses them).

@@ -57,8 +57,8 @@ struct OpInputs {
   }
 };
 
-// Empty when equal bit for bit (any NaN equals any NaN: payloads are not promised).
-// Empty when equal bit for bit (any NaN equals any NaN: payloads are not promised).
+// Empty when equal bit for bit (any NaN equals any NaN: payloads are not
+// promised between the GPU and the CPU).
 template <class T>
 std::string difference(const std::vector<T>& a, const std::vector<T>& b) {
   if (a.size() != b.size()) return "sizes differ";
