@@ -1,18 +1,12 @@
-// The softmax numerator of the baseline emulation (float): scale, subtract
-// the row max, exponentiate, and sum in a fixed order. The caller passes its
-// own Eigen map (aligned or not), so the vectorization, and therefore every
-// bit, stays what that caller had. (The fp64 reference's softmax_row sums with
-// sum_in_four_lanes too but exponentiates whole runs of 8: fp64_reference.cpp.)
+// The fp64 reference's softmax sum in a fixed order (fp64_reference.cpp's
+// softmax_row). Until 2026-12-04 the CPU's baseline emulation summed its
+// float rows with it too; its cores now follow detail/emulation_math.h's
+// 32 lanes, as the GPU's do.
 #pragma once
 
 #include <Eigen/Core>
 
 namespace mlagate::detail {
-
-template <class Scalar>
-struct ExpRow {
-  Scalar max, sum;  // the scaled row's max; the sum of exp(scaled - max)
-};
 
 // x[0] + ... + x[n-1] in four fixed lanes (j mod 4, the tail in lane 0),
 // combined as (0 + 1) + (2 + 3): Eigen's reductions depend on the pointer's
@@ -29,16 +23,6 @@ Scalar sum_in_four_lanes(const Scalar* x, Eigen::Index n) {
   }
   for (; j < n; ++j) acc[0] += x[j];
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
-}
-
-// a[0..n) <- exp(scale * a - max), n >= 1, and their sum in four fixed lanes.
-template <class ArrayMap>
-ExpRow<typename ArrayMap::Scalar> exp_row(ArrayMap a, typename ArrayMap::Scalar scale) {
-  using Scalar = typename ArrayMap::Scalar;
-  a *= scale;
-  const Scalar mx = a.maxCoeff();
-  a = (a - mx).exp();
-  return {mx, sum_in_four_lanes(a.data(), a.size())};
 }
 
 }  // namespace mlagate::detail
