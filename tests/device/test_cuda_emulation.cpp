@@ -40,10 +40,7 @@ using test::run;
 
 void expect_same(const EmulatedAttention& a, const std::string& what) {
   SCOPED_TRACE(what);
-  const test::Outputs gpu = run(a, cuda_emulate_attention), cpu = run(a, emulate_attention_fixed_order);
-  EXPECT_EQ("", difference(gpu.o, cpu.o));
-  EXPECT_EQ("", difference(gpu.max, cpu.max));
-  EXPECT_EQ("", difference(gpu.sum, cpu.sum));
+  test::expect_same_outputs(a, cuda_emulate_attention, emulate_attention_fixed_order, false);
 }
 
 TEST(CudaEmulation, RandomProblemsGiveTheFixedOrdersBytes) {

@@ -34,22 +34,9 @@ using test::make;
 using test::Problem;
 using test::run;
 
-// Empty when the two vectors' bytes are equal.
-std::string bytes_differ(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return "sizes differ";
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i]))
-      return "element " + std::to_string(i) + " of " + std::to_string(a.size()) + ": " + std::to_string(a[i]) +
-             " against the yardstick's " + std::to_string(b[i]);
-  return {};
-}
-
 void expect_yardsticks_bytes(const EmulatedAttention& a, const std::string& what) {
   SCOPED_TRACE(what);
-  const test::Outputs fast = run(a, emulate_attention_cpu), plain = run(a, emulate_attention_fixed_order);
-  EXPECT_EQ("", bytes_differ(fast.o, plain.o));
-  EXPECT_EQ("", bytes_differ(fast.max, plain.max));
-  EXPECT_EQ("", bytes_differ(fast.sum, plain.sum));
+  test::expect_same_outputs(a, emulate_attention_cpu, emulate_attention_fixed_order, true);
 }
 
 TEST(CpuAttentionEmulation, ShapesAtEveryRemainderGiveTheYardsticksBytes) {
@@ -120,9 +107,9 @@ TEST(CpuAttentionEmulation, RowsInPiecesGiveTheContiguousBytes) {
     const test::Outputs want = run(p.a, emulate_attention_fixed_order);
     for (const AttentionEmulator e : {emulate_attention_cpu, emulate_attention_fixed_order}) {
       const test::Outputs got = run(pieces, e);
-      EXPECT_EQ("", bytes_differ(got.o, want.o));
-      EXPECT_EQ("", bytes_differ(got.max, want.max));
-      EXPECT_EQ("", bytes_differ(got.sum, want.sum));
+      EXPECT_EQ("", test::difference(got.o, want.o, true));
+      EXPECT_EQ("", test::difference(got.max, want.max, true));
+      EXPECT_EQ("", test::difference(got.sum, want.sum, true));
     }
   }
 }
@@ -133,18 +120,10 @@ TEST(CpuAttentionEmulation, ThePrefillFormReadsRowsInPiecesInPlace) {
   const Case c = generate_case(load_suite("smoke").cases[2]);  // mixed_small
   test::OpInputs whole(c);
   KvProjection split(c);
-  const std::int64_t kv0 = c.kv_start_loc[0], half = c.seq_lens[0] / 2;
+  const test::TwoPieces two = test::project_in_two_pieces(c, split);
+  const std::int64_t kv0 = c.kv_start_loc[0], half = two.half;
   ASSERT_GT(half, 0);
-  const std::int64_t L = c.spec.dims.kv_lora_rank, R = c.spec.dims.rope_dim;
-  auto* kv = const_cast<std::uint16_t*>(split.kv().data<std::uint16_t>()) + kv0 * L;
-  auto* pe = const_cast<std::uint16_t*>(split.pe().data<std::uint16_t>()) + kv0 * R;
-  const TensorView kv_part{c.spec.dtype, {half, L}, kv}, pe_part{c.spec.dtype, {half, R}, pe};
-  auto k = std::make_shared<Tensor>(), v = std::make_shared<Tensor>();
-  up_project_kv(c, kv_part, pe_part, *k, *v);
-  std::vector<std::int64_t> rows(static_cast<std::size_t>(half));
-  for (std::int64_t j = 0; j < half; ++j) rows[static_cast<std::size_t>(j)] = kv0 + j;
-  ASSERT_EQ(split.offer(kv_part, pe_part, rows, k, v), static_cast<std::size_t>(half));
-  split.ensure(test::all_requests(c));
+  ASSERT_EQ(two.offered, static_cast<std::size_t>(half));
   ASSERT_NE(split.k_row(kv0 + half), split.k_row(kv0) + half * c.spec.num_heads() *
                                                               (c.spec.dims.nope_dim + c.spec.dims.rope_dim))
       << "request 0's rows are not in two pieces";
@@ -248,8 +227,8 @@ TEST(CpuAttentionEmulation, BytesDoNotDependOnThreads) {
   omp_set_num_threads(std::max(threads, 3));
   const test::Outputs many = run(p.a, emulate_attention_cpu);
   omp_set_num_threads(threads);
-  EXPECT_EQ("", bytes_differ(one.o, many.o));
-  EXPECT_EQ("", bytes_differ(one.sum, many.sum));
+  EXPECT_EQ("", test::difference(one.o, many.o, true));
+  EXPECT_EQ("", test::difference(one.sum, many.sum, true));
 }
 
 // Every form and op of real cases, the default emulator against the

@@ -4,10 +4,13 @@
 // attention problems with the comparison of two emulators' outputs.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -57,14 +60,16 @@ struct OpInputs {
   }
 };
 
-// Empty when equal bit for bit (any NaN equals any NaN: payloads are not
-// promised between the GPU and the CPU).
+// Empty when equal bit for bit. Any NaN equals any NaN unless `payloads`:
+// they are not promised between the GPU and the CPU, but are between the
+// CPU's two implementations.
 template <class T>
-std::string difference(const std::vector<T>& a, const std::vector<T>& b) {
+std::string difference(const std::vector<T>& a, const std::vector<T>& b, bool payloads = false) {
   if (a.size() != b.size()) return "sizes differ";
   std::size_t differ = 0, first = a.size();
   for (std::size_t i = 0; i < a.size(); ++i) {
-    const bool same = std::isnan(a[i]) ? std::isnan(b[i]) : std::memcmp(&a[i], &b[i], sizeof(T)) == 0;
+    const bool bytes = std::memcmp(&a[i], &b[i], sizeof(T)) == 0;
+    const bool same = !payloads && std::isnan(a[i]) ? std::isnan(b[i]) : bytes;
     if (!same && differ++ == 0) first = i;
   }
   if (differ == 0) return {};
@@ -86,6 +91,38 @@ inline Outputs run(EmulatedAttention a, AttentionEmulator emulate) {
   a.o = r.o.data(), a.max = r.max.data(), a.sum = r.sum.data();
   emulate({&a, 1});
   return r;
+}
+
+// One call through two emulators: the same outputs, NaN payloads too where `payloads`.
+inline void expect_same_outputs(const EmulatedAttention& a, AttentionEmulator x, AttentionEmulator y,
+                                bool payloads) {
+  const Outputs ox = run(a, x), oy = run(a, y);
+  EXPECT_EQ("", difference(ox.o, oy.o, payloads));
+  EXPECT_EQ("", difference(ox.max, oy.max, payloads));
+  EXPECT_EQ("", difference(ox.sum, oy.sum, payloads));
+}
+
+// Half of request 0's rows offered to `split` first, as a prefill chunk
+// would, then the rest ensured: request 0's rows lie in two pieces. Returns
+// the half and how many rows the offer took.
+struct TwoPieces {
+  std::int64_t half = 0;
+  std::size_t offered = 0;
+};
+inline TwoPieces project_in_two_pieces(const Case& c, KvProjection& split) {
+  const std::int64_t kv0 = c.kv_start_loc[0], half = c.seq_lens[0] / 2;
+  if (half == 0) return {};
+  const std::int64_t L = c.spec.dims.kv_lora_rank, R = c.spec.dims.rope_dim;
+  auto* kv = const_cast<std::uint16_t*>(split.kv().data<std::uint16_t>()) + kv0 * L;
+  auto* pe = const_cast<std::uint16_t*>(split.pe().data<std::uint16_t>()) + kv0 * R;
+  const TensorView kv_part{c.spec.dtype, {half, L}, kv}, pe_part{c.spec.dtype, {half, R}, pe};
+  auto k = std::make_shared<Tensor>(), v = std::make_shared<Tensor>();
+  up_project_kv(c, kv_part, pe_part, *k, *v);
+  std::vector<std::int64_t> rows(static_cast<std::size_t>(half));
+  std::iota(rows.begin(), rows.end(), kv0);
+  const std::size_t offered = split.offer(kv_part, pe_part, rows, k, v);
+  split.ensure(all_requests(c));
+  return {half, offered};
 }
 
 // A problem of random values: `heads` slices laid out [row, head, dim] (the

@@ -158,18 +158,9 @@ TEST(FixedOrderEmulation, RowsInTwoPiecesAreProjectedFromTheirLatentRows) {
   test::OpInputs whole(c);
   // Half of request 0's rows offered first, as a prefill chunk would, then the rest.
   KvProjection split(c);
-  const std::int64_t kv0 = c.kv_start_loc[0], half = c.seq_lens[0] / 2;
-  ASSERT_GT(half, 0);
-  const std::int64_t L = c.spec.dims.kv_lora_rank, R = c.spec.dims.rope_dim;
-  auto* kv = const_cast<std::uint16_t*>(split.kv().data<std::uint16_t>()) + kv0 * L;
-  auto* pe = const_cast<std::uint16_t*>(split.pe().data<std::uint16_t>()) + kv0 * R;
-  const TensorView kv_part{c.spec.dtype, {half, L}, kv}, pe_part{c.spec.dtype, {half, R}, pe};
-  auto k = std::make_shared<Tensor>(), v = std::make_shared<Tensor>();
-  up_project_kv(c, kv_part, pe_part, *k, *v);
-  std::vector<std::int64_t> rows(static_cast<std::size_t>(half));
-  std::iota(rows.begin(), rows.end(), kv0);
-  ASSERT_EQ(split.offer(kv_part, pe_part, rows, k, v), static_cast<std::size_t>(half));
-  split.ensure(all_requests(c));
+  const test::TwoPieces pieces = test::project_in_two_pieces(c, split);
+  ASSERT_GT(pieces.half, 0);
+  ASSERT_EQ(pieces.offered, static_cast<std::size_t>(pieces.half));
 
   const AttentionEmulatorScope scope(counting_latent);
   g_projected_calls = 0;
