@@ -14,15 +14,26 @@
 //   tile runs its rows' common keys, then each row continues alone. A term
 //   0 * v past a row's keys is not a no-op (it turns an accumulated -0 into
 //   +0, and 0 * NaN is NaN), so none is ever added.
+// Where the build has VDPBF16PS and the process prefers it (as the glue's
+// up-projection does, detail/rowwise_gemm.h), a bf16 call's chains take two
+// steps an instruction: the products of two bf16 values are exact, so each
+// step is the fma chain's, and whatever the instruction would flush (values
+// outside [2^-50, 2^41), subnormal probabilities) or cannot take (NaN,
+// infinities, odd depths, fp16, fp32 keys) runs on the fma tiles. On the CPU
+// VM (AMD Zen 5) that halved the decode form's time (PERFORMANCE.md).
 // Compiled with -ffp-contract=off (reference/CMakeLists.txt): GCC writes
 // _mm512_mul_ps as a plain vector product, which it would otherwise fuse
 // with the add that follows, and the scalar paths are plain expressions.
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -31,6 +42,7 @@
 
 #include "cases/encoding.h"
 #include "reference/detail/emulation_math.h"
+#include "reference/detail/rowwise_gemm.h"
 #include "reference/detail/widen.h"
 #include "reference/sdpa_emulation.h"
 
@@ -60,22 +72,27 @@ const void* row_start(const void* base, const void* const* rows, Index stride, I
   return static_cast<const std::byte*>(base) + j * stride * (e == Elem::kF32 ? 4 : 2);
 }
 
-// A float buffer aligned to 64 bytes, grown on demand and reused by a thread.
-class Buffer {
+// A buffer of 4-byte elements aligned to 64 bytes, grown on demand and reused by a thread.
+template <class T>
+class BasicBuffer {
+  static_assert(sizeof(T) == 4);
+
  public:
-  float* get(Index n) {
+  T* get(Index n) {
     if (static_cast<Index>(buf_.size()) < n + 16) buf_.resize(static_cast<std::size_t>(n + 16));
     const auto addr = reinterpret_cast<std::uintptr_t>(buf_.data());
-    return buf_.data() + ((64 - addr % 64) % 64) / sizeof(float);
+    return buf_.data() + ((64 - addr % 64) % 64) / sizeof(T);
   }
-  // Gives the memory back where it is more than `floats` (a long request's).
-  void trim(Index floats) {
-    if (static_cast<Index>(buf_.size()) > floats) buf_ = {};
+  // Gives the memory back where it is more than `n` elements (a long request's).
+  void trim(Index n) {
+    if (static_cast<Index>(buf_.size()) > n) buf_ = {};
   }
 
  private:
-  std::vector<float> buf_;
+  std::vector<T> buf_;
 };
+using Buffer = BasicBuffer<float>;
+using PairBuffer = BasicBuffer<std::uint32_t>;
 
 // ---- The tile: o[r][0..16 NV) (row stride ldo) continues the fma chain
 // over k in [k0, k1) of a[r * lda + k * ldk] * p[k * ldp + c], or starts it
@@ -317,23 +334,254 @@ void finish_outputs(const float* acc, int n, float sum, bool bf16, float* o) {
 }
 #endif
 
+// ---- The bf16 pair path (rowwise_gemm.h explains the instruction and why
+// its bits are the fma chain's): where the build has VDPBF16PS and the
+// process prefers it (detail::pair_path_preferred, the glue's choice: the
+// faster path on this machine), a bf16 call's tiles do two of a chain's steps
+// an instruction. The pairs are made as the tiles go: a key's two elements
+// swapped in its broadcast (element 2i must be the high half, which the
+// instruction takes first), the query panel and the probabilities packed
+// once a unit, a value panel's rows interleaved once a pass. Whatever is not
+// bf16_pair_safe (NaN, infinities, magnitudes outside [2^-50, 2^41): P's
+// smallest exponentials, say) takes the fma tiles instead, tile by tile or
+// pass by pass: either path gives each chain's bits.
+#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define MLAGATE_EMU_PAIRS 1
+constexpr bool kEmuPairs = true;
+
+// bf16 bits whose values are all bf16_pair_safe: zero, or an exponent in [77, 168).
+__mmask32 unsafe_bf16_32(__m512i x) {
+  const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF));
+  return (_mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16((127 - 50) << 7)) &
+          _mm512_test_epi16_mask(mag, mag)) |
+         _mm512_cmpge_epu16_mask(mag, _mm512_set1_epi16((127 + 41) << 7));
+}
+
+bool bf16_run_pair_safe(const std::uint16_t* p, Index n) {
+  Index k = 0;
+  __mmask32 bad = 0;
+  for (; k + 32 <= n; k += 32) bad |= unsafe_bf16_32(_mm512_loadu_si512(p + k));
+  if (k < n) {
+    const __mmask32 m = static_cast<__mmask32>((std::uint64_t{1} << (n - k)) - 1);
+    bad |= unsafe_bf16_32(_mm512_maskz_loadu_epi16(m, p + k)) & m;
+  }
+  return bad == 0;
+}
+
+// fp32 lanes that are not bf16_pair_safe (low half set, or the exponent out of range and not zero).
+__mmask16 unsafe_f32_16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i mag = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
+  return _mm512_test_epi32_mask(u, _mm512_set1_epi32(0xFFFF)) |
+         (_mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32((127 - 50) << 23)) & _mm512_test_epi32_mask(mag, mag)) |
+         _mm512_cmpge_epu32_mask(mag, _mm512_set1_epi32((127 + 41) << 23));
+}
+
+std::uint32_t load_pair(const std::uint16_t* p) {
+  std::uint32_t u;
+  std::memcpy(&u, p, sizeof u);
+  return u;
+}
+
+// Logits of MR keys against the query panel as pairs qp [pairs][16 NV]
+// (element 2i high): o[r][c] (row stride ldo) = the chain over the depth
+// from +0. key[r] points at key r's first element.
+template <int MR, int NV>
+void logit_pair_tile(const std::uint16_t* const* key, const std::uint32_t* qp, Index pairs, float* o, Index ldo) {
+  __m512 acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NV; ++j) acc[r][j] = _mm512_setzero_ps();
+  for (Index k = 0; k < pairs; ++k) {
+    __m512bh b[NV];
+    for (int j = 0; j < NV; ++j) b[j] = (__m512bh)_mm512_load_si512(qp + k * 16 * NV + 16 * j);
+    for (int r = 0; r < MR; ++r) {
+      // Elements 2k and 2k + 1 as they lie (2k low), swapped: 2k high.
+      const __m512bh x = (__m512bh)_mm512_rol_epi32(_mm512_set1_epi32(static_cast<int>(load_pair(key[r] + 2 * k))), 16);
+      for (int j = 0; j < NV; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], x, b[j]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NV; ++j) _mm512_storeu_ps(o + r * ldo + 16 * j, acc[r][j]);
+}
+
+template <int NV, int MR = kTileRows<NV>>
+void logit_pair_rows(int m, const std::uint16_t* const* key, const std::uint32_t* qp, Index pairs, float* o,
+                     Index ldo) {
+  if constexpr (MR > 1) {
+    if (m < MR) return logit_pair_rows<NV, MR - 1>(m, key, qp, pairs, o, ldo);
+  }
+  logit_pair_tile<MR, NV>(key, qp, pairs, o, ldo);
+}
+
+// One fma step of MR rows over 64 value columns: acc[r] += pk[r] * v.
+template <int MR>
+void single_step(__m512 (&acc)[MR][4], const float* pk, const __m512 (&v)[4]) {
+  for (int r = 0; r < MR; ++r) {
+    const __m512 x = _mm512_set1_ps(pk[r]);
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_fmadd_ps(x, v[j], acc[r][j]);
+  }
+}
+
+// o[r][0..64) (row stride ldo) continues the chain over keys [s, e) (relative
+// to the pass's first key, which is even) of P and the value panel's pairs vp
+// [(e + 1) / 2][64], or starts it at +0 where `zero`. p: P's fp32 values
+// p[k * ld + r]; pp: P's pairs pp[(k / 2) * ld + r]. A key that is not one of
+// a whole pair in [s, e) (s odd, e odd) is one fma step, its value taken
+// from its half of the pair.
+template <int MR>
+void pv_pair_tile(const float* p, const std::uint32_t* pp, Index ld, const std::uint32_t* vp, Index s, Index e,
+                  float* o, Index ldo, bool zero) {
+  __m512 acc[MR][4];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = zero ? _mm512_setzero_ps() : _mm512_loadu_ps(o + r * ldo + 16 * j);
+  Index k = s;
+  if (k < e && k % 2 == 1) {  // the low half of its pair
+    __m512 v[4];
+    for (int j = 0; j < 4; ++j)
+      v[j] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_load_si512(vp + (k / 2) * 64 + 16 * j), 16));
+    single_step<MR>(acc, p + k * ld, v);
+    ++k;
+  }
+  for (; k + 2 <= e; k += 2) {
+    __m512bh b[4];
+    for (int j = 0; j < 4; ++j) b[j] = (__m512bh)_mm512_load_si512(vp + (k / 2) * 64 + 16 * j);
+    const std::uint32_t* pk = pp + (k / 2) * ld;
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(pk[r]));
+      for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], x, b[j]);
+    }
+  }
+  if (k < e) {  // the high half of its pair
+    __m512 v[4];
+    for (int j = 0; j < 4; ++j)
+      v[j] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_load_si512(vp + (k / 2) * 64 + 16 * j),
+                                                  _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+    single_step<MR>(acc, p + k * ld, v);
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(o + r * ldo + 16 * j, acc[r][j]);
+}
+
+template <int MR = kTileRows<4>>
+void pv_pair_rows(int m, const float* p, const std::uint32_t* pp, Index ld, const std::uint32_t* vp, Index s, Index e,
+                  float* o, Index ldo, bool zero) {
+  if constexpr (MR > 1) {
+    if (m < MR) return pv_pair_rows<MR - 1>(m, p, pp, ld, vp, s, e, o, ldo, zero);
+  }
+  pv_pair_tile<MR>(p, pp, ld, vp, s, e, o, ldo, zero);
+}
+
+// P's pairs pp[jp][i] (row stride ld) for keys 2 jp, 2 jp + 1 < nk (a last
+// odd key's low half zero), from st[j][i]; whether every P a row reads (its
+// keys j < vis[i]) is bf16_pair_safe.
+bool pack_p_pairs(const float* st, Index ld, Index nk, const int* vis, int rb, std::uint32_t* pp) {
+  __mmask16 bad = 0;
+  for (Index i0 = 0; i0 < ld; i0 += 16) {
+    const __m512i v = _mm512_loadu_si512(vis + i0);
+    const __mmask16 live = first_lanes(rb - static_cast<int>(i0));
+    for (Index j = 0; j < nk; j += 2) {
+      const __m512 a = _mm512_load_ps(st + j * ld + i0);
+      bad |= unsafe_f32_16(a) & _mm512_cmpgt_epi32_mask(v, _mm512_set1_epi32(static_cast<int>(j))) & live;
+      __m512i lo = _mm512_setzero_si512();
+      if (j + 1 < nk) {
+        const __m512 b = _mm512_load_ps(st + (j + 1) * ld + i0);
+        bad |= unsafe_f32_16(b) & _mm512_cmpgt_epi32_mask(v, _mm512_set1_epi32(static_cast<int>(j + 1))) & live;
+        lo = _mm512_srli_epi32(_mm512_castps_si512(b), 16);
+      }
+      const __m512i hi = _mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+      _mm512_store_si512(pp + (j / 2) * ld + i0, _mm512_or_si512(hi, lo));
+    }
+  }
+  return bad == 0;
+}
+
+// The value panel's keys [0, n) as pairs vp[jp][0..64): row(j) points at key
+// j's nc values, columns past nc zero; whether every value is
+// bf16_pair_safe (check: else not looked at).
+template <class Row>
+bool pack_v_pairs(Row&& row, Index n, Index nc, bool check, std::uint32_t* vp) {
+  __mmask32 bad = 0;
+  for (Index j = 0; j < n; j += 2) {
+    const std::uint16_t* a = row(j);
+    const std::uint16_t* b = j + 1 < n ? row(j + 1) : nullptr;
+    for (Index c = 0; c < 64; c += 16) {
+      const __mmask16 m = first_lanes(static_cast<int>(nc - c));
+      const __m256i x = _mm256_maskz_loadu_epi16(m, a + c);
+      const __m256i y = b ? _mm256_maskz_loadu_epi16(m, b + c) : _mm256_setzero_si256();
+      if (check) bad |= unsafe_bf16_32(_mm512_inserti64x4(_mm512_castsi256_si512(x), y, 1));
+      const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16);
+      _mm512_store_si512(vp + (j / 2) * 64 + c, _mm512_or_si512(hi, _mm512_cvtepu16_epi32(y)));
+    }
+  }
+  return bad == 0;
+}
+#else
+constexpr bool kEmuPairs = false;
+#endif
+
+std::atomic<int> g_pairs_forced{-1};  // set_cpu_emulation_pairs: -1 unset, else 0 or 1
+std::atomic<std::uint64_t> g_pair_tiles{0};
+
+// Whether this process gives bf16 calls the pair path.
+bool pairs_wanted() {
+  if constexpr (!kEmuPairs) {
+    return false;
+  } else {
+    const int forced = g_pairs_forced.load(std::memory_order_relaxed);
+    return forced >= 0 ? forced == 1 : detail::pair_path_preferred();
+  }
+}
+
 // A thread's buffers, reused across its units.
 struct Scratch {
   Buffer qt, st, panel, acc, keys, rows;
+  PairBuffer q_pairs, p_pairs, v_pairs;  // the pair path's
   std::vector<int> visible;
+  std::uint64_t pair_tiles = 0;  // tiles run on pairs, for g_pair_tiles
   // What a thread keeps between calls: 16 MiB of logits (65536 keys), as
-  // the pool's threads live as long as the process.
-  void trim() { st.trim(Index{1} << 22); }
+  // the pool's threads live as long as the process, and half that of P's pairs.
+  void trim() {
+    st.trim(Index{1} << 22);
+    p_pairs.trim(Index{1} << 21);
+  }
+};
+
+// What a call's units share about the pair path: whether they take it (a
+// bf16 call of even depth, where the process wants pairs), and whether all
+// its keys and values were found pair-safe once for all units (the decode
+// form's rows are every head's), so that no tile looks again.
+struct CallPairs {
+  bool on = false, keys_safe = false, values_safe = false;
 };
 
 // The logits of a unit's rows: st[j][0..16 NV) (row stride 16 NV) for keys
 // j < nk against the query panel qt [dqk][16 NV], a tile of keys at a time.
+// With qp (the query panel as pairs, where the call takes them and the
+// unit's queries are pair-safe), a tile whose keys are pair-safe runs on pairs.
 template <int NV>
-void logits(const EmulatedAttention& a, int h, const float* qt, Index nk, float* st, float* keys) {
+void logits(const EmulatedAttention& a, int h, const float* qt, [[maybe_unused]] const std::uint32_t* qp,
+            [[maybe_unused]] bool keys_safe, Index nk, float* st, float* keys, [[maybe_unused]] Scratch& t) {
   const Index dqk = a.dqk, ld = 16 * NV;
   constexpr int kKeys = kTileRows<NV>;
   for (Index j = 0; j < nk; j += kKeys) {
     const int m = static_cast<int>(std::min<Index>(kKeys, nk - j));
+#ifdef MLAGATE_EMU_PAIRS
+    if constexpr (kEmuPairs) {
+      if (qp) {
+        const std::uint16_t* key[kKeys];
+        bool safe = true;
+        for (int r = 0; r < m; ++r) {
+          key[r] = static_cast<const std::uint16_t*>(row_start(a.k, a.k_rows, a.k_row, j + r, a.elem)) + h * a.k_head;
+          safe = safe && (keys_safe || bf16_run_pair_safe(key[r], dqk));
+        }
+        if (safe) {
+          logit_pair_rows<NV>(m, key, qp, dqk / 2, st + j * ld, ld);
+          ++t.pair_tiles;
+          continue;
+        }
+      }
+    }
+#endif
     const float* k = keys;
     Index ldk = dqk;
     if (a.elem == Elem::kF32 && a.k_head == 0 && !a.k_rows) {
@@ -352,7 +600,7 @@ void logits(const EmulatedAttention& a, int h, const float* qt, Index nk, float*
 // stride: the query panel's width): the logits' tiles run over keys against
 // the unit's queries as one packed panel, and the softmax runs across 16 rows
 // at a time, each row in its own lanes.
-void unit(const EmulatedAttention& a, int h, int r0, int rb, Scratch& t) {
+void unit(const EmulatedAttention& a, const CallPairs& cp, int h, int r0, int rb, Scratch& t) {
   const Index dqk = a.dqk, dv = a.dv;
   t.visible.assign(static_cast<std::size_t>(kPanel), 0);
   for (int i = 0; i < rb; ++i) t.visible[i] = detail::emu_visible(r0 + i, a.rows_per_token, a.context, a.keys);
@@ -376,17 +624,36 @@ void unit(const EmulatedAttention& a, int h, int r0, int rb, Scratch& t) {
     widen(a.q, Index{r0 + i} * a.q_row + h * a.q_head, dqk, a.elem, keys);
     for (Index d = 0; d < dqk; ++d) qt[d * ld + i] = keys[d];
   }
+  // The same panel as pairs [dqk / 2][ld] (element 2i high), where the call
+  // takes them and every query of the unit is pair-safe; else null.
+  std::uint32_t* qp = nullptr;
+#ifdef MLAGATE_EMU_PAIRS
+  if constexpr (kEmuPairs) {
+    if (cp.on) {
+      qp = t.q_pairs.get(dqk / 2 * ld);
+      if (rb < ld) std::fill_n(qp, dqk / 2 * ld, 0u);
+      for (int i = 0; i < rb && qp; ++i) {
+        const auto* q = static_cast<const std::uint16_t*>(a.q) + Index{r0 + i} * a.q_row + h * a.q_head;
+        if (!bf16_run_pair_safe(q, dqk)) {
+          qp = nullptr;
+          break;
+        }
+        for (Index k = 0; k < dqk / 2; ++k) qp[k * ld + i] = std::rotl(load_pair(q + 2 * k), 16);
+      }
+    }
+  }
+#endif
   float* st = t.st.get(nk * ld);
   if constexpr (kNarrowPanels) {
     if (nv == 1) {
-      logits<1>(a, h, qt, nk, st, keys);
+      logits<1>(a, h, qt, qp, cp.keys_safe, nk, st, keys, t);
     } else if (nv == 2) {
-      logits<2>(a, h, qt, nk, st, keys);
+      logits<2>(a, h, qt, qp, cp.keys_safe, nk, st, keys, t);
     } else {
-      logits<4>(a, h, qt, nk, st, keys);
+      logits<4>(a, h, qt, qp, cp.keys_safe, nk, st, keys, t);
     }
   } else {
-    logits<4>(a, h, qt, nk, st, keys);
+    logits<4>(a, h, qt, qp, cp.keys_safe, nk, st, keys, t);
   }
   // The softmax of every row over its own keys; st becomes P.
   float* row_max = t.rows.get(2 * kPanel);
@@ -403,10 +670,49 @@ void unit(const EmulatedAttention& a, int h, int r0, int rb, Scratch& t) {
   constexpr int kRows = kTileRows<4>;
   float* acc = t.acc.get(kPanel * kPanel);
   float* vp = t.panel.get(kDepthBlock * kPanel);
+  // P as pairs [(nk + 1) / 2][ld] where the call takes them and every P a
+  // row reads is pair-safe; the passes whose values are too run on them.
+  [[maybe_unused]] std::uint32_t* pp = nullptr;
+  [[maybe_unused]] std::uint32_t* vpp = nullptr;
+#ifdef MLAGATE_EMU_PAIRS
+  if constexpr (kEmuPairs) {
+    if (cp.on) {
+      pp = t.p_pairs.get((nk + 1) / 2 * ld);
+      if (!pack_p_pairs(st, ld, nk, vis, rb, pp)) pp = nullptr;
+      vpp = t.v_pairs.get(kDepthBlock / 2 * kPanel);
+    }
+  }
+#endif
   for (Index c0 = 0; c0 < dv; c0 += kPanel) {
     const Index nc = std::min(kPanel, dv - c0);
     for (Index k0 = 0; k0 < nk; k0 += kDepthBlock) {
       const Index k1 = std::min(nk, k0 + kDepthBlock);
+#ifdef MLAGATE_EMU_PAIRS
+      if constexpr (kEmuPairs) {
+        const auto value_row = [&](Index j) {
+          return static_cast<const std::uint16_t*>(row_start(a.v, a.v_rows, a.v_row, k0 + j, a.elem)) +
+                 h * a.v_head + c0;
+        };
+        if (pp && pack_v_pairs(value_row, k1 - k0, nc, !cp.values_safe, vpp)) {
+          for (int i = 0; i < rb; i += kRows) {
+            const int m = std::min(kRows, rb - i);
+            const Index common = std::min<Index>(vis[i], k1);
+            const float* p = st + k0 * ld;
+            const std::uint32_t* pk = pp + k0 / 2 * ld;
+            if (k0 == 0 || common > k0)
+              pv_pair_rows(m, p + i, pk + i, ld, vpp, 0, std::max<Index>(common - k0, 0), acc + i * kPanel, kPanel,
+                           k0 == 0);
+            for (int r = i + 1; r < i + m; ++r) {
+              const Index from = std::max<Index>(k0, vis[i]), to = std::min<Index>(vis[r], k1);
+              if (to > from)
+                pv_pair_rows<1>(1, p + r, pk + r, ld, vpp, from - k0, to - k0, acc + r * kPanel, kPanel, false);
+            }
+          }
+          ++t.pair_tiles;
+          continue;
+        }
+      }
+#endif
       // Keys [k0, k1) of the value panel, at its rows [0, k1 - k0).
       for (Index j = k0; j < k1; ++j) {
         float* row = vp + (j - k0) * kPanel;
@@ -444,6 +750,8 @@ void unit(const EmulatedAttention& a, int h, int r0, int rb, Scratch& t) {
 void emulate_attention_cpu(std::span<const EmulatedAttention> calls) {
   // Calls that name latent rows instead of keys read them projected, as the yardstick does.
   std::vector<EmulatedAttention> work(calls.begin(), calls.end());
+  std::vector<CallPairs> pairs(calls.size());
+  [[maybe_unused]] const bool want_pairs = pairs_wanted();
   std::vector<Tensor> projected(2 * calls.size());
   struct Unit {
     std::size_t call;
@@ -456,6 +764,23 @@ void emulate_attention_cpu(std::span<const EmulatedAttention> calls) {
       throw std::invalid_argument("emulate_attention_cpu: bad dimensions");
     if (a.keys > 0 && !((a.k || a.k_rows) && (a.v || a.v_rows)))
       a = with_projected_kv(a, projected[2 * k], projected[2 * k + 1]);
+#ifdef MLAGATE_EMU_PAIRS
+    if constexpr (kEmuPairs) {
+      CallPairs& cp = pairs[k];
+      cp.on = want_pairs && a.elem == Elem::kBF16 && a.dqk % 2 == 0 && a.keys > 0;
+      // Rows every head reads (the decode form's): looked at once here, not by each unit's tiles.
+      const auto all_safe = [&](const void* base, const void* const* rows, Index stride, Index width) {
+        for (Index j = 0; j < a.keys; ++j)
+          if (!bf16_run_pair_safe(static_cast<const std::uint16_t*>(row_start(base, rows, stride, j, a.elem)), width))
+            return false;
+        return true;
+      };
+      if (cp.on && a.heads == 1) {
+        cp.keys_safe = all_safe(a.k, a.k_rows, a.k_row, a.dqk);
+        cp.values_safe = all_safe(a.v, a.v_rows, a.v_row, a.dv);
+      }
+    }
+#endif
     for (int h = 0; h < a.heads; ++h)
       for (int r0 = 0; r0 < a.rows; r0 += static_cast<int>(kPanel))
         units.push_back({k, h, r0, std::min(static_cast<int>(kPanel), a.rows - r0)});
@@ -469,10 +794,20 @@ void emulate_attention_cpu(std::span<const EmulatedAttention> calls) {
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t u = 0; u < n; ++u) {
       const Unit& un = units[static_cast<std::size_t>(u)];
-      unit(work[un.call], un.head, un.row0, un.rows, scratch);
+      unit(work[un.call], pairs[un.call], un.head, un.row0, un.rows, scratch);
     }
     scratch.trim();
+    g_pair_tiles.fetch_add(std::exchange(scratch.pair_tiles, 0), std::memory_order_relaxed);
   }
 }
+
+std::optional<bool> set_cpu_emulation_pairs(std::optional<bool> use) {
+  const int was = g_pairs_forced.exchange(use ? int{*use} : -1);
+  return was < 0 ? std::nullopt : std::optional<bool>(was == 1);
+}
+
+bool cpu_emulation_has_pairs() { return kEmuPairs; }
+
+std::uint64_t cpu_emulation_pair_tiles() { return g_pair_tiles.load(std::memory_order_relaxed); }
 
 }  // namespace mlagate

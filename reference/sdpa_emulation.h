@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -173,6 +174,20 @@ bool prefill_emulation_reads_latent(const Case& c, const KvProjection& p);
 // whatever its size): tests set fewer bytes to emulate a batch in groups.
 // Returns the previous value; 0 or less restores the default.
 std::int64_t set_decode_key_group_bytes(std::int64_t bytes);
+
+// emulate_attention_cpu's bf16 pair path (cpu_attention_emulation.cpp):
+// where the build has VDPBF16PS, a bf16 call's tiles do two steps of each
+// chain an instruction when the process prefers pairs
+// (detail::pair_path_preferred: MLAGATE_ROWWISE_PATH, else the faster path on
+// this machine, as for the glue). The bits are the fma tiles'. Tests force a
+// path: true or false, or nullopt for the process's choice; true has no
+// effect in a build without the instruction. Returns the previous setting.
+std::optional<bool> set_cpu_emulation_pairs(std::optional<bool> use);
+// Whether this build compiled the pair path (AVX512_BF16 targeted).
+bool cpu_emulation_has_pairs();
+// Logit tiles and value passes run on pairs since the process began (tests:
+// a forced pair path must have been taken).
+std::uint64_t cpu_emulation_pair_tiles();
 
 // Sets an emulator for its lifetime, then puts the previous one back.
 class AttentionEmulatorScope {

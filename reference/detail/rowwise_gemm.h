@@ -36,7 +36,9 @@
 // (PERFORMANCE.md). So the first
 // PackedPanels of a process whose b could take pairs times both paths on a
 // small GEMM and keeps the faster; MLAGATE_ROWWISE_PATH=pairs or =fma chooses instead. Either way the
-// bits are the chain's: only the speed depends on the choice.
+// bits are the chain's: only the speed depends on the choice. The baseline
+// emulation's attention core (cpu_attention_emulation.cpp) takes the same
+// choice for its bf16 tiles.
 #pragma once
 
 #include <algorithm>

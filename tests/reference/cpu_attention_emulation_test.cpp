@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,12 +35,34 @@ using test::make;
 using test::Problem;
 using test::run;
 
+// Every test runs on each of the core's paths: the fma tiles, and the bf16
+// pair path where the build has VDPBF16PS (else skipped, visibly).
+enum class Path { kFma, kPairs };
+
+class CpuAttentionEmulation : public ::testing::TestWithParam<Path> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Path::kPairs && !cpu_emulation_has_pairs())
+      GTEST_SKIP() << "this build has no VDPBF16PS (AVX512_BF16): the pair path is not compiled";
+    previous_ = set_cpu_emulation_pairs(GetParam() == Path::kPairs);
+  }
+  void TearDown() override { set_cpu_emulation_pairs(previous_); }
+
+ private:
+  std::optional<bool> previous_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Paths, CpuAttentionEmulation, ::testing::Values(Path::kFma, Path::kPairs),
+                         [](const ::testing::TestParamInfo<Path>& i) {
+                           return std::string(i.param == Path::kFma ? "Fma" : "Pairs");
+                         });
+
 void expect_yardsticks_bytes(const EmulatedAttention& a, const std::string& what) {
   SCOPED_TRACE(what);
   test::expect_same_outputs(a, emulate_attention_cpu, emulate_attention_fixed_order, true);
 }
 
-TEST(CpuAttentionEmulation, ShapesAtEveryRemainderGiveTheYardsticksBytes) {
+TEST_P(CpuAttentionEmulation, ShapesAtEveryRemainderGiveTheYardsticksBytes) {
   struct Shape {
     E elem;
     int rows, heads, keys, dqk, dv, context;
@@ -69,7 +92,7 @@ TEST(CpuAttentionEmulation, ShapesAtEveryRemainderGiveTheYardsticksBytes) {
   }
 }
 
-TEST(CpuAttentionEmulation, RandomShapesGiveTheYardsticksBytes) {
+TEST_P(CpuAttentionEmulation, RandomShapesGiveTheYardsticksBytes) {
   std::mt19937 rng(2026);
   const auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   for (int t = 0; t < 60; ++t) {
@@ -88,7 +111,7 @@ TEST(CpuAttentionEmulation, RandomShapesGiveTheYardsticksBytes) {
 // Rows in pieces: each key and value row at an address of its own (the
 // prefill form's rows where the glue's chunks left them), in reversed order
 // in memory; the bytes of the contiguous call.
-TEST(CpuAttentionEmulation, RowsInPiecesGiveTheContiguousBytes) {
+TEST_P(CpuAttentionEmulation, RowsInPiecesGiveTheContiguousBytes) {
   for (const E elem : {E::kBF16, E::kF16}) {
     Problem p = make(elem, 70, 3, 300, 96, 80, 250, 1.0f, 31);
     const std::size_t kw = 3 * 96, vw = 3 * 80, keys = 300;
@@ -116,7 +139,7 @@ TEST(CpuAttentionEmulation, RowsInPiecesGiveTheContiguousBytes) {
 
 // The prefill form over a projection whose rows lie in two pieces (the
 // glue's prefill chunks) reads them where they lie: the bytes of one piece.
-TEST(CpuAttentionEmulation, ThePrefillFormReadsRowsInPiecesInPlace) {
+TEST_P(CpuAttentionEmulation, ThePrefillFormReadsRowsInPiecesInPlace) {
   const Case c = generate_case(load_suite("smoke").cases[2]);  // mixed_small
   test::OpInputs whole(c);
   KvProjection split(c);
@@ -135,7 +158,7 @@ TEST(CpuAttentionEmulation, ThePrefillFormReadsRowsInPiecesInPlace) {
 
 // A NaN or infinite key reaches only the rows that see it: a row's chains
 // stop at its own keys (a term 0 * NaN past them would poison it).
-TEST(CpuAttentionEmulation, ABadKeyReachesOnlyTheRowsThatSeeIt) {
+TEST_P(CpuAttentionEmulation, ABadKeyReachesOnlyTheRowsThatSeeIt) {
   for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     Problem p = make(E::kBF16, 70, 2, 300, 64, 32, 200, 1.0f, 99);
     // Key 245, head 1: rows 0..44 see keys up to 200 + r.
@@ -155,7 +178,7 @@ TEST(CpuAttentionEmulation, ABadKeyReachesOnlyTheRowsThatSeeIt) {
 // An output chain that reaches -0 keeps it: the row's terms are tiny
 // negative products that round to -0, and no term past its keys is added
 // (0 * v + -0 would be +0). The yardstick writes -0; so must the fast path.
-TEST(CpuAttentionEmulation, AChainAtMinusZeroStaysThere) {
+TEST_P(CpuAttentionEmulation, AChainAtMinusZeroStaysThere) {
   Problem p = make(E::kBF16, 12, 1, 40, 8, 16, 20, 1.0f, 5);
   p.a.rows_per_token = 1;
   // Key 0 gives each row exp(0) = 1 at logit 0 and value -0 (the chain is +0
@@ -179,7 +202,7 @@ TEST(CpuAttentionEmulation, AChainAtMinusZeroStaysThere) {
 // A NaN with a payload of its own (fp32 keys of the decode form, fp16 and
 // bf16 keys) comes out of both implementations with the same bytes: the
 // rounding keeps or makes the quiet NaN as encoding.h does.
-TEST(CpuAttentionEmulation, APayloadNaNKeyGivesTheYardsticksBytes) {
+TEST_P(CpuAttentionEmulation, APayloadNaNKeyGivesTheYardsticksBytes) {
   // Signaling with a payload; and all ones, whose rounding to bf16 without
   // the NaN case would carry into the sign.
   for (const std::uint32_t bits : {0x7FA00001u, 0x7FFFFFFFu}) {
@@ -197,7 +220,7 @@ TEST(CpuAttentionEmulation, APayloadNaNKeyGivesTheYardsticksBytes) {
 }
 
 // fp16 outputs past 65504 round to infinity in both.
-TEST(CpuAttentionEmulation, Fp16OverflowGivesTheYardsticksBytes) {
+TEST_P(CpuAttentionEmulation, Fp16OverflowGivesTheYardsticksBytes) {
   Problem p = make(E::kF16, 8, 1, 30, 32, 16, 20, 1.0f, 47);
   for (std::size_t j = 0; j < 30; ++j) p.v16[j * 16 + 2] = f32_to_f16(j % 2 ? 65504.0f : 60000.0f);
   expect_yardsticks_bytes(p.a, "fp16 values near the largest");
@@ -205,7 +228,7 @@ TEST(CpuAttentionEmulation, Fp16OverflowGivesTheYardsticksBytes) {
 
 // The decode form's requests in groups (every request alone, and two at a
 // time) give the bytes of one call.
-TEST(CpuAttentionEmulation, TheDecodeFormsGroupsGiveOneCallsBytes) {
+TEST_P(CpuAttentionEmulation, TheDecodeFormsGroupsGiveOneCallsBytes) {
   const Case c = generate_case(load_suite("smoke").cases[2]);  // mixed_small
   const SdpaResult one = emulate_sdpa_layer(c, SdpaForm::kDecode, test::all_requests(c));
   const std::int64_t D = c.spec.dims.kv_lora_rank + c.spec.dims.rope_dim;
@@ -219,7 +242,7 @@ TEST(CpuAttentionEmulation, TheDecodeFormsGroupsGiveOneCallsBytes) {
 }
 
 // The bytes do not depend on the thread count (units are rows; no sum crosses them).
-TEST(CpuAttentionEmulation, BytesDoNotDependOnThreads) {
+TEST_P(CpuAttentionEmulation, BytesDoNotDependOnThreads) {
   Problem p = make(E::kBF16, 150, 3, 400, 96, 80, 300, 1.0f, 17);
   const int threads = omp_get_max_threads();
   omp_set_num_threads(1);
@@ -244,7 +267,7 @@ void expect_same(const SdpaResult& a, const SdpaResult& b, const std::string& wh
   EXPECT_TRUE(same(a.lse_f32_keys, b.lse_f32_keys));
 }
 
-TEST(CpuAttentionEmulation, EveryFormAndOpOfRealCasesIsTheYardsticks) {
+TEST_P(CpuAttentionEmulation, EveryFormAndOpOfRealCasesIsTheYardsticks) {
   for (const CaseSpec& spec : test::emulation_specs()) {
     if (spec.dtype != DType::kBF16 && spec.dtype != DType::kF16) continue;
     SCOPED_TRACE(spec.id());
@@ -261,6 +284,107 @@ TEST(CpuAttentionEmulation, EveryFormAndOpOfRealCasesIsTheYardsticks) {
     const std::vector<SdpaResult> plain = all();
     const char* names[] = {"decode form", "prefill form", "decode op", "prefill op"};
     for (std::size_t i = 0; i < fast.size(); ++i) expect_same(fast[i], plain[i], names[i]);
+  }
+}
+
+// The pair path runs where it can and nowhere else: bf16 calls of even depth
+// take it when forced, fp16 and fp32 ones never, and with the fma path
+// forced nothing does. (Without this, a pair path that never ran would pass
+// every comparison above.)
+TEST_P(CpuAttentionEmulation, ThePairPathRunsWhereItCanAndNowhereElse) {
+  const auto tiles_of = [](const Problem& p) {
+    const std::uint64_t before = cpu_emulation_pair_tiles();
+    run(p.a, emulate_attention_cpu);
+    return cpu_emulation_pair_tiles() - before;
+  };
+  const bool pairs = GetParam() == Path::kPairs;
+  EXPECT_EQ(tiles_of(make(E::kBF16, 70, 2, 300, 96, 80, 250, 1.0f, 61)) > 0, pairs) << "prefill form, bf16";
+  EXPECT_EQ(tiles_of(make(E::kBF16, 64, 1, 300, 576, 512, 200, 1.0f, 62)) > 0, pairs) << "decode form, bf16";
+  EXPECT_EQ(tiles_of(make(E::kF16, 70, 2, 300, 96, 80, 250, 1.0f, 63)), 0u) << "fp16";
+  EXPECT_EQ(tiles_of(make(E::kF32, 64, 1, 300, 576, 512, 200, 1.0f, 64)), 0u) << "fp32 keys";
+  EXPECT_EQ(tiles_of(make(E::kBF16, 20, 2, 50, 95, 40, 30, 1.0f, 65)), 0u) << "odd depth";
+}
+
+// Values the pair instruction would flush or that are not finite (a query,
+// a key or a value below 2^-50 or from 2^41, in units, tiles and passes of
+// their own) take the fma tiles there, and every byte stays the
+// yardstick's; so do the decode form's shared rows, looked at once a call.
+TEST_P(CpuAttentionEmulation, ValuesOutsideThePairRangeGiveTheYardsticksBytes) {
+  const std::uint16_t tiny = f32_to_bf16(std::ldexp(1.0f, -60)), huge = f32_to_bf16(std::ldexp(1.0f, 45));
+  for (const std::uint16_t odd : {tiny, huge}) {
+    const char* what = odd == tiny ? "2^-60" : "2^45";
+    for (const int heads : {2, 1}) {
+      Problem p = make(E::kBF16, 140, heads, 600, 96, 80, 500, 1.0f, 71);
+      const std::size_t kw = static_cast<std::size_t>(heads) * 96, vw = static_cast<std::size_t>(heads) * 80;
+      p.q16[static_cast<std::size_t>(3) * kw + 5] = odd;          // a query of the first unit
+      p.k16[static_cast<std::size_t>(40) * kw + 7] = odd;         // a key of one tile
+      p.v16[static_cast<std::size_t>(300) * vw + 9] = odd;        // a value of the second pass
+      p.v16[static_cast<std::size_t>(599) * vw + vw - 1] = odd;   // the last value of the last pass
+      expect_yardsticks_bytes(p.a, std::string(what) + (heads == 1 ? ", decode form" : ", prefill form"));
+    }
+  }
+}
+
+// Subnormal operands, which the pair instruction reads as zero, keep the
+// yardstick's bytes (they take the fma tiles), in each operand the pair path
+// checks: a query or a key (the row's max logit is then subnormal), a probability (a
+// row's other keys 89 below its last, whose value is 0: the output is their
+// subnormal sum) and a value (two keys of logit 0, one value 2^-130). In the
+// prefill form's units and the decode form's shared rows (heads 1).
+TEST_P(CpuAttentionEmulation, SubnormalsThePairInstructionFlushesGiveTheYardsticksBytes) {
+  const std::uint16_t one = f32_to_bf16(1.0f), zero = f32_to_bf16(0.0f);
+  const std::uint16_t sub = f32_to_bf16(std::ldexp(1.0f, -130)), far = f32_to_bf16(-31.5f);
+  for (const int heads : {2, 1}) {
+    const auto problem = [&](int keys) {
+      Problem p = make(E::kBF16, 1, heads, keys, 8, 16, keys - 1, 1.0f, 81);
+      p.a.rows_per_token = 1;  // row 0 sees every key
+      std::fill(p.q16.begin(), p.q16.end(), one);
+      return p;
+    };
+    const std::string form = heads == 1 ? ", decode form" : ", prefill form";
+    const auto key = [&](Problem& p, int j, int h) { return p.k16.data() + (static_cast<std::size_t>(j) * heads + h) * 8; };
+    const auto value = [&](Problem& p, int j, int h) {
+      return p.v16.data() + (static_cast<std::size_t>(j) * heads + h) * 16;
+    };
+    {
+      Problem p = problem(6);
+      for (int h = 0; h < heads; ++h) {
+        for (int j = 0; j < 6; ++j) std::fill_n(key(p, j, h), 8, j == 0 ? zero : far);
+        key(p, 0, h)[3] = sub;
+      }
+      expect_yardsticks_bytes(p.a, "a subnormal key" + form);
+      EXPECT_NE(run(p.a, emulate_attention_fixed_order).max[0], 0.0f) << "the max logit is no longer subnormal";
+    }
+    {
+      Problem p = problem(3);
+      for (int h = 0; h < heads; ++h) {
+        std::fill_n(p.q16.data() + static_cast<std::size_t>(h) * 8, 8, zero);
+        p.q16[static_cast<std::size_t>(h) * 8] = sub;
+        for (int j = 0; j < 3; ++j) std::fill_n(key(p, j, h), 8, j == 0 ? one : f32_to_bf16(-1.0f));
+      }
+      expect_yardsticks_bytes(p.a, "a subnormal query" + form);
+      EXPECT_NE(run(p.a, emulate_attention_fixed_order).max[0], 0.0f) << "the max logit is no longer subnormal";
+    }
+    {
+      Problem p = problem(9);
+      for (int h = 0; h < heads; ++h)
+        for (int j = 0; j < 9; ++j) {
+          std::fill_n(key(p, j, h), 8, j == 8 ? zero : far);
+          std::fill_n(value(p, j, h), 16, j == 8 ? zero : one);
+        }
+      expect_yardsticks_bytes(p.a, "subnormal probabilities" + form);
+      EXPECT_NE(run(p.a, emulate_attention_fixed_order).o[0], 0.0f) << "the output is no longer their sum";
+    }
+    {
+      Problem p = problem(2);
+      for (int h = 0; h < heads; ++h)
+        for (int j = 0; j < 2; ++j) {
+          std::fill_n(key(p, j, h), 8, zero);
+          std::fill_n(value(p, j, h), 16, j == 0 ? sub : zero);
+        }
+      expect_yardsticks_bytes(p.a, "a subnormal value" + form);
+      EXPECT_NE(run(p.a, emulate_attention_fixed_order).o[0], 0.0f) << "the output is no longer subnormal";
+    }
   }
 }
 
