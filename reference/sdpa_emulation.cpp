@@ -98,12 +98,18 @@ AttentionEmulator emulator() { return g_emulator ? g_emulator : emulate_attentio
 
 // The absorbed attention core's queries [n_tok, N, L+R]: model-dtype values,
 // as fp32 and as their 16 bits.
+// Tensors, not vectors: their storage comes from the process's pool of kept
+// blocks, unzeroed (cases/block_pool.h). At TP 1 a large_prefill batch's are
+// 75 and 38 MB, and a vector's zeroed, newly faulted pages cost more than
+// the attention's arithmetic on a VM slow to give new memory.
 struct Queries {
-  std::vector<float> f32;
-  std::vector<std::uint16_t> bits;
-  void make_bits(bool bf16) {
-    bits.resize(f32.size());
-    f32_run_to_16bit(f32.data(), static_cast<Index>(f32.size()), bf16, bits.data());  // exact: model-dtype values
+  Tensor f32;   // [rows, D]
+  Tensor bits;  // [rows, D], the model dtype's
+  void make_f32(Index rows, Index D) { f32 = Tensor::for_overwrite(DType::kF32, {rows, D}); }
+  void make_bits(DType dt) {
+    bits = Tensor::for_overwrite(dt, f32.shape());
+    // Exact: model-dtype values.
+    f32_run_to_16bit(f32.data<float>(), f32.numel(), dt == DType::kBF16, bits.data<std::uint16_t>());
   }
 };
 
@@ -187,7 +193,8 @@ void mqa_core(const Case& c, std::span<const int> req, std::span<const Index> to
       for (Index j = 0; j < s; ++j) load_row(kv0 + j, kd + j * D * esize);
       const Index row = tok0[k] * x.N;
       EmulatedAttention a;
-      a.q = keys16 ? static_cast<const void*>(q.bits.data() + row * D) : static_cast<const void*>(q.f32.data() + row * D);
+      a.q = keys16 ? static_cast<const void*>(q.bits.data<std::uint16_t>() + row * D)
+                   : static_cast<const void*>(q.f32.data<float>() + row * D);
       a.q_row = D;
       a.k = kd;
       a.k_row = D;
@@ -252,19 +259,23 @@ void emulate_decode_form(const Case& c, std::span<const int> req, SdpaResult& e)
   Tensor q_lat, q_pe;
   absorb_queries(c, token, q_lat, q_pe);
   Queries q;
-  q.f32.resize(static_cast<std::size_t>(n * x.N * D));
+  q.make_f32(n * x.N, D);
+  float* qf = q.f32.data<float>();
 #pragma omp parallel for schedule(static)
   for (Index r = 0; r < n * x.N; ++r) {
-    detail::widen_16bit(q_lat.view(), r * x.L, x.L, q.f32.data() + r * D);
-    detail::widen_16bit(q_pe.view(), r * x.R, x.R, q.f32.data() + r * D + x.L);
+    detail::widen_16bit(q_lat.view(), r * x.L, x.L, qf + r * D);
+    detail::widen_16bit(q_pe.view(), r * x.R, x.R, qf + r * D + x.L);
   }
-  q.make_bits(dt == DType::kBF16);
-  std::vector<float> o_lat(static_cast<std::size_t>(n * x.N * x.L)), lse(static_cast<std::size_t>(n * x.N));
+  q.make_bits(dt);
+  // Every row is written by the emulator (a row that sees no key gets zeros).
+  Tensor o_lat_t = Tensor::for_overwrite(DType::kF32, {n, x.N, x.L});
+  float* const o_lat = o_lat_t.data<float>();
+  std::vector<float> lse(static_cast<std::size_t>(n * x.N));
   // out = round(o_lat @ W_UV): the glue's output projection of the packed
   // rows into their tokens' rows.
   Tensor projected = Tensor::for_overwrite(dt, {Index{c.num_tokens}, x.N, x.V});
   const auto project = [&](std::vector<double>& out, std::vector<double>& lse_out) {
-    project_latent_output(c, TensorView{DType::kF32, {n, x.N, x.L}, o_lat.data()}, token, projected);
+    project_latent_output(c, o_lat_t.view(), token, projected);
     const bool bf16 = dt == DType::kBF16;
     const std::uint16_t* p = projected.data<std::uint16_t>();
     for (Index t = 0; t < n; ++t) {
@@ -275,14 +286,14 @@ void emulate_decode_form(const Case& c, std::span<const int> req, SdpaResult& e)
         lse_out[static_cast<std::size_t>(row + h)] = lse[static_cast<std::size_t>(t * x.N + h)];
     }
   };
-  mqa_core(c, req, tok0, q, o_lat.data(), lse.data(), KeyRead::kModelDtype);
+  mqa_core(c, req, tok0, q, o_lat, lse.data(), KeyRead::kModelDtype);
   project(e.out, e.lse);
   // The decode path's other plain implementation (the header): the same
   // queries over the keys in fp32, where that differs from the rounded keys.
   if (!cache_values_exact(c)) {
     e.out_f32_keys.assign(e.out.size(), kNaNd);
     e.lse_f32_keys.assign(e.lse.size(), kNaNd);
-    mqa_core(c, req, tok0, q, o_lat.data(), lse.data(), KeyRead::kF32);
+    mqa_core(c, req, tok0, q, o_lat, lse.data(), KeyRead::kF32);
     project(e.out_f32_keys, e.lse_f32_keys);
   }
 }
@@ -523,10 +534,10 @@ SdpaResult emulate_sdpa_decode_op(const Case& c, const TensorView& q_lat) {
     throw std::invalid_argument("sdpa emulation: q_lat is " + std::string(dtype_name(q_lat.dtype)) +
                                 ", not the model dtype or fp32");
   Queries q;
-  q.f32.resize(static_cast<std::size_t>(T * x.N * D));
-  for (Index r = 0; r < T * x.N; ++r) load(q_lat, r * x.L, x.L, q.f32.data() + r * D, c.spec.dtype);
-  copy_q_pe(c, 0, T, q.f32.data());
-  q.make_bits(c.spec.dtype == DType::kBF16);
+  q.make_f32(T * x.N, D);
+  for (Index r = 0; r < T * x.N; ++r) load(q_lat, r * x.L, x.L, q.f32.data<float>() + r * D, c.spec.dtype);
+  copy_q_pe(c, 0, T, q.f32.data<float>());
+  q.make_bits(c.spec.dtype);
   std::vector<int> req(static_cast<std::size_t>(c.num_requests));
   std::vector<Index> tok0(static_cast<std::size_t>(c.num_requests));
   for (int i = 0; i < c.num_requests; ++i) req[i] = i, tok0[i] = c.query_start_loc[i];
