@@ -20,7 +20,7 @@
 // step is the fma chain's, and whatever the instruction would flush (values
 // outside [2^-50, 2^41), subnormal probabilities) or cannot take (NaN,
 // infinities, odd depths, fp16, fp32 keys) runs on the fma tiles. On the CPU
-// VM (AMD Zen 5) that halved the decode form's time (PERFORMANCE.md).
+// VM (AMD Zen 5) that cut the decode form's time by a third (PERFORMANCE.md).
 // Compiled with -ffp-contract=off (reference/CMakeLists.txt): GCC writes
 // _mm512_mul_ps as a plain vector product, which it would otherwise fuse
 // with the add that follows, and the scalar paths are plain expressions.
