@@ -541,13 +541,17 @@ SdpaResult emulate_sdpa_decode_op(const Case& c, const TensorView& q_lat) {
   std::vector<int> req(static_cast<std::size_t>(c.num_requests));
   std::vector<Index> tok0(static_cast<std::size_t>(c.num_requests));
   for (int i = 0; i < c.num_requests; ++i) req[i] = i, tok0[i] = c.query_start_loc[i];
-  std::vector<float> o(static_cast<std::size_t>(T * x.N * x.L)), lse(static_cast<std::size_t>(T * x.N));
-  mqa_core(c, req, tok0, q, o.data(), lse.data(), KeyRead::kModelDtype);
-  SdpaResult e{std::vector<double>(o.begin(), o.end()), std::vector<double>(lse.begin(), lse.end()), {}, {}};
+  // Every row is written by the emulator, as in the decode form.
+  Tensor o_t = Tensor::for_overwrite(DType::kF32, {T, x.N, x.L});
+  const float* o = o_t.data<float>();
+  const auto n_o = static_cast<std::size_t>(o_t.numel());
+  std::vector<float> lse(static_cast<std::size_t>(T * x.N));
+  mqa_core(c, req, tok0, q, o_t.data<float>(), lse.data(), KeyRead::kModelDtype);
+  SdpaResult e{std::vector<double>(o, o + n_o), std::vector<double>(lse.begin(), lse.end()), {}, {}};
   // The decode kernel's other plain implementation: the keys in fp32 (the header).
   if (!cache_values_exact(c)) {
-    mqa_core(c, req, tok0, q, o.data(), lse.data(), KeyRead::kF32);
-    e.out_f32_keys.assign(o.begin(), o.end());
+    mqa_core(c, req, tok0, q, o_t.data<float>(), lse.data(), KeyRead::kF32);
+    e.out_f32_keys.assign(o, o + n_o);
     e.lse_f32_keys.assign(lse.begin(), lse.end());
   }
   return e;
