@@ -343,8 +343,12 @@ void finish_outputs(const float* acc, int n, float sum, bool bf16, float* o) {
 // instruction takes first), the query panel and the probabilities packed
 // once a unit, a value panel's rows interleaved once a pass. Whatever is not
 // bf16_pair_safe (NaN, infinities, magnitudes outside [2^-50, 2^41): P's
-// smallest exponentials, say) takes the fma tiles instead, tile by tile or
-// pass by pass: either path gives each chain's bits.
+// smallest exponentials, say) takes the fma tiles instead: a logit tile at a
+// time, and for P V from the first pass of a value panel that cannot take
+// pairs to the panel's end (an fma pass can leave a subnormal accumulator,
+// which the instruction would read as zero). Either path gives each chain's
+// bits. The range is the glue's criterion, wider in what it refuses than the
+// bits need (only subnormals are flushed), so that one argument covers both.
 #if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define MLAGATE_EMU_PAIRS 1
 constexpr bool kEmuPairs = true;
@@ -520,7 +524,7 @@ constexpr bool kEmuPairs = false;
 #endif
 
 std::atomic<int> g_pairs_forced{-1};  // set_cpu_emulation_pairs: -1 unset, else 0 or 1
-std::atomic<std::uint64_t> g_pair_tiles{0};
+std::atomic<std::uint64_t> g_pair_tiles{0}, g_pair_passes{0};
 
 // Whether this process gives bf16 calls the pair path.
 bool pairs_wanted() {
@@ -537,7 +541,7 @@ struct Scratch {
   Buffer qt, st, panel, acc, keys, rows;
   PairBuffer q_pairs, p_pairs, v_pairs;  // the pair path's
   std::vector<int> visible;
-  std::uint64_t pair_tiles = 0;  // tiles run on pairs, for g_pair_tiles
+  std::uint64_t pair_tiles = 0, pair_passes = 0;  // logit tiles and value passes on pairs, for g_pair_counts
   // What a thread keeps between calls: 16 MiB of logits (65536 keys), as
   // the pool's threads live as long as the process, and half that of P's pairs.
   void trim() {
@@ -685,6 +689,10 @@ void unit(const EmulatedAttention& a, const CallPairs& cp, int h, int r0, int rb
 #endif
   for (Index c0 = 0; c0 < dv; c0 += kPanel) {
     const Index nc = std::min(kPanel, dv - c0);
+    // A pass on the fma tiles (a value the pairs refuse) can leave a
+    // subnormal accumulator, which VDPBF16PS would read as zero: once one
+    // pass of the panel ran on fma, its later passes do too.
+    [[maybe_unused]] bool panel_pairs = true;
     for (Index k0 = 0; k0 < nk; k0 += kDepthBlock) {
       const Index k1 = std::min(nk, k0 + kDepthBlock);
 #ifdef MLAGATE_EMU_PAIRS
@@ -693,7 +701,7 @@ void unit(const EmulatedAttention& a, const CallPairs& cp, int h, int r0, int rb
           return static_cast<const std::uint16_t*>(row_start(a.v, a.v_rows, a.v_row, k0 + j, a.elem)) +
                  h * a.v_head + c0;
         };
-        if (pp && pack_v_pairs(value_row, k1 - k0, nc, !cp.values_safe, vpp)) {
+        if (pp && panel_pairs && pack_v_pairs(value_row, k1 - k0, nc, !cp.values_safe, vpp)) {
           for (int i = 0; i < rb; i += kRows) {
             const int m = std::min(kRows, rb - i);
             const Index common = std::min<Index>(vis[i], k1);
@@ -708,9 +716,10 @@ void unit(const EmulatedAttention& a, const CallPairs& cp, int h, int r0, int rb
                 pv_pair_rows<1>(1, p + r, pk + r, ld, vpp, from - k0, to - k0, acc + r * kPanel, kPanel, false);
             }
           }
-          ++t.pair_tiles;
+          ++t.pair_passes;
           continue;
         }
+        panel_pairs = false;
       }
 #endif
       // Keys [k0, k1) of the value panel, at its rows [0, k1 - k0).
@@ -751,7 +760,6 @@ void emulate_attention_cpu(std::span<const EmulatedAttention> calls) {
   // Calls that name latent rows instead of keys read them projected, as the yardstick does.
   std::vector<EmulatedAttention> work(calls.begin(), calls.end());
   std::vector<CallPairs> pairs(calls.size());
-  [[maybe_unused]] const bool want_pairs = pairs_wanted();
   std::vector<Tensor> projected(2 * calls.size());
   struct Unit {
     std::size_t call;
@@ -767,7 +775,9 @@ void emulate_attention_cpu(std::span<const EmulatedAttention> calls) {
 #ifdef MLAGATE_EMU_PAIRS
     if constexpr (kEmuPairs) {
       CallPairs& cp = pairs[k];
-      cp.on = want_pairs && a.elem == Elem::kBF16 && a.dqk % 2 == 0 && a.keys > 0;
+      // The process's choice asked only for calls that could take pairs (an
+      // fp16 process never times the paths).
+      cp.on = a.elem == Elem::kBF16 && a.dqk % 2 == 0 && a.keys > 0 && pairs_wanted();
       // Rows every head reads (the decode form's): looked at once here, not by each unit's tiles.
       const auto all_safe = [&](const void* base, const void* const* rows, Index stride, Index width) {
         for (Index j = 0; j < a.keys; ++j)
@@ -798,6 +808,7 @@ void emulate_attention_cpu(std::span<const EmulatedAttention> calls) {
     }
     scratch.trim();
     g_pair_tiles.fetch_add(std::exchange(scratch.pair_tiles, 0), std::memory_order_relaxed);
+    g_pair_passes.fetch_add(std::exchange(scratch.pair_passes, 0), std::memory_order_relaxed);
   }
 }
 
@@ -808,6 +819,8 @@ std::optional<bool> set_cpu_emulation_pairs(std::optional<bool> use) {
 
 bool cpu_emulation_has_pairs() { return kEmuPairs; }
 
-std::uint64_t cpu_emulation_pair_tiles() { return g_pair_tiles.load(std::memory_order_relaxed); }
+CpuEmulationPairCounts cpu_emulation_pair_counts() {
+  return {g_pair_tiles.load(std::memory_order_relaxed), g_pair_passes.load(std::memory_order_relaxed)};
+}
 
 }  // namespace mlagate

@@ -186,8 +186,11 @@ std::optional<bool> set_cpu_emulation_pairs(std::optional<bool> use);
 // Whether this build compiled the pair path (AVX512_BF16 targeted).
 bool cpu_emulation_has_pairs();
 // Logit tiles and value passes run on pairs since the process began (tests:
-// a forced pair path must have been taken).
-std::uint64_t cpu_emulation_pair_tiles();
+// a forced pair path must have been taken, in both halves of the core).
+struct CpuEmulationPairCounts {
+  std::uint64_t logit_tiles = 0, value_passes = 0;
+};
+CpuEmulationPairCounts cpu_emulation_pair_counts();
 
 // Sets an emulator for its lifetime, then puts the previous one back.
 class AttentionEmulatorScope {

@@ -292,17 +292,24 @@ TEST_P(CpuAttentionEmulation, EveryFormAndOpOfRealCasesIsTheYardsticks) {
 // forced nothing does. (Without this, a pair path that never ran would pass
 // every comparison above.)
 TEST_P(CpuAttentionEmulation, ThePairPathRunsWhereItCanAndNowhereElse) {
-  const auto tiles_of = [](const Problem& p) {
-    const std::uint64_t before = cpu_emulation_pair_tiles();
+  // Logit tiles and value passes on pairs during one run of p.
+  const auto counts_of = [](const Problem& p) {
+    const CpuEmulationPairCounts before = cpu_emulation_pair_counts();
     run(p.a, emulate_attention_cpu);
-    return cpu_emulation_pair_tiles() - before;
+    const CpuEmulationPairCounts after = cpu_emulation_pair_counts();
+    return std::pair{after.logit_tiles - before.logit_tiles, after.value_passes - before.value_passes};
   };
   const bool pairs = GetParam() == Path::kPairs;
-  EXPECT_EQ(tiles_of(make(E::kBF16, 70, 2, 300, 96, 80, 250, 1.0f, 61)) > 0, pairs) << "prefill form, bf16";
-  EXPECT_EQ(tiles_of(make(E::kBF16, 64, 1, 300, 576, 512, 200, 1.0f, 62)) > 0, pairs) << "decode form, bf16";
-  EXPECT_EQ(tiles_of(make(E::kF16, 70, 2, 300, 96, 80, 250, 1.0f, 63)), 0u) << "fp16";
-  EXPECT_EQ(tiles_of(make(E::kF32, 64, 1, 300, 576, 512, 200, 1.0f, 64)), 0u) << "fp32 keys";
-  EXPECT_EQ(tiles_of(make(E::kBF16, 20, 2, 50, 95, 40, 30, 1.0f, 65)), 0u) << "odd depth";
+  for (const auto& [p, what] : {std::pair{make(E::kBF16, 70, 2, 300, 96, 80, 250, 1.0f, 61), "prefill form, bf16"},
+                                std::pair{make(E::kBF16, 64, 1, 300, 576, 512, 200, 1.0f, 62), "decode form, bf16"}}) {
+    const auto [tiles, passes] = counts_of(p);
+    EXPECT_EQ(tiles > 0, pairs) << what << ": logit tiles";
+    EXPECT_EQ(passes > 0, pairs) << what << ": value passes";
+  }
+  const auto none = std::pair<std::uint64_t, std::uint64_t>{0, 0};
+  EXPECT_EQ(counts_of(make(E::kF16, 70, 2, 300, 96, 80, 250, 1.0f, 63)), none) << "fp16";
+  EXPECT_EQ(counts_of(make(E::kF32, 64, 1, 300, 576, 512, 200, 1.0f, 64)), none) << "fp32 keys";
+  EXPECT_EQ(counts_of(make(E::kBF16, 20, 2, 50, 95, 40, 30, 1.0f, 65)), none) << "odd depth";
 }
 
 // Values the pair instruction would flush or that are not finite (a query,
@@ -385,6 +392,53 @@ TEST_P(CpuAttentionEmulation, SubnormalsThePairInstructionFlushesGiveTheYardstic
       expect_yardsticks_bytes(p.a, "a subnormal value" + form);
       EXPECT_NE(run(p.a, emulate_attention_fixed_order).o[0], 0.0f) << "the output is no longer subnormal";
     }
+  }
+}
+
+// A pass on the fma tiles (a value the pairs refuse) that leaves a subnormal
+// accumulator, followed by passes whose values are all pair-safe: the later
+// passes must not read that accumulator through the pair instruction (which
+// would take it as zero). Row 0 sees 300 keys over two passes; key 0's
+// value 2^-127 makes the first pass fma, every later product is 0 (P = +0).
+TEST_P(CpuAttentionEmulation, ASubnormalChainFromAnFmaPassKeepsItsBits) {
+  for (const int heads : {2, 1}) {
+    const int keys = 300;
+    Problem p = make(E::kBF16, 1, heads, keys, 8, 16, keys - 1, 1.0f, 81);
+    p.a.rows_per_token = 1;
+    std::fill(p.q16.begin(), p.q16.end(), f32_to_bf16(1.0f));
+    for (int h = 0; h < heads; ++h)
+      for (int j = 0; j < keys; ++j) {
+        const std::size_t at = static_cast<std::size_t>(j) * heads + h;
+        std::fill_n(p.k16.data() + at * 8, 8, f32_to_bf16(j == 0 ? 0.0f : -64.0f));
+        std::fill_n(p.v16.data() + at * 16, 16, f32_to_bf16(0.0f));
+        if (j == 0) p.v16[at * 16] = f32_to_bf16(std::ldexp(1.0f, -127));
+      }
+    expect_yardsticks_bytes(p.a, heads == 1 ? "decode form" : "prefill form");
+    EXPECT_NE(run(p.a, emulate_attention_fixed_order).o[0], 0.0f) << "the output is no longer subnormal";
+  }
+}
+
+// Random bf16 problems (rows per token 1 to 5, even depths, keys over
+// several passes, visibility from before the first key) with a few odd
+// values among the queries, keys and values: below 2^-50, from 2^41, NaN with
+// a payload, infinities, the least subnormal, -0. Each path gives the
+// yardstick's bytes, NaN payloads included, whatever path each tile takes.
+TEST_P(CpuAttentionEmulation, RandomBf16ProblemsWithOddValuesGiveTheYardsticksBytes) {
+  std::mt19937 rng(11);
+  const auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const std::uint16_t odd[] = {f32_to_bf16(std::ldexp(1.0f, -60)), f32_to_bf16(std::ldexp(1.0f, 45)), 0x7FC1, 0x7F80,
+                               0xFF80, 0x0001, 0x8000};
+  for (int t = 0; t < 150; ++t) {
+    const int heads = pick(1, 3), rows = pick(1, 140), keys = pick(1, 700), dqk = 2 * pick(1, 40), dv = pick(1, 150);
+    Problem p = make(E::kBF16, rows, heads, keys, dqk, dv, pick(-10, keys), t % 3 == 0 ? 3.0f : 1.0f,
+                     5000u + static_cast<std::uint32_t>(t));
+    p.a.rows_per_token = pick(1, 5);
+    for (int i = pick(0, 3); i > 0; --i) {
+      const int which = pick(0, 2);
+      std::vector<std::uint16_t>& v = which == 0 ? p.q16 : which == 1 ? p.k16 : p.v16;
+      v[std::uniform_int_distribution<std::size_t>(0, v.size() - 1)(rng)] = odd[pick(0, 6)];
+    }
+    expect_yardsticks_bytes(p.a, "random bf16 problem " + std::to_string(t));
   }
 }
 
