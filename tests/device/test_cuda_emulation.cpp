@@ -82,14 +82,6 @@ TEST(CudaEmulation, RowsInSeveralChunksGiveTheSameBytes) {
 
 using test::all_requests;
 
-void expect_same(const SdpaResult& gpu, const SdpaResult& cpu, const std::string& what) {
-  SCOPED_TRACE(what);
-  EXPECT_EQ("", difference(gpu.out, cpu.out));
-  EXPECT_EQ("", difference(gpu.lse, cpu.lse));
-  EXPECT_EQ("", difference(gpu.out_f32_keys, cpu.out_f32_keys));
-  EXPECT_EQ("", difference(gpu.lse_f32_keys, cpu.lse_f32_keys));
-}
-
 TEST(CudaEmulation, EveryFormAndOpOfRealCasesGivesTheFixedOrdersBytes) {
   MLAGATE_REQUIRE_GPU();
   std::vector<CaseSpec> specs = test::emulation_specs();
@@ -116,7 +108,7 @@ TEST(CudaEmulation, EveryFormAndOpOfRealCasesGivesTheFixedOrdersBytes) {
     // The prefill form and the last prefill op name their latent rows: the GPU
     // projects K and V itself there, and reads the uploaded ones in the other.
     const char* names[] = {"decode form", "prefill form", "decode op", "prefill op", "prefill op from the latent"};
-    for (std::size_t i = 0; i < gpu.size(); ++i) expect_same(gpu[i], cpu[i], names[i]);
+    for (std::size_t i = 0; i < gpu.size(); ++i) test::expect_same_results(gpu[i], cpu[i], names[i]);
   }
 }
 

@@ -256,17 +256,6 @@ TEST_P(CpuAttentionEmulation, BytesDoNotDependOnThreads) {
 
 // Every form and op of real cases, the default emulator against the
 // yardstick set as the emulator: the same bytes in every output.
-void expect_same(const SdpaResult& a, const SdpaResult& b, const std::string& what) {
-  SCOPED_TRACE(what);
-  const auto same = [](const std::vector<double>& x, const std::vector<double>& y) {
-    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(double)) == 0;
-  };
-  EXPECT_TRUE(same(a.out, b.out));
-  EXPECT_TRUE(same(a.lse, b.lse));
-  EXPECT_TRUE(same(a.out_f32_keys, b.out_f32_keys));
-  EXPECT_TRUE(same(a.lse_f32_keys, b.lse_f32_keys));
-}
-
 TEST_P(CpuAttentionEmulation, EveryFormAndOpOfRealCasesIsTheYardsticks) {
   for (const CaseSpec& spec : test::emulation_specs()) {
     if (spec.dtype != DType::kBF16 && spec.dtype != DType::kF16) continue;
@@ -283,7 +272,7 @@ TEST_P(CpuAttentionEmulation, EveryFormAndOpOfRealCasesIsTheYardsticks) {
     const AttentionEmulatorScope scope(emulate_attention_fixed_order);
     const std::vector<SdpaResult> plain = all();
     const char* names[] = {"decode form", "prefill form", "decode op", "prefill op"};
-    for (std::size_t i = 0; i < fast.size(); ++i) expect_same(fast[i], plain[i], names[i]);
+    for (std::size_t i = 0; i < fast.size(); ++i) test::expect_same_results(fast[i], plain[i], names[i], true);
   }
 }
 
@@ -349,7 +338,9 @@ TEST_P(CpuAttentionEmulation, SubnormalsThePairInstructionFlushesGiveTheYardstic
       return p;
     };
     const std::string form = heads == 1 ? ", decode form" : ", prefill form";
-    const auto key = [&](Problem& p, int j, int h) { return p.k16.data() + (static_cast<std::size_t>(j) * heads + h) * 8; };
+    const auto key = [&](Problem& p, int j, int h) {
+      return p.k16.data() + (static_cast<std::size_t>(j) * heads + h) * 8;
+    };
     const auto value = [&](Problem& p, int j, int h) {
       return p.v16.data() + (static_cast<std::size_t>(j) * heads + h) * 16;
     };

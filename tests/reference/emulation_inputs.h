@@ -102,6 +102,17 @@ inline void expect_same_outputs(const EmulatedAttention& a, AttentionEmulator x,
   EXPECT_EQ("", difference(ox.sum, oy.sum, payloads));
 }
 
+// Two emulations of the same form or op: the same outputs and lse, on the
+// model-dtype keys and on fp32 keys, NaN payloads too where `payloads`.
+inline void expect_same_results(const SdpaResult& a, const SdpaResult& b, const std::string& what,
+                                bool payloads = false) {
+  SCOPED_TRACE(what);
+  EXPECT_EQ("", difference(a.out, b.out, payloads));
+  EXPECT_EQ("", difference(a.lse, b.lse, payloads));
+  EXPECT_EQ("", difference(a.out_f32_keys, b.out_f32_keys, payloads));
+  EXPECT_EQ("", difference(a.lse_f32_keys, b.lse_f32_keys, payloads));
+}
+
 // Half of request 0's rows offered to `split` first, as a prefill chunk
 // would, then the rest ensured: request 0's rows lie in two pieces. Returns
 // the half and how many rows the offer took.

@@ -124,22 +124,16 @@ TEST(FixedOrderEmulation, AsTheEmulatorEveryFormAndOpGivesTheDefaultsBytes) {
     const SdpaResult prefill = emulate_sdpa_layer(c, SdpaForm::kPrefill, all_requests(c), &projection);
     const SdpaResult decode_op = emulate_sdpa_decode_op(c, q_lat.view());
     const SdpaResult prefill_op = emulate_sdpa_prefill_op(c, k, v);
-    const auto expect_same = [](const SdpaResult& a, const SdpaResult& b, const char* what) {
-      SCOPED_TRACE(what);
-      EXPECT_EQ("", test::difference(a.out, b.out));
-      EXPECT_EQ("", test::difference(a.lse, b.lse));
-      EXPECT_EQ("", test::difference(a.out_f32_keys, b.out_f32_keys));
-      EXPECT_EQ("", test::difference(a.lse_f32_keys, b.lse_f32_keys));
-    };
     g_calls = 0;
     const AttentionEmulatorScope scope(counting_emulator);
-    expect_same(decode, emulate_sdpa_layer(c, SdpaForm::kDecode, all_requests(c)), "decode form");
+    test::expect_same_results(decode, emulate_sdpa_layer(c, SdpaForm::kDecode, all_requests(c)), "decode form");
     const int decode_calls = g_calls;
     EXPECT_GT(decode_calls, 0);
-    expect_same(prefill, emulate_sdpa_layer(c, SdpaForm::kPrefill, all_requests(c), &projection), "prefill form");
+    test::expect_same_results(prefill, emulate_sdpa_layer(c, SdpaForm::kPrefill, all_requests(c), &projection),
+                              "prefill form");
     EXPECT_GT(g_calls, decode_calls);
-    expect_same(decode_op, emulate_sdpa_decode_op(c, q_lat.view()), "decode op");
-    expect_same(prefill_op, emulate_sdpa_prefill_op(c, k, v), "prefill op");
+    test::expect_same_results(decode_op, emulate_sdpa_decode_op(c, q_lat.view()), "decode op");
+    test::expect_same_results(prefill_op, emulate_sdpa_prefill_op(c, k, v), "prefill op");
   }
 }
 
