@@ -95,6 +95,9 @@ struct IsolationOptions {
   // Workers started before the run (prestart_workers), which the streams'
   // first starts take, a worker of their device each, before starting any.
   std::shared_ptr<class PrestartedWorkers> prestarted;
+  // Workers side by side on the host (share_cores): the page of how many are
+  // still at work, whose cores the rest take as they go (harness/run/core_share.h).
+  std::shared_ptr<class CoreShare> core_share;
   // --reference cuda: each case's device estimate, each device's memory (in
   // `devices`' order; one entry without) and each worker's own, so that the
   // groups side by side on a device fit in it (GroupQueue). Empty: no budget.

@@ -18,6 +18,7 @@
 #include "harness/reliability/isolate.h"
 #include "harness/reliability/memory_estimate.h"
 #include "harness/reliability/stream.h"
+#include "harness/run/core_share.h"
 #include "reports/profile.h"
 
 namespace mlagate {
@@ -481,7 +482,11 @@ std::vector<Record> run_some_streams(const RunConfig& cfg, const std::vector<std
           return &jobs[k];
         };
       },
-      [&](std::size_t d) { queue.release(d); });
+      [&](std::size_t d) {
+        queue.release(d);
+        // Its worker is gone: the cores it had go to those still at work.
+        if (opt.core_share) opt.core_share->worker_done();
+      });
 }
 
 }  // namespace
@@ -594,6 +599,16 @@ void share_cores(IsolationOptions& io, int threads, bool host_only) {
   }
   const auto at = std::find(io.argv.begin(), io.argv.end(), "--worker");  // before the mode flag, if there
   io.argv.insert(at, {"--threads", std::to_string(std::max<std::size_t>(1, host_cpus() / busy))});
+  // Host-only workers' shares grow as others end (core_share.h): the last
+  // group of a run no longer runs on one core of two. Not where workers wait
+  // on a GPU (their shares are not the cores they compute on), nor where the
+  // user chose --threads.
+  if (host_only) try {
+      io.core_share = std::make_shared<CoreShare>(devices * workers, host_cpus());
+      io.env.push_back(io.core_share->env());
+    } catch (const std::runtime_error&) {
+      // No page to be had: each keeps its share, as before.
+    }
 }
 
 }  // namespace mlagate

@@ -22,6 +22,7 @@
 
 #include "cases/errors.h"
 #include "harness/reliability/isolate.h"
+#include "harness/run/core_share.h"
 #include "reports/profile.h"
 #include "reports/record_json.h"
 
@@ -99,6 +100,7 @@ int worker_main(const RunConfig& cfg, std::vector<std::unique_ptr<Backend>>& bac
     if (!(in >> word >> ci >> bi >> op_s) || word != "JOB" || ci >= cfg.cases.size() || bi >= backends.size())
       throw std::runtime_error("worker: bad job line '" + line + "'");
     const Op op = parse_op(op_s);
+    take_spare_cores();  // a worker that ended since the last job left its cores
     double beside_ms = 0;  // of the case made ahead, reported with its first record
     bool used_ahead = false;
     if (current != ci) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "cases/encoding.h"
+#include "harness/run/core_share.h"
 #include "reports/profile.h"
 
 namespace mlagate {
@@ -34,6 +35,7 @@ void CaseContext::close_timings(Timings& t, double wall_ms) {
 
 const ReferenceOutputs& CaseContext::get_reference() {
   if (!ref_outputs) {
+    take_spare_cores();
     const auto t0 = Clock::now();
     ref_outputs = reference && reference->absorbed ? reference->absorbed(c) : reference_absorbed(c);
     reference_ms += ms_since(t0);
@@ -105,6 +107,7 @@ void CaseContext::without_cache_values(const std::function<void()>& work) {
 }
 
 const std::vector<double>& CaseContext::unquantized_absorbed() {
+  take_spare_cores();
   without_cache_values([&] {
     if (!unquantized) unquantized = reference && reference->absorbed ? reference->absorbed(c) : reference_absorbed(c);
   });

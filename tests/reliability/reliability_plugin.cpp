@@ -14,17 +14,26 @@
 //   rel.stale          keeps o_lat in a workspace reused across calls and never
 //                      computes the padding rows there: they hold the previous
 //                      case's values (zero on first use)
+//   rel.slow           sleeps before each call (which is right): 3 s on the
+//                      cases of $MLAGATE_TEST_FAULT_ON, 1 s on others
+//   rel.team           serves no call: NOT_SUPPORTED, its message the OpenMP
+//                      team the call would have had ("team N"), which the
+//                      worker sizes from the cores other workers left
+//                      (harness/run/core_share.h)
 // The fatal ones fire only on cases whose id contains $MLAGATE_TEST_FAULT_ON
 // (every case when it is unset), so a run shows them next to passing cases.
+#include <omp.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "mlagate/plugin.h"
@@ -32,7 +41,7 @@
 
 namespace {
 
-enum class Fault { kSegv, kAbort, kThrow, kHang, kNondet, kSkipPadding, kStale, kLseLog2, kBatchBits };
+enum class Fault { kSegv, kAbort, kThrow, kHang, kNondet, kSkipPadding, kStale, kLseLog2, kBatchBits, kSlow, kTeam };
 
 struct Planted {
   const char* name;
@@ -50,6 +59,8 @@ constexpr Planted kPlanted[] = {
     {"rel.stale", "cpu.paged computing o_lat in a reused workspace, padding rows never written there", Fault::kStale},
     {"rel.lse_log2", "cpu.paged returning its lse in base 2", Fault::kLseLog2},
     {"rel.batch_bits", "cpu.paged whose o_lat[0] last bit depends on the batch size", Fault::kBatchBits},
+    {"rel.slow", "cpu.paged that sleeps before each call", Fault::kSlow},
+    {"rel.team", "serves nothing: NOT_SUPPORTED with the OpenMP team of its call", Fault::kTeam},
 };
 constexpr int kCount = sizeof(kPlanted) / sizeof(kPlanted[0]);
 
@@ -79,6 +90,14 @@ void for_padding_rows(const mlagate_problem* p, const mlagate_decode_args& d, F&
 
 std::int32_t run(void* self, const mlagate_problem* p, const mlagate_args* a, char* msg, std::size_t msg_size) {
   const Planted& planted = *static_cast<const Planted*>(self);
+  if (planted.fault == Fault::kTeam) {
+    std::snprintf(msg, msg_size, "team %d", omp_get_max_threads());
+    return MLAGATE_STATUS_NOT_SUPPORTED;
+  }
+  if (planted.fault == Fault::kSlow) {
+    std::this_thread::sleep_for(std::chrono::seconds(fires(p) ? 3 : 1));
+    return g_inner->run(g_inner->self, p, a, msg, msg_size);
+  }
   if (p->op != MLAGATE_OP_DECODE) return g_inner->run(g_inner->self, p, a, msg, msg_size);
   const mlagate_decode_args& d = a->decode;
   const std::int64_t row = d.o_lat.shape[1] * d.o_lat.shape[2];  // 16-bit elements per token

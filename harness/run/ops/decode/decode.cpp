@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "backends/decode_args.h"
+#include "harness/run/core_share.h"
 #include "harness/run/ops/decode/strided_views.h"
 #include "reference/fp64_reference.h"
 #include "reference/glue.h"
@@ -48,6 +49,7 @@ DecodeState& decode_state(CaseContext& ctx) {
   DecodeState& s = ctx.slot<DecodeState>();
   if (s.q_lat) return s;
   const Case& c = ctx.c;
+  take_spare_cores();
   const auto t0 = Clock::now();
   std::vector<int> tokens(static_cast<std::size_t>(c.num_tokens));
   for (int t = 0; t < c.num_tokens; ++t) tokens[static_cast<std::size_t>(t)] = t;
@@ -65,6 +67,7 @@ DecodeState& decode_state(CaseContext& ctx) {
 BaselineErrors decode_baseline(CaseContext& ctx) {
   DecodeState& s = decode_state(ctx);
   if (!s.base) {
+    take_spare_cores();
     const auto t0 = Clock::now();
     const SdpaResult e = emulate_sdpa_decode_op(ctx.c, s.q_lat->view());
     s.base = BaselineErrors{baseline_error(e, false, s.mqa_o_lat, 0, e.out.size()),

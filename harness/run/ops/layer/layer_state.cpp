@@ -9,6 +9,7 @@
 
 #include "cases/errors.h"
 #include "harness/run/case_context.h"
+#include "harness/run/core_share.h"
 #include "harness/run/ops/layer/layer.h"
 #include "reference/sdpa_emulation.h"
 
@@ -36,6 +37,7 @@ class LayerState : public OpState {
   // the inputs (generate) except where the glue projects rows for a backend
   // and offers them.
   KvProjection& projection() {
+    take_spare_cores();
     if (!memo.projection()) {
       const auto t0 = Clock::now();
       memo.projection(ctx_.c);
@@ -90,6 +92,7 @@ class LayerState : public OpState {
     // The prefill form's keys and values: the projection the glue shares (its
     // time counted as generate, not baseline).
     auto emulate = [&] {
+      take_spare_cores();
       const auto t1 = Clock::now();
       // An emulator that projects K and V from the latent rows itself needs
       // none projected here (on the GPU: none brought to the host).

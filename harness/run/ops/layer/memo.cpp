@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "harness/run/core_share.h"
 #include "harness/run/ops/op_run.h"
 #include "reference/glue.h"
 
@@ -38,6 +39,7 @@ std::pair<const Tensor*, const Tensor*> LayerMemo::up_project(const Case& c, con
   const std::size_t h = input_hash(kv, pe);
   if (const auto* p = find_entry(projections_, h, kv, pe)) return {p->k.get(), p->v.get()};
   spare_.reset();  // valid until this call only: its memory serves the new one
+  take_spare_cores();
   auto p = std::make_unique<Projection>();
   p->hash = h;
   p->k = std::make_shared<Tensor>();

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "harness/run/case_context.h"
+#include "harness/run/core_share.h"
 #include "harness/run/ops/layer/layer.h"
 #include "reference/sdpa_emulation.h"
 #include "reports/profile.h"
@@ -73,6 +74,7 @@ class PrefillDriver final : public OpDriver {
     if (!s.base) {
       const auto [k, v] = case_projection_of_all(ctx);
       const ReferenceOutputs& g = ctx.get_reference();
+      take_spare_cores();
       const auto t0 = Clock::now();
       const SdpaResult e = emulate_sdpa_prefill_op(ctx.c, k->view(), v->view(), &case_projection(ctx));
       s.base = BaselineErrors{baseline_error(e.out, g.out, 0, e.out.size()), baseline_error(e.lse, g.lse, 0, e.lse.size())};
