@@ -18,7 +18,8 @@
 namespace mlagate {
 
 // Names the page in a worker's environment: the number of an inherited file
-// descriptor.
+// descriptor. Set in the run's own environment (=off), no page is made and
+// every worker keeps its share: a measurement aid.
 inline constexpr const char* kCoreShareVariable = "MLAGATE_CORE_SHARE";
 
 // The parent's side: the page, for `workers` workers on `cores` cores. The

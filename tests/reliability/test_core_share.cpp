@@ -53,6 +53,11 @@ TEST(CoreShare, OnlyHostOnlyWorkersOfTheHarnessesShareGetOne) {
   EXPECT_FALSE(has_page(2, false, 0));
   EXPECT_FALSE(has_page(2, true, 3));
   EXPECT_FALSE(has_page(1, true, 0));
+  const char* saved = std::getenv(kCoreShareVariable);
+  const std::string keep = saved ? saved : "";
+  ::setenv(kCoreShareVariable, "off", 1);
+  EXPECT_FALSE(has_page(2, true, 0)) << "the user's MLAGATE_CORE_SHARE=off (a measurement aid)";
+  if (saved) ::setenv(kCoreShareVariable, keep.c_str(), 1); else ::unsetenv(kCoreShareVariable);
 }
 
 // Two workers side by side on the host (share_cores as for cpu.* backends;
