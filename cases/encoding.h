@@ -63,6 +63,15 @@ inline float bf16_to_f32(std::uint16_t b) { return std::bit_cast<float>(static_c
 // both loops vectorize.
 void f32_run_to_16bit(const float* src, std::int64_t n, bool bf16, std::uint16_t* dst);
 
+// A bf16 (bf16 true) or fp16 value's bits as widening it to fp32 and rounding
+// back give them, without the fp32: the same bits, except that a NaN comes
+// back quiet (bf16: the quiet bit set, sign and payload kept; fp16: 0x7E00
+// with the sign), as the rounding above makes every NaN.
+inline std::uint16_t rounded_again_16bit(std::uint16_t b, bool bf16) {
+  if (bf16) return ((b & 0x7F80u) == 0x7F80u && (b & 0x007Fu) != 0) ? static_cast<std::uint16_t>(b | 0x0040u) : b;
+  return ((b & 0x7C00u) == 0x7C00u && (b & 0x03FFu) != 0) ? static_cast<std::uint16_t>((b & 0x8000u) | 0x7E00u) : b;
+}
+
 // fp32 -> IEEE binary16, round to nearest even, with subnormals; overflow -> inf.
 inline std::uint16_t f32_to_f16(float x) { return f32_bits_to_f16(std::bit_cast<std::uint32_t>(x)); }
 

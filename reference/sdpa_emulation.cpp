@@ -111,6 +111,22 @@ struct Queries {
     // Exact: model-dtype values.
     f32_run_to_16bit(f32.data<float>(), f32.numel(), dt == DType::kBF16, bits.data<std::uint16_t>());
   }
+  // bits [rows, L+R] straight from 16-bit q_lat [rows, L] and q_pe [rows,
+  // R], as make_f32 of their widened values then make_bits gives them
+  // (rounded_again_16bit: the same bits, NaNs made quiet), without the fp32.
+  void make_bits_from(const Tensor& q_lat, const Tensor& q_pe, Index L, Index R) {
+    const Index rows = q_lat.shape().at(0) * q_lat.shape().at(1), D = L + R;
+    const bool bf16 = q_lat.dtype() == DType::kBF16;
+    bits = Tensor::for_overwrite(q_lat.dtype(), {rows, D});
+    const std::uint16_t* ql = q_lat.data<std::uint16_t>();
+    const std::uint16_t* qp = q_pe.data<std::uint16_t>();
+    std::uint16_t* out = bits.data<std::uint16_t>();
+#pragma omp parallel for schedule(static)
+    for (Index r = 0; r < rows; ++r) {
+      for (Index k = 0; k < L; ++k) out[r * D + k] = rounded_again_16bit(ql[r * L + k], bf16);
+      for (Index k = 0; k < R; ++k) out[r * D + L + k] = rounded_again_16bit(qp[r * R + k], bf16);
+    }
+  }
 };
 
 // The decode form's widened keys, this thread's: kept from call to call
@@ -258,15 +274,21 @@ void emulate_decode_form(const Case& c, std::span<const int> req, SdpaResult& e)
   // same einsum, an fp32 chain per element rounded once), widened.
   Tensor q_lat, q_pe;
   absorb_queries(c, token, q_lat, q_pe);
+  // The 16 bits go to the keys' model-dtype read; the fp32 values only to
+  // the fp32 keys' read (below), so they are made only for it (at TP 1 a
+  // large_prefill batch's are 75 MB).
   Queries q;
-  q.make_f32(n * x.N, D);
-  float* qf = q.f32.data<float>();
+  q.make_bits_from(q_lat, q_pe, x.L, x.R);
+  const bool f32_keys = !cache_values_exact(c);
+  if (f32_keys) {
+    q.make_f32(n * x.N, D);
+    float* qf = q.f32.data<float>();
 #pragma omp parallel for schedule(static)
-  for (Index r = 0; r < n * x.N; ++r) {
-    detail::widen_16bit(q_lat.view(), r * x.L, x.L, qf + r * D);
-    detail::widen_16bit(q_pe.view(), r * x.R, x.R, qf + r * D + x.L);
+    for (Index r = 0; r < n * x.N; ++r) {
+      detail::widen_16bit(q_lat.view(), r * x.L, x.L, qf + r * D);
+      detail::widen_16bit(q_pe.view(), r * x.R, x.R, qf + r * D + x.L);
+    }
   }
-  q.make_bits(dt);
   // Every row is written by the emulator (a row that sees no key gets zeros).
   Tensor o_lat_t = Tensor::for_overwrite(DType::kF32, {n, x.N, x.L});
   float* const o_lat = o_lat_t.data<float>();
@@ -290,7 +312,7 @@ void emulate_decode_form(const Case& c, std::span<const int> req, SdpaResult& e)
   project(e.out, e.lse);
   // The decode path's other plain implementation (the header): the same
   // queries over the keys in fp32, where that differs from the rounded keys.
-  if (!cache_values_exact(c)) {
+  if (f32_keys) {
     e.out_f32_keys.assign(e.out.size(), kNaNd);
     e.lse_f32_keys.assign(e.lse.size(), kNaNd);
     mqa_core(c, req, tok0, q, o_lat, lse.data(), KeyRead::kF32);

@@ -125,6 +125,19 @@ TEST(Bf16, EveryPatternRoundTrips) {
   }
 }
 
+// rounded_again_16bit is the round trip through fp32 on every pattern of
+// both dtypes: what lets the emulation take a query's bits without its fp32.
+TEST(Encoding, RoundedAgainIsTheRoundTripThroughFp32OnEveryPattern) {
+  std::size_t nans = 0;
+  for (std::uint32_t b = 0; b <= 0xFFFFu; ++b) {
+    const auto h = static_cast<std::uint16_t>(b);
+    ASSERT_EQ(rounded_again_16bit(h, true), f32_to_bf16(bf16_to_f32(h))) << std::hex << b;
+    ASSERT_EQ(rounded_again_16bit(h, false), f32_to_f16(f16_to_f32(h))) << std::hex << b;
+    nans += rounded_again_16bit(h, true) != h;
+  }
+  EXPECT_EQ(nans, 126u) << "bf16's signalling NaNs change (63 payloads of each sign), nothing else";
+}
+
 TEST(F16, EveryPatternRoundTripsAndDecodesExactly) {
   for (std::uint32_t i = 0; i < 65536; ++i) {
     const auto h = static_cast<std::uint16_t>(i);
