@@ -152,6 +152,14 @@ void trim_key_buffer() {
 // as fp32 with the fp32 queries: the same values, half the bytes. The
 // requests go in groups whose keys fit in kKeyBytesPerCall (a request's
 // values depend on its own rows alone, so the grouping changes no bit).
+// Whether the keys of a model-dtype read go to the emulator as 16 bits (with
+// the queries' bits): a cache whose rows are the model dtype or fp32 (rounded
+// to it). Otherwise the fp32 queries are read.
+bool keys_read_as_16bit(const Case& c) {
+  const auto readable16 = [&](const TensorView& v) { return v.dtype == c.spec.dtype || v.dtype == DType::kF32; };
+  return readable16(cached_kv_c(c)) && readable16(cached_k_pe(c));
+}
+
 void mqa_core(const Case& c, std::span<const int> req, std::span<const Index> tok0, const Queries& q, float* o_lat,
               float* lse, KeyRead read) {
   const AttentionEmulator emulate = emulator();
@@ -160,8 +168,7 @@ void mqa_core(const Case& c, std::span<const int> req, std::span<const Index> to
   const DType dt = c.spec.dtype;
   const bool bf16 = dt == DType::kBF16;
   const TensorView kv_c = cached_kv_c(c), k_pe = cached_k_pe(c);
-  const auto readable16 = [&](const TensorView& v) { return v.dtype == dt || v.dtype == DType::kF32; };
-  const bool keys16 = read == KeyRead::kModelDtype && readable16(kv_c) && readable16(k_pe);
+  const bool keys16 = read == KeyRead::kModelDtype && keys_read_as_16bit(c);
   const Index esize = keys16 ? 2 : 4;
   // Row j's keys [kv_c | k_pe] at dst: 16 bits (fp32 values rounded, as the
   // reference's `.to(dtype)`) or fp32 as `read` says.
@@ -275,12 +282,12 @@ void emulate_decode_form(const Case& c, std::span<const int> req, SdpaResult& e)
   Tensor q_lat, q_pe;
   absorb_queries(c, token, q_lat, q_pe);
   // The 16 bits go to the keys' model-dtype read; the fp32 values only to
-  // the fp32 keys' read (below), so they are made only for it (at TP 1 a
-  // large_prefill batch's are 75 MB).
+  // the fp32 keys' read (below) and to a cache not read as 16 bits, so they
+  // are made only for those (at TP 1 a large_prefill batch's are 75 MB).
   Queries q;
   q.make_bits_from(q_lat, q_pe, x.L, x.R);
   const bool f32_keys = !cache_values_exact(c);
-  if (f32_keys) {
+  if (f32_keys || !keys_read_as_16bit(c)) {
     q.make_f32(n * x.N, D);
     float* qf = q.f32.data<float>();
 #pragma omp parallel for schedule(static)

@@ -20,6 +20,7 @@
 //   worker -> parent  INPUT_ERROR <json string>     bad input met making a case (run --golden's
 //                                                   hash checks); the worker exits, the run ends (exit 2)
 #include "harness/reliability/isolate.h"
+#include "harness/run/core_share.h"
 
 #include <nlohmann/json.hpp>
 
@@ -111,6 +112,9 @@ class WorkerProcess {
     posix_spawn_file_actions_adddup2(&files, in[0], 0);
     posix_spawn_file_actions_adddup2(&files, out[1], 1);
     posix_spawn_file_actions_adddup2(&files, err[1], 2);
+    // The spare cores' page (close-on-exec in the parent): dup2 onto itself
+    // clears the flag in the child alone.
+    if (opt.core_share) posix_spawn_file_actions_adddup2(&files, opt.core_share->fd(), opt.core_share->fd());
     // Its own process group: a terminal's Ctrl-C reaches the parent only, which
     // then ends the worker itself and writes the reports.
     posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);

@@ -602,10 +602,11 @@ void share_cores(IsolationOptions& io, int threads, bool host_only) {
   // Host-only workers' shares grow as others end (core_share.h): the last
   // group of a run no longer runs on one core of two. Not where workers wait
   // on a GPU (their shares are not the cores they compute on), nor where the
-  // user chose --threads; nor where the environment names a page already
-  // (MLAGATE_CORE_SHARE=off, a measurement aid: the workers inherit a name
-  // that names none, and keep their shares).
-  if (host_only && !std::getenv(kCoreShareVariable)) try {
+  // user chose --threads; nor with MLAGATE_CORE_SHARE=off in the run's
+  // environment (a measurement aid: the workers inherit a name that names no
+  // page, and keep their shares). Any other value there is replaced.
+  const char* share_env = std::getenv(kCoreShareVariable);
+  if (host_only && io.devices.empty() && !(share_env && std::string(share_env) == "off")) try {
       io.core_share = std::make_shared<CoreShare>(devices * workers, host_cpus());
       io.env.push_back(io.core_share->env());
     } catch (const std::runtime_error&) {

@@ -31,34 +31,46 @@ struct Page {
 constexpr std::size_t kPageBytes = 4096;
 static_assert(sizeof(Page) <= kPageBytes);
 
+}  // namespace
+
+namespace core_share_detail {
+
+const void* map_page(const char* v) {
+  if (!v || !*v) return nullptr;
+  int fd = -1;
+  const char* end = v + std::strlen(v);
+  if (auto [p, ec] = std::from_chars(v, end, fd); ec != std::errc{} || p != end || fd < 0) return nullptr;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < static_cast<off_t>(kPageBytes)) return nullptr;
+  void* m = ::mmap(nullptr, kPageBytes, PROT_READ, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) return nullptr;
+  const auto* pg = static_cast<const Page*>(m);
+  if (pg->magic != kMagic || pg->cores == 0) {
+    // Not the page: a descriptor of something else, left as it is.
+    ::munmap(m, kPageBytes);
+    return nullptr;
+  }
+  ::close(fd);  // the page's: the mapping keeps it, and the worker's children need not inherit it
+  return pg;
+}
+
+}  // namespace core_share_detail
+
+namespace {
+
 // The worker's view of the page, mapped on first use; null where there is none.
 const Page* worker_page() {
-  static const Page* const page = []() -> const Page* {
-    const char* v = std::getenv(kCoreShareVariable);
-    if (!v || !*v) return nullptr;
-    int fd = -1;
-    const char* end = v + std::strlen(v);
-    if (auto [p, ec] = std::from_chars(v, end, fd); ec != std::errc{} || p != end || fd < 0) return nullptr;
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < static_cast<off_t>(kPageBytes)) return nullptr;
-    void* m = ::mmap(nullptr, kPageBytes, PROT_READ, MAP_SHARED, fd, 0);
-    ::close(fd);  // the mapping keeps the page; the descriptor is of no further use
-    if (m == MAP_FAILED) return nullptr;
-    const auto* pg = static_cast<const Page*>(m);
-    if (pg->magic != kMagic || pg->cores == 0) {
-      ::munmap(m, kPageBytes);
-      return nullptr;
-    }
-    return pg;
-  }();
+  static const Page* const page =
+      static_cast<const Page*>(core_share_detail::map_page(std::getenv(kCoreShareVariable)));
   return page;
 }
 
 }  // namespace
 
 CoreShare::CoreShare(std::size_t workers, std::size_t cores) {
-  // Not close-on-exec: the workers (posix_spawn) inherit it.
-  fd_ = ::memfd_create("mlagate-core-share", 0);
+  // Close-on-exec: only the workers inherit it, their spawn dup2-ing it onto
+  // itself (which clears the flag in the child alone).
+  fd_ = ::memfd_create("mlagate-core-share", MFD_CLOEXEC);
   if (fd_ < 0) throw std::runtime_error(std::string("core share: memfd_create: ") + std::strerror(errno));
   if (::ftruncate(fd_, kPageBytes) != 0) {
     const int e = errno;

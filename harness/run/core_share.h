@@ -9,7 +9,9 @@
 // its OpenMP team to cores / workers at work, never below the team it
 // started with. Nothing a run computes depends on the team's size (the
 // harness's results and the CPU backends' are the same bits on any number of
-// threads: tests/reliability/test_core_share.cpp), only how long it takes.
+// threads: the thread-count tests of tests/reference and tests/cases, and
+// the records of runs with and without it, PERFORMANCE.md), only how long
+// a phase takes.
 #pragma once
 
 #include <cstddef>
@@ -18,8 +20,8 @@
 namespace mlagate {
 
 // Names the page in a worker's environment: the number of an inherited file
-// descriptor. Set in the run's own environment (=off), no page is made and
-// every worker keeps its share: a measurement aid.
+// descriptor. Set to "off" in the run's own environment, no page is made
+// and every worker keeps its share: a measurement aid.
 inline constexpr const char* kCoreShareVariable = "MLAGATE_CORE_SHARE";
 
 // The parent's side: the page, for `workers` workers on `cores` cores. The
@@ -34,6 +36,9 @@ class CoreShare {
   CoreShare& operator=(const CoreShare&) = delete;
   // NAME=VALUE for the workers' environment.
   std::string env() const;
+  // The page's descriptor: close-on-exec, so a worker's spawn must pass it on
+  // (posix_spawn_file_actions_adddup2(fd, fd)); no other child gets it.
+  int fd() const { return fd_; }
   // One worker fewer at work (its stream has no group left); never below one.
   void worker_done();
   std::size_t working() const;
@@ -48,5 +53,12 @@ class CoreShare {
 // page (no variable, or one that names no valid page). After the first call,
 // one read of the shared page.
 void take_spare_cores();
+
+namespace core_share_detail {
+// The page a variable's value names, mapped read-only, its descriptor then
+// closed; null (the descriptor, if any, left open) where the value names no
+// descriptor, or one that is not a page. For tests.
+const void* map_page(const char* value);
+}  // namespace core_share_detail
 
 }  // namespace mlagate

@@ -3,7 +3,10 @@
 // by rel.team, which reports the OpenMP team of its call.
 #include <fcntl.h>
 #include <stdlib.h>
+#include <unistd.h>
 
+#include <fstream>
+#include <optional>
 #include <string_view>
 
 #include <gtest/gtest.h>
@@ -16,6 +19,30 @@
 namespace mlagate::rel_test {
 namespace {
 
+// The variable as the test wants it (unset: the documented measurement aid
+// "off" in a developer's shell would change what share_cores does), put back after.
+class ShareVariable {
+ public:
+  explicit ShareVariable(const char* value) {
+    if (const char* v = std::getenv(kCoreShareVariable)) saved_ = v;
+    if (value) ::setenv(kCoreShareVariable, value, 1); else ::unsetenv(kCoreShareVariable);
+  }
+  ~ShareVariable() {
+    if (saved_) ::setenv(kCoreShareVariable, saved_->c_str(), 1); else ::unsetenv(kCoreShareVariable);
+  }
+  ShareVariable(const ShareVariable&) = delete;
+  ShareVariable& operator=(const ShareVariable&) = delete;
+
+ private:
+  std::optional<std::string> saved_;
+};
+
+// A regular file of `bytes` zero bytes, open (not close-on-exec); the descriptor.
+int open_file_of(const fs::path& p, std::size_t bytes) {
+  { std::ofstream(p, std::ios::binary) << std::string(bytes, '\0'); }
+  return ::open(p.c_str(), O_RDONLY);
+}
+
 TEST(CoreShare, ThePageCountsTheWorkersAtWork) {
   CoreShare s(3, 12);
   EXPECT_EQ(s.working(), 3u);
@@ -25,7 +52,7 @@ TEST(CoreShare, ThePageCountsTheWorkersAtWork) {
   const int fd = std::stoi(env.substr(key.size()));
   const int flags = ::fcntl(fd, F_GETFD);
   ASSERT_GE(flags, 0) << "the page's descriptor is open";
-  EXPECT_EQ(flags & FD_CLOEXEC, 0) << "the workers (posix_spawn) must inherit it";
+  EXPECT_NE(flags & FD_CLOEXEC, 0) << "no child but a worker (its spawn passes it on) inherits it";
   s.worker_done();
   EXPECT_EQ(s.working(), 2u);
   s.worker_done();
@@ -36,7 +63,31 @@ TEST(CoreShare, ThePageCountsTheWorkersAtWork) {
 // Host-only workers side by side get a page; with a GPU in the run, or the
 // user's --threads, none (their shares are not the cores they compute on, or
 // they are the user's).
+// A worker maps the page its variable names and closes that descriptor; a
+// name of anything else maps nothing and leaves the descriptor open (it is
+// not the worker's to close: stdout, say, or a file of the user's).
+TEST(CoreShare, AWorkerMapsOnlyThePageAndClosesNothingElse) {
+  CoreShare s(2, 8);
+  const int copy = ::dup(s.fd());
+  ASSERT_GE(copy, 0);
+  const void* page = core_share_detail::map_page(std::to_string(copy).c_str());
+  EXPECT_NE(page, nullptr);
+  EXPECT_LT(::fcntl(copy, F_GETFD), 0) << "the page's descriptor is closed once mapped";
+  const fs::path d = temp_dir("core_share_files");
+  for (const std::size_t bytes : {std::size_t{8192}, std::size_t{4096}, std::size_t{100}}) {
+    const int fd = open_file_of(d / ("f" + std::to_string(bytes)), bytes);
+    ASSERT_GE(fd, 0);
+    EXPECT_EQ(core_share_detail::map_page(std::to_string(fd).c_str()), nullptr) << bytes;
+    EXPECT_GE(::fcntl(fd, F_GETFD), 0) << bytes << " bytes: left open";
+    ::close(fd);
+  }
+  for (const char* bad : {"", "abc", "-1", "12x", "999999", "off"})
+    EXPECT_EQ(core_share_detail::map_page(bad), nullptr) << "'" << bad << "'";
+  EXPECT_EQ(core_share_detail::map_page(nullptr), nullptr);
+}
+
 TEST(CoreShare, OnlyHostOnlyWorkersOfTheHarnessesShareGetOne) {
+  const ShareVariable unset(nullptr);
   auto has_page = [](std::size_t workers, bool host_only, int threads) {
     IsolationOptions io;
     io.workers = workers;
@@ -53,11 +104,20 @@ TEST(CoreShare, OnlyHostOnlyWorkersOfTheHarnessesShareGetOne) {
   EXPECT_FALSE(has_page(2, false, 0));
   EXPECT_FALSE(has_page(2, true, 3));
   EXPECT_FALSE(has_page(1, true, 0));
-  const char* saved = std::getenv(kCoreShareVariable);
-  const std::string keep = saved ? saved : "";
-  ::setenv(kCoreShareVariable, "off", 1);
-  EXPECT_FALSE(has_page(2, true, 0)) << "the user's MLAGATE_CORE_SHARE=off (a measurement aid)";
-  if (saved) ::setenv(kCoreShareVariable, keep.c_str(), 1); else ::unsetenv(kCoreShareVariable);
+  {
+    const ShareVariable off("off");
+    EXPECT_FALSE(has_page(2, true, 0)) << "the user's MLAGATE_CORE_SHARE=off (a measurement aid)";
+  }
+  for (const char* other : {"on", "1", "7"}) {
+    const ShareVariable set(other);
+    EXPECT_TRUE(has_page(2, true, 0)) << "'" << other << "' is replaced, not kept";
+  }
+  IsolationOptions with_devices;
+  with_devices.workers = 2;
+  with_devices.devices = {"0"};
+  with_devices.argv = {"mlagate", "run", "--worker"};
+  share_cores(with_devices, 0, true);
+  EXPECT_EQ(with_devices.core_share, nullptr) << "workers a device: their shares are per device";
 }
 
 // Two workers side by side on the host (share_cores as for cpu.* backends;
@@ -69,6 +129,7 @@ TEST(CoreShare, OnlyHostOnlyWorkersOfTheHarnessesShareGetOne) {
 TEST(CoreShare, AWorkerLeftAloneTakesTheCoresTheOthersLeft) {
   const std::size_t cpus = host_cpus();
   if (cpus < 2) GTEST_SKIP() << "one core: no share to grow";
+  const ShareVariable unset(nullptr);
   RunConfig cfg;
   cfg.cases = load_suite("smoke").cases;
   ASSERT_NE(cfg.cases.at(0).id().find("small_decode"), std::string::npos);
@@ -110,10 +171,8 @@ TEST(CoreShare, AWorkerLeftAloneTakesTheCoresTheOthersLeft) {
 // descriptor of something else) is ignored: the run is as without one.
 TEST(CoreShare, ABadPageNameIsIgnored) {
   const fs::path d = temp_dir("core_share_bad");
-  const char* saved = std::getenv(kCoreShareVariable);
-  const std::string keep = saved ? saved : "";
   for (const char* bad : {"", "abc", "-1", "12x", "999999", "1", "2"}) {
-    ::setenv(kCoreShareVariable, bad, 1);
+    const ShareVariable set(bad);
     const int rc = run_mlagate(with_plugin({"run", "--suite", "smoke", "--spec", "small_decode", "--tp", "16", "--dtype",
                                             "bf16", "--op", "decode", "--backend", "rel.team,cpu.paged", "--isolate",
                                             "none", "--threads", "1", "-q", "--json", (d / "bad.json").string()}),
@@ -127,7 +186,6 @@ TEST(CoreShare, ABadPageNameIsIgnored) {
       }
     EXPECT_EQ(seen, 1u) << "'" << bad << "'";
   }
-  if (saved) ::setenv(kCoreShareVariable, keep.c_str(), 1); else ::unsetenv(kCoreShareVariable);
 }
 
 }  // namespace
