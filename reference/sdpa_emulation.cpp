@@ -111,11 +111,12 @@ struct Queries {
     // Exact: model-dtype values.
     f32_run_to_16bit(f32.data<float>(), f32.numel(), dt == DType::kBF16, bits.data<std::uint16_t>());
   }
-  // bits [rows, L+R] straight from 16-bit q_lat [rows, L] and q_pe [rows,
+  // bits [n, N, L+R] straight from 16-bit q_lat [n, N, L] and q_pe [n, N,
   // R], as make_f32 of their widened values then make_bits gives them
   // (rounded_again_16bit: the same bits, NaNs made quiet), without the fp32.
-  void make_bits_from(const Tensor& q_lat, const Tensor& q_pe, Index L, Index R) {
-    const Index rows = q_lat.shape().at(0) * q_lat.shape().at(1), D = L + R;
+  void make_bits_from(const Tensor& q_lat, const Tensor& q_pe) {
+    const Index rows = q_lat.shape().at(0) * q_lat.shape().at(1), L = q_lat.shape().at(2), R = q_pe.shape().at(2),
+                D = L + R;
     const bool bf16 = q_lat.dtype() == DType::kBF16;
     bits = Tensor::for_overwrite(q_lat.dtype(), {rows, D});
     const std::uint16_t* ql = q_lat.data<std::uint16_t>();
@@ -145,13 +146,6 @@ void trim_key_buffer() {
   if (t_key_buffer.size() > static_cast<std::size_t>(kKeyBytesPerCall)) t_key_buffer = {};
 }
 
-// The absorbed attention core: queries of the requests' tokens (tokens of
-// request req[k] start at row tok0[k]), keys from the case. Writes o_lat
-// [n_tok, N, L] (rounded) and lse [n_tok, N]. Keys read in the model dtype
-// go to the emulator as their 16 bits with the queries', fp32 ones (kF32)
-// as fp32 with the fp32 queries: the same values, half the bytes. The
-// requests go in groups whose keys fit in kKeyBytesPerCall (a request's
-// values depend on its own rows alone, so the grouping changes no bit).
 // Whether the keys of a model-dtype read go to the emulator as 16 bits (with
 // the queries' bits): a cache whose rows are the model dtype or fp32 (rounded
 // to it). Otherwise the fp32 queries are read.
@@ -160,6 +154,13 @@ bool keys_read_as_16bit(const Case& c) {
   return readable16(cached_kv_c(c)) && readable16(cached_k_pe(c));
 }
 
+// The absorbed attention core: queries of the requests' tokens (tokens of
+// request req[k] start at row tok0[k]), keys from the case. Writes o_lat
+// [n_tok, N, L] (rounded) and lse [n_tok, N]. Keys read in the model dtype
+// go to the emulator as their 16 bits with the queries', fp32 ones (kF32)
+// as fp32 with the fp32 queries: the same values, half the bytes. The
+// requests go in groups whose keys fit in kKeyBytesPerCall (a request's
+// values depend on its own rows alone, so the grouping changes no bit).
 void mqa_core(const Case& c, std::span<const int> req, std::span<const Index> tok0, const Queries& q, float* o_lat,
               float* lse, KeyRead read) {
   const AttentionEmulator emulate = emulator();
@@ -285,7 +286,7 @@ void emulate_decode_form(const Case& c, std::span<const int> req, SdpaResult& e)
   // the fp32 keys' read (below) and to a cache not read as 16 bits, so they
   // are made only for those (at TP 1 a large_prefill batch's are 75 MB).
   Queries q;
-  q.make_bits_from(q_lat, q_pe, x.L, x.R);
+  q.make_bits_from(q_lat, q_pe);
   const bool f32_keys = !cache_values_exact(c);
   if (f32_keys || !keys_read_as_16bit(c)) {
     q.make_f32(n * x.N, D);

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cstdint>
@@ -68,21 +67,18 @@ const Page* worker_page() {
 }  // namespace
 
 CoreShare::CoreShare(std::size_t workers, std::size_t cores) {
+  const auto fail = [this](const char* what) {
+    const int e = errno;
+    if (fd_ >= 0) ::close(fd_);
+    throw std::runtime_error(std::string("core share: ") + what + ": " + std::strerror(e));
+  };
   // Close-on-exec: only the workers inherit it, their spawn dup2-ing it onto
   // itself (which clears the flag in the child alone).
   fd_ = ::memfd_create("mlagate-core-share", MFD_CLOEXEC);
-  if (fd_ < 0) throw std::runtime_error(std::string("core share: memfd_create: ") + std::strerror(errno));
-  if (::ftruncate(fd_, kPageBytes) != 0) {
-    const int e = errno;
-    ::close(fd_);
-    throw std::runtime_error(std::string("core share: ftruncate: ") + std::strerror(e));
-  }
+  if (fd_ < 0) fail("memfd_create");
+  if (::ftruncate(fd_, kPageBytes) != 0) fail("ftruncate");
   void* m = ::mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-  if (m == MAP_FAILED) {
-    const int e = errno;
-    ::close(fd_);
-    throw std::runtime_error(std::string("core share: mmap: ") + std::strerror(e));
-  }
+  if (m == MAP_FAILED) fail("mmap");
   page_ = m;
   auto* pg = static_cast<Page*>(page_);
   pg->cores = static_cast<std::uint32_t>(std::max<std::size_t>(1, cores));
